@@ -1,0 +1,82 @@
+// Hyperparameters of a Qwen3 or Qwen3.5 text model, as read from an HF
+// config.json (loaders/hf_config.cpp) or from a pack's manifest.json
+// (to_json / from_json below). The runtime reads only this struct.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace qtk {
+
+enum class Arch { kQwen3, kQwen3_5 };
+
+enum class LayerKind : char { kFull = 'F', kLinear = 'L' };
+
+struct RopeConfig {
+  double theta = 10000.0;
+  double partial_factor = 1.0;       // rotary_dim = head_dim * partial_factor
+  int64_t rotary_dim = 0;            // even, <= head_dim
+  std::vector<int64_t> mrope_section;  // empty for plain RoPE; sums to rotary_dim / 2
+  bool mrope_interleaved = false;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::kQwen3;
+  std::string hf_architecture;  // "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", ...
+  std::string model_type;       // "qwen3", "qwen3_5_text", ...
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+
+  // Full (softmax) attention.
+  int64_t num_attention_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  bool attn_output_gate = false;  // Qwen3.5: q_proj yields [query, gate] per head
+
+  // Gated DeltaNet (Qwen3.5 linear attention); zero for Qwen3.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel = 0;
+
+  // note: Qwen3.5's RMSNorm computes x * (1 + w); Qwen3's computes x * w.
+  // A pack may fold the 1 into the stored weights; see the manifest transforms.
+  bool norm_adds_one = false;
+
+  RopeConfig rope;
+  std::vector<LayerKind> layer_plan;  // one per layer
+
+  std::vector<int64_t> eos_token_ids;
+  int64_t bos_token_id = -1;  // -1 when absent
+  int64_t pad_token_id = -1;
+
+  // Derived sizes.
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int64_t linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+  std::string plan_string() const;  // "LLLF LLLF" without spaces: "LLLFLLLF"
+};
+
+// Parses an HF config.json document. `source` names the file in messages.
+// Rejects unsupported architectures and features with a message naming the
+// field and the value.
+ModelConfig parse_hf_config(const nlohmann::json& doc, const std::string& source);
+ModelConfig load_hf_config(const std::string& path);
+
+// Round trip through the pack manifest's "config" object.
+nlohmann::json config_to_json(const ModelConfig& c);
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
+
+}  // namespace qtk

@@ -1,0 +1,84 @@
+// Reader of a .pack file (see convert/ for the writer and docs/PACK_FORMAT
+// in README.md). A pack is a zip whose entries are all STORED and 64-byte
+// aligned, so tensors are used in place from one read-only mapping.
+//
+// Pack::open validates the whole zip structure (end-of-central-directory,
+// zip64 records, the central directory, every local header, alignment,
+// bounds, non-overlap) and the manifest before returning; checksums are only
+// recomputed by verify().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loaders/mapped_file.h"
+#include "loaders/model_config.h"
+#include "loaders/tensor_view.h"
+
+namespace qtk {
+
+// The pack format this build writes and reads.
+inline constexpr int kPackFormatMajor = 1;
+inline constexpr int kPackFormatMinor = 0;
+
+struct PackTensorInfo {
+  std::string name;        // canonical name, e.g. "layers.3.self_attn.qkv_proj"
+  std::string entry;       // zip entry name
+  TensorView view;         // points into the mapping
+  uint64_t checksum = 0;   // as recorded in the manifest
+};
+
+class Pack {
+ public:
+  // Opens and validates `path`. Throws qtk::Error naming the file and the
+  // problem (not a zip, compressed entry, misaligned entry, unknown major
+  // version, manifest field missing, ...).
+  static std::unique_ptr<Pack> open(const std::string& path);
+
+  const std::string& path() const { return file_.path(); }
+  const nlohmann::json& manifest() const { return manifest_; }
+  const ModelConfig& config() const { return config_; }
+
+  // Canonical tensor lookup. tensor() throws qtk::Error naming the pack and
+  // the tensor when it is missing; find_tensor() returns nullptr.
+  const PackTensorInfo* find_tensor(std::string_view name) const;
+  const TensorView& tensor(std::string_view name) const;
+  const std::vector<PackTensorInfo>& tensors() const { return tensors_; }
+
+  // Raw bytes of a non-tensor entry ("tokenizer.json", "generation_config.json", ...).
+  std::optional<std::string_view> entry(std::string_view name) const;
+
+  // True when the manifest lists a layout transform with this name
+  // (for example "norm_plus_one_folded").
+  bool has_transform(std::string_view name) const;
+
+  // A digest identifying the pack's content (from the manifest's tensor
+  // checksums and config), for run headers.
+  const std::string& digest() const { return digest_; }
+
+  // Recomputes every entry's checksum; throws qtk::Error naming the first
+  // entry that does not match.
+  void verify() const;
+
+ private:
+  Pack() = default;
+  MappedFile file_;
+  nlohmann::json manifest_;
+  ModelConfig config_;
+  std::vector<PackTensorInfo> tensors_;
+  struct RawEntry {
+    std::string name;
+    uint64_t offset = 0;  // of the data in the file
+    uint64_t size = 0;
+  };
+  std::vector<RawEntry> entries_;
+  std::string digest_;
+};
+
+}  // namespace qtk
