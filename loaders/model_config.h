@@ -75,7 +75,18 @@ struct ModelConfig {
 ModelConfig parse_hf_config(const nlohmann::json& doc, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
 
+// Checks the invariants every consumer relies on (heads divisible by kv
+// heads, value heads by key heads, layer_plan length, rotary_dim even and
+// <= head_dim, mrope_section summing to rotary_dim / 2, token ids < vocab).
+// Throws qtk::Error naming `source` and the field.
+void validate_model_config(const ModelConfig& c, const std::string& source);
+
+// "qwen3" / "qwen3_5"
+const char* arch_name(Arch a);
+
 // Round trip through the pack manifest's "config" object.
+// note: doubles are written with 17 significant digits, so the round trip
+// is exact; config_from_json runs validate_model_config.
 nlohmann::json config_to_json(const ModelConfig& c);
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
 
