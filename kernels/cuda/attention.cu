@@ -1,0 +1,162 @@
+// Paged causal attention over a varlen batch, and the KV cache write.
+#include <cmath>
+#include <mutex>
+
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace qtk::cuda {
+namespace {
+
+using namespace dev;
+
+constexpr int kAttnThreads = 128;
+// note: the scores of one query live in shared memory (exact two-pass softmax
+// needs them all); 48K keys * 4 bytes = 192 KB fits Hopper's 227 KB.
+constexpr int64_t kMaxContext = 48 * 1024;
+constexpr int kMaxHeadDim = 256;
+
+template <class T>
+__global__ void kv_cache_write_kernel(const T* __restrict__ k, int64_t ldk, const T* __restrict__ v,
+                                      int64_t ldv, int64_t tokens, int64_t width,
+                                      const int64_t* __restrict__ slot_mapping, T* k_cache,
+                                      T* v_cache) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * width) return;
+  const int64_t t = i / width, e = i % width;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0) return;  // a padding row (graph buckets) writes nothing
+  k_cache[slot * width + e] = k[t * ldk + e];
+  v_cache[slot * width + e] = v[t * ldv + e];
+}
+
+// One block per (query row, query head).
+// note: the reduction order of every output depends only on the number of keys
+// of that query: warp w scores keys w, w+4, ... (each score a D-dot reduced by
+// lanes in a fixed butterfly), then the max, then the sum of exp (thread i
+// adds keys i, i+128, ... in order, then block_sum's fixed tree), then thread c
+// adds p_j * v_j[c] for j = 0, 1, ... in key order. Nothing depends on the
+// batch, the block size, the block table or how the prompt was chunked, and
+// there is no online-softmax rescaling at block boundaries.
+template <class T>
+__global__ void __launch_bounds__(kAttnThreads)
+paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k_cache,
+                       const T* __restrict__ v_cache, T* __restrict__ out, int64_t ldo,
+                       const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
+                       const int32_t* __restrict__ block_table, int num_seqs, int64_t max_blocks,
+                       int block_size, int hkv, int d, int group, float scale) {
+  extern __shared__ float smem[];
+  float* qs = smem;       // [d]
+  float* red = qs + d;    // [32]
+  float* p = red + 32;    // [n_keys]: scores, then exp(score - max)
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kAttnThreads / 32;
+  const int s = find_seq(q_start, num_seqs, t);
+  const int q_len = q_start[s + 1] - q_start[s];
+  const int n_keys = seq_len[s] - q_len + (t - q_start[s]) + 1;
+  const int kvh = h / group;
+  const int64_t width = static_cast<int64_t>(hkv) * d;
+  const int32_t* bt = block_table + s * max_blocks;
+
+  for (int c = tid; c < d; c += kAttnThreads) qs[c] = to_f(q[t * ldq + h * d + c]);
+  __syncthreads();
+
+  for (int j = warp; j < n_keys; j += kWarps) {
+    const int64_t slot = static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size;
+    const T* kr = k_cache + slot * width + kvh * d;
+    float acc = 0.0f;
+    for (int c = lane; c < d; c += 32) acc += qs[c] * to_f(kr[c]);
+    acc = warp_sum(acc);
+    if (lane == 0) p[j] = acc * scale;
+  }
+  __syncthreads();
+
+  float m = -INFINITY;
+  for (int j = tid; j < n_keys; j += kAttnThreads) m = fmaxf(m, p[j]);
+  m = block_max(m, red);
+  float sum = 0.0f;
+  for (int j = tid; j < n_keys; j += kAttnThreads) {
+    const float e = expf(p[j] - m);
+    p[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, red);  // its barriers also publish p[]
+  const float inv = 1.0f / sum;
+
+  for (int c = tid; c < d; c += kAttnThreads) {
+    float acc = 0.0f;
+    const int n_blocks = (n_keys + block_size - 1) / block_size;
+    for (int b = 0; b < n_blocks; ++b) {
+      const T* vb = v_cache + static_cast<int64_t>(bt[b]) * block_size * width + kvh * d + c;
+      const int j0 = b * block_size;
+      const int n = min(block_size, n_keys - j0);
+#pragma unroll 4
+      for (int o = 0; o < n; ++o) acc += p[j0 + o] * to_f(vb[o * width]);
+    }
+    out[t * ldo + h * d + c] = from_f<T>(acc * inv);
+  }
+}
+
+template <class T>
+void enable_large_smem() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int bytes = static_cast<int>((kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  });
+}
+
+}  // namespace
+
+int64_t paged_attention_max_context() { return kMaxContext; }
+
+template <class T>
+void kv_cache_write(const T* k, int64_t ldk, const T* v, int64_t ldv, int64_t tokens, int64_t hkv,
+                    int64_t d, const int64_t* slot_mapping, T* k_cache, T* v_cache,
+                    cudaStream_t stream) {
+  const int64_t n = tokens * hkv * d;
+  if (n == 0) return;
+  kv_cache_write_kernel<T><<<grid_1d(n, 256), 256, 0, stream>>>(k, ldk, v, ldv, tokens, hkv * d,
+                                                                slot_mapping, k_cache, v_cache);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache, T* out,
+                     int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
+                     float scale, cudaStream_t stream) {
+  if (b.total_tokens == 0) return;
+  if (d > kMaxHeadDim || hkv <= 0 || hq % hkv != 0)
+    fail_message("paged_attention: head_dim " + std::to_string(d) + " (at most " +
+                 std::to_string(kMaxHeadDim) + ") with " + std::to_string(hq) +
+                 " query heads over " + std::to_string(hkv) +
+                 " kv heads (must divide) is not supported");
+  if (b.max_seq_len > kMaxContext || b.max_seq_len <= 0)
+    fail_message("paged_attention: max_seq_len " + std::to_string(b.max_seq_len) +
+                 " is outside 1.." + std::to_string(kMaxContext));
+  enable_large_smem<T>();
+  const size_t smem = static_cast<size_t>(d + 32 + b.max_seq_len) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(b.total_tokens), static_cast<unsigned>(hq));
+  paged_attention_kernel<T><<<grid, kAttnThreads, smem, stream>>>(
+      q, ldq, k_cache, v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
+      static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
+      static_cast<int>(hkv), static_cast<int>(d), static_cast<int>(hq / hkv), scale);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+#define QTK_INSTANTIATE(T)                                                                    \
+  template void kv_cache_write<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,     \
+                                  int64_t, const int64_t*, T*, T*, cudaStream_t);             \
+  template void paged_attention<T>(const T*, int64_t, const T*, const T*, T*, int64_t,        \
+                                   const AttentionBatch&, int64_t, int64_t, int64_t, float,   \
+                                   cudaStream_t);
+QTK_INSTANTIATE(float)
+QTK_INSTANTIATE(bf16)
+#undef QTK_INSTANTIATE
+
+}  // namespace qtk::cuda

@@ -1,0 +1,173 @@
+// Host-callable launchers of the CUDA kernels. Every function takes device
+// pointers, sizes, strides (in elements) and a stream; none allocates, none
+// synchronizes, so a step built from them can be captured in a CUDA graph.
+//
+// Activation type T is float (--precision f32) or __nv_bfloat16 (--precision
+// bf16); the templates are instantiated for exactly these two. Arithmetic is
+// always float32; small parameter vectors (norm weights, conv weights, gates,
+// the GDN state) are float32 in both precisions.
+//
+// note: batch invariance. Every kernel launches a block size that depends only
+// on the shape of one row (never on the number of rows, sequences or blocks),
+// and each output element is reduced by one block in a fixed order, so row r
+// of a call is bit-identical whatever else is in the batch. The order of each
+// reduction is written at the kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "loaders/dtype.h"
+
+namespace qtk::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- norms ---------------------------------------------------------------
+
+// y = x * rsqrt(mean(x^2) + eps) * w, per row. w f32 [cols] (Qwen3.5's 1+w is
+// folded into the pack). In place (y == x) is allowed.
+template <class T>
+void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows,
+             int64_t cols, float eps, cudaStream_t stream);
+
+// residual += x (rounded to T), then y = rmsnorm(residual) * w. The fused
+// "add, then norm" between two sublayers.
+template <class T>
+void add_rmsnorm(T* residual, int64_t ldr, const T* x, int64_t ldx, const float* w, T* y,
+                 int64_t ldy, int64_t rows, int64_t cols, float eps, cudaStream_t stream);
+
+// GDN output norm: y = w * x * rsqrt(mean(x^2) + eps) * silu(z), per (token,
+// head) row of head_dim values. x, z, y: [tokens, heads*head_dim] with token
+// strides ldx, ldz, ldy. w f32 [head_dim] (plain w, no +1).
+template <class T>
+void gated_rmsnorm(const T* x, int64_t ldx, const T* z, int64_t ldz, const float* w, T* y,
+                   int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float eps,
+                   cudaStream_t stream);
+
+// In place: x = x * rsqrt(sum(x^2) + eps) * scale per (token, head) row
+// (transformers' l2norm, eps 1e-6, with the caller's Dk^-0.5 for q).
+template <class T>
+void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim, float eps,
+                  float scale, cudaStream_t stream);
+
+// ---- rotary embedding fused with the per-head q/k norm ---------------------
+
+struct RopeParams {
+  int64_t rotary_dim = 0;     // dims 0..rotary_dim-1 rotate (rotate_half pairs i, i+rd/2)
+  double theta = 10000.0;     // inv_freq[j] = theta^(-2j/rotary_dim)
+  int sections[3] = {0, 0, 0};  // M-RoPE sections (t, h, w) in frequency pairs
+  int n_sections = 0;         // 0: plain RoPE (positions axis 0 only)
+  bool interleaved = false;   // Qwen3.5 layout (j%3 picks the axis) vs contiguous
+};
+
+// In place on x [tokens, heads, head_dim] (token stride ld): optional per-head
+// RMSNorm with weight norm_w f32 [head_dim] (nullptr: no norm), then RoPE.
+// positions int32 [3][tokens] (axis-major; plain RoPE reads axis 0 only).
+// note: angles are pos * inv_freq computed in double, then sin/cos in double
+// and rounded to float, as the CPU kernel does.
+template <class T>
+void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
+                  const float* norm_w, float eps, const int32_t* positions,
+                  const RopeParams& rope, cudaStream_t stream);
+
+// ---- elementwise -----------------------------------------------------------
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]; gate_up [T, 2I] stride ld.
+template <class T>
+void swiglu(const T* gate_up, int64_t ld, T* out, int64_t ldo, int64_t tokens, int64_t inter,
+            cudaStream_t stream);
+
+// x[r, c] *= sigmoid(gate[r, c]) (Qwen3.5's gated attention output).
+template <class T>
+void sigmoid_mul(T* x, int64_t ldx, const T* gate, int64_t ldg, int64_t rows, int64_t cols,
+                 cudaStream_t stream);
+
+// g = A * softplus(a + dt_bias) (softplus(x) = x for x > 20, like torch),
+// beta = sigmoid(b). a, b: [tokens, Hv] strides lda, ldb; A (= -exp(A_log)),
+// dt_bias f32 [Hv]; g, beta f32 [tokens, Hv] contiguous.
+template <class T>
+void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
+               const float* dt_bias, float* g, float* beta, int64_t tokens, int64_t hv,
+               cudaStream_t stream);
+
+// out[i, :] = table[ids[i], :]; table BF16 or F32 [vocab, hidden].
+template <class T>
+void embedding_lookup(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
+                      int64_t n, T* out, int64_t ldo, cudaStream_t stream);
+
+// Per row: the index of the largest logit (ties to the lowest id) and
+// margin = top1 - top2 logit. logits f32 [rows, vocab] stride ld.
+void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
+                 float* margin, cudaStream_t stream);
+
+// Element conversions (uploads, bf16 <-> f32 activations).
+void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);
+void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream);
+
+// ---- varlen batches --------------------------------------------------------
+
+// A step's sequences, all arrays in device memory. Sequence s owns query rows
+// q_start[s] .. q_start[s+1]-1 (its new tokens this step); after the step its
+// cache holds seq_len[s] tokens, so query row i of s sits at position
+// seq_len[s] - q_len + i and attends to positions <= that.
+struct AttentionBatch {
+  int64_t num_seqs = 0;
+  const int32_t* q_start = nullptr;      // [num_seqs + 1]
+  const int32_t* seq_len = nullptr;      // [num_seqs]
+  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks] physical block ids
+  int64_t max_blocks = 0;
+  int64_t block_size = 0;
+  int64_t total_tokens = 0;              // q_start[num_seqs], known on the host
+  int64_t max_seq_len = 0;               // bound on seq_len[s] (host), sizes shared memory
+};
+
+// Largest max_seq_len paged_attention accepts (scores live in shared memory).
+int64_t paged_attention_max_context();
+
+// k_cache/v_cache [num_blocks, block_size, Hkv, D]; slot = block*block_size +
+// offset per token (int64 [tokens]). k, v rows: [tokens, Hkv*D] strides ldk, ldv.
+template <class T>
+void kv_cache_write(const T* k, int64_t ldk, const T* v, int64_t ldv, int64_t tokens, int64_t hkv,
+                    int64_t d, const int64_t* slot_mapping, T* k_cache, T* v_cache,
+                    cudaStream_t stream);
+
+// Causal paged attention, prefill chunks and decode tokens in one launch.
+// q [tokens, Hq, D] stride ldq; out [tokens, Hq, D] stride ldo; GQA maps query
+// head h to kv head h / (Hq/Hkv). D in {64, 128, 256} (any multiple of 32 up
+// to 256 works). One block per (query row, head); exact two-pass softmax:
+// scores in shared memory, max, sum of exp, weighted V sum in key order.
+template <class T>
+void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache, T* out,
+                     int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
+                     float scale, cudaStream_t stream);
+
+// Causal depthwise conv1d over a varlen batch, continuing each sequence from
+// its state and updating the state in place (prefill chunk and one-token
+// decode alike). x, y: [tokens, C] strides ldx, ldy (y may not alias x);
+// w f32 [C, K]; state_pool f32 [slots, C, K-1] oldest first; slot int32
+// [num_seqs]; q_start int32 [num_seqs+1]. y = silu(conv) when apply_silu.
+template <class T>
+void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels, const float* w,
+                   int64_t kernel, float* state_pool, const int32_t* slot, const int32_t* q_start,
+                   int64_t num_seqs, int64_t tokens, bool apply_silu, cudaStream_t stream);
+
+// Gated delta rule, recurrent form over a varlen batch (prefill chunks and
+// decode tokens in one launch), updating the f32 state pool in place:
+//   S *= exp(g); kv = k^T S; delta = (v - kv) * beta; S += k (x) delta; o = q^T S
+// per token, value head h using key head h / (Hv/Hk). q, k [tokens, Hk*Dk]
+// (already l2-normalised, q scaled), v [tokens, Hv*Dv], strides ldq/ldk/ldv;
+// g, beta f32 [tokens, Hv]; state_pool f32 [slots, Hv, Dk, Dv]; out [tokens,
+// Hv*Dv] stride ldo. Dk in {16, 32, 64, 128, 256}.
+// note: the state goes through f32 memory exactly, so splitting a prompt into
+// chunks at any token gives bit-identical outputs and state.
+template <class T>
+void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
+                      const float* g, const float* beta, float* state_pool, const int32_t* slot,
+                      const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out,
+                      int64_t ldo, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
+                      cudaStream_t stream);
+
+}  // namespace qtk::cuda

@@ -1,0 +1,191 @@
+// Elementwise kernels: SwiGLU, sigmoid gate, GDN gates, embedding lookup,
+// argmax with margin, dtype conversions.
+#include <cfloat>
+
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace qtk::cuda {
+namespace {
+
+using namespace dev;
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void swiglu_kernel(const T* __restrict__ gate_up, int64_t ld, T* __restrict__ out,
+                              int64_t ldo, int64_t tokens, int64_t inter) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * inter) return;
+  const int64_t t = i / inter, c = i % inter;
+  const float g = to_f(gate_up[t * ld + c]), u = to_f(gate_up[t * ld + inter + c]);
+  out[t * ldo + c] = from_f<T>(silu(g) * u);
+}
+
+template <class T>
+__global__ void sigmoid_mul_kernel(T* x, int64_t ldx, const T* __restrict__ gate, int64_t ldg,
+                                   int64_t rows, int64_t cols) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  x[r * ldx + c] = from_f<T>(to_f(x[r * ldx + c]) * sigmoid(to_f(gate[r * ldg + c])));
+}
+
+template <class T>
+__global__ void gdn_gates_kernel(const T* __restrict__ a, int64_t lda, const T* __restrict__ b,
+                                 int64_t ldb, const float* __restrict__ A,
+                                 const float* __restrict__ dt_bias, float* g, float* beta,
+                                 int64_t tokens, int64_t hv) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * hv) return;
+  const int64_t t = i / hv, h = i % hv;
+  const float x = to_f(a[t * lda + h]) + dt_bias[h];
+  const float sp = x > 20.0f ? x : log1pf(expf(x));  // torch softplus, threshold 20
+  g[i] = A[h] * sp;
+  beta[i] = sigmoid(to_f(b[t * ldb + h]));
+}
+
+template <class T, class Table>
+__global__ void embedding_kernel(const Table* __restrict__ table, int64_t hidden,
+                                 const int32_t* __restrict__ ids, int64_t n, T* out, int64_t ldo) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * hidden) return;
+  const int64_t r = i / hidden, c = i % hidden;
+  out[r * ldo + c] = from_f<T>(to_f(table[static_cast<int64_t>(ids[r]) * hidden + c]));
+}
+
+struct Top2 {
+  float best;
+  int id;
+  float second;
+};
+
+// Merges two candidates; ties keep the lower id. Exact, so the result does not
+// depend on the order of merging.
+__device__ __forceinline__ Top2 merge(Top2 x, Top2 y) {
+  const bool x_wins = x.best > y.best || (x.best == y.best && x.id < y.id);
+  if (x_wins) return {x.best, x.id, fmaxf(x.second, y.best)};
+  return {y.best, y.id, fmaxf(y.second, x.best)};
+}
+
+__global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int64_t vocab,
+                              int32_t* ids, float* margin) {
+  __shared__ Top2 part[32];
+  const float* row = logits + blockIdx.x * ld;
+  Top2 t{-FLT_MAX, INT32_MAX, -FLT_MAX};
+  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+    const float v = row[c];
+    if (v > t.best) {
+      t.second = t.best;
+      t.best = v;
+      t.id = static_cast<int>(c);
+    } else {
+      t.second = fmaxf(t.second, v);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    Top2 u{__shfl_xor_sync(0xffffffffu, t.best, o), __shfl_xor_sync(0xffffffffu, t.id, o),
+           __shfl_xor_sync(0xffffffffu, t.second, o)};
+    t = merge(t, u);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) part[warp] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Top2 r = part[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = merge(r, part[w]);
+    ids[blockIdx.x] = r.id;
+    margin[blockIdx.x] = r.best - r.second;
+  }
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __bfloat162float(x[i]);
+}
+
+}  // namespace
+
+template <class T>
+void swiglu(const T* gate_up, int64_t ld, T* out, int64_t ldo, int64_t tokens, int64_t inter,
+            cudaStream_t stream) {
+  if (tokens * inter == 0) return;
+  swiglu_kernel<T><<<grid_1d(tokens * inter, kThreads), kThreads, 0, stream>>>(gate_up, ld, out,
+                                                                               ldo, tokens, inter);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void sigmoid_mul(T* x, int64_t ldx, const T* gate, int64_t ldg, int64_t rows, int64_t cols,
+                 cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  sigmoid_mul_kernel<T><<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(x, ldx, gate,
+                                                                                 ldg, rows, cols);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
+               const float* dt_bias, float* g, float* beta, int64_t tokens, int64_t hv,
+               cudaStream_t stream) {
+  if (tokens * hv == 0) return;
+  gdn_gates_kernel<T><<<grid_1d(tokens * hv, kThreads), kThreads, 0, stream>>>(
+      a, lda, b, ldb, A, dt_bias, g, beta, tokens, hv);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void embedding_lookup(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
+                      int64_t n, T* out, int64_t ldo, cudaStream_t stream) {
+  if (n * hidden == 0) return;
+  const unsigned grid = grid_1d(n * hidden, kThreads);
+  if (table_type == DType::BF16) {
+    embedding_kernel<T, bf16><<<grid, kThreads, 0, stream>>>(static_cast<const bf16*>(table),
+                                                             hidden, ids, n, out, ldo);
+  } else if (table_type == DType::F32) {
+    embedding_kernel<T, float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table),
+                                                              hidden, ids, n, out, ldo);
+  } else {
+    fail_message("embedding_lookup: table dtype " + std::string(dtype_name(table_type)) +
+                 " is not supported (expected BF16 or F32)");
+  }
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
+                 float* margin, cudaStream_t stream) {
+  if (rows == 0) return;
+  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(logits, ld, vocab, ids, margin);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+#define QTK_INSTANTIATE(T)                                                                   \
+  template void swiglu<T>(const T*, int64_t, T*, int64_t, int64_t, int64_t, cudaStream_t);   \
+  template void sigmoid_mul<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t,             \
+                               cudaStream_t);                                                \
+  template void gdn_gates<T>(const T*, int64_t, const T*, int64_t, const float*,             \
+                             const float*, float*, float*, int64_t, int64_t, cudaStream_t);  \
+  template void embedding_lookup<T>(const void*, DType, int64_t, const int32_t*, int64_t,    \
+                                    T*, int64_t, cudaStream_t);
+QTK_INSTANTIATE(float)
+QTK_INSTANTIATE(bf16)
+#undef QTK_INSTANTIATE
+
+}  // namespace qtk::cuda

@@ -1,0 +1,172 @@
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "loaders/error.h"
+
+namespace qtk::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F32: return CUDA_R_32F;
+    default: fail("Gemm: dtype {} is not supported (expected BF16 or F32)", dtype_name(t));
+  }
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows),
+                                              static_cast<uint64_t>(cols), ld));
+  return l;
+}
+
+}  // namespace
+
+// Column-major view of the row-major product: C[N, M] = op(A) B with
+// A = w as col-major [K, N] (ld ldw), op = transpose; B = x as col-major
+// [K, M] (ld ldx); C = y as col-major [N, M] (ld ldy).
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;
+  cudaDataType_t in_t{}, out_t{};
+  int64_t k = 0, ldx = 0, ldy = 0, n = 0;
+  cublasLtMatmulAlgo_t algo{};
+  int algo_id = -1, tile = -1, stages = -1;
+  std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
+
+  ~Plan() {
+    for (auto& [m, l] : bc) {
+      cublasLtMatrixLayoutDestroy(l.first);
+      cublasLtMatrixLayoutDestroy(l.second);
+    }
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+  const std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>& layouts(int64_t m) {
+    auto it = bc.find(m);
+    if (it == bc.end())
+      it = bc.emplace(m, std::make_pair(make_layout(in_t, k, m, ldx), make_layout(out_t, n, m, ldy)))
+               .first;
+    return it->second;
+  }
+};
+
+Gemm::Gemm(int64_t ref_m) : ref_m_(ref_m) {
+  cublasLtHandle_t h = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
+                       DType out) {
+  const Key key{n, k, ldx, ldw, ldy, static_cast<int>(in), static_cast<int>(out)};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+  if (in == DType::F32 && out != DType::F32)
+    fail("Gemm: F32 inputs need an F32 output, got {}", dtype_name(out));
+  auto p = std::make_unique<Plan>();
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  p->in_t = cuda_type(in);
+  p->out_t = cuda_type(out);
+  p->k = k;
+  p->n = n;
+  p->ldx = ldx;
+  p->ldy = ldy;
+  QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  QTK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                                  sizeof(ta)));
+  QTK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                                  sizeof(tb)));
+  p->a = make_layout(p->in_t, k, n, ldw);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t no_workspace = 0;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
+  // note: views into activation buffers are only guaranteed 16-byte aligned.
+  const uint32_t align = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+
+  const auto& ref = p->layouts(ref_m_);
+  constexpr int kWanted = 16;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kWanted);
+  int found = 0;
+  QTK_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, ref.first, ref.second,
+                                                  ref.second, pref, kWanted, results.data(),
+                                                  &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  const auto& one = p->layouts(1);
+  bool chosen = false;
+  for (int i = 0; i < found && !chosen; ++i) {
+    cublasLtMatmulAlgo_t algo = results[i].algo;
+    const int32_t splitk = 1;
+    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                             sizeof(splitk)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                             &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    // The same algorithm must serve M = 1 (decode) and M = ref_m.
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, one.first, one.second, one.second, &algo,
+                                &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize != 0)
+      continue;
+    if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, ref.first, ref.second, ref.second, &algo,
+                                &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize != 0)
+      continue;
+    p->algo = algo;
+    chosen = true;
+  }
+  if (!chosen)
+    fail("Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) among {} "
+         "candidates", n, k, dtype_name(in), dtype_name(out), found);
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &p->algo_id,
+                                       sizeof(p->algo_id), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &p->tile,
+                                       sizeof(p->tile), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &p->stages,
+                                       sizeof(p->stages), &written);
+  return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+               int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  for (const void* ptr : {x, w, static_cast<const void*>(y)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      fail("Gemm: pointer {} is not 16-byte aligned", ptr);
+  Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
+  const auto& l = p.layouts(m);
+  const float alpha = 1.0f, beta = 0.0f;
+  QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a,
+                                  x, l.first, &beta, y, l.second, y, l.second, &p.algo, nullptr,
+                                  0, stream));
+}
+
+std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
+                           DType out) {
+  const Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
+  return fmt::format("algo {} tile {} stages {} (ref M {})", p.algo_id, p.tile, p.stages, ref_m_);
+}
+
+}  // namespace qtk::cuda

@@ -1,0 +1,52 @@
+// cuBLASLt matrix product with a fixed algorithm per shape class, so that the
+// result of each row does not depend on how many rows are in the call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "loaders/dtype.h"
+
+namespace qtk::cuda {
+
+class Gemm {
+ public:
+  // note: batch invariance. The algorithm (kernel, tile, stages, swizzle) of
+  // a shape class (N, K, strides, dtypes) is chosen ONCE, from cuBLASLt's
+  // heuristic for M = ref_m, and then used for every M. Split-K is disabled
+  // (CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 1, reduction scheme NONE) and no
+  // workspace is given, so no algorithm can split the K reduction across
+  // blocks. Each output element is then reduced over K in the same order in
+  // a 1-row call and in an M-row call (tested bit for bit in tests/cuda).
+  explicit Gemm(int64_t ref_m = 128);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[M, N] (row stride ldy) = x[M, K] (ldx) * w[N, K]^T (ldw), row-major,
+  // w in the HF layout [out, in]. in: BF16 (x and w) or F32 (x and w);
+  // out: F32, or BF16 with BF16 inputs. Accumulation and scaling in f32
+  // (CUBLAS_COMPUTE_32F: no TF32 for f32 inputs). Pointers 16-byte aligned.
+  void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+           int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream);
+
+  // A short description of the algorithm fixed for a shape class (for logs).
+  std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
+                       DType out);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  Plan& plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in, DType out);
+
+  int64_t ref_m_;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace qtk::cuda

@@ -1,0 +1,222 @@
+// RMSNorm variants, l2norm and the fused per-head norm + RoPE.
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace qtk::cuda {
+namespace {
+
+using namespace dev;
+
+// note: one block of kRowThreads per row whatever the row count; thread t sums
+// columns t, t+256, ... in order, then block_sum's fixed tree. The order thus
+// depends on cols only.
+constexpr int kRowThreads = 256;
+
+template <class T>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const float* __restrict__ w,
+                               T* y, int64_t ldy, int cols, float eps) {
+  __shared__ float red[32];
+  const T* xr = x + blockIdx.x * ldx;
+  T* yr = y + blockIdx.x * ldy;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = to_f(xr[c]);
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(xr[c]) * inv * w[c]);
+}
+
+template <class T>
+__global__ void add_rmsnorm_kernel(T* residual, int64_t ldr, const T* __restrict__ x, int64_t ldx,
+                                   const float* __restrict__ w, T* y, int64_t ldy, int cols,
+                                   float eps) {
+  __shared__ float red[32];
+  T* rr = residual + blockIdx.x * ldr;
+  const T* xr = x + blockIdx.x * ldx;
+  T* yr = y + blockIdx.x * ldy;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const T sum = from_f<T>(to_f(rr[c]) + to_f(xr[c]));
+    rr[c] = sum;  // note: the norm reads the residual as stored (rounded to T)
+    const float v = to_f(sum);
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);  // its barriers also order the stores above
+  const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(rr[c]) * inv * w[c]);
+}
+
+// One warp per (token, head) row of head_dim <= 256 values.
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxHeadDim = 256;
+
+template <class T>
+__global__ void gated_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ z,
+                                     int64_t ldz, const float* __restrict__ w, T* y, int64_t ldy,
+                                     int64_t rows, int heads, int dim, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = row / heads, h = row % heads;
+  const T* xr = x + t * ldx + h * dim;
+  const T* zr = z + t * ldz + h * dim;
+  T* yr = y + t * ldy + h * dim;
+  float ss = 0.0f;
+  for (int c = lane; c < dim; c += 32) {
+    const float v = to_f(xr[c]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+  for (int c = lane; c < dim; c += 32)
+    yr[c] = from_f<T>(w[c] * (to_f(xr[c]) * inv) * silu(to_f(zr[c])));
+}
+
+template <class T>
+__global__ void l2norm_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim, float eps,
+                              float scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  T* xr = x + (row / heads) * ld + (row % heads) * dim;
+  float ss = 0.0f;
+  for (int c = lane; c < dim; c += 32) {
+    const float v = to_f(xr[c]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(ss) + eps) * scale;
+  for (int c = lane; c < dim; c += 32) xr[c] = from_f<T>(to_f(xr[c]) * inv);
+}
+
+// The position axis that rotary frequency j reads (0 t, 1 h, 2 w).
+__device__ __forceinline__ int rope_axis(int j, const RopeParams& p) {
+  if (p.n_sections == 0) return 0;
+  if (p.interleaved) {
+    // note: transformers' apply_interleaved_mrope: frequencies start on the
+    // temporal axis; j % 3 == 1 (== 2) below 3*section[1] (3*section[2])
+    // take the height (width) axis.
+    int axis = 0;
+    for (int a = 1; a < 3; ++a)
+      if (j % 3 == a && j < 3 * p.sections[a]) axis = a;
+    return axis;
+  }
+  if (j < p.sections[0]) return 0;
+  if (j < p.sections[0] + p.sections[1]) return 1;
+  return 2;
+}
+
+template <class T>
+__global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim,
+                                    const float* __restrict__ norm_w, float eps,
+                                    const int32_t* __restrict__ positions, int64_t tokens,
+                                    RopeParams rope) {
+  __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = row / heads;
+  T* xr = x + t * ld + (row % heads) * dim;
+  float* v = buf[warp];
+  float ss = 0.0f;
+  for (int c = lane; c < dim; c += 32) {
+    const float a = to_f(xr[c]);
+    v[c] = a;
+    ss += a * a;
+  }
+  if (norm_w != nullptr) {
+    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+    for (int c = lane; c < dim; c += 32) v[c] = v[c] * inv * norm_w[c];
+  }
+  __syncwarp();
+  const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
+  for (int j = lane; j < half; j += 32) {
+    const int axis = rope_axis(j, rope);
+    const double pos = static_cast<double>(positions[axis * tokens + t]);
+    const double inv_freq = pow(rope.theta, -2.0 * j / static_cast<double>(rd));
+    double s, c;
+    sincos(pos * inv_freq, &s, &c);
+    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const float a = v[j], b = v[j + half];
+    xr[j] = from_f<T>(a * cf - b * sf);
+    xr[j + half] = from_f<T>(b * cf + a * sf);
+  }
+  for (int c = rd + lane; c < dim; c += 32) xr[c] = from_f<T>(v[c]);
+}
+
+}  // namespace
+
+template <class T>
+void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows,
+             int64_t cols, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void add_rmsnorm(T* residual, int64_t ldr, const T* x, int64_t ldx, const float* w, T* y,
+                 int64_t ldy, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  add_rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      residual, ldr, x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void gated_rmsnorm(const T* x, int64_t ldx, const T* z, int64_t ldz, const float* w, T* y,
+                   int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float eps,
+                   cudaStream_t stream) {
+  const int64_t rows = tokens * heads;
+  if (rows == 0) return;
+  gated_rmsnorm_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      x, ldx, z, ldz, w, y, ldy, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim, float eps,
+                  float scale, cudaStream_t stream) {
+  const int64_t rows = tokens * heads;
+  if (rows == 0) return;
+  l2norm_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps, scale);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
+                  const float* norm_w, float eps, const int32_t* positions,
+                  const RopeParams& rope, cudaStream_t stream) {
+  if (head_dim > kMaxHeadDim || rope.rotary_dim > head_dim || rope.rotary_dim % 2 != 0)
+    fail_message("qk_norm_rope: head_dim " + std::to_string(head_dim) + " (at most " +
+                 std::to_string(kMaxHeadDim) + ") with rotary_dim " +
+                 std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
+  const int64_t rows = tokens * heads;
+  if (rows == 0) return;
+  qk_norm_rope_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), norm_w, eps, positions,
+      tokens, rope);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+#define QTK_INSTANTIATE(T)                                                                   \
+  template void rmsnorm<T>(const T*, int64_t, const float*, T*, int64_t, int64_t, int64_t,   \
+                           float, cudaStream_t);                                             \
+  template void add_rmsnorm<T>(T*, int64_t, const T*, int64_t, const float*, T*, int64_t,    \
+                               int64_t, int64_t, float, cudaStream_t);                       \
+  template void gated_rmsnorm<T>(const T*, int64_t, const T*, int64_t, const float*, T*,     \
+                                 int64_t, int64_t, int64_t, int64_t, float, cudaStream_t);   \
+  template void l2norm_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, float, float,        \
+                                cudaStream_t);                                               \
+  template void qk_norm_rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const float*, float, \
+                                const int32_t*, const RopeParams&, cudaStream_t);
+QTK_INSTANTIATE(float)
+QTK_INSTANTIATE(bf16)
+#undef QTK_INSTANTIATE
+
+}  // namespace qtk::cuda
