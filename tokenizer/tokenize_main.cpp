@@ -1,0 +1,215 @@
+// tokenize: JSONL text -> token ids (or ids -> text with --decode).
+//
+//   tokenize --tokenizer PATH [--decode] [--threads N] < in.jsonl > out.jsonl
+//
+// PATH is a tokenizer.json, a model directory holding one, or a .pack file
+// (a zip whose STORED entry "tokenizer.json" is read with libzip).
+// Each input line {"text": "..."} gives {"ids": [...]}; with --decode each
+// {"ids": [...]} gives {"text": "..."}. A bad line gives
+// {"line": N, "error": "..."} (N counts from 1) and the other lines still come
+// out, in order. Exit status: 0 when the input was read, even with bad lines;
+// 1 for bad flags or an unusable tokenizer (then nothing is written to stdout).
+#include <zip.h>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loaders/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using qtk::fail;
+
+std::string read_pack_entry(const std::string& path, const char* entry) {
+  int error_code = 0;
+  zip_t* archive = zip_open(path.c_str(), ZIP_RDONLY, &error_code);
+  if (!archive) {
+    zip_error_t error;
+    zip_error_init_with_code(&error, error_code);
+    const std::string message = zip_error_strerror(&error);
+    zip_error_fini(&error);
+    fail("{}: cannot open pack (expected a zip archive): {}", path, message);
+  }
+  std::string data;
+  try {
+    const zip_int64_t index = zip_name_locate(archive, entry, 0);
+    if (index < 0) fail("{}: pack has no entry '{}' (expected the model's tokenizer.json)", path, entry);
+    zip_stat_t stat;
+    if (zip_stat_index(archive, static_cast<zip_uint64_t>(index), 0, &stat) != 0 || !(stat.valid & ZIP_STAT_SIZE)) {
+      fail("{}: cannot stat pack entry '{}': {}", path, entry, zip_strerror(archive));
+    }
+    zip_file_t* file = zip_fopen_index(archive, static_cast<zip_uint64_t>(index), 0);
+    if (!file) fail("{}: cannot open pack entry '{}': {}", path, entry, zip_strerror(archive));
+    data.resize(stat.size);
+    const zip_int64_t got = zip_fread(file, data.data(), stat.size);
+    zip_fclose(file);
+    if (got < 0 || static_cast<zip_uint64_t>(got) != stat.size) {
+      fail("{}: pack entry '{}' is truncated (expected {} bytes, read {})", path, entry, stat.size, got);
+    }
+  } catch (...) {
+    zip_discard(archive);
+    throw;
+  }
+  zip_discard(archive);
+  return data;
+}
+
+qtk::Tokenizer load_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const std::string json_path = (fs::path(path) / "tokenizer.json").string();
+    if (!fs::exists(json_path, ec)) fail("{}: model directory has no tokenizer.json", path);
+    return qtk::Tokenizer::from_file(json_path);
+  }
+  if (!fs::exists(path, ec)) fail("{}: no such file or directory (expected a tokenizer.json, model directory or .pack)", path);
+  char magic[4] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(magic, 4);
+  }
+  if (std::string_view(magic, 4) == std::string_view("PK\x03\x04", 4)) {
+    return qtk::Tokenizer::from_json_text(read_pack_entry(path, "tokenizer.json"), path + ":tokenizer.json");
+  }
+  return qtk::Tokenizer::from_file(path);
+}
+
+std::string error_line(size_t line_number, const std::string& message) {
+  return nlohmann::json{{"line", line_number}, {"error", message}}.dump(-1, ' ', false,
+                                                                         nlohmann::json::error_handler_t::replace);
+}
+
+std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
+                         size_t line_number) {
+  nlohmann::json input;
+  try {
+    input = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    return error_line(line_number, fmt::format("line {}: invalid JSON: {}", line_number, e.what()));
+  }
+  try {
+    if (!input.is_object()) {
+      fail("line {}: expected a JSON object with \"{}\", found {}", line_number, decode ? "ids" : "text",
+           input.type_name());
+    }
+    if (!decode) {
+      const auto text = input.find("text");
+      if (text == input.end() || !text->is_string()) {
+        fail("line {}: expected a string field \"text\"", line_number);
+      }
+      const std::vector<int32_t> ids = tokenizer.encode(text->get_ref<const std::string&>());
+      return fmt::format("{{\"ids\":[{}]}}", fmt::join(ids, ","));
+    }
+    const auto ids_field = input.find("ids");
+    if (ids_field == input.end() || !ids_field->is_array()) {
+      fail("line {}: expected an array field \"ids\"", line_number);
+    }
+    std::vector<int32_t> ids;
+    ids.reserve(ids_field->size());
+    for (size_t k = 0; k < ids_field->size(); ++k) {
+      const nlohmann::json& v = (*ids_field)[k];
+      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
+        fail("line {}: ids[{}] must be an integer token id, found {}", line_number, k, v.dump());
+      }
+      ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
+    return nlohmann::json{{"text", tokenizer.decode(ids)}}.dump();
+  } catch (const qtk::Error& e) {
+    std::string message = e.what();
+    if (message.rfind("line ", 0) != 0) message = fmt::format("line {}: {}", line_number, message);
+    return error_line(line_number, message);
+  }
+}
+
+int run(int argc, char** argv) {
+  cxxopts::Options options(
+      "tokenize",
+      "Encode JSONL {\"text\": ...} lines from stdin to {\"ids\": [...]} lines on stdout, or decode\n"
+      "{\"ids\": [...]} to {\"text\": ...} with --decode. Encoding adds no special tokens; decoding\n"
+      "keeps them. A bad input line gives {\"line\": N, \"error\": \"...\"} and the other lines still\n"
+      "come out, in input order. Exit status 0 once the tokenizer loads (even with bad lines),\n"
+      "1 for bad flags or an unusable tokenizer.");
+  options.add_options()
+      ("tokenizer", "tokenizer.json, a model directory holding one, or a .pack file", cxxopts::value<std::string>())
+      ("decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")
+      ("threads", "worker threads (0 = all cores)", cxxopts::value<int>()->default_value("1"))
+      ("h,help", "print this help");
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    fail("{} (see --help)", e.what());
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << std::endl;
+    return 0;
+  }
+  if (!args.unmatched().empty()) fail("unexpected argument '{}' (see --help)", args.unmatched()[0]);
+  if (!args.count("tokenizer")) fail("--tokenizer PATH is required (see --help)");
+  const int threads_flag = args["threads"].as<int>();
+  if (threads_flag < 0) fail("--threads must be >= 0, found {}", threads_flag);
+  const bool decode = args.count("decode") > 0;
+  const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
+  const size_t threads =
+      threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency()) : static_cast<size_t>(threads_flag);
+
+  // note: lines are processed in blocks so memory stays bounded on huge inputs
+  // while threads share the work; output keeps the input order.
+  constexpr size_t kBlockLines = 8192;
+  std::vector<std::string> lines;
+  std::vector<std::string> outputs;
+  size_t first_line_number = 1;
+  std::string line;
+  bool more = true;
+  while (more) {
+    lines.clear();
+    while (lines.size() < kBlockLines && (more = static_cast<bool>(std::getline(std::cin, line)))) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      lines.push_back(std::move(line));
+    }
+    if (lines.empty()) break;
+    outputs.assign(lines.size(), std::string());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < lines.size();) {
+        outputs[i] = process_line(tokenizer, decode, lines[i], first_line_number + i);
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min(threads, lines.size()); ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    std::string block;
+    for (const std::string& o : outputs) {
+      block += o;
+      block += '\n';
+    }
+    std::fwrite(block.data(), 1, block.size(), stdout);
+    first_line_number += lines.size();
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tokenize: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,196 @@
+#include "tokenizer/unicode_classes.h"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "loaders/error.h"
+
+namespace qtk::unicode {
+namespace {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr uint8_t kClassMask = 0x07;
+constexpr uint8_t kInertBit = 0x08;
+
+CharClass compute_class(uint32_t cp) {
+  if (cp == '\r' || cp == '\n') return CharClass::kNewline;
+  if (cp == '\t' || cp == 0x0B || cp == 0x0C || cp == 0x85) return CharClass::kSpace;
+  // note: HF tokenizers matches the pattern with Oniguruma 6.9.9 (Unicode
+  // 15.1); utf8proc 2.8 has Unicode 15.0. The one block of letters 15.1 added
+  // is CJK Extension I, patched in here.
+  if (cp >= 0x2EBF0 && cp <= 0x2EE5D) return CharClass::kLetter;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+      return CharClass::kLetter;
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+      return CharClass::kNumber;
+    case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+      return CharClass::kSpace;
+    default:
+      return CharClass::kOther;
+  }
+}
+
+bool has_canonical_decomposition(const utf8proc_property_t* p) {
+  // note: decomp_type 0 with a decomposition sequence means canonical;
+  // compatibility decompositions (type != 0) do not matter for NFC.
+  return p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0;
+}
+
+// One byte per code point: class in the low bits, kInertBit when NFC-inert.
+// note: 1.1 MB built once per process (a few ms) so that every lookup during
+// encoding is one load, for all planes alike.
+std::unique_ptr<uint8_t[]> build_table() {
+  auto table = std::make_unique<uint8_t[]>(kMaxCodePoint + 1);
+  // Code points that occur after the first position of some canonical
+  // decomposition: the possible second halves of a composition (plus a few
+  // more, which only sends some text to the slow path).
+  std::vector<bool> is_second(kMaxCodePoint + 1, false);
+  for (uint32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
+    const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
+    if (!has_canonical_decomposition(p)) continue;
+    utf8proc_int32_t parts[8];
+    int last_boundclass = 0;
+    const utf8proc_ssize_t n = utf8proc_decompose_char(
+        static_cast<utf8proc_int32_t>(cp), parts, 8, UTF8PROC_DECOMPOSE, &last_boundclass);
+    for (utf8proc_ssize_t k = 1; k < n && k < 8; ++k) is_second[static_cast<uint32_t>(parts[k])] = true;
+  }
+  // note: Hangul syllables compose algorithmically (L+V, LV+T), outside the
+  // decomposition table, so the vowel and trailing jamo are seconds too.
+  for (uint32_t cp = 0x1161; cp <= 0x1175; ++cp) is_second[cp] = true;
+  for (uint32_t cp = 0x11A8; cp <= 0x11C2; ++cp) is_second[cp] = true;
+  for (uint32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
+    const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
+    const bool surrogate = cp >= 0xD800 && cp <= 0xDFFF;
+    const bool inert = !surrogate && p->combining_class == 0 && !has_canonical_decomposition(p) &&
+                       !is_second[cp];
+    table[cp] = static_cast<uint8_t>(static_cast<uint8_t>(compute_class(cp)) | (inert ? kInertBit : 0));
+  }
+  return table;
+}
+
+const uint8_t* table() {
+  static const std::unique_ptr<uint8_t[]> kTable = build_table();
+  return kTable.get();
+}
+
+}  // namespace
+
+CharClass char_class(uint32_t cp) {
+  if (cp > kMaxCodePoint) return CharClass::kOther;
+  return static_cast<CharClass>(table()[cp] & kClassMask);
+}
+
+bool is_nfc_inert(uint32_t cp) { return cp <= kMaxCodePoint && (table()[cp] & kInertBit) != 0; }
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+size_t find_invalid_utf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    // note: 8 ASCII bytes at a time; most text is mostly ASCII.
+    if (i + 8 <= n) {
+      uint64_t word;
+      std::memcpy(&word, s + i, 8);
+      if ((word & 0x8080808080808080ULL) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    const unsigned char b = s[i];
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      need = 2;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;  // no surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      need = 3;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + need >= n) return i;  // truncated
+    if (s[i + 1] < lo || s[i + 1] > hi) return i;
+    for (size_t k = 2; k <= need; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+    }
+    i += need + 1;
+  }
+  return std::string_view::npos;
+}
+
+std::string nfc_reference(std::string_view text) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &out,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) {
+    // Only reachable with invalid UTF-8, which callers validate first.
+    fail("NFC normalization failed: {}", utf8proc_errmsg(n));
+  }
+  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
+std::string_view nfc(std::string_view text, std::string& buffer) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  // note: every code point below U+0300 is NFC-inert, and its UTF-8 lead byte
+  // is below 0xCC, so a byte scan settles most text without decoding.
+  size_t i = 0;
+  while (i < n && s[i] < 0xCC) ++i;
+  if (i == n) return text;
+  // s[i] >= 0xCC is a lead byte: continuation bytes are 0x80..0xBF.
+  const uint8_t* t = table();
+  while (i < n) {
+    uint32_t cp;
+    i += decode_utf8(s, i, cp);
+    if (!(t[cp] & kInertBit)) {
+      buffer = nfc_reference(text);
+      return buffer;
+    }
+  }
+  return text;
+}
+
+}  // namespace qtk::unicode
