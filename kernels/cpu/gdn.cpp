@@ -1,0 +1,162 @@
+#include "kernels/gdn.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/simd_math.h"
+
+namespace qtk {
+
+namespace {
+
+// Channels per conv task: enough work per task, and cache-line friendly.
+constexpr int64_t kConvChannelBlock = 64;
+
+QTK_CLONES void conv_channels(const float* x, int64_t ldx, int64_t T, int64_t c0, int64_t c1,
+                              const float* w, int64_t K, float* state, float* y, int64_t ldy,
+                              bool apply_silu) {
+  const int64_t S = K - 1;
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* wc = w + c * K;
+    float* st = state + c * S;
+    for (int64_t t = 0; t < T; ++t) {
+      // xpad[t + j] is state[t + j] while t + j < S, else x[t + j - S].
+      float acc = 0.0f;
+      for (int64_t j = 0; j < K; ++j) {
+        int64_t p = t + j;
+        float xv = p < S ? st[p] : x[(p - S) * ldx + c];
+        acc += wc[j] * xv;
+      }
+      y[t * ldy + c] = apply_silu ? cpu::silu_poly(acc) : acc;
+    }
+    // New state: the last S entries of [state, x].
+    if (T >= S) {
+      for (int64_t i = 0; i < S; ++i) st[i] = x[(T - S + i) * ldx + c];
+    } else {
+      for (int64_t i = 0; i < S - T; ++i) st[i] = st[i + T];
+      for (int64_t i = 0; i < T; ++i) st[S - T + i] = x[i * ldx + c];
+    }
+  }
+}
+
+// One value head of one sequence over T tokens. kv and delta: f32 [Dv] scratch.
+QTK_CLONES void delta_rule_head(const float* q, int64_t ldq, const float* k, int64_t ldk,
+                                const float* v, int64_t ldv, const float* g, const float* beta,
+                                int64_t ldg, float* __restrict S, float* out, int64_t ldo,
+                                int64_t T, int64_t Dk, int64_t Dv, float* __restrict kv,
+                                float* __restrict delta) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* qt = q + t * ldq;
+    const float* kt = k + t * ldk;
+    const float* vt = v + t * ldv;
+    float* ot = out + t * ldo;
+    const float decay = static_cast<float>(std::exp(static_cast<double>(g[t * ldg])));
+    const float bt = beta[t * ldg];
+    // Pass 1: decay the state and read kv = k^T S (sum over k in order).
+    for (int64_t j = 0; j < Dv; ++j) kv[j] = 0.0f;
+    for (int64_t i = 0; i < Dk; ++i) {
+      float* row = S + i * Dv;
+      const float ki = kt[i];
+      for (int64_t j = 0; j < Dv; ++j) {
+        float sv = row[j] * decay;
+        row[j] = sv;
+        kv[j] += sv * ki;
+      }
+    }
+    for (int64_t j = 0; j < Dv; ++j) delta[j] = (vt[j] - kv[j]) * bt;
+    // Pass 2: rank-one update, then out = q^T S (sum over k in order).
+    for (int64_t j = 0; j < Dv; ++j) kv[j] = 0.0f;
+    for (int64_t i = 0; i < Dk; ++i) {
+      float* row = S + i * Dv;
+      const float ki = kt[i];
+      const float qi = qt[i];
+      for (int64_t j = 0; j < Dv; ++j) {
+        float sv = row[j] + ki * delta[j];
+        row[j] = sv;
+        kv[j] += sv * qi;
+      }
+    }
+    for (int64_t j = 0; j < Dv; ++j) ot[j] = kv[j];
+  }
+}
+
+// Per-thread scratch of 2*Dv floats (allocated once per thread and size).
+float* delta_scratch(int64_t Dv) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < 2 * Dv) buf.resize(2 * Dv);
+  return buf.data();
+}
+
+}  // namespace
+
+void causal_conv1d(const float* x, int64_t ldx, int64_t T, int64_t C, const float* w, int64_t K,
+                   float* state, float* y, int64_t ldy, bool apply_silu) {
+  if (T <= 0) return;
+  conv_channels(x, ldx, T, 0, C, w, K, state, y, ldy, apply_silu);
+}
+
+void causal_conv1d_varlen(const float* x, int64_t ldx, int64_t num_seqs, const int32_t* q_start,
+                          int64_t C, const float* w, int64_t K, float* const* states, float* y,
+                          int64_t ldy, bool apply_silu, ThreadPool* pool) {
+  const int64_t blocks = (C + kConvChannelBlock - 1) / kConvChannelBlock;
+  parallel_for(pool, num_seqs * blocks, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      int64_t s = task / blocks;
+      int64_t c0 = (task % blocks) * kConvChannelBlock;
+      int64_t c1 = c0 + kConvChannelBlock < C ? c0 + kConvChannelBlock : C;
+      int64_t r0 = q_start[s];
+      int64_t T = q_start[s + 1] - r0;
+      if (T <= 0) continue;
+      conv_channels(x + r0 * ldx, ldx, T, c0, c1, w, K, states[s], y + r0 * ldy, ldy,
+                    apply_silu);
+    }
+  });
+}
+
+void gated_delta_rule(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                      int64_t ldv, const float* g, const float* beta, int64_t ldg, float* state,
+                      float* out, int64_t ldo, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                      int64_t Dv, ThreadPool* pool) {
+  float* states[1] = {state};
+  int32_t q_start[2] = {0, static_cast<int32_t>(T)};
+  gated_delta_rule_varlen(q, ldq, k, ldk, v, ldv, g, beta, ldg, 1, q_start, states, out, ldo, Hk,
+                          Hv, Dk, Dv, pool);
+}
+
+void gated_delta_rule_varlen(const float* q, int64_t ldq, const float* k, int64_t ldk,
+                             const float* v, int64_t ldv, const float* g, const float* beta,
+                             int64_t ldg, int64_t num_seqs, const int32_t* q_start,
+                             float* const* states, float* out, int64_t ldo, int64_t Hk,
+                             int64_t Hv, int64_t Dk, int64_t Dv, ThreadPool* pool) {
+  const int64_t ratio = Hv / Hk;
+  parallel_for(pool, num_seqs * Hv, [&](int64_t begin, int64_t end) {
+    float* scratch = delta_scratch(Dv);
+    for (int64_t task = begin; task < end; ++task) {
+      int64_t s = task / Hv;
+      int64_t h = task % Hv;
+      int64_t kh = h / ratio;
+      int64_t r0 = q_start[s];
+      int64_t T = q_start[s + 1] - r0;
+      if (T <= 0) continue;
+      delta_rule_head(q + r0 * ldq + kh * Dk, ldq, k + r0 * ldk + kh * Dk, ldk,
+                      v + r0 * ldv + h * Dv, ldv, g + r0 * ldg + h, beta + r0 * ldg + h, ldg,
+                      states[s] + h * Dk * Dv, out + r0 * ldo + h * Dv, ldo, T, Dk, Dv, scratch,
+                      scratch + Dv);
+    }
+  });
+}
+
+void gdn_gates(const float* a, const float* b, int64_t lda, const float* A, const float* dt_bias,
+               float* g, float* beta, int64_t T, int64_t Hv) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < Hv; ++h) {
+      double x = static_cast<double>(a[t * lda + h]) + static_cast<double>(dt_bias[h]);
+      double sp = x > 20.0 ? x : std::log1p(std::exp(x));
+      g[t * Hv + h] = static_cast<float>(static_cast<double>(A[h]) * sp);
+      double bb = b[t * lda + h];
+      beta[t * Hv + h] = static_cast<float>(1.0 / (1.0 + std::exp(-bb)));
+    }
+  }
+}
+
+}  // namespace qtk

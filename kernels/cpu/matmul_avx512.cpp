@@ -1,0 +1,160 @@
+// AVX-512 matmul path (compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c).
+// note: see matmul_paths.h for why nothing here may be shared with other files.
+// note: GCC 12 warns about its own _mm512_undefined_* helpers (self-initialised
+// on purpose) once they are inlined here; the warning is a known false positive.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/matmul_paths.h"
+
+namespace qtk::cpu {
+
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int kMaxRows = 4;  // rows of x per register tile
+constexpr int kMaxCols = 6;  // weight rows (output columns) per register tile
+// note: 4 x 6 = 24 accumulators + 6 converted weight vectors + 1 x vector fit
+// in the 32 zmm registers; each weight vector is used 4 times per load and
+// each x vector 6 times, which keeps prefill close to FMA-bound.
+constexpr int64_t kColumnBlock = 96;
+// note: a block of 96 bf16 weight rows of K = 1024 is 192 KiB: it stays in L2
+// while every row tile of x streams past it, so W is read from memory once
+// per call whatever M is (decode at M = 1..64 is bandwidth-bound on W).
+
+template <int WT>
+inline __m512 load_w(const void* w, int64_t i) {
+  if constexpr (WT == kWeightBf16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (WT == kWeightF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm512_cvtph_ps(h);
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+  }
+}
+
+template <int WT>
+inline __m512 load_w_masked(const void* w, int64_t i, __mmask16 mask) {
+  if constexpr (WT == kWeightBf16) {
+    __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (WT == kWeightF16) {
+    __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w) + i);
+    return _mm512_cvtph_ps(h);
+  } else {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(w) + i);
+  }
+}
+
+// Fixed reduction tree: halves, then quarters, then pairs.
+inline float reduce16(__m512 v) {
+  __m256 lo = _mm512_castps512_ps256(v);
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+
+template <int WT, int MR, int NR>
+void tile(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t K,
+          int64_t n) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  const int64_t w0 = n * K;
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = load_w<WT>(w, w0 + j * K + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    // note: masked lanes load zeros and add +0 to their accumulators, the
+    // same for every M, so the tail keeps the fixed per-element order.
+    __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = load_w_masked<WT>(w, w0 + j * K + k, mask);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(acc[i][j]);
+  }
+}
+
+using TileFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t);
+
+template <int WT, int MR>
+constexpr TileFn tile_for_cols(int nr) {
+  switch (nr) {
+    case 1: return tile<WT, MR, 1>;
+    case 2: return tile<WT, MR, 2>;
+    case 3: return tile<WT, MR, 3>;
+    case 4: return tile<WT, MR, 4>;
+    case 5: return tile<WT, MR, 5>;
+    default: return tile<WT, MR, 6>;
+  }
+}
+
+template <int WT>
+TileFn tile_for(int mr, int nr) {
+  switch (mr) {
+    case 1: return tile_for_cols<WT, 1>(nr);
+    case 2: return tile_for_cols<WT, 2>(nr);
+    case 3: return tile_for_cols<WT, 3>(nr);
+    default: return tile_for_cols<WT, 4>(nr);
+  }
+}
+
+template <int WT>
+void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M,
+          int64_t K, int64_t n_begin, int64_t n_end) {
+  for (int64_t nb = n_begin; nb < n_end; nb += kColumnBlock) {
+    int64_t ne = nb + kColumnBlock < n_end ? nb + kColumnBlock : n_end;
+    for (int64_t m = 0; m < M; m += kMaxRows) {
+      int mr = static_cast<int>(M - m < kMaxRows ? M - m : kMaxRows);
+      const float* xm = x + m * ldx;
+      float* ym = y + m * ldy;
+      for (int64_t n = nb; n < ne; n += kMaxCols) {
+        int nr = static_cast<int>(ne - n < kMaxCols ? ne - n : kMaxCols);
+        tile_for<WT>(mr, nr)(xm, ldx, w, ym, ldy, K, n);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_cols_avx512(const float* x, int64_t ldx, const void* w, int wtype, float* y,
+                        int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
+  switch (wtype) {
+    case kWeightBf16: cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    case kWeightF16: cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    default: cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+  }
+}
+
+}  // namespace qtk::cpu
