@@ -62,9 +62,10 @@ class Pack {
   // checksums and config), for run headers.
   const std::string& digest() const { return digest_; }
 
-  // Recomputes every entry's checksum; throws qtk::Error naming the first
-  // entry that does not match.
-  void verify() const;
+  // Recomputes every entry's checksum (tensors and the files the manifest
+  // lists); throws qtk::Error naming the first entry that does not match.
+  // Returns the number of entries checked.
+  size_t verify() const;
 
  private:
   Pack() = default;

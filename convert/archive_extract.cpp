@@ -1,0 +1,206 @@
+#include "convert/archive_extract.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "convert/interrupt.h"
+#include "loaders/error.h"
+
+namespace qtk {
+
+namespace {
+
+struct ArchiveCloser {
+  void operator()(archive* a) const { archive_read_free(a); }
+};
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+const char* kind_name(mode_t type) {
+  switch (type) {
+    case AE_IFLNK: return "a symbolic link";
+    case AE_IFCHR: return "a character device";
+    case AE_IFBLK: return "a block device";
+    case AE_IFIFO: return "a FIFO";
+    case AE_IFSOCK: return "a socket";
+    default: return "not a regular file or directory";
+  }
+}
+
+// Splits an archive path into safe components; throws on absolute paths and
+// "..". "./a//b/" gives {"a", "b"}.
+std::vector<std::string> safe_components(const std::string& where, const std::string& path) {
+  if (path.empty()) fail("{}: has an empty name", where);
+  if (path[0] == '/') fail("{}: is an absolute path", where);
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    const std::string part = path.substr(start, slash - start);
+    if (part == "..") fail("{}: has a \"..\" component", where);
+    if (!part.empty() && part != ".") parts.push_back(part);
+    start = slash + 1;
+  }
+  return parts;
+}
+
+void make_dirs(const std::string& root, const std::vector<std::string>& parts, size_t count,
+               const std::string& where) {
+  std::string p = root;
+  for (size_t i = 0; i < count; ++i) {
+    p += "/" + parts[i];
+    if (::mkdir(p.c_str(), 0755) != 0) {
+      if (errno != EEXIST) fail_errno(fmt::format("{}: cannot create directory", where));
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        fail("{}: \"{}\" is both a file and a directory", where, parts[i]);
+    }
+  }
+}
+
+}  // namespace
+
+ExtractedArchive::ExtractedArchive(const std::string& archive_path, const std::string& parent_dir,
+                                   const ArchiveLimits& limits) {
+  std::string templ = parent_dir + "/.qtk-extract.XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr)
+    fail_errno(fmt::format("{}: cannot create a temporary directory in {}", archive_path, parent_dir));
+  temp_dir_ = templ;
+  try {
+    extract(archive_path, limits);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(temp_dir_, ec);
+    throw;
+  }
+}
+
+ExtractedArchive::~ExtractedArchive() {
+  std::error_code ec;
+  std::filesystem::remove_all(temp_dir_, ec);
+}
+
+void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& limits) {
+  std::unique_ptr<archive, ArchiveCloser> a(archive_read_new());
+  if (!a) fail("{}: libarchive: out of memory", path);
+  archive_read_support_filter_all(a.get());
+  archive_read_support_format_tar(a.get());
+  archive_read_support_format_zip(a.get());
+  // note: 1 MiB blocks keep the syscall count low for multi-GB shards.
+  if (archive_read_open_filename(a.get(), path.c_str(), 1 << 20) != ARCHIVE_OK)
+    fail("{}: cannot open as an archive: {}", path, archive_error_string(a.get()));
+
+  std::set<std::string> seen;
+  for (;;) {
+    check_interrupted(path);
+    archive_entry* e = nullptr;
+    const int rc = archive_read_next_header(a.get(), &e);
+    if (rc == ARCHIVE_EOF) break;
+    if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
+      if (entries_ == 0)
+        fail("{}: not a readable tar or zip archive: {}", path, archive_error_string(a.get()));
+      fail("{}: archive is damaged after {} entries: {}", path, entries_, archive_error_string(a.get()));
+    }
+    const char* raw = archive_entry_pathname(e);
+    const std::string name = raw ? raw : "";
+    const std::string where = fmt::format("{}: entry \"{}\"", path, name);
+    if (++entries_ > limits.max_entries)
+      fail("{}: holds more than {} entries (the limit; see --max-entries)", path, limits.max_entries);
+    const auto parts = safe_components(where, name);
+    if (archive_entry_hardlink(e) != nullptr) fail("{}: is a hard link; links are not accepted", where);
+    if (archive_entry_symlink(e) != nullptr) fail("{}: is a symbolic link; links are not accepted", where);
+    const mode_t type = archive_entry_filetype(e);
+    if (type != AE_IFREG && type != AE_IFDIR) fail("{}: is {}; only files and directories are accepted", where, kind_name(type));
+    if (archive_entry_sparse_count(e) > 0) fail("{}: is a sparse file; not accepted", where);
+    std::string key;
+    for (const auto& p : parts) key += "/" + p;
+    if (key.empty()) {
+      if (type == AE_IFDIR) continue;  // "./" itself
+      fail("{}: has no usable name", where);
+    }
+    if (!seen.insert(key).second) fail("{}: appears twice in the archive", where);
+
+    if (type == AE_IFDIR) {
+      make_dirs(temp_dir_, parts, parts.size(), where);
+      continue;
+    }
+    make_dirs(temp_dir_, parts, parts.size() - 1, where);
+    const bool sized = archive_entry_size_is_set(e);
+    const uint64_t declared = sized ? static_cast<uint64_t>(archive_entry_size(e)) : 0;
+    if (sized && declared > limits.max_bytes - std::min(bytes_, limits.max_bytes))
+      fail("{}: unpacking its {} bytes would exceed the limit of {} bytes in total (see --max-unpacked-bytes)",
+           where, declared, limits.max_bytes);
+
+    Fd out;
+    const std::string dest = temp_dir_ + key;
+    out.fd = ::open(dest.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (out.fd < 0) fail_errno(fmt::format("{}: cannot create {}", where, dest));
+    uint64_t written = 0;
+    for (;;) {
+      check_interrupted(path);
+      const void* buf = nullptr;
+      size_t len = 0;
+      la_int64_t offset = 0;
+      const int r = archive_read_data_block(a.get(), &buf, &len, &offset);
+      if (r == ARCHIVE_EOF) break;
+      if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
+        fail("{}: cannot read its data (truncated or damaged archive?): {}", where,
+             archive_error_string(a.get()));
+      if (offset < 0 || static_cast<uint64_t>(offset) != written)
+        fail("{}: data has holes (offset {} after {} bytes); not accepted", where, offset, written);
+      if (len > limits.max_bytes - std::min(bytes_ + written, limits.max_bytes))
+        fail("{}: unpacking exceeds the limit of {} bytes in total (see --max-unpacked-bytes)", where,
+             limits.max_bytes);
+      const auto* p = static_cast<const uint8_t*>(buf);
+      size_t done = 0;
+      while (done < len) {
+        const ssize_t n = ::write(out.fd, p + done, len - done);
+        if (n < 0) {
+          if (errno == EINTR) {
+            check_interrupted(path);
+            continue;
+          }
+          fail_errno(fmt::format("{}: cannot write {}", where, dest));
+        }
+        done += static_cast<size_t>(n);
+      }
+      written += len;
+    }
+    if (sized && written != declared)
+      fail("{}: header says {} bytes but the archive holds {} (truncated archive?)", where, declared, written);
+    bytes_ += written;
+  }
+
+  // Where the checkpoint is.
+  struct stat st {};
+  if (::stat((temp_dir_ + "/config.json").c_str(), &st) == 0) {
+    checkpoint_dir_ = temp_dir_;
+    return;
+  }
+  std::vector<std::string> top;
+  for (const auto& d : std::filesystem::directory_iterator(temp_dir_)) top.push_back(d.path().filename().string());
+  if (top.size() == 1 && std::filesystem::is_directory(temp_dir_ + "/" + top[0]) &&
+      ::stat((temp_dir_ + "/" + top[0] + "/config.json").c_str(), &st) == 0) {
+    checkpoint_dir_ = temp_dir_ + "/" + top[0];
+    return;
+  }
+  fail("{}: holds no config.json at its top level or in a single top-level folder", path);
+}
+
+}  // namespace qtk

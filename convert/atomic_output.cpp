@@ -1,0 +1,90 @@
+#include "convert/atomic_output.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <random>
+
+#include "convert/interrupt.h"
+#include "loaders/error.h"
+
+namespace qtk {
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string basename_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
+    : path_(path), dir_(directory_of(path)), overwrite_(overwrite) {
+  if (path.empty() || path.back() == '/') fail("{}: output must be a file name", path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!overwrite) fail("{}: already exists (pass --force to replace it)", path);
+    if (!S_ISREG(st.st_mode)) fail("{}: exists and is not a regular file; not replacing it", path);
+  }
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const std::string name = fmt::format("{}/.{}.tmp.{}.{:08x}", dir_, basename_of(path),
+                                         ::getpid(), rd());
+    fd_ = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0) {
+      temp_path_ = name;
+      register_emergency_unlink(temp_path_);
+      return;
+    }
+    if (errno != EEXIST) fail_errno(fmt::format("{}: cannot create a temporary file in {}", path, dir_));
+  }
+  fail("{}: cannot find a free temporary file name in {}", path, dir_);
+}
+
+AtomicOutput::~AtomicOutput() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_path_.empty()) {
+    ::unlink(temp_path_.c_str());
+    unregister_emergency_unlink(temp_path_);
+  }
+}
+
+void AtomicOutput::commit() {
+  if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync of the temporary file failed", path_));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail_errno(fmt::format("{}: closing the temporary file failed", path_));
+  check_interrupted(path_);
+  if (overwrite_) {
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+      fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
+  } else {
+    // note: RENAME_NOREPLACE closes the window between the existence check in
+    // the constructor and now; file systems without it get a plain check.
+    if (::renameat2(AT_FDCWD, temp_path_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0) {
+      if (errno == EEXIST) fail("{}: appeared while converting; not replacing it (pass --force)", path_);
+      if (errno != EINVAL && errno != ENOSYS)
+        fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
+      struct stat st {};
+      if (::stat(path_.c_str(), &st) == 0) fail("{}: appeared while converting; not replacing it (pass --force)", path_);
+      if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+        fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
+    }
+  }
+  committed_ = true;
+  unregister_emergency_unlink(temp_path_);
+  const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail_errno(fmt::format("{}: cannot open directory {} to fsync it", path_, dir_));
+  const int rc = ::fsync(dfd);
+  ::close(dfd);
+  if (rc != 0) fail_errno(fmt::format("{}: fsync of directory {} failed", path_, dir_));
+}
+
+}  // namespace qtk

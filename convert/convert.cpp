@@ -1,0 +1,167 @@
+#include "convert/convert.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "convert/atomic_output.h"
+#include "convert/interrupt.h"
+#include "convert/manifest.h"
+#include "convert/pack_writer.h"
+#include "loaders/checkpoint.h"
+#include "loaders/error.h"
+#include "runtime/pack.h"
+#include "runtime/pack_checksum.h"
+
+namespace qtk {
+
+namespace {
+
+// The non-tensor files a pack carries when the checkpoint has them.
+constexpr const char* kCarriedFiles[] = {"tokenizer.json", "tokenizer_config.json",
+                                         "generation_config.json"};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_errno(fmt::format("{}: cannot open", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in.good() && !in.eof()) fail_errno(fmt::format("{}: read failed", path));
+  return ss.str();
+}
+
+// XXH64 of a whole file, read with pread in large blocks.
+SourceFileDigest digest_file(const std::string& path, const std::string& name) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot open", path));
+  std::vector<uint8_t> buf(4u << 20);
+  Xxh64 h;
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      fail_errno(fmt::format("{}: read failed", path));
+    }
+    if (n == 0) break;
+    h.update(buf.data(), static_cast<size_t>(n));
+    total += static_cast<uint64_t>(n);
+    if (interrupt_signal() != 0) break;  // the writer reports the interrupt
+  }
+  ::close(fd);
+  return {name, total, h.digest()};
+}
+
+}  // namespace
+
+MatrixDType parse_matrix_dtype(const std::string& text) {
+  if (text == "keep") return std::nullopt;
+  if (text == "bf16") return DType::BF16;
+  if (text == "f16") return DType::F16;
+  if (text == "f32") return DType::F32;
+  fail("--dtype: expected keep, bf16, f16 or f32, found \"{}\"", text);
+}
+
+ConvertResult convert_checkpoint(const ConvertOptions& opt) {
+  // The output first: an existing OUT (without --force) or an unwritable
+  // directory fails before any work.
+  AtomicOutput out(opt.output, opt.force);
+
+  struct stat st {};
+  if (::stat(opt.input.c_str(), &st) != 0) fail_errno(fmt::format("{}: cannot read the input", opt.input));
+  std::unique_ptr<ExtractedArchive> extracted;
+  std::string dir = opt.input;
+  if (S_ISREG(st.st_mode)) {
+    extracted = std::make_unique<ExtractedArchive>(opt.input, directory_of(opt.output), opt.limits);
+    dir = extracted->checkpoint_dir();
+  } else if (!S_ISDIR(st.st_mode)) {
+    fail("{}: expected a checkpoint directory or an archive file", opt.input);
+  }
+
+  auto ckpt = Checkpoint::open(dir);
+  const ModelConfig& config = ckpt->config();
+  // The names messages use: the input as the user gave it.
+  const std::string source = extracted ? opt.input : dir;
+
+  // Source digests on the second core while the main thread writes.
+  std::vector<std::pair<std::string, std::string>> digest_inputs;  // path, name
+  for (const auto& p : ckpt->source_files()) digest_inputs.emplace_back(p, basename_of(p));
+  for (const char* f : kCarriedFiles)
+    if (ckpt->has_file(f) && std::string(f) != "generation_config.json")
+      digest_inputs.emplace_back(ckpt->file_path(f), f);
+  auto digests = std::async(std::launch::async, [digest_inputs] {
+    std::vector<SourceFileDigest> out;
+    for (const auto& [path, name] : digest_inputs) out.push_back(digest_file(path, name));
+    return out;
+  });
+
+  std::unordered_map<std::string, const TensorView*> by_name;
+  std::vector<std::string> all_names;
+  for (const auto& t : ckpt->tensors()) {
+    by_name.emplace(t.name, &t.view);
+    all_names.push_back(t.name);
+  }
+  const TensorLookup lookup = [&](const std::string& name) -> const TensorView* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  const TensorPlan plan = plan_tensors(config, lookup, all_names, opt.matrix_dtype, source);
+
+  PackWriter writer(out.fd(), opt.output);
+  ConvertResult result;
+  for (const auto& t : plan.tensors) {
+    writer.add(tensor_entry_name(t.name), make_tensor_source(t));
+    result.tensor_bytes += t.nbytes();
+  }
+  for (const char* f : kCarriedFiles)
+    if (ckpt->has_file(f)) writer.add(f, make_bytes_source(read_file(ckpt->file_path(f))));
+
+  const int64_t max_new_tokens = ckpt->generation() ? ckpt->generation()->max_new_tokens : -1;
+  writer.set_last("manifest.json", [&](const std::vector<WrittenEntry>& written) {
+    ManifestInputs in;
+    in.config = &config;
+    in.source_files = digests.get();
+    in.max_new_tokens = max_new_tokens;
+    in.plan = &plan;
+    in.written = &written;
+    return build_manifest(in);
+  });
+  if (opt.progress) {
+    writer.set_progress([&](uint64_t done, uint64_t total) {
+      opt.progress(fmt::format("convert: {:.0f} / {:.0f} MB ({:.0f}%)", done / 1e6, total / 1e6,
+                               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0));
+    });
+  }
+  std::vector<WrittenEntry> written;
+  try {
+    written = writer.write();
+  } catch (...) {
+    if (digests.valid()) digests.wait();  // never leave the thread running past the inputs
+    throw;
+  }
+
+  // Re-read what was written: zip structure, alignment, manifest, sizes.
+  {
+    auto check = Pack::open(out.temp_path());
+    if (check->tensors().size() != plan.tensors.size())
+      fail("{}: internal error: the written pack lists {} tensors, expected {}", opt.output,
+           check->tensors().size(), plan.tensors.size());
+  }
+  struct stat ost {};
+  if (::fstat(out.fd(), &ost) == 0) result.pack_bytes = static_cast<uint64_t>(ost.st_size);
+  result.tensors = plan.tensors.size();
+  result.entries = written.size();
+  check_interrupted(opt.output);
+  out.commit();
+  return result;
+}
+
+}  // namespace qtk

@@ -1,0 +1,306 @@
+#include "convert/tensor_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "convert/dtype_convert.h"
+#include "loaders/error.h"
+
+namespace qtk {
+
+int64_t PlannedTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string tensor_entry_name(const std::string& name) { return "tensors/" + name; }
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+double load_as_double(const void* base, DType t, int64_t i) {
+  float f;
+  convert_elements(static_cast<const uint8_t*>(base) + i * dtype_size(t), t, &f, DType::F32, 1);
+  return f;
+}
+
+class Planner {
+ public:
+  Planner(const ModelConfig& c, const TensorLookup& lookup, MatrixDType md, const std::string& source)
+      : c_(c), lookup_(lookup), matrix_dtype_(md), source_(source) {}
+
+  // The source tensor `name`, checked against `shape`.
+  const TensorView& need(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorView* v = lookup_(name);
+    if (v == nullptr) fail("{}: tensor \"{}\" is missing (expected shape {})", source_, name, shape_str(shape));
+    if (!is_pack_float(v->dtype))
+      fail("{}: tensor \"{}\" has dtype {}; convert reads BF16, F16 and F32", source_, name,
+           dtype_name(v->dtype));
+    std::vector<int64_t> got(v->shape, v->shape + v->ndim);
+    if (got != shape)
+      fail("{}: tensor \"{}\": expected shape {} (from config.json), found {}", source_, name,
+           shape_str(shape), shape_str(got));
+    used_.insert(name);
+    return *v;
+  }
+
+  // Rows [r0, r0 + n) of a row-major matrix.
+  static Piece rows(const TensorView& v, int64_t r0, int64_t n) {
+    const int64_t cols = v.numel() / std::max<int64_t>(v.shape[0], 1);
+    return {static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype, n * cols};
+  }
+  static Piece whole(const TensorView& v) { return {v.data, v.dtype, v.numel()}; }
+
+  // A matrix in the pack: stored in --dtype, or the sources' dtype for keep.
+  void matrix(const std::string& name, std::vector<int64_t> shape, std::vector<Piece> pieces,
+              std::initializer_list<const char*> transforms = {}) {
+    PlannedTensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.pieces = std::move(pieces);
+    if (matrix_dtype_) {
+      t.dtype = *matrix_dtype_;
+    } else {
+      t.dtype = t.pieces.front().dtype;
+      for (const Piece& p : t.pieces)
+        if (p.dtype != t.dtype)
+          fail("{}: pack tensor \"{}\" fuses sources of dtypes {} and {}; pass --dtype to pick one",
+               source_, name, dtype_name(t.dtype), dtype_name(p.dtype));
+    }
+    for (const Piece& p : t.pieces)
+      if (p.dtype != t.dtype) note_transform("cast_matrices", name);
+    for (const char* tr : transforms) note_transform(tr, name);
+    out_.push_back(std::move(t));
+  }
+
+  // A small vector stored as f32, optionally through a per-element function
+  // evaluated in double.
+  void small(const std::string& name, std::vector<int64_t> shape, const TensorView& v,
+             double (*fn)(double), std::initializer_list<const char*> transforms = {}) {
+    PlannedTensor t;
+    t.name = name;
+    t.dtype = DType::F32;
+    t.shape = std::move(shape);
+    if (fn == nullptr) {
+      t.pieces.push_back(whole(v));
+    } else {
+      auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(v.numel()));
+      for (int64_t i = 0; i < v.numel(); ++i)
+        (*values)[static_cast<size_t>(i)] = static_cast<float>(fn(load_as_double(v.data, v.dtype, i)));
+      t.pieces.push_back({values->data(), DType::F32, v.numel()});
+      t.computed = std::move(values);
+    }
+    if (v.dtype != DType::F32) note_transform("small_tensors_f32", name);
+    for (const char* tr : transforms) note_transform(tr, name);
+    out_.push_back(std::move(t));
+  }
+
+  void note_transform(const std::string& tr, const std::string& tensor) {
+    auto& list = transforms_[tr];
+    if (list.empty() || list.back() != tensor) list.push_back(tensor);
+  }
+
+  // A norm weight: f32, with Qwen3.5's (1 + w) folded in.
+  void norm(const std::string& pack_name, const std::string& hf_name, int64_t n) {
+    const TensorView& v = need(hf_name, {n});
+    if (c_.norm_adds_one)
+      small(pack_name, {n}, v, [](double w) { return 1.0 + w; }, {"norm_plus_one_folded"});
+    else
+      small(pack_name, {n}, v, nullptr);
+  }
+
+  void plan() {
+    const int64_t H = c_.hidden_size, I = c_.intermediate_size, V = c_.vocab_size;
+    matrix("embed_tokens", {V, H}, {whole(need("embed_tokens.weight", {V, H}))});
+    for (int64_t i = 0; i < c_.num_layers; ++i) {
+      const std::string hf = fmt::format("layers.{}.", i);
+      const std::string pk = fmt::format("layers.{}.", i);
+      norm(pk + "input_layernorm", hf + "input_layernorm.weight", H);
+      const LayerKind kind = c_.layer_plan.at(static_cast<size_t>(i));
+      if (kind == LayerKind::kFull) full_attention(hf, pk);
+      else linear_attention(hf, pk);
+      norm(pk + "post_attention_layernorm", hf + "post_attention_layernorm.weight", H);
+      const TensorView& gate = need(hf + "mlp.gate_proj.weight", {I, H});
+      const TensorView& up = need(hf + "mlp.up_proj.weight", {I, H});
+      matrix(pk + "mlp.gate_up_proj", {2 * I, H}, {whole(gate), whole(up)}, {"fuse_gate_up"});
+      matrix(pk + "mlp.down_proj", {H, I}, {whole(need(hf + "mlp.down_proj.weight", {H, I}))});
+    }
+    norm("norm", "norm.weight", H);
+    if (!c_.tie_word_embeddings) {
+      matrix("lm_head", {V, H}, {whole(need("lm_head.weight", {V, H}))});
+    } else if (lookup_("lm_head.weight") != nullptr) {
+      // note: transformers ties the head to the embedding and ignores a
+      // stored lm_head.weight; so do we.
+      used_.insert("lm_head.weight");
+    }
+  }
+
+  void full_attention(const std::string& hf, const std::string& pk) {
+    const int64_t H = c_.hidden_size, D = c_.head_dim, Hq = c_.num_attention_heads,
+                  Hkv = c_.num_kv_heads;
+    const bool gated = c_.attn_output_gate;
+    const TensorView& q = need(hf + "self_attn.q_proj.weight", {Hq * D * (gated ? 2 : 1), H});
+    const TensorView& k = need(hf + "self_attn.k_proj.weight", {Hkv * D, H});
+    const TensorView& v = need(hf + "self_attn.v_proj.weight", {Hkv * D, H});
+    std::vector<Piece> pieces;
+    if (gated) {
+      // note: HF's q_proj yields, per head, D query rows then D gate rows;
+      // the runtime wants all queries, then all gates (one GEMM, two slabs).
+      for (int64_t h = 0; h < Hq; ++h) pieces.push_back(rows(q, h * 2 * D, D));
+      for (int64_t h = 0; h < Hq; ++h) pieces.push_back(rows(q, h * 2 * D + D, D));
+    } else {
+      pieces.push_back(whole(q));
+    }
+    pieces.push_back(whole(k));
+    pieces.push_back(whole(v));
+    const int64_t rows_total = Hq * D * (gated ? 2 : 1) + 2 * Hkv * D;
+    if (gated)
+      matrix(pk + "self_attn.qkv_proj", {rows_total, H}, std::move(pieces), {"fuse_qkv", "split_q_gate"});
+    else
+      matrix(pk + "self_attn.qkv_proj", {rows_total, H}, std::move(pieces), {"fuse_qkv"});
+    matrix(pk + "self_attn.o_proj", {H, Hq * D}, {whole(need(hf + "self_attn.o_proj.weight", {H, Hq * D}))});
+    norm(pk + "self_attn.q_norm", hf + "self_attn.q_norm.weight", D);
+    norm(pk + "self_attn.k_norm", hf + "self_attn.k_norm.weight", D);
+  }
+
+  void linear_attention(const std::string& hf, const std::string& pk) {
+    const int64_t H = c_.hidden_size, Hv = c_.linear_num_value_heads, Dv = c_.linear_value_head_dim;
+    const int64_t C = c_.linear_conv_dim(), K = c_.linear_conv_kernel, VD = c_.linear_value_dim();
+    const TensorView& qkv = need(hf + "linear_attn.in_proj_qkv.weight", {C, H});
+    const TensorView& z = need(hf + "linear_attn.in_proj_z.weight", {VD, H});
+    const TensorView& b = need(hf + "linear_attn.in_proj_b.weight", {Hv, H});
+    const TensorView& a = need(hf + "linear_attn.in_proj_a.weight", {Hv, H});
+    matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H}, {whole(qkv), whole(z), whole(b), whole(a)},
+           {"fuse_gdn_in_proj"});
+    // note: [C, 1, K] and [C, K] hold the same bytes in the same order; only
+    // the recorded shape changes.
+    small(pk + "linear_attn.conv1d", {C, K}, need(hf + "linear_attn.conv1d.weight", {C, 1, K}), nullptr,
+          {"conv1d_squeeze"});
+    small(pk + "linear_attn.dt_bias", {Hv}, need(hf + "linear_attn.dt_bias", {Hv}), nullptr);
+    // note: exp in double, one rounding to f32 at the end.
+    small(pk + "linear_attn.A", {Hv}, need(hf + "linear_attn.A_log", {Hv}),
+          [](double x) { return -std::exp(x); }, {"A_neg_exp"});
+    // note: the gated GDN norm computes w * x: not folded.
+    small(pk + "linear_attn.norm", {Dv}, need(hf + "linear_attn.norm.weight", {Dv}), nullptr);
+    matrix(pk + "linear_attn.out_proj", {H, VD}, {whole(need(hf + "linear_attn.out_proj.weight", {H, VD}))});
+  }
+
+  TensorPlan finish(const std::vector<std::string>& all_names) {
+    for (const auto& n : all_names)
+      if (!used_.count(n))
+        fail("{}: tensor \"{}\" is not used by any pack tensor (unsupported feature?)", source_, n);
+    TensorPlan plan;
+    plan.tensors = std::move(out_);
+    static const std::pair<const char*, const char*> kDescriptions[] = {
+        {"fuse_gate_up", "mlp.gate_up_proj = rows of mlp.gate_proj, then rows of mlp.up_proj"},
+        {"fuse_qkv", "self_attn.qkv_proj = rows of q_proj (queries[, gates]), then k_proj, then v_proj"},
+        {"split_q_gate",
+         "q_proj rows per head [query D; gate D] de-interleaved into all queries (Hq*D rows), then all gates (Hq*D rows)"},
+        {"fuse_gdn_in_proj", "linear_attn.in_proj = rows of in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"},
+        {"conv1d_squeeze", "linear_attn.conv1d.weight [C, 1, K] stored as [C, K]"},
+        {"A_neg_exp", "linear_attn.A = -exp(A_log), computed in float64, rounded once to float32"},
+        {"norm_plus_one_folded",
+         "RMSNorm weights (input/post_attention_layernorm, norm, q_norm, k_norm) stored as 1 + w, computed in float64, rounded to float32; linear_attn.norm is not folded"},
+        {"small_tensors_f32", "norm weights, conv1d, dt_bias and A stored as float32 (exact widening)"},
+        {"cast_matrices", "matrices converted to the requested dtype (round to nearest even when narrowing)"},
+    };
+    for (const auto& [name, desc] : kDescriptions) {
+      auto it = transforms_.find(name);
+      if (it == transforms_.end()) continue;
+      plan.transforms.push_back({name, desc, it->second});
+    }
+    return plan;
+  }
+
+ private:
+  const ModelConfig& c_;
+  const TensorLookup& lookup_;
+  MatrixDType matrix_dtype_;
+  std::string source_;
+  std::set<std::string> used_;
+  std::vector<PlannedTensor> out_;
+  std::map<std::string, std::vector<std::string>> transforms_;
+};
+
+// note: conversions go through a 64 KiB staging buffer; a kept dtype is
+// copied straight from the mapping into libzip's buffer.
+constexpr size_t kStageElements = 16384;
+
+class TensorSource final : public EntrySource {
+ public:
+  explicit TensorSource(const PlannedTensor& t) : t_(t), esize_(static_cast<size_t>(dtype_size(t.dtype))) {}
+  uint64_t size() const override { return t_.nbytes(); }
+  void rewind() override {
+    piece_ = 0;
+    elem_ = 0;
+    stage_len_ = stage_pos_ = 0;
+  }
+  size_t read(uint8_t* dst, size_t len) override {
+    size_t done = 0;
+    while (done < len) {
+      if (stage_pos_ < stage_len_) {
+        const size_t n = std::min(len - done, stage_len_ - stage_pos_);
+        std::memcpy(dst + done, stage_.data() + stage_pos_, n);
+        stage_pos_ += n;
+        done += n;
+        continue;
+      }
+      if (piece_ == t_.pieces.size()) break;
+      const Piece& p = t_.pieces[piece_];
+      const int64_t left = p.count - elem_;
+      if (left == 0) {
+        ++piece_;
+        elem_ = 0;
+        continue;
+      }
+      const uint8_t* src = static_cast<const uint8_t*>(p.data) + elem_ * dtype_size(p.dtype);
+      if (p.dtype == t_.dtype && (len - done) >= esize_) {
+        const size_t n = std::min<size_t>((len - done) / esize_, static_cast<size_t>(left));
+        std::memcpy(dst + done, src, n * esize_);
+        done += n * esize_;
+        elem_ += static_cast<int64_t>(n);
+        continue;
+      }
+      const size_t n = std::min<size_t>(kStageElements, static_cast<size_t>(left));
+      stage_.resize(kStageElements * esize_);
+      convert_elements(src, p.dtype, stage_.data(), t_.dtype, n);
+      stage_len_ = n * esize_;
+      stage_pos_ = 0;
+      elem_ += static_cast<int64_t>(n);
+    }
+    return done;
+  }
+
+ private:
+  const PlannedTensor& t_;
+  size_t esize_;
+  size_t piece_ = 0;
+  int64_t elem_ = 0;
+  std::vector<uint8_t> stage_;
+  size_t stage_len_ = 0, stage_pos_ = 0;
+};
+
+}  // namespace
+
+TensorPlan plan_tensors(const ModelConfig& config, const TensorLookup& lookup,
+                        const std::vector<std::string>& all_names, MatrixDType matrix_dtype,
+                        const std::string& source) {
+  Planner p(config, lookup, matrix_dtype, source);
+  p.plan();
+  return p.finish(all_names);
+}
+
+std::unique_ptr<EntrySource> make_tensor_source(const PlannedTensor& t) {
+  return std::make_unique<TensorSource>(t);
+}
+
+}  // namespace qtk

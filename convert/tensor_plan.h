@@ -1,0 +1,84 @@
+// The one table that knows both worlds: which Hugging Face tensors (by the
+// loader's canonical names, "layers.3.self_attn.q_proj.weight") become which
+// pack tensors ("layers.3.self_attn.qkv_proj"), in which layout and dtype,
+// through which recorded transforms. Nothing is copied here: a planned
+// tensor is a list of pieces pointing into the mapped checkpoint (plus small
+// computed vectors), streamed into the pack by TensorSource.
+//
+// Pack tensors (H hidden, I intermediate, V vocab, D head_dim, Hq/Hkv heads,
+// Hk/Hv GDN key/value heads, Dk/Dv their dims, C conv channels, K kernel):
+//   embed_tokens [V, H] (matrix dtype), norm f32 [H], lm_head [V, H] (absent when tied)
+//   layers.i.input_layernorm f32 [H], layers.i.post_attention_layernorm f32 [H]
+//   layers.i.mlp.gate_up_proj [2I, H] (gate rows, then up rows), layers.i.mlp.down_proj [H, I]
+//   full attention: self_attn.qkv_proj [(Hq*D [+ Hq*D gate]) + 2*Hkv*D, H],
+//     self_attn.o_proj [H, Hq*D], self_attn.q_norm f32 [D], self_attn.k_norm f32 [D]
+//   GDN: linear_attn.in_proj [2*Hk*Dk + Hv*Dv (qkv) + Hv*Dv (z) + Hv (b) + Hv (a), H],
+//     linear_attn.conv1d f32 [C, K], linear_attn.dt_bias f32 [Hv],
+//     linear_attn.A f32 [Hv] (= -exp(A_log)), linear_attn.norm f32 [Dv],
+//     linear_attn.out_proj [H, Hv*Dv]
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "convert/pack_writer.h"
+#include "loaders/dtype.h"
+#include "loaders/model_config.h"
+#include "loaders/tensor_view.h"
+
+namespace qtk {
+
+// A run of consecutive elements of one source tensor (or of computed values).
+struct Piece {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t count = 0;
+};
+
+struct PlannedTensor {
+  std::string name;             // pack canonical name
+  DType dtype = DType::F32;     // stored dtype
+  std::vector<int64_t> shape;
+  std::vector<Piece> pieces;    // concatenated in order; sum of counts == numel
+  std::shared_ptr<std::vector<float>> computed;  // owns computed pieces' data
+  int64_t numel() const;
+  uint64_t nbytes() const { return static_cast<uint64_t>(numel() * dtype_size(dtype)); }
+};
+
+struct TransformRecord {
+  std::string name;
+  std::string description;
+  std::vector<std::string> tensors;  // pack tensors it applies to
+};
+
+struct TensorPlan {
+  std::vector<PlannedTensor> tensors;
+  std::vector<TransformRecord> transforms;
+};
+
+// What the matrices are stored as; nullopt keeps the source dtype.
+using MatrixDType = std::optional<DType>;
+
+// Source tensors by the loader's canonical name; nullptr when absent.
+using TensorLookup = std::function<const TensorView*(const std::string& name)>;
+
+// Builds the plan. `source` names the checkpoint in messages; `all_names`
+// are every source tensor, so that one the table does not use is reported
+// instead of silently dropped. Throws qtk::Error naming the tensor, the
+// expected and the found shape or dtype.
+TensorPlan plan_tensors(const ModelConfig& config, const TensorLookup& lookup,
+                        const std::vector<std::string>& all_names, MatrixDType matrix_dtype,
+                        const std::string& source);
+
+// Streams a planned tensor's bytes (converting dtype on the way).
+std::unique_ptr<EntrySource> make_tensor_source(const PlannedTensor& t);
+
+// Entry name of a pack tensor: "tensors/<name>".
+std::string tensor_entry_name(const std::string& name);
+
+}  // namespace qtk

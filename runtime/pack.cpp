@@ -1,0 +1,355 @@
+#include "runtime/pack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "loaders/error.h"
+#include "runtime/pack_checksum.h"
+#include "runtime/pack_zip.h"
+
+namespace qtk {
+
+namespace {
+
+using namespace zipfmt;
+
+// Little-endian field reads from the mapping (bounds checked by the caller).
+uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+uint64_t le64(const uint8_t* p) {
+  return static_cast<uint64_t>(le32(p)) | (static_cast<uint64_t>(le32(p + 4)) << 32);
+}
+
+// Finds a zip64 extended-information field in an extra-field block and reads
+// the values that the fixed header marked 0xFFFFFFFF, in the spec's order
+// (uncompressed size, compressed size, local header offset).
+void apply_zip64_extra(const std::string& where, const uint8_t* extra, size_t extra_len,
+                       uint64_t* usize, uint64_t* csize, uint64_t* offset) {
+  size_t pos = 0;
+  while (pos + 4 <= extra_len) {
+    const uint16_t id = le16(extra + pos);
+    const uint16_t len = le16(extra + pos + 2);
+    if (pos + 4 + len > extra_len) fail("{}: extra field 0x{:04x} runs past its block", where, id);
+    if (id == kZip64ExtraId) {
+      const uint8_t* q = extra + pos + 4;
+      size_t left = len;
+      for (uint64_t* v : {usize, csize, offset}) {
+        if (v == nullptr || *v != 0xFFFFFFFFu) continue;
+        if (left < 8) fail("{}: zip64 extra field is too short", where);
+        *v = le64(q);
+        q += 8;
+        left -= 8;
+      }
+      return;
+    }
+    pos += 4 + len;
+  }
+  if (pos != extra_len) fail("{}: extra field block has {} trailing bytes", where, extra_len - pos);
+  for (uint64_t* v : {usize, csize, offset})
+    if (v != nullptr && *v == 0xFFFFFFFFu) fail("{}: size or offset is 0xFFFFFFFF but there is no zip64 extra field", where);
+}
+
+DType parse_pack_dtype(const std::string& where, const std::string& name) {
+  if (auto d = parse_dtype(name)) {
+    if (*d == DType::BF16 || *d == DType::F16 || *d == DType::F32) return *d;
+  }
+  fail("{}: dtype \"{}\" is not one a pack holds (expected BF16, F16 or F32)", where, name);
+}
+
+const nlohmann::json& field(const nlohmann::json& obj, const char* key, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key)) fail("{}: field \"{}\" is missing", where, key);
+  return obj.at(key);
+}
+
+std::string string_field(const nlohmann::json& obj, const char* key, const std::string& where) {
+  const auto& v = field(obj, key, where);
+  if (!v.is_string()) fail("{}: field \"{}\" must be a string, found {}", where, key, v.dump());
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+std::unique_ptr<Pack> Pack::open(const std::string& path) {
+  std::unique_ptr<Pack> pack(new Pack());
+  pack->file_ = MappedFile(path);
+  const uint8_t* base = pack->file_.data();
+  const uint64_t size = pack->file_.size();
+
+  // --- end of central directory record -------------------------------------
+  if (size < kEocdSize) fail("{}: not a pack (a zip file); {} bytes is too short", path, size);
+  uint64_t eocd = UINT64_MAX;
+  const uint64_t lowest = size > kEocdSize + kMaxComment ? size - kEocdSize - kMaxComment : 0;
+  for (uint64_t pos = size - kEocdSize;; --pos) {
+    // note: a comment could contain the signature; the real record is the
+    // one whose comment length reaches exactly the end of the file.
+    if (le32(base + pos) == kEocdSig && pos + kEocdSize + le16(base + pos + 20) == size) {
+      eocd = pos;
+      break;
+    }
+    if (pos == lowest) break;
+  }
+  if (eocd == UINT64_MAX) fail("{}: not a pack: no zip end-of-central-directory record", path);
+  const uint8_t* e = base + eocd;
+  if (le16(e + 4) != 0 || le16(e + 6) != 0)
+    fail("{}: multi-disk zip archives are not supported", path);
+  uint64_t n_entries = le16(e + 10);
+  if (le16(e + 8) != n_entries) fail("{}: end-of-central-directory entry counts disagree", path);
+  uint64_t cd_size = le32(e + 12);
+  uint64_t cd_offset = le32(e + 16);
+  uint64_t cd_limit = eocd;  // the central directory must end before this
+
+  // --- zip64 records ----------------------------------------------------------
+  if (eocd >= kZip64LocatorSize && le32(base + eocd - kZip64LocatorSize) == kZip64LocatorSig) {
+    const uint8_t* loc = base + eocd - kZip64LocatorSize;
+    const uint64_t rec = le64(loc + 8);
+    if (le32(loc + 4) != 0 || le32(loc + 16) != 1) fail("{}: multi-disk zip64 archives are not supported", path);
+    if (rec > eocd - kZip64LocatorSize || eocd - kZip64LocatorSize - rec < kZip64EocdSize)
+      fail("{}: zip64 end-of-central-directory offset {} is out of bounds", path, rec);
+    const uint8_t* z = base + rec;
+    if (le32(z) != kZip64EocdSig) fail("{}: zip64 end-of-central-directory record has a bad signature", path);
+    if (le32(z + 16) != 0 || le32(z + 20) != 0) fail("{}: multi-disk zip64 archives are not supported", path);
+    const uint64_t z_entries = le64(z + 32);
+    if (le64(z + 24) != z_entries) fail("{}: zip64 entry counts disagree", path);
+    auto pick = [&](uint64_t narrow, uint64_t wide, uint64_t all_ones, const char* what) {
+      if (narrow != all_ones && narrow != wide)
+        fail("{}: zip64 and classic end records disagree on the {}", path, what);
+      return wide;
+    };
+    n_entries = pick(n_entries, z_entries, 0xFFFF, "entry count");
+    cd_size = pick(cd_size, le64(z + 40), 0xFFFFFFFF, "central directory size");
+    cd_offset = pick(cd_offset, le64(z + 48), 0xFFFFFFFF, "central directory offset");
+    cd_limit = rec;
+  } else if (n_entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) {
+    fail("{}: end-of-central-directory record needs zip64 records, which are missing", path);
+  }
+  if (cd_offset > cd_limit || cd_size != cd_limit - cd_offset)
+    fail("{}: central directory (offset {}, {} bytes) does not end where the end records start ({})",
+         path, cd_offset, cd_size, cd_limit);
+
+  // --- central directory and local headers -----------------------------------
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  std::set<std::string, std::less<>> names;
+  uint64_t pos = cd_offset;
+  for (uint64_t i = 0; i < n_entries; ++i) {
+    if (cd_offset + cd_size - pos < kCentralHeaderSize)
+      fail("{}: central directory entry {} runs past the central directory", path, i);
+    const uint8_t* c = base + pos;
+    if (le32(c) != kCentralSig) fail("{}: central directory entry {} has a bad signature", path, i);
+    const uint16_t flags = le16(c + 8);
+    const uint16_t method = le16(c + 10);
+    uint64_t csize = le32(c + 20), usize = le32(c + 24);
+    const uint16_t name_len = le16(c + 28), extra_len = le16(c + 30), comment_len = le16(c + 32);
+    uint64_t local = le32(c + 42);
+    if (cd_offset + cd_size - pos - kCentralHeaderSize < uint64_t{name_len} + extra_len + comment_len)
+      fail("{}: central directory entry {} runs past the central directory", path, i);
+    std::string name(reinterpret_cast<const char*>(c + kCentralHeaderSize), name_len);
+    const std::string where = fmt::format("{}: entry \"{}\"", path, name);
+    if (name.empty()) fail("{}: central directory entry {} has an empty name", path, i);
+    if (le16(c + 34) != 0) fail("{}: lives on another disk", where);
+    apply_zip64_extra(where + " (central directory)", c + kCentralHeaderSize + name_len, extra_len,
+                      &usize, &csize, &local);
+    if (flags & (kFlagEncrypted | kFlagStrongEncryption)) fail("{}: is encrypted", where);
+    if (flags & kFlagDataDescriptor) fail("{}: uses a data descriptor (a pack entry must not)", where);
+    if (method != 0) fail("{}: is compressed (method {}); every pack entry must be STORED", where, method);
+    if (csize != usize) fail("{}: compressed size {} != size {} for a STORED entry", where, csize, usize);
+    if (!names.insert(name).second) fail("{}: appears twice in the central directory", where);
+
+    // Local header.
+    if (local > cd_offset || cd_offset - local < kLocalHeaderSize)
+      fail("{}: local header offset {} is outside the entry area", where, local);
+    const uint8_t* l = base + local;
+    if (le32(l) != kLocalSig) fail("{}: local header has a bad signature", where);
+    const uint16_t l_flags = le16(l + 6);
+    if (l_flags & (kFlagEncrypted | kFlagStrongEncryption)) fail("{}: local header says encrypted", where);
+    if (l_flags & kFlagDataDescriptor) fail("{}: local header uses a data descriptor", where);
+    if (le16(l + 8) != 0) fail("{}: local header says compressed (method {})", where, le16(l + 8));
+    const uint16_t l_name_len = le16(l + 26), l_extra_len = le16(l + 28);
+    const uint64_t header_end = local + kLocalHeaderSize + l_name_len + l_extra_len;
+    if (header_end > cd_offset) fail("{}: local header runs past the entry area", where);
+    if (std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len) != name)
+      fail("{}: local header names it \"{}\"", where,
+           std::string(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len));
+    uint64_t l_csize = le32(l + 18), l_usize = le32(l + 22);
+    if (l_csize == 0xFFFFFFFF || l_usize == 0xFFFFFFFF)
+      apply_zip64_extra(where + " (local header)", l + kLocalHeaderSize + l_name_len, l_extra_len,
+                        &l_usize, &l_csize, nullptr);
+    if (l_csize != csize || l_usize != usize)
+      fail("{}: local header sizes ({}, {}) differ from the central directory ({}, {})", where,
+           l_csize, l_usize, csize, usize);
+    if (header_end % kPackAlignment != 0)
+      fail("{}: data starts at offset {}, which is not {}-byte aligned", where, header_end,
+           kPackAlignment);
+    if (usize > cd_offset - header_end)
+      fail("{}: data ({} bytes at offset {}) runs past the entry area", where, usize, header_end);
+    spans.push_back({local, header_end + usize, name});
+    pack->entries_.push_back({name, header_end, usize});
+    pos += kCentralHeaderSize + name_len + extra_len + comment_len;
+  }
+  if (pos != cd_offset + cd_size)
+    fail("{}: central directory holds {} bytes after its {} entries", path, cd_offset + cd_size - pos,
+         n_entries);
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].begin < spans[i - 1].end)
+      fail("{}: entries \"{}\" and \"{}\" overlap", path, spans[i - 1].name, spans[i].name);
+
+  // --- manifest ----------------------------------------------------------------
+  const std::string mwhere = path + ": manifest.json";
+  const auto manifest_bytes = pack->entry("manifest.json");
+  if (!manifest_bytes) fail("{}: has no manifest.json entry; not a pack", path);
+  try {
+    pack->manifest_ = nlohmann::json::parse(manifest_bytes->begin(), manifest_bytes->end());
+  } catch (const nlohmann::json::exception& ex) {
+    fail("{}: not valid JSON ({})", mwhere, ex.what());
+  }
+  const nlohmann::json& m = pack->manifest_;
+  if (!m.is_object()) fail("{}: expected a JSON object", mwhere);
+  const std::string format = string_field(m, "format", mwhere);
+  if (format != kPackFormatName)
+    fail("{}: field \"format\" is \"{}\", expected \"{}\"", mwhere, format, kPackFormatName);
+  const std::string version = string_field(m, "version", mwhere);
+  int major = -1, minor = -1;
+  {
+    const size_t dot = version.find('.');
+    auto all_digits = [](std::string_view s) {
+      return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    };
+    if (dot == std::string::npos || !all_digits(std::string_view(version).substr(0, dot)) ||
+        !all_digits(std::string_view(version).substr(dot + 1)))
+      fail("{}: field \"version\" is \"{}\", expected \"major.minor\"", mwhere, version);
+    major = std::stoi(version.substr(0, dot));
+    minor = std::stoi(version.substr(dot + 1));
+  }
+  (void)minor;  // note: minor versions only add fields; any 1.x is readable.
+  if (major != kPackFormatMajor)
+    fail("{}: pack format version {} is not supported (this build reads {}.x)", path, version,
+         kPackFormatMajor);
+
+  pack->config_ = config_from_json(field(m, "config", mwhere), mwhere + " config");
+
+  const auto& tensors = field(m, "tensors", mwhere);
+  if (!tensors.is_array()) fail("{}: field \"tensors\" must be an array", mwhere);
+  std::unordered_map<std::string_view, const RawEntry*> by_name;
+  for (const auto& r : pack->entries_) by_name.emplace(r.name, &r);
+  std::set<std::string, std::less<>> tensor_names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    const std::string twhere = fmt::format("{} tensors[{}]", mwhere, i);
+    PackTensorInfo info;
+    info.name = string_field(t, "name", twhere);
+    const std::string where = fmt::format("{} tensor \"{}\"", mwhere, info.name);
+    if (!tensor_names.insert(info.name).second) fail("{}: listed twice", where);
+    info.entry = string_field(t, "entry", where);
+    const DType dtype = parse_pack_dtype(where, string_field(t, "dtype", where));
+    const auto& shape = field(t, "shape", where);
+    if (!shape.is_array() || shape.size() > static_cast<size_t>(kMaxDims))
+      fail("{}: field \"shape\" must be an array of at most {} sizes", where, kMaxDims);
+    std::vector<int64_t> dims;
+    int64_t numel = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        fail("{}: field \"shape\" holds {}, expected sizes >= 0", where, d.dump());
+      const int64_t v = d.get<int64_t>();
+      if (v != 0 && numel > INT64_MAX / 8 / v) fail("{}: shape {} is too large", where, shape.dump());
+      numel *= v;
+      dims.push_back(v);
+    }
+    const auto& bytes = field(t, "bytes", where);
+    if (!bytes.is_number_unsigned() && !bytes.is_number_integer())
+      fail("{}: field \"bytes\" must be an integer", where);
+    const int64_t expect = numel * dtype_size(dtype);
+    if (bytes.get<int64_t>() != expect)
+      fail("{}: field \"bytes\" is {}, but shape {} of {} needs {}", where, bytes.dump(),
+           shape.dump(), dtype_name(dtype), expect);
+    const std::string sum = string_field(t, "checksum", where);
+    if (!parse_checksum_hex(sum, &info.checksum))
+      fail("{}: field \"checksum\" is \"{}\", expected 16 hex digits", where, sum);
+    auto it = by_name.find(info.entry);
+    if (it == by_name.end()) fail("{}: entry \"{}\" is not in the zip", where, info.entry);
+    if (it->second->size != static_cast<uint64_t>(expect))
+      fail("{}: entry \"{}\" holds {} bytes, expected {}", where, info.entry, it->second->size, expect);
+    info.view = TensorView(base + it->second->offset, dtype, std::span<const int64_t>(dims));
+    pack->tensors_.push_back(std::move(info));
+  }
+
+  // --- digest --------------------------------------------------------------------
+  Xxh64 h;
+  for (const auto& t : pack->tensors_) {
+    const std::string line = t.name + ":" + checksum_hex(t.checksum) + "\n";
+    h.update(line.data(), line.size());
+  }
+  const std::string cfg = field(m, "config", mwhere).dump();
+  h.update(cfg.data(), cfg.size());
+  pack->digest_ = checksum_hex(h.digest());
+  return pack;
+}
+
+const PackTensorInfo* Pack::find_tensor(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorView& Pack::tensor(std::string_view name) const {
+  const PackTensorInfo* t = find_tensor(name);
+  if (t == nullptr) fail("{}: has no tensor \"{}\"", path(), name);
+  return t->view;
+}
+
+std::optional<std::string_view> Pack::entry(std::string_view name) const {
+  for (const auto& r : entries_)
+    if (r.name == name)
+      return std::string_view(reinterpret_cast<const char*>(file_.data()) + r.offset, r.size);
+  return std::nullopt;
+}
+
+bool Pack::has_transform(std::string_view name) const {
+  auto it = manifest_.find("transforms");
+  if (it == manifest_.end() || !it->is_array()) return false;
+  for (const auto& t : *it)
+    if (t.is_object() && t.contains("name") && t["name"].is_string() && t["name"].get<std::string>() == name)
+      return true;
+  return false;
+}
+
+size_t Pack::verify() const {
+  size_t checked = 0;
+  for (const auto& t : tensors_) {
+    const uint64_t got = xxh64(t.view.data, static_cast<size_t>(t.view.nbytes()));
+    if (got != t.checksum)
+      fail("{}: entry \"{}\" (tensor \"{}\"): checksum {} does not match the manifest's {}", path(),
+           t.entry, t.name, checksum_hex(got), checksum_hex(t.checksum));
+    ++checked;
+  }
+  // Non-tensor entries (tokenizer files, ...) listed under "files".
+  auto it = manifest_.find("files");
+  if (it != manifest_.end()) {
+    const std::string mwhere = path() + ": manifest.json";
+    if (!it->is_array()) fail("{}: field \"files\" must be an array", mwhere);
+    for (const auto& f : *it) {
+      const std::string name = string_field(f, "entry", mwhere + " files[]");
+      const std::string where = fmt::format("{}: entry \"{}\"", path(), name);
+      const auto bytes = entry(name);
+      if (!bytes) fail("{}: listed in the manifest but missing from the zip", where);
+      uint64_t want = 0;
+      const std::string sum = string_field(f, "checksum", where);
+      if (!parse_checksum_hex(sum, &want)) fail("{}: checksum \"{}\" is not 16 hex digits", where, sum);
+      const uint64_t got = xxh64(bytes->data(), bytes->size());
+      if (got != want)
+        fail("{}: checksum {} does not match the manifest's {}", where, checksum_hex(got), sum);
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+}  // namespace qtk
