@@ -1,0 +1,220 @@
+#include "loaders/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "loaders/error.h"
+#include "loaders/name_table.h"
+#include "loaders/strict_json.h"
+
+namespace qtk {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string quote_name(std::string_view s) {
+  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Reads the index: tensor name -> shard file name.
+std::map<std::string, std::string> read_index(const std::string& path) {
+  const json doc = load_json_file(path);
+  if (!doc.is_object()) fail("{}: expected a JSON object, found {}", path, doc.type_name());
+  if (!doc.contains("weight_map") || !doc["weight_map"].is_object())
+    fail("{}: field 'weight_map': expected an object of tensor name -> shard file, found {}", path,
+         doc.contains("weight_map") ? doc["weight_map"].dump().substr(0, 60) : "nothing");
+  std::map<std::string, std::string> map;
+  for (const auto& [tensor, shard] : doc["weight_map"].items()) {
+    if (!shard.is_string())
+      fail("{}: field 'weight_map': tensor {}: expected a shard file name, found {}", path,
+           quote_name(tensor), shard.dump());
+    const std::string s = shard.get<std::string>();
+    if (!is_plain_file_name(s))
+      fail("{}: field 'weight_map': tensor {}: expected a plain file name inside the directory, "
+           "found {}",
+           path, quote_name(tensor), quote_name(s));
+    map.emplace(tensor, s);
+  }
+  if (map.empty()) fail("{}: field 'weight_map': expected at least one tensor, found none", path);
+  return map;
+}
+
+}  // namespace
+
+bool is_plain_file_name(std::string_view name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  if (name.find('/') != std::string_view::npos || name.find('\\') != std::string_view::npos)
+    return false;
+  return !has_control_character(name);
+}
+
+bool Checkpoint::has_file(const std::string& name) const {
+  return is_regular_file(file_path(name));
+}
+
+std::string Checkpoint::file_path(const std::string& name) const { return dir_ + "/" + name; }
+
+const CheckpointTensor* Checkpoint::find(std::string_view name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  ck->dir_ = dir;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail("{}: expected a checkpoint directory, found {}", dir,
+         ::stat(dir.c_str(), &st) != 0 ? "nothing" : "a file");
+
+  const std::string config_path = ck->file_path("config.json");
+  if (!is_regular_file(config_path)) fail("{}: missing config.json", dir);
+  ck->config_ = load_hf_config(config_path);
+  ck->source_files_.push_back(config_path);
+
+  if (ck->has_file("generation_config.json")) {
+    const std::string gpath = ck->file_path("generation_config.json");
+    ck->generation_ = load_generation_config(gpath);
+    ck->has_generation_ = true;
+    ck->source_files_.push_back(gpath);
+    if (ck->generation_.has_eos) ck->config_.eos_token_ids = ck->generation_.eos_token_ids;
+    if (ck->config_.bos_token_id < 0) ck->config_.bos_token_id = ck->generation_.bos_token_id;
+    if (ck->config_.pad_token_id < 0) ck->config_.pad_token_id = ck->generation_.pad_token_id;
+    validate_model_config(ck->config_, gpath);
+  }
+
+  // Weights: one file or an index of shards, never both.
+  const bool single = ck->has_file(kSingleFile);
+  const bool sharded = ck->has_file(kIndexFile);
+  if (single && sharded)
+    fail("{}: both {} and {} exist; expected one (remove the stale one)", dir, kSingleFile,
+         kIndexFile);
+  if (!single && !sharded)
+    fail("{}: no weights: expected {} or {}", dir, kSingleFile, kIndexFile);
+
+  // hf name -> shard file name, for every tensor of every file.
+  std::vector<std::pair<std::string, const SafetensorsTensor*>> all;  // (file, tensor)
+  if (single) {
+    const std::string path = ck->file_path(kSingleFile);
+    ck->source_files_.push_back(path);
+    ck->shards_.emplace(kSingleFile, SafetensorsFile::open(path));
+  } else {
+    const std::string index_path = ck->file_path(kIndexFile);
+    ck->source_files_.push_back(index_path);
+    const auto index = read_index(index_path);
+    for (const auto& [tensor, shard] : index) {
+      if (ck->shards_.count(shard)) continue;
+      const std::string path = ck->file_path(shard);
+      if (!is_regular_file(path))
+        fail("{}: field 'weight_map': tensor {}: shard {} does not exist in {}", index_path,
+             quote_name(tensor), quote_name(shard), dir);
+      ck->shards_.emplace(shard, SafetensorsFile::open(path));
+    }
+    for (const auto& [name, file] : ck->shards_) ck->source_files_.push_back(file->path());
+    // Every indexed tensor is in its shard.
+    for (const auto& [tensor, shard] : index) {
+      if (!ck->shards_.at(shard)->find(tensor))
+        fail("{}: tensor {} is indexed to {} but that shard does not contain it", index_path,
+             quote_name(tensor), shard);
+    }
+    // Every tensor of a shard is indexed to that shard (so none is in two shards).
+    for (const auto& [shard, file] : ck->shards_) {
+      for (const auto& t : file->tensors()) {
+        const auto it = index.find(t.name);
+        if (it == index.end())
+          fail("{}: tensor {} is not listed in {} (unindexed tensor)", file->path(),
+               quote_name(t.name), kIndexFile);
+        if (it->second != shard)
+          fail("{}: tensor {} is in two shards: {} and {} (the index names {})", dir,
+               quote_name(t.name), shard, it->second, it->second);
+      }
+    }
+  }
+
+  // Map names through the table.
+  std::map<std::string, std::pair<std::string, const SafetensorsTensor*>> by_canonical;
+  std::map<std::string, SkippedGroup> skipped;
+  for (const auto& [shard, file] : ck->shards_) {
+    for (const auto& t : file->tensors()) {
+      const HfName m = map_hf_name(t.name);
+      if (m.kind == HfName::Kind::kUnknown)
+        fail("{}: tensor {}: unknown tensor name (expected model.*, model.language_model.*, "
+             "lm_head.weight, model.visual.* or mtp.*)",
+             file->path(), quote_name(t.name));
+      if (m.kind == HfName::Kind::kSkipped) {
+        SkippedGroup& g = skipped[m.group];
+        g.prefix = m.group;
+        g.count += 1;
+        g.bytes += t.view.nbytes();
+        continue;
+      }
+      auto [it, inserted] = by_canonical.emplace(m.canonical, std::pair{shard, &t});
+      if (!inserted)
+        fail("{}: tensors {} and {} both map to {} (mixed name layouts?)", dir,
+             quote_name(it->second.second->name), quote_name(t.name), quote_name(m.canonical));
+    }
+  }
+
+  const ModelConfig& c = ck->config_;
+  const std::string& arch = c.hf_architecture;
+  for (const ExpectedTensor& e : expected_tensors(c)) {
+    const auto it = by_canonical.find(e.name);
+    if (it == by_canonical.end()) {
+      if (e.name == "lm_head.weight")
+        fail("{}: missing tensor lm_head.weight (tie_word_embeddings is false, so it is required)",
+             dir);
+      fail("{}: missing tensor {} (expected shape {} for {})", dir, quote_name(e.name),
+           shape_text(e.shape), arch);
+    }
+    const auto& [shard, t] = it->second;
+    const TensorView& v = t->view;
+    std::vector<int64_t> got(v.shape, v.shape + v.ndim);
+    if (got != e.shape)
+      fail("{}: tensor {}: expected shape {} from the config, found {}", ck->file_path(shard),
+           quote_name(t->name), shape_text(e.shape), shape_text(got));
+    if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32)
+      fail("{}: tensor {}: dtype {} is not supported (expected BF16, F16 or F32)",
+           ck->file_path(shard), quote_name(t->name), dtype_name(v.dtype));
+    ck->index_.emplace(e.name, ck->tensors_.size());
+    ck->tensors_.push_back({t->name, e.name, shard, v});
+    by_canonical.erase(it);
+  }
+  // note: a tied checkpoint may still carry lm_head.weight (a copy of the
+  // embeddings); it is accepted and ignored, and reported as skipped.
+  if (c.tie_word_embeddings) {
+    if (const auto it = by_canonical.find("lm_head.weight"); it != by_canonical.end()) {
+      skipped["lm_head (tied)"] = {"lm_head (tied)", 1, it->second.second->view.nbytes()};
+      by_canonical.erase(it);
+    }
+  }
+  if (!by_canonical.empty()) {
+    const auto& [name, where] = *by_canonical.begin();
+    fail("{}: tensor {}: unexpected tensor (canonical {}) for {} with layer plan {}",
+         ck->file_path(where.first), quote_name(where.second->name), quote_name(name), arch,
+         c.plan_string());
+  }
+  for (const std::string& prefix : skipped_group_prefixes())
+    if (skipped.count(prefix)) ck->skipped_.push_back(skipped.at(prefix));
+  if (skipped.count("lm_head (tied)")) ck->skipped_.push_back(skipped.at("lm_head (tied)"));
+  return ck;
+}
+
+}  // namespace qtk

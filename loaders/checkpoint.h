@@ -1,0 +1,88 @@
+// A Hugging Face checkpoint directory, validated against its config.
+//
+// Checkpoint::open(dir) reads config.json (parse_hf_config), the optional
+// generation_config.json, and the weights: model.safetensors, or the shards
+// listed by model.safetensors.index.json. Shard names must be plain file
+// names inside the directory; every indexed tensor must be in its shard, no
+// tensor may be in two shards and no shard may hold an unindexed tensor.
+// HF names go through the one name table (loaders/name_table.h); the vision
+// tower and MTP head are skipped and counted. Every tensor the config
+// implies must be present with the implied shape and a float dtype (BF16,
+// F16, F32); any other tensor is rejected by name. All views point into the
+// mapped files owned by the Checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loaders/generation_config.h"
+#include "loaders/model_config.h"
+#include "loaders/safetensors.h"
+#include "loaders/tensor_view.h"
+
+namespace qtk {
+
+struct CheckpointTensor {
+  std::string hf_name;  // "model.language_model.layers.0.linear_attn.A_log"
+  std::string name;     // canonical: "layers.0.linear_attn.A_log"
+  std::string file;     // the shard's file name inside dir()
+  TensorView view;      // into the shard's mapping
+};
+
+struct SkippedGroup {
+  std::string prefix;  // "model.visual", "mtp", ...
+  int64_t count = 0;
+  int64_t bytes = 0;
+};
+
+class Checkpoint {
+ public:
+  static std::unique_ptr<Checkpoint> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  // eos ids come from generation_config.json when it names them.
+  const ModelConfig& config() const { return config_; }
+  // Present only when the directory has generation_config.json.
+  const GenerationConfig* generation() const { return has_generation_ ? &generation_ : nullptr; }
+
+  // Canonical order: embed_tokens, layers in order, norm, lm_head (untied only).
+  const std::vector<CheckpointTensor>& tensors() const { return tensors_; }
+  const CheckpointTensor* find(std::string_view canonical_name) const;
+  // Groups recognised and dropped, in the order of skipped_group_prefixes();
+  // only groups with tensors are listed. A tied checkpoint's redundant
+  // lm_head.weight is listed as "lm_head (tied)".
+  const std::vector<SkippedGroup>& skipped_groups() const { return skipped_; }
+
+  // Full paths of config.json, generation_config.json (when present), the
+  // index (when sharded) and every shard, in that order: the inputs whose
+  // digests identify the checkpoint.
+  const std::vector<std::string>& source_files() const { return source_files_; }
+  // Whether dir()/name is a regular file (e.g. "tokenizer.json").
+  bool has_file(const std::string& name) const;
+  std::string file_path(const std::string& name) const;
+
+  // The opened safetensors files, by file name.
+  const std::map<std::string, std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
+
+ private:
+  Checkpoint() = default;
+  std::string dir_;
+  ModelConfig config_;
+  GenerationConfig generation_;
+  bool has_generation_ = false;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
+  std::vector<CheckpointTensor> tensors_;
+  std::map<std::string, size_t, std::less<>> index_;
+  std::vector<SkippedGroup> skipped_;
+  std::vector<std::string> source_files_;
+};
+
+// The rule for shard names in an index: a plain file name (non-empty, no
+// '/' or '\\', not "." or "..", no control characters).
+bool is_plain_file_name(std::string_view name);
+
+}  // namespace qtk
