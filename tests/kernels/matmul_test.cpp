@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,33 @@ TEST(Matmul, RejectsUnsupportedWeightDtype) {
     FAIL() << "expected qtk::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("I8"), std::string::npos) << e.what();
+  }
+}
+
+// Run by ctest with QTK_CPU_PATH set to each path name and to a bad value
+// (tests/kernels/CMakeLists.txt); without the variable it checks the default.
+TEST(CpuPathSelection, HonoursTheEnvironmentVariable) {
+  const char* env = std::getenv("QTK_CPU_PATH");
+  std::string want = env ? env : "";
+  if (want.empty()) {
+    EXPECT_EQ(active_cpu_path(), supported_cpu_paths().back());
+    return;
+  }
+  for (CpuPath p : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (want == cpu_path_name(p)) {
+      if (cpu_path_supported(p)) {
+        EXPECT_EQ(active_cpu_path(), p);
+      } else {
+        EXPECT_THROW(active_cpu_path(), Error) << "unsupported path must be refused";
+      }
+      return;
+    }
+  }
+  try {
+    active_cpu_path();
+    FAIL() << "expected qtk::Error for QTK_CPU_PATH=" << want;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("QTK_CPU_PATH"), std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,206 @@
+// Microbenchmarks of the CPU kernels at Qwen3-0.6B / Qwen3.5-0.8B shapes.
+//   build-kern/bin/kernels_bench [--benchmark_filter=...]
+// Matmul reports bytes of weights streamed (GB/s) and FLOP/s; compare with
+// BM_ReadBandwidth, the machine's single-pass read bandwidth in this run.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/gdn.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace {
+
+using namespace qtk;
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, uint32_t seed) {
+  auto f = random_vec(n, seed, 0.02f);
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &f[i], 4);
+    h[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return h;
+}
+
+ThreadPool* pool_for(int threads) {
+  static std::unique_ptr<ThreadPool> pools[9];
+  if (threads <= 1) return nullptr;
+  if (!pools[threads]) pools[threads] = std::make_unique<ThreadPool>(threads, true);
+  return pools[threads].get();
+}
+
+// Sums a 512 MiB buffer: the read bandwidth ceiling of this machine now.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const size_t n = size_t{128} << 20;  // floats
+  std::vector<float> buf(n, 1.0f);
+  ThreadPool* pool = pool_for(threads);
+  std::vector<float> partial(64 * 16);
+  for (auto _ : state) {
+    parallel_for_tid(pool, static_cast<int64_t>(n / 4096), [&](int64_t b, int64_t e, int tid) {
+      float acc[16] = {};
+      for (int64_t i = b * 4096; i < e * 4096; i += 16)
+        for (int l = 0; l < 16; ++l) acc[l] += buf[i + l];
+      for (int l = 0; l < 16; ++l) partial[tid * 16 + l] = acc[l];
+    });
+    benchmark::DoNotOptimize(partial.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n * 4));
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
+
+// args: M, N, K, threads, path (0 scalar, 1 avx2, 2 avx512)
+void BM_MatmulBf16(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const CpuPath path = static_cast<CpuPath>(state.range(4));
+  if (!cpu_path_supported(path)) {
+    state.SkipWithError("path not supported on this CPU");
+    return;
+  }
+  // note: several weight copies (> L3) so that every call streams from DRAM,
+  // as a decode step does across layers.
+  const int copies = static_cast<int>(std::max<int64_t>(1, (96ll << 20) / (N * K * 2)));
+  std::vector<std::vector<uint16_t>> w;
+  for (int c = 0; c < copies; ++c) w.push_back(random_bf16(N * K, 3 + c));
+  auto x = random_vec(M * K, 1);
+  std::vector<float> y(M * N);
+  ThreadPool* pool = pool_for(threads);
+  int c = 0;
+  for (auto _ : state) {
+    matmul_on_path(path, x.data(), K, w[c].data(), DType::BF16, y.data(), N, M, N, K, pool);
+    c = (c + 1) % copies;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * N * K * 2);
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * M * N * K,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * M, benchmark::Counter::kIsRate);
+}
+void MatmulArgs(benchmark::internal::Benchmark* b) {
+  for (int path : {2, 1}) {
+    for (int threads : {1, 2}) {
+      for (int64_t M : {1, 8, 32, 512}) {
+        if (path == 1 && M == 512 && threads == 1) continue;
+        b->Args({M, 3072, 1024, threads, path});  // Qwen3-0.6B gate/up-sized
+        b->Args({M, 1024, 3072, threads, path});  // down_proj
+      }
+    }
+  }
+  b->Args({1, 3072, 1024, 1, 0});
+}
+BENCHMARK(BM_MatmulBf16)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
+
+// Paged attention: args num_seqs, q_len, ctx, threads (Qwen3-0.6B: Hq 16,
+// Hkv 8, D 128).
+void BM_PagedAttention(benchmark::State& state) {
+  const int64_t seqs = state.range(0), q_len = state.range(1), ctx = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const int64_t Hq = 16, Hkv = 8, D = 128, bs = 16;
+  const int64_t blocks_per = (ctx + bs - 1) / bs;
+  auto k = random_vec(seqs * blocks_per * bs * Hkv * D, 1);
+  auto v = random_vec(seqs * blocks_per * bs * Hkv * D, 2);
+  auto q = random_vec(seqs * q_len * Hq * D, 3);
+  std::vector<float> out(q.size());
+  std::vector<int32_t> table(seqs * blocks_per), q_start(seqs + 1), seq_len(seqs, static_cast<int32_t>(ctx));
+  for (int64_t i = 0; i < seqs * blocks_per; ++i) table[i] = static_cast<int32_t>(i);
+  for (int64_t s = 0; s <= seqs; ++s) q_start[s] = static_cast<int32_t>(s * q_len);
+  AttentionBatch b{seqs, q_start.data(), seq_len.data(), table.data(), blocks_per, bs};
+  std::vector<float> scratch(paged_attention_scratch_floats(ctx, threads));
+  ThreadPool* pool = pool_for(threads);
+  for (auto _ : state) {
+    paged_attention(q.data(), Hq * D, k.data(), v.data(), out.data(), Hq * D, b, Hq, Hkv, D,
+                    0.088f, scratch.data(), pool);
+  }
+  // FLOPs: QK and PV, 2*D each per (query, key); causal prefill sees ~half.
+  double keys = 0;
+  for (int64_t i = 0; i < q_len; ++i) keys += ctx - q_len + i + 1;
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * seqs * Hq * keys * 4.0 * D,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * seqs * q_len, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PagedAttention)
+    ->Args({1, 1, 512, 1})->Args({32, 1, 192, 2})->Args({1, 512, 512, 2})->Args({1, 512, 512, 1})
+    ->UseRealTime()->MinTime(0.3);
+
+// Gated delta rule, recurrent form: args T (tokens of one sequence), threads.
+// Qwen3.5-0.8B: Hk = Hv = 16, Dk = Dv = 128.
+void BM_GatedDeltaRule(benchmark::State& state) {
+  const int64_t T = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  const int64_t Hk = 16, Hv = 16, Dk = 128, Dv = 128;
+  auto q = random_vec(T * Hk * Dk, 1, 0.08f), k = random_vec(T * Hk * Dk, 2, 0.08f);
+  auto v = random_vec(T * Hv * Dv, 3);
+  std::vector<float> g(T * Hv, -0.05f), beta(T * Hv, 0.5f), out(T * Hv * Dv);
+  std::vector<float> st(Hv * Dk * Dv, 0.0f);
+  ThreadPool* pool = pool_for(threads);
+  for (auto _ : state) {
+    gated_delta_rule(q.data(), Hk * Dk, k.data(), Hk * Dk, v.data(), Hv * Dv, g.data(), beta.data(), Hv,
+                     st.data(), out.data(), Hv * Dv, T, Hk, Hv, Dk, Dv, pool);
+  }
+  // ~8 flops per state element per token (decay, 3 multiply-adds).
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T * Hv * Dk * Dv * 7.0,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GatedDeltaRule)->Args({1, 1})->Args({512, 1})->Args({512, 2})->UseRealTime()->MinTime(0.3);
+
+// Causal conv1d of one prefill chunk: Qwen3.5-0.8B conv_dim = 2*16*128 + 16*128 = 6144, K = 4.
+void BM_CausalConv1d(benchmark::State& state) {
+  const int64_t T = state.range(0), C = 6144, K = 4;
+  auto x = random_vec(T * C, 1), w = random_vec(C * K, 2);
+  std::vector<float> st(C * (K - 1), 0.0f), y(T * C);
+  for (auto _ : state) causal_conv1d(x.data(), C, T, C, w.data(), K, st.data(), y.data(), C, true);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CausalConv1d)->Arg(1)->Arg(512)->UseRealTime();
+
+void BM_Rmsnorm(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = 1024;
+  auto x = random_vec(rows * cols, 1), w = random_vec(cols, 2);
+  std::vector<float> y(rows * cols);
+  for (auto _ : state) rmsnorm(x.data(), cols, w.data(), y.data(), cols, rows, cols, 1e-6f);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * cols * 8);
+}
+BENCHMARK(BM_Rmsnorm)->Arg(1)->Arg(512)->UseRealTime();
+
+void BM_Swiglu(benchmark::State& state) {
+  const int64_t T = state.range(0), I = 3072;
+  auto gu = random_vec(T * 2 * I, 1);
+  std::vector<float> out(T * I);
+  for (auto _ : state) swiglu(gu.data(), 2 * I, out.data(), I, T, I);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T * I);
+}
+BENCHMARK(BM_Swiglu)->Arg(1)->Arg(512)->UseRealTime();
+
+void BM_Rope(benchmark::State& state) {
+  const int64_t T = state.range(0), H = 16, D = 128;
+  auto x = random_vec(T * H * D, 1);
+  std::vector<int32_t> pos(3 * T);
+  for (int64_t i = 0; i < 3 * T; ++i) pos[i] = static_cast<int32_t>(i % T);
+  for (auto _ : state) rope_apply(x.data(), T, H, D, H * D, pos.data(), D, 1e6, nullptr, 0, false);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * T);
+}
+BENCHMARK(BM_Rope)->Arg(1)->Arg(512)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
