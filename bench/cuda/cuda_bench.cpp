@@ -1,0 +1,310 @@
+// Microbenchmarks of the CUDA kernels (issue 9). Times with CUDA events around
+// kReps launches (manual time), reports GB/s of the bytes each kernel must
+// move and TFLOP/s for GEMMs; BM_Copy measures the device-to-device copy
+// ceiling (bytes read + written) in the same run, to compare against.
+#include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm.h"
+
+namespace {
+
+using qtk::DType;
+using bf16 = __nv_bfloat16;
+namespace qc = qtk::cuda;
+
+constexpr int kReps = 20;
+
+// Device buffer filled with random values in [-1, 1) (never zeros: zeros can
+// run faster than real data).
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Buf(size_t count, float lo = -1.0f, float hi = 1.0f) : n(count) {
+    QTK_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    // A random pattern of up to 1M elements, tiled (filling 1 GiB from the
+    // host generator would take seconds).
+    std::vector<T> h(std::min<size_t>(n, size_t(1) << 20));
+    std::mt19937 rng(static_cast<uint32_t>(count));
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (auto& x : h) x = static_cast<T>(d(rng));
+    for (size_t off = 0; off < n; off += h.size())
+      QTK_CUDA_CHECK(cudaMemcpy(p + off, h.data(), std::min(h.size(), n - off) * sizeof(T),
+                                cudaMemcpyHostToDevice));
+  }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+};
+
+// Runs fn kReps times between two events per benchmark iteration.
+void time_kernel(benchmark::State& state, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  QTK_CUDA_CHECK(cudaEventCreate(&a));
+  QTK_CUDA_CHECK(cudaEventCreate(&b));
+  fn();  // warm-up: module load, plan creation
+  QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto _ : state) {
+    QTK_CUDA_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < kReps; ++i) fn();
+    QTK_CUDA_CHECK(cudaEventRecord(b));
+    QTK_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    state.SetIterationTime(ms / 1e3 / kReps);
+  }
+  QTK_CUDA_CHECK(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
+void set_bytes(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+void set_flops(benchmark::State& state, double flops) {
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Copy(benchmark::State& state) {
+  const size_t bytes = size_t(1) << 30;
+  Buf<uint8_t> src(bytes, 0, 255), dst(bytes, 0, 255);
+  time_kernel(state, [&] {
+    QTK_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice));
+  });
+  set_bytes(state, 2.0 * bytes);  // read + write
+}
+BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// GEMM y[M,N] = x[M,K] w[N,K]^T. Args: M, N, K, bf16 (1) or f32 (0).
+void BM_Gemm(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const bool bf = state.range(3) == 1;
+  static qc::Gemm gemm;
+  const size_t es = bf ? 2 : 4;
+  void *x, *w, *y;
+  QTK_CUDA_CHECK(cudaMalloc(&x, M * K * es));
+  QTK_CUDA_CHECK(cudaMalloc(&w, N * K * es));
+  QTK_CUDA_CHECK(cudaMalloc(&y, M * N * es));
+  {
+    Buf<float> xr(M * K), wr(N * K);
+    if (bf) {
+      qc::convert_f32_to_bf16(xr.p, static_cast<bf16*>(x), M * K, nullptr);
+      qc::convert_f32_to_bf16(wr.p, static_cast<bf16*>(w), N * K, nullptr);
+    } else {
+      QTK_CUDA_CHECK(cudaMemcpy(x, xr.p, M * K * 4, cudaMemcpyDeviceToDevice));
+      QTK_CUDA_CHECK(cudaMemcpy(w, wr.p, N * K * 4, cudaMemcpyDeviceToDevice));
+    }
+    QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  const DType t = bf ? DType::BF16 : DType::F32;
+  time_kernel(state, [&] { gemm.run(x, K, w, K, y, N, M, N, K, t, t, nullptr); });
+  set_flops(state, 2.0 * M * N * K);
+  set_bytes(state, double(es) * (M * K + N * K + M * N));
+  state.SetLabel(gemm.describe(N, K, K, K, N, t, t));
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+}
+// Qwen3-0.6B projections (qkv 4096x1024, gate_up 6144x1024, down 1024x3072,
+// lm_head 151936x1024) at decode and prefill M; Qwen3-8B gate_up; the peak.
+BENCHMARK(BM_Gemm)
+    ->ArgsProduct({{1, 32, 128, 512}, {4096, 6144}, {1024}, {1}})
+    ->Args({1, 1024, 3072, 1})->Args({128, 1024, 3072, 1})->Args({512, 1024, 3072, 1})
+    ->Args({1, 151936, 1024, 1})->Args({128, 151936, 1024, 1})
+    ->Args({1, 24576, 4096, 1})->Args({128, 24576, 4096, 1})->Args({512, 24576, 4096, 1})
+    ->Args({8192, 8192, 8192, 1})
+    ->Args({1, 6144, 1024, 0})->Args({128, 6144, 1024, 0})->Args({512, 6144, 1024, 0})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Paged attention, decode: Args batch, context, head dim; Hq/Hkv 16/8 (D 128)
+// or 8/2 (D 256); bf16 cache, block size 16.
+void BM_AttentionDecode(benchmark::State& state) {
+  const int64_t B = state.range(0), L = state.range(1), D = state.range(2);
+  const int64_t hq = D == 128 ? 16 : 8, hkv = D == 128 ? 8 : 2, bs = 16;
+  const int64_t nb = (L + bs - 1) / bs, blocks = B * nb;
+  Buf<bf16> q(B * hq * D), kc(blocks * bs * hkv * D), vc(blocks * bs * hkv * D), out(B * hq * D);
+  std::vector<int32_t> qs(B + 1), sl(B, static_cast<int32_t>(L)), bt(B * nb);
+  for (int64_t i = 0; i <= B; ++i) qs[i] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < B * nb; ++i) bt[i] = static_cast<int32_t>((i * 7919) % blocks);
+  int32_t *qsd, *sld, *btd;
+  QTK_CUDA_CHECK(cudaMalloc(&qsd, qs.size() * 4));
+  QTK_CUDA_CHECK(cudaMalloc(&sld, sl.size() * 4));
+  QTK_CUDA_CHECK(cudaMalloc(&btd, bt.size() * 4));
+  cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(btd, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice);
+  qc::AttentionBatch b;
+  b.num_seqs = B;
+  b.q_start = qsd;
+  b.seq_len = sld;
+  b.block_table = btd;
+  b.max_blocks = nb;
+  b.block_size = bs;
+  b.total_tokens = B;
+  b.max_seq_len = L;
+  time_kernel(state, [&] {
+    qc::paged_attention<bf16>(q.p, hq * D, kc.p, vc.p, out.p, hq * D, b, hq, hkv, D,
+                              1.0f / std::sqrt(float(D)), nullptr);
+  });
+  set_bytes(state, 2.0 * B * L * hkv * D * 2);  // K and V once each
+  cudaFree(qsd);
+  cudaFree(sld);
+  cudaFree(btd);
+}
+BENCHMARK(BM_AttentionDecode)
+    ->ArgsProduct({{1, 32, 128}, {192, 1024}, {128, 256}})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Paged attention, prefill of one prompt: Args tokens, head dim.
+void BM_AttentionPrefill(benchmark::State& state) {
+  const int64_t T = state.range(0), D = state.range(1);
+  const int64_t hq = D == 128 ? 16 : 8, hkv = D == 128 ? 8 : 2, bs = 16, nb = (T + bs - 1) / bs;
+  Buf<bf16> q(T * hq * D), kc(nb * bs * hkv * D), vc(nb * bs * hkv * D), out(T * hq * D);
+  std::vector<int32_t> qs = {0, static_cast<int32_t>(T)}, sl = {static_cast<int32_t>(T)}, bt(nb);
+  for (int64_t i = 0; i < nb; ++i) bt[i] = static_cast<int32_t>(i);
+  int32_t *qsd, *sld, *btd;
+  QTK_CUDA_CHECK(cudaMalloc(&qsd, 8));
+  QTK_CUDA_CHECK(cudaMalloc(&sld, 4));
+  QTK_CUDA_CHECK(cudaMalloc(&btd, nb * 4));
+  cudaMemcpy(qsd, qs.data(), 8, cudaMemcpyHostToDevice);
+  cudaMemcpy(sld, sl.data(), 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(btd, bt.data(), nb * 4, cudaMemcpyHostToDevice);
+  qc::AttentionBatch b;
+  b.num_seqs = 1;
+  b.q_start = qsd;
+  b.seq_len = sld;
+  b.block_table = btd;
+  b.max_blocks = nb;
+  b.block_size = bs;
+  b.total_tokens = T;
+  b.max_seq_len = T;
+  time_kernel(state, [&] {
+    qc::paged_attention<bf16>(q.p, hq * D, kc.p, vc.p, out.p, hq * D, b, hq, hkv, D,
+                              1.0f / std::sqrt(float(D)), nullptr);
+  });
+  set_flops(state, 4.0 * hq * D * (T * (T + 1) / 2.0));  // QK^T and PV, causal
+  state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(qsd);
+  cudaFree(sld);
+  cudaFree(btd);
+}
+BENCHMARK(BM_AttentionPrefill)->Args({512, 128})->Args({512, 256})->Args({2048, 128})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Gated delta rule: Args sequences, tokens per sequence; Qwen3.5-0.8B heads
+// (Hk = Hv = 16, Dk = Dv = 128), bf16 activations, f32 state.
+void BM_GatedDeltaRule(benchmark::State& state) {
+  const int64_t S = state.range(0), n = state.range(1), T = S * n;
+  const int64_t hk = 16, hv = 16, dk = 128, dv = 128;
+  Buf<bf16> q(T * hk * dk, -0.08f, 0.08f), k(T * hk * dk, -0.08f, 0.08f), v(T * hv * dv),
+      out(T * hv * dv);
+  Buf<float> g(T * hv, -0.5f, -0.01f), beta(T * hv, 0.1f, 0.9f), st(S * hv * dk * dv, -0.1f, 0.1f);
+  std::vector<int32_t> qs(S + 1), sl(S);
+  for (int64_t i = 0; i <= S; ++i) qs[i] = static_cast<int32_t>(i * n);
+  for (int64_t i = 0; i < S; ++i) sl[i] = static_cast<int32_t>(i);
+  int32_t *qsd, *sld;
+  QTK_CUDA_CHECK(cudaMalloc(&qsd, qs.size() * 4));
+  QTK_CUDA_CHECK(cudaMalloc(&sld, sl.size() * 4));
+  cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
+  time_kernel(state, [&] {
+    qc::gated_delta_rule<bf16>(q.p, hk * dk, k.p, hk * dk, v.p, hv * dv, g.p, beta.p, st.p, sld,
+                               qsd, S, T, out.p, hv * dv, hk, hv, dk, dv, nullptr);
+  });
+  set_bytes(state, 2.0 * S * hv * dk * dv * 4 + double(T) * (2 * hk * dk + 2 * hv * dv) * 2);
+  state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(qsd);
+  cudaFree(sld);
+}
+BENCHMARK(BM_GatedDeltaRule)
+    ->Args({1, 1})->Args({32, 1})->Args({128, 1})->Args({1, 512})->Args({8, 512})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Conv1d (C = 6144, K = 4, Qwen3.5-0.8B): Args sequences, tokens per sequence.
+void BM_Conv1d(benchmark::State& state) {
+  const int64_t S = state.range(0), n = state.range(1), T = S * n, C = 6144, K = 4;
+  Buf<bf16> x(T * C), y(T * C);
+  Buf<float> w(C * K), st(S * C * (K - 1));
+  std::vector<int32_t> qs(S + 1), sl(S);
+  for (int64_t i = 0; i <= S; ++i) qs[i] = static_cast<int32_t>(i * n);
+  for (int64_t i = 0; i < S; ++i) sl[i] = static_cast<int32_t>(i);
+  int32_t *qsd, *sld;
+  QTK_CUDA_CHECK(cudaMalloc(&qsd, qs.size() * 4));
+  QTK_CUDA_CHECK(cudaMalloc(&sld, sl.size() * 4));
+  cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
+  time_kernel(state, [&] {
+    qc::causal_conv1d<bf16>(x.p, C, y.p, C, C, w.p, K, st.p, sld, qsd, S, T, true, nullptr);
+  });
+  set_bytes(state, 2.0 * T * C * 2 + 2.0 * S * C * (K - 1) * 4);
+  cudaFree(qsd);
+  cudaFree(sld);
+}
+BENCHMARK(BM_Conv1d)->Args({1, 1})->Args({128, 1})->Args({1, 512})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Fused residual add + RMSNorm, bf16: Args rows, hidden.
+void BM_AddRmsNorm(benchmark::State& state) {
+  const int64_t R = state.range(0), H = state.range(1);
+  Buf<bf16> r(R * H), x(R * H), y(R * H);
+  Buf<float> w(H, 0.5f, 1.5f);
+  time_kernel(state, [&] {
+    qc::add_rmsnorm<bf16>(r.p, H, x.p, H, w.p, y.p, H, R, H, 1e-6f, nullptr);
+  });
+  set_bytes(state, 4.0 * R * H * 2);  // read r, x; write r, y
+}
+BENCHMARK(BM_AddRmsNorm)->Args({1, 1024})->Args({128, 1024})->Args({4096, 1024})->Args({4096, 4096})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_Swiglu(benchmark::State& state) {
+  const int64_t T = state.range(0), I = state.range(1);
+  Buf<bf16> gu(T * 2 * I), out(T * I);
+  time_kernel(state, [&] { qc::swiglu<bf16>(gu.p, 2 * I, out.p, I, T, I, nullptr); });
+  set_bytes(state, 3.0 * T * I * 2);
+}
+BENCHMARK(BM_Swiglu)->Args({128, 3072})->Args({4096, 3072})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// q/k norm + M-RoPE in place (Qwen3.5-0.8B attention: 8 heads of 256, rotary 64).
+void BM_QkNormRope(benchmark::State& state) {
+  const int64_t T = state.range(0), H = 8, D = 256;
+  Buf<bf16> x(T * H * D);
+  Buf<float> w(D, 0.5f, 1.5f);
+  std::vector<int32_t> pos(3 * T);
+  for (int64_t i = 0; i < 3 * T; ++i) pos[i] = static_cast<int32_t>(i % T);
+  int32_t* pd;
+  QTK_CUDA_CHECK(cudaMalloc(&pd, pos.size() * 4));
+  cudaMemcpy(pd, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice);
+  qc::RopeParams p;
+  p.rotary_dim = 64;
+  p.theta = 1e7;
+  p.sections[0] = 11; p.sections[1] = 11; p.sections[2] = 10;
+  p.n_sections = 3;
+  p.interleaved = true;
+  time_kernel(state, [&] { qc::qk_norm_rope<bf16>(x.p, H * D, T, H, D, w.p, 1e-6f, pd, p, nullptr); });
+  set_bytes(state, 2.0 * T * H * D * 2);
+  cudaFree(pd);
+}
+BENCHMARK(BM_QkNormRope)->Arg(128)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_Argmax(benchmark::State& state) {
+  const int64_t R = state.range(0), V = 151936;
+  Buf<float> logits(R * V, -10, 10), margin(R);
+  Buf<int32_t> ids(R, 0, 1);
+  time_kernel(state, [&] { qc::argmax_rows(logits.p, V, R, V, ids.p, margin.p, nullptr); });
+  set_bytes(state, 4.0 * R * V);
+}
+BENCHMARK(BM_Argmax)->Arg(1)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

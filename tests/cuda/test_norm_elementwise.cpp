@@ -1,0 +1,244 @@
+// Norms, RoPE and elementwise kernels against the float64 references.
+#include <algorithm>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/reference.h"
+
+namespace qtk::cuda::test {
+namespace {
+
+template <class T>
+class NormTest : public ::testing::Test {};
+using ActTypes = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(NormTest, ActTypes);
+
+TYPED_TEST(NormTest, RmsNormMatchesReference) {
+  using T = TypeParam;
+  for (int64_t rows : {1, 3, 17, 130})
+    for (int64_t cols : {7, 64, 1000, 4096}) {
+      const auto xh = to_device_type<T>(random_floats(rows * cols, -3, 3, 1));
+      const auto w = random_floats(cols, 0.5f, 1.5f, 2);
+      DeviceBuffer<T> x(xh), y(rows * cols);
+      DeviceBuffer<float> wd(w);
+      rmsnorm<T>(x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f, nullptr);
+      const Vec ref = rmsnorm_ref(to_double(xh), Vec(w.begin(), w.end()), rows, cols, 1e-6);
+      EXPECT_LT(rel_error(y.download(), ref), tolerance<T>()) << rows << "x" << cols;
+    }
+}
+
+TYPED_TEST(NormTest, AddRmsNormUpdatesResidualAndNorms) {
+  using T = TypeParam;
+  const int64_t rows = 19, cols = 1030;
+  const auto rh = to_device_type<T>(random_floats(rows * cols, -2, 2, 3));
+  const auto xh = to_device_type<T>(random_floats(rows * cols, -2, 2, 4));
+  const auto w = random_floats(cols, 0.5f, 1.5f, 5);
+  DeviceBuffer<T> r(rh), x(xh), y(rows * cols);
+  DeviceBuffer<float> wd(w);
+  add_rmsnorm<T>(r.get(), cols, x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f,
+                 nullptr);
+  Vec sum(rows * cols);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = to_float(rh[i]) + to_float(xh[i]);
+  EXPECT_LT(rel_error(r.download(), sum), tolerance<T>());
+  const Vec ref = rmsnorm_ref(sum, Vec(w.begin(), w.end()), rows, cols, 1e-6);
+  EXPECT_LT(rel_error(y.download(), ref), tolerance<T>());
+}
+
+TYPED_TEST(NormTest, GatedRmsNormWithStridedInputs) {
+  using T = TypeParam;
+  const int64_t tokens = 13, heads = 3, dim = 24, ld = heads * dim + 8;  // padded rows
+  const auto xh = to_device_type<T>(random_floats(tokens * ld, -2, 2, 6));
+  const auto zh = to_device_type<T>(random_floats(tokens * ld, -3, 3, 7));
+  const auto w = random_floats(dim, 0.5f, 1.5f, 8);
+  DeviceBuffer<T> x(xh), z(zh), y(tokens * heads * dim);
+  DeviceBuffer<float> wd(w);
+  gated_rmsnorm<T>(x.get(), ld, z.get(), ld, wd.get(), y.get(), heads * dim, tokens, heads, dim,
+                   1e-6f, nullptr);
+  Vec xs, zs;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < heads * dim; ++c) {
+      xs.push_back(to_float(xh[t * ld + c]));
+      zs.push_back(to_float(zh[t * ld + c]));
+    }
+  const Vec ref = gated_rmsnorm_ref(xs, zs, Vec(w.begin(), w.end()), tokens * heads, dim, 1e-6);
+  EXPECT_LT(rel_error(y.download(), ref), tolerance<T>());
+}
+
+TYPED_TEST(NormTest, L2NormHeads) {
+  using T = TypeParam;
+  for (int64_t dim : {16, 32, 128}) {
+    const int64_t tokens = 11, heads = 5;
+    const auto xh = to_device_type<T>(random_floats(tokens * heads * dim, -4, 4, 9));
+    DeviceBuffer<T> x(xh);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    l2norm_heads<T>(x.get(), heads * dim, tokens, heads, dim, 1e-6f, scale, nullptr);
+    const Vec ref = l2norm_ref(to_double(xh), tokens * heads, dim, 1e-6, scale);
+    EXPECT_LT(rel_error(x.download(), ref), tolerance<T>()) << dim;
+  }
+}
+
+struct RopeCase {
+  int64_t dim, rotary_dim;
+  RopeParams p;
+  bool norm;
+};
+
+TYPED_TEST(NormTest, QkNormRopePlainPartialAndMrope) {
+  using T = TypeParam;
+  std::vector<RopeCase> cases;
+  RopeParams plain;
+  plain.rotary_dim = 128;
+  plain.theta = 1e6;
+  cases.push_back({128, 128, plain, true});
+  RopeParams mrope;  // Qwen3.5-0.8B: head 256, partial 0.25, sections [11, 11, 10] interleaved
+  mrope.rotary_dim = 64;
+  mrope.theta = 1e7;
+  mrope.sections[0] = 11; mrope.sections[1] = 11; mrope.sections[2] = 10;
+  mrope.n_sections = 3;
+  mrope.interleaved = true;
+  cases.push_back({256, 64, mrope, true});
+  RopeParams tiny = mrope;  // qwen3.5-tiny: head 32, rotary 8, sections [2, 1, 1]
+  tiny.rotary_dim = 8;
+  tiny.sections[0] = 2; tiny.sections[1] = 1; tiny.sections[2] = 1;
+  cases.push_back({32, 8, tiny, false});
+  RopeParams contiguous = tiny;
+  contiguous.interleaved = false;
+  cases.push_back({32, 8, contiguous, true});
+  RopeParams d64 = plain;
+  d64.rotary_dim = 64;
+  cases.push_back({64, 64, d64, true});
+  for (const auto& c : cases) {
+    const int64_t tokens = 37, heads = 3, ld = heads * c.dim + 16;
+    auto xf = random_floats(tokens * ld, -2, 2, 10);
+    const auto xh = to_device_type<T>(xf);
+    const auto w = random_floats(c.dim, 0.5f, 1.5f, 11);
+    std::vector<int32_t> pos(3 * tokens);
+    std::mt19937 rng(12);
+    for (auto& v : pos) v = static_cast<int32_t>(rng() % 40000);  // long-context angles
+    DeviceBuffer<T> x(xh);
+    DeviceBuffer<float> wd(w);
+    DeviceBuffer<int32_t> pd(pos);
+    qk_norm_rope<T>(x.get(), ld, tokens, heads, c.dim, c.norm ? wd.get() : nullptr, 1e-6f,
+                    pd.get(), c.p, nullptr);
+    Vec xs;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < heads * c.dim; ++i) xs.push_back(to_float(xh[t * ld + i]));
+    const Vec wv(w.begin(), w.end());
+    const Vec ref = qk_norm_rope_ref(xs, tokens, heads, c.dim, c.norm ? &wv : nullptr, 1e-6, pos,
+                                     c.p);
+    const auto out = x.download();
+    std::vector<T> got;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < heads * c.dim; ++i) got.push_back(out[t * ld + i]);
+    EXPECT_LT(rel_error(got, ref), tolerance<T>()) << "dim " << c.dim;
+    // The padding after each row stays untouched.
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = heads * c.dim; i < ld; ++i)
+        ASSERT_EQ(to_float(out[t * ld + i]), to_float(xh[t * ld + i]));
+  }
+}
+
+TYPED_TEST(NormTest, SwigluSigmoidMulAndGates) {
+  using T = TypeParam;
+  const int64_t tokens = 21, inter = 333;
+  const auto gu = to_device_type<T>(random_floats(tokens * 2 * inter, -4, 4, 13));
+  DeviceBuffer<T> gud(gu), out(tokens * inter);
+  swiglu<T>(gud.get(), 2 * inter, out.get(), inter, tokens, inter, nullptr);
+  Vec ref(tokens * inter);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < inter; ++i)
+      ref[t * inter + i] = silu_d(to_float(gu[t * 2 * inter + i])) *
+                           to_float(gu[t * 2 * inter + inter + i]);
+  EXPECT_LT(rel_error(out.download(), ref), tolerance<T>());
+
+  // sigmoid_mul on the gate half (stride 2*inter) into the up half.
+  DeviceBuffer<T> x(gu);
+  sigmoid_mul<T>(x.get() + inter, 2 * inter, x.get(), 2 * inter, tokens, inter, nullptr);
+  const auto xs = x.download();
+  Vec got, want;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < inter; ++i) {
+      got.push_back(to_float(xs[t * 2 * inter + inter + i]));
+      want.push_back(to_float(gu[t * 2 * inter + inter + i]) *
+                     sigmoid_d(to_float(gu[t * 2 * inter + i])));
+    }
+  EXPECT_LT(rel_error(got, want), tolerance<T>());
+
+  // gdn_gates, including arguments above softplus' threshold of 20.
+  const int64_t hv = 6, ld = 16;
+  auto ab = random_floats(tokens * ld, -8, 8, 14);
+  ab[3] = 25.0f;
+  const auto abh = to_device_type<T>(ab);
+  const auto A = random_floats(hv, -3, -0.1f, 15), dt = random_floats(hv, -1, 1, 16);
+  DeviceBuffer<T> abd(abh);
+  DeviceBuffer<float> Ad(A), dtd(dt), g(tokens * hv), beta(tokens * hv);
+  gdn_gates<T>(abd.get(), ld, abd.get() + hv, ld, Ad.get(), dtd.get(), g.get(), beta.get(), tokens,
+               hv, nullptr);
+  Vec gref(tokens * hv), bref(tokens * hv);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < hv; ++h) {
+      const double a = double(to_float(abh[t * ld + h])) + dt[h];
+      gref[t * hv + h] = A[h] * (a > 20 ? a : std::log1p(std::exp(a)));
+      bref[t * hv + h] = sigmoid_d(to_float(abh[t * ld + hv + h]));
+    }
+  // note: f32 outputs from T inputs: float32 rounding only.
+  EXPECT_LT(rel_error(g.download(), gref), 1e-5);
+  EXPECT_LT(rel_error(beta.download(), bref), 1e-5);
+}
+
+TYPED_TEST(NormTest, EmbeddingLookupIsExact) {
+  using T = TypeParam;
+  const int64_t vocab = 301, hidden = 72, n = 9;
+  const auto table_f = random_floats(vocab * hidden, -1, 1, 17);
+  const auto table_b = to_device_type<bf16>(table_f);
+  const std::vector<int32_t> ids = {0, 300, 5, 5, 17, 299, 1, 150, 42};
+  DeviceBuffer<int32_t> idd(ids);
+  for (bool use_bf16 : {false, true}) {
+    DeviceBuffer<float> tf(table_f);
+    DeviceBuffer<bf16> tb(table_b);
+    DeviceBuffer<T> out(n * hidden);
+    embedding_lookup<T>(use_bf16 ? static_cast<const void*>(tb.get()) : tf.get(),
+                        use_bf16 ? DType::BF16 : DType::F32, hidden, idd.get(), n, out.get(),
+                        hidden, nullptr);
+    const auto o = out.download();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < hidden; ++c) {
+        const float src = use_bf16 ? to_float(table_b[ids[i] * hidden + c])
+                                   : table_f[ids[i] * hidden + c];
+        ASSERT_EQ(to_float(o[i * hidden + c]), to_float(from_float<T>(src)));
+      }
+  }
+  EXPECT_THROW(embedding_lookup<T>(nullptr, DType::I32, hidden, idd.get(), n, nullptr, hidden,
+                                   nullptr),
+               std::exception);
+}
+
+TEST(Argmax, LowestIdOnTiesAndExactMargin) {
+  const int64_t rows = 5, vocab = 151936;
+  auto logits = random_floats(rows * vocab, -10, 10, 18);
+  logits[0 * vocab + 70000] = 50.0f;  // row 0: clear winner
+  logits[1 * vocab + 9] = 30.0f;      // row 1: tie between 9 and 100000 -> 9, margin 0
+  logits[1 * vocab + 100000] = 30.0f;
+  logits[2 * vocab + vocab - 1] = 40.0f;  // row 2: the last id
+  DeviceBuffer<float> ld(logits), margin(rows);
+  DeviceBuffer<int32_t> ids(rows);
+  argmax_rows(ld.get(), vocab, rows, vocab, ids.get(), margin.get(), nullptr);
+  const auto gi = ids.download();
+  const auto gm = margin.download();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = &logits[r * vocab];
+    int32_t best = 0;
+    for (int64_t c = 1; c < vocab; ++c)
+      if (row[c] > row[best]) best = static_cast<int32_t>(c);
+    float second = -INFINITY;
+    for (int64_t c = 0; c < vocab; ++c)
+      if (c != best) second = std::max(second, row[c]);
+    EXPECT_EQ(gi[r], best) << r;
+    EXPECT_EQ(gm[r], row[best] - second) << r;  // both exact in float
+  }
+  EXPECT_EQ(gi[1], 9);
+  EXPECT_EQ(gm[1], 0.0f);
+}
+
+}  // namespace
+}  // namespace qtk::cuda::test
