@@ -1,0 +1,141 @@
+// inspect MODEL_DIR | X.pack [--verify]
+//
+// For a Hugging Face checkpoint directory: architecture, hyperparameters,
+// the layer plan (one letter per layer: L = linear attention (Gated
+// DeltaNet), F = full attention), tensor count, bytes per dtype and the
+// skipped groups. A regular file is handed to inspect_pack
+// (convert/inspect_pack.cpp).
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "convert/inspect_pack.h"
+#include "loaders/checkpoint.h"
+#include "loaders/error.h"
+
+namespace qtk {
+namespace {
+
+std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{} bytes ({:.1f} {})", b, v, units[u]);
+}
+
+std::string ids_text(const std::vector<int64_t>& ids) {
+  return ids.empty() ? "none" : fmt::format("{}", fmt::join(ids, ", "));
+}
+
+std::string id_text(int64_t id) { return id < 0 ? "none" : std::to_string(id); }
+
+void print_checkpoint(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  std::string out;
+  auto line = [&out](const std::string& s) { out += s + "\n"; };
+  line(fmt::format("checkpoint: {}", ck.dir()));
+  line(fmt::format("architecture: {} (model_type {})", c.hf_architecture,
+                   c.model_type.empty() ? "?" : c.model_type));
+  line(fmt::format("layers: {}", c.num_layers));
+  line(fmt::format("layer plan: {}  (F = full attention, L = linear attention)", c.plan_string()));
+  line(fmt::format("hidden_size: {}", c.hidden_size));
+  line(fmt::format("intermediate_size: {}", c.intermediate_size));
+  line(fmt::format("vocab_size: {}", c.vocab_size));
+  line(fmt::format("attention: {} heads, {} kv heads, head_dim {}{}", c.num_attention_heads,
+                   c.num_kv_heads, c.head_dim, c.attn_output_gate ? ", output gate" : ""));
+  if (c.arch == Arch::kQwen3_5)
+    line(fmt::format("linear attention: {} key heads x {}, {} value heads x {}, conv kernel {}",
+                     c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
+                     c.linear_value_head_dim, c.linear_conv_kernel));
+  std::string rope = fmt::format("rope: theta {}, rotary_dim {} (partial_rotary_factor {})",
+                                 c.rope.theta, c.rope.rotary_dim, c.rope.partial_factor);
+  if (!c.rope.mrope_section.empty())
+    rope += fmt::format(", mrope_section [{}]{}", fmt::join(c.rope.mrope_section, ", "),
+                        c.rope.mrope_interleaved ? " interleaved" : "");
+  line(rope);
+  line(fmt::format("rms_norm_eps: {}{}", c.rms_norm_eps,
+                   c.norm_adds_one ? " (norm computes x * (1 + w))" : ""));
+  line(fmt::format("tie_word_embeddings: {}", c.tie_word_embeddings));
+  line(fmt::format("max_position_embeddings: {}", c.max_position_embeddings));
+  line(fmt::format("eos_token_ids: {}; bos_token_id: {}; pad_token_id: {}",
+                   ids_text(c.eos_token_ids), id_text(c.bos_token_id), id_text(c.pad_token_id)));
+  if (const GenerationConfig* g = ck.generation(); g && (g->max_new_tokens > 0 || g->max_length > 0))
+    line(fmt::format("generation: max_new_tokens {}, max_length {}", id_text(g->max_new_tokens),
+                     id_text(g->max_length)));
+  line(fmt::format("weight files: {}", ck.shards().size()));
+
+  std::map<std::string, std::pair<int64_t, int64_t>> per_dtype;  // count, bytes
+  int64_t total = 0;
+  for (const CheckpointTensor& t : ck.tensors()) {
+    auto& [n, b] = per_dtype[std::string(dtype_name(t.view.dtype))];
+    ++n;
+    b += t.view.nbytes();
+    total += t.view.nbytes();
+  }
+  line(fmt::format("tensors: {}, {}", ck.tensors().size(), human_bytes(total)));
+  for (const auto& [name, nb] : per_dtype)
+    line(fmt::format("  {}: {} tensors, {}", name, nb.first, human_bytes(nb.second)));
+  if (ck.skipped_groups().empty()) {
+    line("skipped groups: none");
+  } else {
+    line("skipped groups:");
+    for (const SkippedGroup& g : ck.skipped_groups())
+      line(fmt::format("  {}: {} tensors, {}", g.prefix, g.count, human_bytes(g.bytes)));
+  }
+  line(fmt::format("tokenizer.json: {}", ck.has_file("tokenizer.json") ? "present" : "absent"));
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
+int run(int argc, char** argv) {
+  cxxopts::Options opts("inspect",
+                        "Summarise a Hugging Face checkpoint directory (architecture, "
+                        "hyperparameters, layer plan, tensors, skipped groups) or a .pack file.");
+  opts.positional_help("MODEL_DIR|X.pack");
+  opts.add_options()("verify", "for a .pack: recompute every checksum")(
+      "h,help", "print this help")("path", "checkpoint directory or .pack file",
+                                   cxxopts::value<std::string>());
+  opts.parse_positional({"path"});
+  const auto args = opts.parse(argc, argv);
+  if (args.count("help")) {
+    std::cout << opts.help() << "\n";
+    return 0;
+  }
+  if (!args.count("path")) fail("expected one argument MODEL_DIR or X.pack (see --help)");
+  if (!args.unmatched().empty())
+    fail("unexpected extra argument '{}' (see --help)", args.unmatched().front());
+  const std::string path = args["path"].as<std::string>();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail_errno(path);
+  if (S_ISREG(st.st_mode)) return inspect_pack(path, args.count("verify") > 0);
+  if (args.count("verify")) fail("{}: --verify applies to .pack files, not directories", path);
+  print_checkpoint(*Checkpoint::open(path));
+  return 0;
+}
+
+// One line: the messages never need more, and the CLI promise is one line.
+std::string one_line(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
+}  // namespace
+}  // namespace qtk
+
+int main(int argc, char** argv) {
+  try {
+    return qtk::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "inspect: %s\n", qtk::one_line(e.what()).c_str());
+    return 1;
+  }
+}
