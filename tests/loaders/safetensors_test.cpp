@@ -210,3 +210,41 @@ TEST(Safetensors, ControlCharacterDetector) {
 
 }  // namespace
 }  // namespace qtk
+
+namespace qtk {
+namespace {
+
+// Every prefix of a valid file, and every single-byte corruption of its
+// header, either opens or throws qtk::Error: never a crash (the ASan/UBSan
+// build runs this too).
+TEST(SafetensorsRobustness, TruncationsAndByteFlipsOnlyThrowQtkError) {
+  const std::string good = safetensors_bytes(
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
+      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+      16);
+  TempDir tmp;
+  const std::string path = tmp.file("m.safetensors");
+  auto outcome = [&](const std::string& bytes) -> int {
+    write_file(path, bytes);
+    try {
+      SafetensorsFile::open(path);
+      return 0;
+    } catch (const Error&) {
+      return 1;
+    }
+  };
+  ASSERT_EQ(outcome(good), 0);
+  for (size_t n = 0; n < good.size(); ++n) EXPECT_EQ(outcome(good.substr(0, n)), 1) << "prefix " << n;
+  int opened = 0;
+  for (size_t i = 0; i < good.size() - 16; ++i) {
+    for (unsigned char v : {0x00, 0x22, 0x2c, 0x30, 0x5d, 0x7d, 0xff}) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(v);
+      opened += outcome(bad) == 0;  // a flip may still be valid (e.g. "k" -> "0"); no crash is the point
+    }
+  }
+  EXPECT_LT(opened, 200);  // most corruptions must be rejected
+}
+
+}  // namespace
+}  // namespace qtk
