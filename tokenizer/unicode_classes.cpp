@@ -157,7 +157,8 @@ size_t find_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
-std::string nfc_reference(std::string_view text) {
+namespace {
+std::string utf8proc_nfc(std::string_view text) {
   utf8proc_uint8_t* out = nullptr;
   const utf8proc_ssize_t n =
       utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
@@ -169,6 +170,26 @@ std::string nfc_reference(std::string_view text) {
   }
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
+  return result;
+}
+}  // namespace
+
+std::string nfc_reference(std::string_view text) {
+  // note: utf8proc 2.8 composes an LV syllable with U+11A7 (one below the
+  // first trailing jamo) and so drops the U+11A7; correct NFC leaves it alone.
+  // U+11A7 is a starter that composes with nothing, so NFC distributes over
+  // it: normalize the text between occurrences separately.
+  constexpr std::string_view kU11A7 = "\xE1\x86\xA7";
+  size_t at = text.find(kU11A7);
+  if (at == std::string_view::npos) return utf8proc_nfc(text);
+  std::string result;
+  size_t begin = 0;
+  for (; at != std::string_view::npos; at = text.find(kU11A7, begin)) {
+    result += utf8proc_nfc(text.substr(begin, at - begin));
+    result += kU11A7;
+    begin = at + kU11A7.size();
+  }
+  result += utf8proc_nfc(text.substr(begin));
   return result;
 }
 
