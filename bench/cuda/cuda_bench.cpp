@@ -46,25 +46,40 @@ struct Buf {
   Buf(const Buf&) = delete;
 };
 
-// Runs fn kReps times between two events per benchmark iteration.
-void time_kernel(benchmark::State& state, const std::function<void()>& fn) {
+// Captures kReps calls of fn in a CUDA graph and times its replays with
+// events: the device time of the kernels, without host launch overhead (the
+// decode step runs as a graph too).
+void time_kernel(benchmark::State& state, const std::function<void(cudaStream_t)>& fn) {
+  cudaStream_t s;
+  QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t a, b;
   QTK_CUDA_CHECK(cudaEventCreate(&a));
   QTK_CUDA_CHECK(cudaEventCreate(&b));
-  fn();  // warm-up: module load, plan creation
-  QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  fn(s);  // warm-up outside the graph: module load, GEMM plan creation
+  QTK_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  QTK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kReps; ++i) fn(s);
+  QTK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  QTK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  QTK_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  QTK_CUDA_CHECK(cudaStreamSynchronize(s));
   for (auto _ : state) {
-    QTK_CUDA_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < kReps; ++i) fn();
-    QTK_CUDA_CHECK(cudaEventRecord(b));
+    QTK_CUDA_CHECK(cudaEventRecord(a, s));
+    QTK_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    QTK_CUDA_CHECK(cudaEventRecord(b, s));
     QTK_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
     QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     state.SetIterationTime(ms / 1e3 / kReps);
   }
   QTK_CUDA_CHECK(cudaGetLastError());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  cudaStreamDestroy(s);
 }
 
 void set_bytes(benchmark::State& state, double bytes) {
@@ -77,8 +92,8 @@ void set_flops(benchmark::State& state, double flops) {
 void BM_Copy(benchmark::State& state) {
   const size_t bytes = size_t(1) << 30;
   Buf<uint8_t> src(bytes, 0, 255), dst(bytes, 0, 255);
-  time_kernel(state, [&] {
-    QTK_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice));
+  time_kernel(state, [&](cudaStream_t s) {
+    QTK_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s));
   });
   set_bytes(state, 2.0 * bytes);  // read + write
 }
@@ -106,7 +121,7 @@ void BM_Gemm(benchmark::State& state) {
     QTK_CUDA_CHECK(cudaDeviceSynchronize());
   }
   const DType t = bf ? DType::BF16 : DType::F32;
-  time_kernel(state, [&] { gemm.run(x, K, w, K, y, N, M, N, K, t, t, nullptr); });
+  time_kernel(state, [&](cudaStream_t s) { gemm.run(x, K, w, K, y, N, M, N, K, t, t, s); });
   set_flops(state, 2.0 * M * N * K);
   set_bytes(state, double(es) * (M * K + N * K + M * N));
   state.SetLabel(gemm.describe(N, K, K, K, N, t, t));
@@ -151,9 +166,9 @@ void BM_AttentionDecode(benchmark::State& state) {
   b.block_size = bs;
   b.total_tokens = B;
   b.max_seq_len = L;
-  time_kernel(state, [&] {
+  time_kernel(state, [&](cudaStream_t s) {
     qc::paged_attention<bf16>(q.p, hq * D, kc.p, vc.p, out.p, hq * D, b, hq, hkv, D,
-                              1.0f / std::sqrt(float(D)), nullptr);
+                              1.0f / std::sqrt(float(D)), s);
   });
   set_bytes(state, 2.0 * B * L * hkv * D * 2);  // K and V once each
   cudaFree(qsd);
@@ -187,9 +202,9 @@ void BM_AttentionPrefill(benchmark::State& state) {
   b.block_size = bs;
   b.total_tokens = T;
   b.max_seq_len = T;
-  time_kernel(state, [&] {
+  time_kernel(state, [&](cudaStream_t s) {
     qc::paged_attention<bf16>(q.p, hq * D, kc.p, vc.p, out.p, hq * D, b, hq, hkv, D,
-                              1.0f / std::sqrt(float(D)), nullptr);
+                              1.0f / std::sqrt(float(D)), s);
   });
   set_flops(state, 4.0 * hq * D * (T * (T + 1) / 2.0));  // QK^T and PV, causal
   state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
@@ -216,9 +231,9 @@ void BM_GatedDeltaRule(benchmark::State& state) {
   QTK_CUDA_CHECK(cudaMalloc(&sld, sl.size() * 4));
   cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
-  time_kernel(state, [&] {
+  time_kernel(state, [&](cudaStream_t s) {
     qc::gated_delta_rule<bf16>(q.p, hk * dk, k.p, hk * dk, v.p, hv * dv, g.p, beta.p, st.p, sld,
-                               qsd, S, T, out.p, hv * dv, hk, hv, dk, dv, nullptr);
+                               qsd, S, T, out.p, hv * dv, hk, hv, dk, dv, s);
   });
   set_bytes(state, 2.0 * S * hv * dk * dv * 4 + double(T) * (2 * hk * dk + 2 * hv * dv) * 2);
   state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
@@ -242,8 +257,8 @@ void BM_Conv1d(benchmark::State& state) {
   QTK_CUDA_CHECK(cudaMalloc(&sld, sl.size() * 4));
   cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
-  time_kernel(state, [&] {
-    qc::causal_conv1d<bf16>(x.p, C, y.p, C, C, w.p, K, st.p, sld, qsd, S, T, true, nullptr);
+  time_kernel(state, [&](cudaStream_t s) {
+    qc::causal_conv1d<bf16>(x.p, C, y.p, C, C, w.p, K, st.p, sld, qsd, S, T, true, s);
   });
   set_bytes(state, 2.0 * T * C * 2 + 2.0 * S * C * (K - 1) * 4);
   cudaFree(qsd);
@@ -257,8 +272,8 @@ void BM_AddRmsNorm(benchmark::State& state) {
   const int64_t R = state.range(0), H = state.range(1);
   Buf<bf16> r(R * H), x(R * H), y(R * H);
   Buf<float> w(H, 0.5f, 1.5f);
-  time_kernel(state, [&] {
-    qc::add_rmsnorm<bf16>(r.p, H, x.p, H, w.p, y.p, H, R, H, 1e-6f, nullptr);
+  time_kernel(state, [&](cudaStream_t s) {
+    qc::add_rmsnorm<bf16>(r.p, H, x.p, H, w.p, y.p, H, R, H, 1e-6f, s);
   });
   set_bytes(state, 4.0 * R * H * 2);  // read r, x; write r, y
 }
@@ -268,7 +283,7 @@ BENCHMARK(BM_AddRmsNorm)->Args({1, 1024})->Args({128, 1024})->Args({4096, 1024})
 void BM_Swiglu(benchmark::State& state) {
   const int64_t T = state.range(0), I = state.range(1);
   Buf<bf16> gu(T * 2 * I), out(T * I);
-  time_kernel(state, [&] { qc::swiglu<bf16>(gu.p, 2 * I, out.p, I, T, I, nullptr); });
+  time_kernel(state, [&](cudaStream_t s) { qc::swiglu<bf16>(gu.p, 2 * I, out.p, I, T, I, s); });
   set_bytes(state, 3.0 * T * I * 2);
 }
 BENCHMARK(BM_Swiglu)->Args({128, 3072})->Args({4096, 3072})
@@ -290,7 +305,7 @@ void BM_QkNormRope(benchmark::State& state) {
   p.sections[0] = 11; p.sections[1] = 11; p.sections[2] = 10;
   p.n_sections = 3;
   p.interleaved = true;
-  time_kernel(state, [&] { qc::qk_norm_rope<bf16>(x.p, H * D, T, H, D, w.p, 1e-6f, pd, p, nullptr); });
+  time_kernel(state, [&](cudaStream_t s) { qc::qk_norm_rope<bf16>(x.p, H * D, T, H, D, w.p, 1e-6f, pd, p, s); });
   set_bytes(state, 2.0 * T * H * D * 2);
   cudaFree(pd);
 }
@@ -300,7 +315,7 @@ void BM_Argmax(benchmark::State& state) {
   const int64_t R = state.range(0), V = 151936;
   Buf<float> logits(R * V, -10, 10), margin(R);
   Buf<int32_t> ids(R, 0, 1);
-  time_kernel(state, [&] { qc::argmax_rows(logits.p, V, R, V, ids.p, margin.p, nullptr); });
+  time_kernel(state, [&](cudaStream_t s) { qc::argmax_rows(logits.p, V, R, V, ids.p, margin.p, s); });
   set_bytes(state, 4.0 * R * V);
 }
 BENCHMARK(BM_Argmax)->Arg(1)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -38,6 +38,7 @@ struct Gemm::Plan {
   int64_t k = 0, ldx = 0, ldy = 0, n = 0;
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
+  int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
   std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
 
   ~Plan() {
@@ -104,41 +105,63 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
 
-  const auto& ref = p->layouts(ref_m_);
-  constexpr int kWanted = 16;
-  std::vector<cublasLtMatmulHeuristicResult_t> results(kWanted);
-  int found = 0;
-  QTK_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, ref.first, ref.second,
-                                                  ref.second, pref, kWanted, results.data(),
-                                                  &found));
-  cublasLtMatmulPreferenceDestroy(pref);
+  // note: candidates come from the heuristic for M = ref_m first; when none
+  // of them runs split-K-free at both M = 1 and M = ref_m (seen for very wide
+  // N such as a 151936-row lm_head), the heuristics for M = 1 and M = 4*ref_m
+  // are tried next. The choice depends on the shape class only, never on the
+  // M of a call.
   const auto& one = p->layouts(1);
+  const auto& ref = p->layouts(ref_m_);
+  constexpr int kWanted = 32;
+  int found_total = 0;
   bool chosen = false;
-  for (int i = 0; i < found && !chosen; ++i) {
-    cublasLtMatmulAlgo_t algo = results[i].algo;
-    const int32_t splitk = 1;
-    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                             sizeof(splitk)) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                             &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS)
+  for (int64_t probe_m : {ref_m_, int64_t{1}, 4 * ref_m_}) {
+    const auto& probe = p->layouts(probe_m);
+    std::vector<cublasLtMatmulHeuristicResult_t> results(kWanted);
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, probe.first, probe.second,
+                                       probe.second, pref, kWanted, results.data(),
+                                       &found) != CUBLAS_STATUS_SUCCESS)
       continue;
-    // The same algorithm must serve M = 1 (decode) and M = ref_m.
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, one.first, one.second, one.second, &algo,
-                                &check) != CUBLAS_STATUS_SUCCESS ||
-        check.workspaceSize != 0)
-      continue;
-    if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, ref.first, ref.second, ref.second, &algo,
-                                &check) != CUBLAS_STATUS_SUCCESS ||
-        check.workspaceSize != 0)
-      continue;
-    p->algo = algo;
-    chosen = true;
+    found_total += found;
+    for (int i = 0; i < found && !chosen; ++i) {
+      cublasLtMatmulAlgo_t algo = results[i].algo;
+      const int32_t splitk = 1;
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+      // Algorithms without a split-K knob accept neither attribute; they
+      // never split K, so a failed set is fine as long as the check passes.
+      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                           sizeof(splitk));
+      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme));
+      int32_t got_splitk = 1;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
+                                               sizeof(got_splitk), &written) ==
+              CUBLAS_STATUS_SUCCESS &&
+          got_splitk > 1)
+        continue;
+      // The same algorithm must serve M = 1 (decode) and M = ref_m, with no
+      // workspace (none is given at run time).
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, one.first, one.second, one.second, &algo,
+                                  &check) != CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize != 0)
+        continue;
+      if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, ref.first, ref.second, ref.second, &algo,
+                                  &check) != CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize != 0)
+        continue;
+      p->algo = algo;
+      p->probe_m = probe_m;
+      chosen = true;
+    }
+    if (chosen) break;
   }
+  cublasLtMatmulPreferenceDestroy(pref);
   if (!chosen)
     fail("Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) among {} "
-         "candidates", n, k, dtype_name(in), dtype_name(out), found);
+         "candidates", n, k, dtype_name(in), dtype_name(out), found_total);
   size_t written = 0;
   cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &p->algo_id,
                                        sizeof(p->algo_id), &written);
@@ -166,7 +189,8 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
 std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                            DType out) {
   const Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
-  return fmt::format("algo {} tile {} stages {} (ref M {})", p.algo_id, p.tile, p.stages, ref_m_);
+  return fmt::format("algo {} tile {} stages {} (heuristic of M {})", p.algo_id, p.tile, p.stages,
+                     p.probe_m);
 }
 
 }  // namespace qtk::cuda

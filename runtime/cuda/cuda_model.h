@@ -1,0 +1,36 @@
+// The CUDA backend of the runtime: a Model (runtime/model.h) whose weights,
+// K/V cache and scratch live in device memory. The scheduler, the step
+// description and the outputs are the CPU runtime's; only the kernels and the
+// memory change.
+//
+// Hook for generate (runtime helper): with `--device cuda`,
+//   auto model = qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(o.precision));
+// instead of load_model(*pack, &pool); everything else stays as it is.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/model.h"
+
+namespace qtk {
+
+class Pack;
+
+enum class CudaPrecision {
+  kF32,   // f32 weights (converted once at upload), activations and K/V cache
+  kBF16,  // bf16 weights, activations and K/V cache; f32 accumulation, norms, GDN state
+};
+
+// "f32" or "bf16"; throws qtk::Error naming the flag for anything else.
+CudaPrecision parse_cuda_precision(const std::string& text);
+
+// True when a CUDA device can be used (driver and device present).
+bool cuda_device_available();
+
+// Uploads the pack's weights once (converted to the precision's dtype) and
+// returns the model. Throws qtk::Error for an architecture the CUDA backend
+// does not run yet, or without a device.
+std::unique_ptr<Model> load_cuda_model(const Pack& pack, CudaPrecision precision);
+
+}  // namespace qtk

@@ -1,0 +1,339 @@
+// Qwen3 (dense) on the GPU: the forward pass of runtime/qwen3.cpp with the
+// CUDA kernels, weights uploaded once, K/V cache in device memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm.h"
+#include "loaders/error.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/device_memory.h"
+#include "runtime/kv_cache.h"
+#include "runtime/pack.h"
+
+namespace qtk {
+namespace {
+
+using cuda::bf16;
+using cuda::DeviceMemory;
+
+template <class T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::F32 : DType::BF16;
+}
+
+float half_to_float(uint16_t bits) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+// Copies a pack matrix to the device as T (bf16 -> bf16 is a plain copy).
+template <class T>
+DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = pack.tensor(name);
+  if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
+    fail("{}: tensor '{}' has shape {}; expected [{}, {}] from the config", pack.path(), name,
+         v.shape_string(), rows, cols);
+  const int64_t n = rows * cols;
+  DeviceMemory d(n * sizeof(T));
+  if (v.dtype == dtype_of<T>()) {
+    QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  std::vector<T> host(n);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t i = 0; i < n; ++i) {
+    float f;
+    if (v.dtype == DType::F32) {
+      std::memcpy(&f, src + 4 * i, 4);
+    } else if (v.dtype == DType::BF16) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      std::memcpy(&f, &u, 4);
+    } else if (v.dtype == DType::F16) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      f = half_to_float(b);
+    } else {
+      fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+           dtype_name(v.dtype));
+    }
+    if constexpr (std::is_same_v<T, float>) host[i] = f;
+    else host[i] = __float2bfloat16_rn(f);
+  }
+  QTK_CUDA_CHECK(cudaMemcpy(d.as(), host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+DeviceMemory upload_vector(const Pack& pack, const std::string& name, int64_t n) {
+  const TensorView& v = pack.tensor(name);
+  if (v.dtype != DType::F32 || v.ndim != 1 || v.shape[0] != n)
+    fail("{}: tensor '{}' is {} {}; expected F32 [{}]", pack.path(), name, dtype_name(v.dtype),
+         v.shape_string(), n);
+  DeviceMemory d(n * sizeof(float));
+  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Grows a device buffer to at least `bytes` (only when a step is larger than
+// every earlier one).
+void ensure(DeviceMemory& m, size_t bytes) {
+  if (m.bytes() < bytes) m = DeviceMemory(bytes);
+}
+
+// One decoder layer in device memory; Act = the precision's activation and
+// matrix type (f32 or bf16).
+struct Qwen3DeviceLayer {
+  DeviceMemory input_layernorm;           // f32 [hidden]
+  DeviceMemory qkv_proj;                  // Act [(Hq + 2*Hkv)*head_dim, hidden]: rows q, k, v
+  DeviceMemory q_norm, k_norm;            // f32 [head_dim]
+  DeviceMemory o_proj;                    // Act [hidden, Hq*head_dim]
+  DeviceMemory post_attention_layernorm;  // f32 [hidden]
+  DeviceMemory gate_up_proj;              // Act [2*intermediate, hidden]: rows gate, up
+  DeviceMemory down_proj;                 // Act [hidden, intermediate]
+};
+
+template <class Act>
+class CudaQwen3 final : public Model {
+ public:
+  explicit CudaQwen3(const Pack& pack) : cfg_(pack.config()) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+    QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    embed_ = upload_matrix<Act>(pack, "embed_tokens", c.vocab_size, H);
+    tied_ = pack.find_tensor("lm_head") == nullptr;
+    if (!tied_) lm_head_ = upload_matrix<Act>(pack, "lm_head", c.vocab_size, H);
+    norm_ = upload_vector(pack, "norm", H);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      Qwen3DeviceLayer l;
+      l.input_layernorm = upload_vector(pack, p + "input_layernorm", H);
+      l.qkv_proj = upload_matrix<Act>(pack, p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), H);
+      l.q_norm = upload_vector(pack, p + "self_attn.q_norm", D);
+      l.k_norm = upload_vector(pack, p + "self_attn.k_norm", D);
+      l.o_proj = upload_matrix<Act>(pack, p + "self_attn.o_proj", H, c.q_dim());
+      l.post_attention_layernorm = upload_vector(pack, p + "post_attention_layernorm", H);
+      l.gate_up_proj = upload_matrix<Act>(pack, p + "mlp.gate_up_proj", 2 * I, H);
+      l.down_proj = upload_matrix<Act>(pack, p + "mlp.down_proj", H, I);
+      layers_.push_back(std::move(l));
+    }
+    rope_.rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
+    rope_.theta = c.rope.theta;
+  }
+  ~CudaQwen3() override { cudaStreamDestroy(stream_); }
+
+  const ModelConfig& config() const override { return cfg_; }
+
+  CacheSpec cache_spec() const override {
+    CacheSpec s;
+    s.attention_layers = cfg_.num_layers;
+    s.kv_heads = cfg_.num_kv_heads;
+    s.head_dim = cfg_.head_dim;
+    return s;
+  }
+
+  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t /*max_context*/) override {
+    const ModelConfig& c = cfg_;
+    const int64_t T = std::max<int64_t>(max_tokens, max_seqs);
+    ensure(x_, T * c.hidden_size * sizeof(T_));
+    ensure(h_, T * c.hidden_size * sizeof(T_));
+    ensure(qkv_, T * (c.q_dim() + 2 * c.kv_dim()) * sizeof(T_));
+    ensure(attn_, T * c.q_dim() * sizeof(T_));
+    ensure(gate_up_, T * 2 * c.intermediate_size * sizeof(T_));
+    ensure(act_, T * c.intermediate_size * sizeof(T_));
+    ensure(last_, max_seqs * c.hidden_size * sizeof(T_));
+    ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+  }
+
+  void forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    const ModelConfig& c = cfg_;
+    const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size, D = c.head_dim;
+    const int64_t I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
+    const int64_t qkv_ld = c.q_dim() + 2 * c.kv_dim();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    reserve(T, S, 0);
+    ensure_kv(kv);
+    upload_step(b);
+
+    T_* x = x_.as<T_>();
+    T_* h = h_.as<T_>();
+    T_* q = qkv_.as<T_>();
+    T_* k = q + c.q_dim();
+    T_* v = k + c.kv_dim();
+    const DType dt = dtype_of<T_>();
+    cuda::AttentionBatch ab;
+    ab.num_seqs = S;
+    ab.q_start = q_start_;
+    ab.seq_len = seq_len_;
+    ab.block_table = block_table_;
+    ab.max_blocks = b.max_blocks;
+    ab.block_size = kv.block_size();
+    ab.total_tokens = T;
+    ab.max_seq_len = *std::max_element(b.seq_len, b.seq_len + S);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+
+    cuda::embedding_lookup<T_>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
+    cuda::rmsnorm<T_>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      const Layer& l = layers_[li];
+      // Self-attention block (h holds the normed input).
+      gemm_.run(h, H, l.qkv_proj.as(), H, q, qkv_ld, T, qkv_ld, H, dt, dt, stream_);
+      cuda::qk_norm_rope<T_>(q, qkv_ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_,
+                             stream_);
+      cuda::qk_norm_rope<T_>(k, qkv_ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
+                             stream_);
+      cuda::kv_cache_write<T_>(k, qkv_ld, v, qkv_ld, T, Hkv, D, slot_mapping_, kv_k(li), kv_v(li),
+                               stream_);
+      cuda::paged_attention<T_>(q, qkv_ld, kv_k(li), kv_v(li), attn_.as<T_>(), c.q_dim(), ab, Hq,
+                                Hkv, D, scale, stream_);
+      gemm_.run(attn_.as(), c.q_dim(), l.o_proj.as(), c.q_dim(), h, H, T, H, c.q_dim(), dt, dt,
+                stream_);
+      // x += attention output; h = post-attention norm of x.
+      cuda::add_rmsnorm<T_>(x, H, h, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps,
+                            stream_);
+      // MLP block.
+      gemm_.run(h, H, l.gate_up_proj.as(), H, gate_up_.as(), 2 * I, T, 2 * I, H, dt, dt, stream_);
+      cuda::swiglu<T_>(gate_up_.as<T_>(), 2 * I, act_.as<T_>(), I, T, I, stream_);
+      gemm_.run(act_.as(), I, l.down_proj.as(), I, h, H, T, H, I, dt, dt, stream_);
+      // x += MLP output; h = the next layer's input norm of x (the final norm
+      // after the last layer).
+      const float* next_norm = li + 1 < c.num_layers
+                                   ? layers_[li + 1].input_layernorm.as<float>()
+                                   : norm_.as<float>();
+      cuda::add_rmsnorm<T_>(x, H, h, H, next_norm, h, H, T, H, eps, stream_);
+    }
+    // Logits only for the last row of each sequence that samples: gather the
+    // final-normed rows (embedding_lookup over h as a table), then lm_head.
+    const int64_t r = static_cast<int64_t>(logit_rows_.size());
+    if (r > 0) {
+      cuda::embedding_lookup<T_>(h, dt, H, rows_, r, last_.as<T_>(), H, stream_);
+      const void* head = tied_ ? embed_.as() : lm_head_.as();
+      gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
+                DType::F32, stream_);
+      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * c.vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    }
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  using T_ = Act;
+  using Layer = Qwen3DeviceLayer;
+
+  // The K/V cache mirrors the scheduler's KvCache geometry (blocks, block
+  // size) in device memory, in T.
+  // note: f32 precision keeps f32 K/V as the CPU runtime does (exactness
+  // against the float64 goldens); bf16 precision stores bf16 K/V.
+  void ensure_kv(const KvCache& kv) {
+    if (kv_blocks_ == kv.num_blocks() && kv_block_size_ == kv.block_size()) return;
+    kv_blocks_ = kv.num_blocks();
+    kv_block_size_ = kv.block_size();
+    kv_layer_elems_ = kv_blocks_ * kv_block_size_ * cfg_.kv_dim();
+    k_cache_ = DeviceMemory(cfg_.num_layers * kv_layer_elems_ * sizeof(T_));
+    v_cache_ = DeviceMemory(cfg_.num_layers * kv_layer_elems_ * sizeof(T_));
+  }
+  T_* kv_k(int64_t layer) { return k_cache_.as<T_>() + layer * kv_layer_elems_; }
+  T_* kv_v(int64_t layer) { return v_cache_.as<T_>() + layer * kv_layer_elems_; }
+
+  // Copies the step's small arrays to the device in one transfer.
+  void upload_step(const StepBatch& b) {
+    const int64_t T = b.num_tokens, S = b.num_seqs;
+    logit_rows_.clear();
+    for (int64_t s = 0; s < S; ++s)
+      if (b.want_logits[s]) logit_rows_.push_back(b.q_start[s + 1] - 1);
+    // Layout (int32 units): slot_mapping (int64, first for alignment),
+    // token_ids, positions [3][T], q_start, seq_len, block_table, rows.
+    const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks +
+                        static_cast<int64_t>(logit_rows_.size());
+    host_step_.resize(n32);
+    int32_t* p = host_step_.data();
+    std::memcpy(p, b.slot_mapping, T * sizeof(int64_t));
+    p += 2 * T;
+    auto put = [&p](const int32_t* src, int64_t n) {
+      std::memcpy(p, src, n * sizeof(int32_t));
+      int32_t* at = p;
+      p += n;
+      return at;
+    };
+    int32_t* h_tok = put(b.token_ids, T);
+    int32_t* h_pos = put(b.positions, 3 * T);
+    int32_t* h_qs = put(b.q_start, S + 1);
+    int32_t* h_sl = put(b.seq_len, S);
+    int32_t* h_bt = put(b.block_table, S * b.max_blocks);
+    int32_t* h_rows = put(logit_rows_.data(), static_cast<int64_t>(logit_rows_.size()));
+    ensure(step_, n32 * sizeof(int32_t));
+    QTK_CUDA_CHECK(cudaMemcpyAsync(step_.as(), host_step_.data(), n32 * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+    int32_t* base = step_.as<int32_t>();
+    auto dev = [&](int32_t* host_at) { return base + (host_at - host_step_.data()); };
+    slot_mapping_ = reinterpret_cast<const int64_t*>(base);
+    token_ids_ = dev(h_tok);
+    positions_ = dev(h_pos);
+    q_start_ = dev(h_qs);
+    seq_len_ = dev(h_sl);
+    block_table_ = dev(h_bt);
+    rows_ = dev(h_rows);
+  }
+
+  ModelConfig cfg_;
+  cudaStream_t stream_ = nullptr;
+  cuda::Gemm gemm_;
+  cuda::RopeParams rope_;
+  bool tied_ = false;
+  DeviceMemory embed_;    // T [vocab, hidden]
+  DeviceMemory lm_head_;  // T [vocab, hidden] (absent when tied)
+  DeviceMemory norm_;     // f32 [hidden]
+  std::vector<Layer> layers_;
+
+  int64_t kv_blocks_ = -1, kv_block_size_ = -1, kv_layer_elems_ = 0;
+  DeviceMemory k_cache_, v_cache_;  // T [layers][num_blocks, block_size, Hkv, D]
+
+  // Scratch (T = tokens of the largest step).
+  DeviceMemory x_;        // T [T, hidden] residual stream
+  DeviceMemory h_;        // T [T, hidden] normed input / sublayer output
+  DeviceMemory qkv_;      // T [T, (Hq + 2*Hkv)*head_dim]
+  DeviceMemory attn_;     // T [T, Hq*head_dim]
+  DeviceMemory gate_up_;  // T [T, 2*intermediate]
+  DeviceMemory act_;      // T [T, intermediate]
+  DeviceMemory last_;     // T [seqs, hidden] rows that get logits
+  DeviceMemory logits_;   // f32 [seqs, vocab]
+  DeviceMemory step_;     // int32 step arrays (see upload_step)
+  std::vector<int32_t> host_step_, logit_rows_;
+  const int64_t* slot_mapping_ = nullptr;
+  const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
+                *seq_len_ = nullptr, *block_table_ = nullptr, *rows_ = nullptr;
+};
+
+}  // namespace
+
+CudaPrecision parse_cuda_precision(const std::string& text) {
+  if (text == "f32") return CudaPrecision::kF32;
+  if (text == "bf16") return CudaPrecision::kBF16;
+  fail("--precision: expected f32 or bf16, got '{}'", text);
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::unique_ptr<Model> load_cuda_model(const Pack& pack, CudaPrecision precision) {
+  if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
+  const ModelConfig& c = pack.config();
+  if (c.arch != Arch::kQwen3)
+    fail("{}: the CUDA backend runs Qwen3 packs only so far (this pack is {})", pack.path(),
+         c.hf_architecture);
+  if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3<float>>(pack);
+  return std::make_unique<CudaQwen3<bf16>>(pack);
+}
+
+}  // namespace qtk
