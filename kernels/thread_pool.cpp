@@ -18,10 +18,9 @@ inline void cpu_relax() {
 #endif
 }
 
-void pin_to_nth_cpu(pthread_t handle, int index) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+// Pins a thread to the index-th CPU of `allowed` (the process's mask, read
+// before any thread was pinned: a pinned creator's mask is a single CPU).
+void pin_to_nth_cpu(pthread_t handle, int index, const cpu_set_t& allowed) {
   int count = CPU_COUNT(&allowed);
   if (count == 0) return;
   index %= count;
@@ -41,12 +40,15 @@ void pin_to_nth_cpu(pthread_t handle, int index) {
 }  // namespace
 
 ThreadPool::ThreadPool(int threads, bool pin) : threads_(threads < 1 ? 1 : threads) {
-  if (pin) pin_to_nth_cpu(pthread_self(), 0);
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (pin && sched_getaffinity(0, sizeof(allowed), &allowed) != 0) pin = false;
   workers_.reserve(threads_ - 1);
   for (int tid = 1; tid < threads_; ++tid) {
     workers_.emplace_back([this, tid] { worker_loop(tid); });
-    if (pin) pin_to_nth_cpu(workers_.back().native_handle(), tid);
+    if (pin) pin_to_nth_cpu(workers_.back().native_handle(), tid, allowed);
   }
+  if (pin) pin_to_nth_cpu(pthread_self(), 0, allowed);
 }
 
 ThreadPool::~ThreadPool() {

@@ -161,7 +161,40 @@ void BM_GatedDeltaRule(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_GatedDeltaRule)->Args({1, 1})->Args({512, 1})->Args({512, 2})->UseRealTime()->MinTime(0.3);
+BENCHMARK(BM_GatedDeltaRule)->Args({1, 1})->Args({64, 1})->Args({512, 1})->Args({512, 2})->UseRealTime()->MinTime(0.3);
+
+// note: a lower bound on the chunked (WY/UT) form of the gated delta rule:
+// only its eight GEMMs per chunk and head, with our f32 matmul, for chunk
+// length C = state.range(0) (Dk = Dv = 128, 16 heads). Left out: the
+// triangular solve, cumulative decays, masks and transposes. If this bound is
+// already slower per token than BM_GatedDeltaRule/512, the chunked form
+// cannot beat the recurrent one on this CPU. Per chunk and head:
+//   K K^T, Q K^T          [C x C], inner Dk
+//   W = T (beta K), U = T (beta V), intra = (Q K^T) (U - W S)   [C x D], inner C
+//   W S, Q S              [C x Dv], inner Dk
+//   S += K^T (U - W S)    [Dk x Dv], inner C
+void BM_GdnChunkedGemmLowerBound(benchmark::State& state) {
+  const int64_t C = state.range(0), D = 128, heads = 16;
+  auto a = random_vec(std::max(C, D) * std::max(C, D), 1);
+  auto b = random_vec(std::max(C, D) * std::max(C, D), 2);
+  std::vector<float> y(std::max(C, D) * std::max(C, D));
+  const int64_t shapes[][3] = {{C, C, D}, {C, C, D}, {C, D, C}, {C, D, C}, {C, D, C},
+                               {C, D, D}, {C, D, D}, {D, D, C}};  // M, N, K
+  double flops = 0;
+  for (auto& s : shapes) flops += 2.0 * s[0] * s[1] * s[2];
+  for (auto _ : state) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (auto& s : shapes) {
+        matmul(a.data(), s[2], b.data(), DType::F32, y.data(), s[1], s[0], s[1], s[2], nullptr);
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * heads * flops,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * C, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GdnChunkedGemmLowerBound)->Arg(32)->Arg(64)->UseRealTime()->MinTime(0.3);
 
 // Causal conv1d of one prefill chunk: Qwen3.5-0.8B conv_dim = 2*16*128 + 16*128 = 6144, K = 4.
 void BM_CausalConv1d(benchmark::State& state) {

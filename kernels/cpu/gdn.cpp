@@ -39,51 +39,80 @@ QTK_CLONES void conv_channels(const float* x, int64_t ldx, int64_t T, int64_t c0
   }
 }
 
-// One value head of one sequence over T tokens. kv and delta: f32 [Dv] scratch.
+// One value head of one sequence over T tokens. kv, delta, acc: f32 [Dv] scratch.
+//
+// note: one sweep over the state per token: the sweep for token t finishes
+// token t-1 (S += k_{t-1} delta_{t-1}; o_{t-1} += S q_{t-1}) and starts token
+// t (S *= exp(g_t); kv_t += S k_t) row by row, so the 64 KiB state of a
+// 128 x 128 head streams through the cache once per token instead of twice.
+// Every state element and every output still sees exactly the operations of
+// the textbook order (update, read q, decay, read k), in increasing k.
 QTK_CLONES void delta_rule_head(const float* q, int64_t ldq, const float* k, int64_t ldk,
                                 const float* v, int64_t ldv, const float* g, const float* beta,
                                 int64_t ldg, float* __restrict S, float* out, int64_t ldo,
                                 int64_t T, int64_t Dk, int64_t Dv, float* __restrict kv,
-                                float* __restrict delta) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* qt = q + t * ldq;
-    const float* kt = k + t * ldk;
-    const float* vt = v + t * ldv;
-    float* ot = out + t * ldo;
-    const float decay = static_cast<float>(std::exp(static_cast<double>(g[t * ldg])));
-    const float bt = beta[t * ldg];
-    // Pass 1: decay the state and read kv = k^T S (sum over k in order).
-    for (int64_t j = 0; j < Dv; ++j) kv[j] = 0.0f;
-    for (int64_t i = 0; i < Dk; ++i) {
-      float* row = S + i * Dv;
-      const float ki = kt[i];
-      for (int64_t j = 0; j < Dv; ++j) {
-        float sv = row[j] * decay;
-        row[j] = sv;
-        kv[j] += sv * ki;
+                                float* __restrict delta, float* __restrict acc) {
+  for (int64_t t = 0; t <= T; ++t) {
+    const bool finish_prev = t > 0;
+    const bool start_cur = t < T;
+    const float* kp = finish_prev ? k + (t - 1) * ldk : nullptr;
+    const float* qp = finish_prev ? q + (t - 1) * ldq : nullptr;
+    const float* kt = start_cur ? k + t * ldk : nullptr;
+    const float decay =
+        start_cur ? static_cast<float>(std::exp(static_cast<double>(g[t * ldg]))) : 0.0f;
+    for (int64_t j = 0; j < Dv; ++j) {
+      kv[j] = 0.0f;
+      acc[j] = 0.0f;
+    }
+    if (finish_prev && start_cur) {
+      for (int64_t i = 0; i < Dk; ++i) {
+        float* row = S + i * Dv;
+        const float kpi = kp[i], qpi = qp[i], kti = kt[i];
+        for (int64_t j = 0; j < Dv; ++j) {
+          float sv = row[j] + kpi * delta[j];
+          acc[j] += sv * qpi;
+          sv = sv * decay;
+          kv[j] += sv * kti;
+          row[j] = sv;
+        }
+      }
+    } else if (finish_prev) {
+      for (int64_t i = 0; i < Dk; ++i) {
+        float* row = S + i * Dv;
+        const float kpi = kp[i], qpi = qp[i];
+        for (int64_t j = 0; j < Dv; ++j) {
+          float sv = row[j] + kpi * delta[j];
+          acc[j] += sv * qpi;
+          row[j] = sv;
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < Dk; ++i) {
+        float* row = S + i * Dv;
+        const float kti = kt[i];
+        for (int64_t j = 0; j < Dv; ++j) {
+          float sv = row[j] * decay;
+          kv[j] += sv * kti;
+          row[j] = sv;
+        }
       }
     }
-    for (int64_t j = 0; j < Dv; ++j) delta[j] = (vt[j] - kv[j]) * bt;
-    // Pass 2: rank-one update, then out = q^T S (sum over k in order).
-    for (int64_t j = 0; j < Dv; ++j) kv[j] = 0.0f;
-    for (int64_t i = 0; i < Dk; ++i) {
-      float* row = S + i * Dv;
-      const float ki = kt[i];
-      const float qi = qt[i];
-      for (int64_t j = 0; j < Dv; ++j) {
-        float sv = row[j] + ki * delta[j];
-        row[j] = sv;
-        kv[j] += sv * qi;
-      }
+    if (finish_prev) {
+      float* op = out + (t - 1) * ldo;
+      for (int64_t j = 0; j < Dv; ++j) op[j] = acc[j];
     }
-    for (int64_t j = 0; j < Dv; ++j) ot[j] = kv[j];
+    if (start_cur) {
+      const float* vt = v + t * ldv;
+      const float bt = beta[t * ldg];
+      for (int64_t j = 0; j < Dv; ++j) delta[j] = (vt[j] - kv[j]) * bt;
+    }
   }
 }
 
-// Per-thread scratch of 2*Dv floats (allocated once per thread and size).
+// Per-thread scratch of 3*Dv floats (allocated once per thread and size).
 float* delta_scratch(int64_t Dv) {
   thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < 2 * Dv) buf.resize(2 * Dv);
+  if (static_cast<int64_t>(buf.size()) < 3 * Dv) buf.resize(3 * Dv);
   return buf.data();
 }
 
@@ -141,7 +170,7 @@ void gated_delta_rule_varlen(const float* q, int64_t ldq, const float* k, int64_
       delta_rule_head(q + r0 * ldq + kh * Dk, ldq, k + r0 * ldk + kh * Dk, ldk,
                       v + r0 * ldv + h * Dv, ldv, g + r0 * ldg + h, beta + r0 * ldg + h, ldg,
                       states[s] + h * Dk * Dv, out + r0 * ldo + h * Dv, ldo, T, Dk, Dv, scratch,
-                      scratch + Dv);
+                      scratch + Dv, scratch + 2 * Dv);
     }
   });
 }

@@ -56,3 +56,20 @@ TEST(ThreadPool, NullPoolRunsInline) {
 
 }  // namespace
 }  // namespace qtk
+
+namespace qtk {
+namespace {
+
+TEST(ThreadPool, PinnedPoolRunsEveryPiece) {
+  // Pinning is best effort; what must hold is that work still completes and
+  // the worker threads are not all squeezed onto the caller's CPU.
+  ThreadPool pool(2, /*pin=*/true);
+  std::vector<int> seen(100, 0);
+  pool.parallel_for(100, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) seen[i] = 1;
+  });
+  for (int v : seen) EXPECT_EQ(v, 1);
+}
+
+}  // namespace
+}  // namespace qtk
