@@ -104,7 +104,7 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
   archive_read_support_format_zip(a.get());
   // note: 1 MiB blocks keep the syscall count low for multi-GB shards.
   if (archive_read_open_filename(a.get(), path.c_str(), 1 << 20) != ARCHIVE_OK)
-    fail("{}: cannot open as an archive: {}", path, archive_error_string(a.get()));
+    fail("{}: not a readable tar or zip archive: {}", path, archive_error_string(a.get()));
 
   std::set<std::string> seen;
   for (;;) {

@@ -1,0 +1,231 @@
+// Archive inputs (.tar.gz, .tar.zst, .zip, with and without a top-level
+// folder) and every rejection rule of the extractor and the CLI: the
+// program exits 1, prints one line on stderr, and leaves neither the pack
+// nor any temporary file or directory.
+#include <archive.h>
+#include <archive_entry.h>
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include "convert/convert.h"
+#include "convert_test_util.h"
+
+namespace qtk {
+namespace {
+
+using testing::quote;
+using testing::run_shell;
+using testing::TempDir;
+
+const std::string kTiny = "tests/data/models/qwen3-tiny";
+
+std::string convert_bin() { return QTK_CONVERT_BIN; }
+
+// Converts `input` with the CLI and expects failure with one stderr line
+// containing `needle`, no OUT and nothing else new in the output directory.
+void expect_rejected(const std::string& input, const std::string& needle, const std::string& flags = "") {
+  TempDir out_dir;
+  const std::string out = out_dir.file("m.pack");
+  const auto r = run_shell(convert_bin() + " " + quote(input) + " " + quote(out) + " " + flags);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("convert: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err << "expected: " << needle;
+  EXPECT_TRUE(out_dir.listing().empty()) << "left behind: " << *out_dir.listing().begin();
+}
+
+struct TarEntry {
+  TarEntry(std::string n, mode_t t, std::string d, std::string l = "", bool h = false)
+      : name(std::move(n)), type(t), data(std::move(d)), link(std::move(l)), hardlink(h) {}
+  std::string name;
+  mode_t type;
+  std::string data;
+  std::string link;  // symlink target or hardlink source
+  bool hardlink;
+};
+
+// Writes a pax tar with libarchive.
+void write_tar(const std::string& path, const std::vector<TarEntry>& entries) {
+  archive* a = archive_write_new();
+  archive_write_set_format_pax(a);
+  ASSERT_EQ(archive_write_open_filename(a, path.c_str()), ARCHIVE_OK);
+  for (const auto& e : entries) {
+    archive_entry* en = archive_entry_new();
+    archive_entry_set_pathname(en, e.name.c_str());
+    archive_entry_set_filetype(en, e.type);
+    archive_entry_set_perm(en, 0644);
+    if (e.hardlink) archive_entry_set_hardlink(en, e.link.c_str());
+    else if (e.type == AE_IFLNK) archive_entry_set_symlink(en, e.link.c_str());
+    archive_entry_set_size(en, e.type == AE_IFREG && !e.hardlink ? static_cast<la_int64_t>(e.data.size()) : 0);
+    ASSERT_EQ(archive_write_header(a, en), ARCHIVE_OK) << archive_error_string(a);
+    if (!e.data.empty() && !e.hardlink) archive_write_data(a, e.data.data(), e.data.size());
+    archive_entry_free(en);
+  }
+  archive_write_close(a);
+  archive_write_free(a);
+}
+
+std::string tiny_config() { return testing::read_file(testing::source_path(kTiny + "/config.json")); }
+
+class ArchiveInput : public ::testing::TestWithParam<std::string> {};
+
+// The pack from an archive is byte-identical to the pack from the directory.
+TEST_P(ArchiveInput, GivesTheSamePackAsTheDirectory) {
+  const std::string kind = GetParam();
+  TempDir tmp;
+  const std::string model_parent = testing::source_path("tests/data/models");
+  std::string archive, cmd;
+  if (kind == "tar.gz-folder") {
+    archive = tmp.file("m.tar.gz");
+    cmd = "tar -czf " + quote(archive) + " -C " + quote(model_parent) + " qwen3-tiny";
+  } else if (kind == "tar.gz-flat") {
+    archive = tmp.file("m.tar.gz");
+    cmd = "tar -czf " + quote(archive) + " -C " + quote(testing::source_path(kTiny)) + " .";
+  } else if (kind == "tar.zst") {
+    archive = tmp.file("m.tar.zst");
+    cmd = "tar --zstd -cf " + quote(archive) + " -C " + quote(model_parent) + " qwen3-tiny";
+  } else if (kind == "zip-folder") {
+    archive = tmp.file("m.zip");
+    cmd = "cd " + quote(model_parent) + " && zip -qr " + quote(archive) + " qwen3-tiny";
+  } else {
+    archive = tmp.file("m.zip");
+    cmd = "cd " + quote(testing::source_path(kTiny)) + " && zip -qr " + quote(archive) + " .";
+  }
+  const auto made = run_shell(cmd);
+  ASSERT_EQ(made.status, 0) << cmd << ": " << made.err;
+
+  ConvertOptions from_dir, from_archive;
+  from_dir.input = testing::source_path(kTiny);
+  from_dir.output = tmp.file("dir.pack");
+  from_archive.input = archive;
+  from_archive.output = tmp.file("archive.pack");
+  convert_checkpoint(from_dir);
+  convert_checkpoint(from_archive);
+  EXPECT_TRUE(testing::read_file(from_dir.output) == testing::read_file(from_archive.output));
+  for (const auto& name : tmp.listing()) EXPECT_EQ(name.find(".qtk-extract"), std::string::npos) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ArchiveInput,
+                         ::testing::Values("tar.gz-folder", "tar.gz-flat", "tar.zst", "zip-folder", "zip-flat"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+TEST(ArchiveReject, DotDotComponent) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"m/config.json", AE_IFREG, tiny_config()}, {"m/../../evil", AE_IFREG, "x"}});
+  expect_rejected(tmp.file("a.tar"), "\"..\" component");
+}
+
+TEST(ArchiveReject, AbsolutePath) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"/tmp/qtk-evil-config.json", AE_IFREG, tiny_config()}});
+  expect_rejected(tmp.file("a.tar"), "absolute path");
+}
+
+TEST(ArchiveReject, Symlink) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()},
+                                {"model.safetensors", AE_IFLNK, "", "/etc/passwd"}});
+  expect_rejected(tmp.file("a.tar"), "symbolic link");
+}
+
+TEST(ArchiveReject, Hardlink) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()},
+                                {"model.safetensors", AE_IFREG, "", "config.json", true}});
+  expect_rejected(tmp.file("a.tar"), "hard link");
+}
+
+TEST(ArchiveReject, Fifo) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()}, {"pipe", AE_IFIFO, ""}});
+  expect_rejected(tmp.file("a.tar"), "FIFO");
+}
+
+TEST(ArchiveReject, CharacterDevice) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()}, {"null", AE_IFCHR, ""}});
+  expect_rejected(tmp.file("a.tar"), "character device");
+}
+
+TEST(ArchiveReject, DuplicateNames) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()}, {"./config.json", AE_IFREG, "{}"}});
+  expect_rejected(tmp.file("a.tar"), "appears twice");
+}
+
+TEST(ArchiveReject, SparseEntry) {
+  TempDir tmp;
+  const std::string dir = tmp.file("m");
+  testing::copy_dir(testing::source_path(kTiny), dir);
+  const auto made = run_shell("truncate -s 4M " + quote(dir + "/holes.bin") + " && tar -cSf " +
+                              quote(tmp.file("a.tar")) + " -C " + quote(dir) + " .");
+  ASSERT_EQ(made.status, 0) << made.err;
+  expect_rejected(tmp.file("a.tar"), "sparse");
+}
+
+TEST(ArchiveReject, UnpackedSizeCap) {
+  TempDir tmp;
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  // note: the model is ~400 KB; a 100 KB cap must stop it (a bomb is the
+  // same rule with bigger numbers).
+  expect_rejected(tmp.file("a.tar.gz"), "exceed", "--max-unpacked-bytes 100K");
+}
+
+TEST(ArchiveReject, EntryCountCap) {
+  TempDir tmp;
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  expect_rejected(tmp.file("a.tar.gz"), "more than 2 entries", "--max-entries 2");
+}
+
+TEST(ArchiveReject, TruncatedArchive) {
+  TempDir tmp;
+  ASSERT_EQ(run_shell("tar -cf " + quote(tmp.file("a.tar")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  const std::string bytes = testing::read_file(tmp.file("a.tar"));
+  testing::write_file(tmp.file("cut.tar"), bytes.substr(0, bytes.size() / 2 + 100));
+  expect_rejected(tmp.file("cut.tar"), "truncated");
+}
+
+TEST(ArchiveReject, NotAnArchive) {
+  TempDir tmp;
+  testing::write_file(tmp.file("notes.txt"), "this is not an archive\n");
+  expect_rejected(tmp.file("notes.txt"), "not a readable tar or zip archive");
+}
+
+TEST(ArchiveReject, NoCheckpointInside) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"a/config.json", AE_IFREG, tiny_config()}, {"b/config.json", AE_IFREG, tiny_config()}});
+  expect_rejected(tmp.file("a.tar"), "no config.json");
+}
+
+TEST(ConvertReject, TruncatedShard) {
+  TempDir tmp;
+  const std::string dir = tmp.file("m");
+  testing::copy_dir(testing::source_path(kTiny), dir);
+  const std::string shard = testing::read_file(dir + "/model.safetensors");
+  testing::write_file(dir + "/model.safetensors", shard.substr(0, shard.size() - 1000));
+  expect_rejected(dir, "model.safetensors");
+}
+
+TEST(ConvertReject, TruncatedShardInsideTarGz) {
+  TempDir tmp;
+  const std::string dir = tmp.file("m");
+  testing::copy_dir(testing::source_path(kTiny), dir);
+  const std::string shard = testing::read_file(dir + "/model.safetensors");
+  testing::write_file(dir + "/model.safetensors", shard.substr(0, shard.size() / 3));
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(dir) + " .").status, 0);
+  expect_rejected(tmp.file("a.tar.gz"), "model.safetensors");
+}
+
+TEST(ConvertReject, MissingInputAndBadFlags) {
+  expect_rejected("/nonexistent/qtk-model", "/nonexistent/qtk-model");
+  expect_rejected(testing::source_path(kTiny), "--dtype", "--dtype f8");
+}
+
+}  // namespace
+}  // namespace qtk

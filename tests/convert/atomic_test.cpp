@@ -1,0 +1,127 @@
+// The atomic-output guarantee: on a forced failure no OUT is created or
+// replaced and no temporary file is left; an existing OUT is kept without
+// --force and replaced with it.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "convert/convert.h"
+#include "convert/interrupt.h"
+#include "convert_test_util.h"
+#include "runtime/pack.h"
+
+namespace qtk {
+namespace {
+
+using testing::quote;
+using testing::run_shell;
+using testing::TempDir;
+
+const std::string kModel = "samples/qwen3.5-sample";  // ~12 MB pack
+
+std::string cli(const std::string& in, const std::string& out, const std::string& flags = "") {
+  return std::string(QTK_CONVERT_BIN) + " " + quote(in) + " " + quote(out) + " " + flags;
+}
+
+TEST(Atomic, FileSizeLimitFailsCleanly) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  // note: bash's ulimit -f counts 1024-byte blocks: 2 MB, far below the pack.
+  const auto r = run_shell("ulimit -f 2048; exec " + cli(testing::source_path(kModel), out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_TRUE(tmp.listing().empty()) << "left behind: " << *tmp.listing().begin();
+}
+
+TEST(Atomic, FileSizeLimitKeepsExistingOutput) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  testing::write_file(out, "previous content");
+  const auto r = run_shell("ulimit -f 2048; exec " + cli(testing::source_path(kModel), out, "--force"));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(testing::read_file(out), "previous content");
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
+}
+
+TEST(Atomic, UnwritableDestination) {
+  TempDir tmp;
+  // note: tests may run as root, which ignores directory permissions; a
+  // directory on a read-only file system (/proc) fails for everyone.
+  const std::string out = ::geteuid() == 0 ? "/proc/qtk-convert-test.pack" : tmp.file("ro/m.pack");
+  if (::geteuid() != 0) {
+    std::filesystem::create_directories(tmp.file("ro"));
+    std::filesystem::permissions(tmp.file("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  }
+  const auto r = run_shell(cli(testing::source_path(kModel), out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("temporary file"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(Atomic, ExistingOutputNeedsForce) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  testing::write_file(out, "previous content");
+  const auto r = run_shell(cli(testing::source_path(kModel), out));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(testing::read_file(out), "previous content");
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
+
+  const auto forced = run_shell(cli(testing::source_path(kModel), out, "--force"));
+  EXPECT_EQ(forced.status, 0) << forced.err;
+  EXPECT_NO_THROW(Pack::open(out));
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
+}
+
+TEST(Atomic, BadInputLeavesNothing) {
+  TempDir tmp;
+  const std::string dir = tmp.file("broken");
+  std::filesystem::create_directories(dir);
+  testing::write_file(dir + "/config.json", "{ not json");
+  TempDir out_dir;
+  const auto r = run_shell(cli(dir, out_dir.file("m.pack")));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
+  EXPECT_TRUE(out_dir.listing().empty());
+}
+
+// A signal during conversion: the run stops at the next chunk, unwinds
+// (removing the temporary file) and the process dies by that signal.
+TEST(Atomic, SignalRemovesTemporaryAndReraises) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    {
+      InterruptScope scope;
+      ::raise(SIGTERM);  // recorded by the handler, acted on at the first check
+      try {
+        ConvertOptions opt;
+        opt.input = testing::source_path(kModel);
+        opt.output = out;
+        convert_checkpoint(opt);
+        code = 3;  // must not succeed
+      } catch (const Error& e) {
+        code = std::string(e.what()).find("interrupted by SIGTERM") != std::string::npos ? 4 : 5;
+      }
+    }
+    reraise_interrupt();
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << "exit code " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_TRUE(tmp.listing().empty()) << "left behind: " << *tmp.listing().begin();
+}
+
+}  // namespace
+}  // namespace qtk
