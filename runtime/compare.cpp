@@ -1,0 +1,136 @@
+#include "runtime/compare.h"
+
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "loaders/error.h"
+
+namespace qtk {
+
+namespace {
+
+CompareCase read_case(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) fail("{}: expected a JSON object, found {}", where, j.type_name());
+  CompareCase c;
+  auto id = j.find("id");
+  if (id == j.end() || !(id->is_string() || id->is_number_integer())) {
+    fail("{}: field 'id': expected a string or an integer", where);
+  }
+  c.id = id->dump();
+  if (auto e = j.find("error"); e != j.end()) {
+    c.error = e->is_string() ? e->get<std::string>() : e->dump();
+    return c;
+  }
+  auto out = j.find("output_token_ids");
+  if (out == j.end() || !out->is_array()) fail("{}: field 'output_token_ids': expected an array", where);
+  for (const auto& t : *out) {
+    if (!t.is_number_integer()) fail("{}: field 'output_token_ids': expected integers, found {}", where, t.dump());
+    c.tokens.push_back(t.get<int32_t>());
+  }
+  if (auto m = j.find("top1_margin"); m != j.end() && m->is_array()) {
+    for (const auto& v : *m) c.margins.push_back(v.is_number() ? v.get<double>() : 0.0);
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<CompareCase> read_compare_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open for reading", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::vector<CompareCase> cases;
+  // A fixtures golden.json is one object with "cases"; results are JSONL.
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+    if (!doc.is_discarded() && doc.is_object() && doc.contains("cases")) {
+      if (!doc["cases"].is_array()) fail("{}: field 'cases': expected an array", path);
+      for (size_t i = 0; i < doc["cases"].size(); ++i) {
+        cases.push_back(read_case(doc["cases"][i], fmt::format("{}: cases[{}]", path, i)));
+      }
+      return cases;
+    }
+  }
+  std::istringstream lines(text);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) fail("{}: line {}: malformed JSON", path, n);
+    cases.push_back(read_case(j, fmt::format("{}: line {}", path, n)));
+  }
+  return cases;
+}
+
+CompareReport compare_cases(const std::vector<CompareCase>& expected,
+                            const std::vector<CompareCase>& actual, double near_tie) {
+  CompareReport rep;
+  std::unordered_map<std::string, const CompareCase*> by_id;
+  for (const auto& a : actual) by_id.emplace(a.id, &a);
+  std::unordered_map<std::string, bool> seen;
+  for (const auto& e : expected) {
+    seen[e.id] = true;
+    CaseReport r;
+    r.id = e.id;
+    auto it = by_id.find(e.id);
+    if (it == by_id.end()) {
+      r.verdict = CaseVerdict::kMissing;
+      r.detail = "missing from the actual file";
+      ++rep.missing;
+    } else if (!it->second->error.empty()) {
+      r.verdict = CaseVerdict::kError;
+      r.detail = "error: " + it->second->error;
+      ++rep.errors;
+    } else {
+      const auto& a = it->second->tokens;
+      const auto& x = e.tokens;
+      size_t k = 0;
+      while (k < a.size() && k < x.size() && a[k] == x[k]) ++k;
+      for (size_t i = 0; i < e.margins.size(); ++i) {
+        if (e.margins[i] < near_tie) {
+          r.near_tie_step = static_cast<int64_t>(i);
+          break;
+        }
+      }
+      if (k == a.size() && k == x.size()) {
+        r.verdict = CaseVerdict::kIdentical;
+        r.detail = fmt::format("identical ({} tokens)", x.size());
+        ++rep.identical;
+      } else {
+        r.step = static_cast<int64_t>(k);
+        std::string what =
+            k < a.size() && k < x.size()
+                ? fmt::format("expected {}, got {}", x[k], a[k])
+                : fmt::format("expected {} tokens, got {}", x.size(), a.size());
+        if (r.near_tie_step >= 0 && r.near_tie_step <= r.step) {
+          r.verdict = CaseVerdict::kNearTie;
+          r.detail = fmt::format("near-tie: diverged at step {} ({}) after a near-tie at step {} "
+                                 "(expected margin {:.3g} < {:g})",
+                                 k, what, r.near_tie_step, e.margins[r.near_tie_step], near_tie);
+          ++rep.near_tie;
+        } else {
+          r.verdict = CaseVerdict::kDiverged;
+          r.detail = fmt::format("DIVERGED at step {}: {}", k, what);
+          if (k < e.margins.size()) r.detail += fmt::format(" (expected margin {:.3g})", e.margins[k]);
+          ++rep.diverged;
+        }
+      }
+    }
+    rep.cases.push_back(std::move(r));
+  }
+  for (const auto& a : actual) {
+    if (!seen.count(a.id)) rep.extra_ids.push_back(a.id);
+  }
+  return rep;
+}
+
+}  // namespace qtk

@@ -1,0 +1,44 @@
+// Golden-file comparison (the `compare` program): matches expected and actual
+// results by id and classifies each case by the fixtures rule — tokens must
+// agree exactly up to the first step whose expected top-1 margin is below
+// the near-tie threshold; from there on a divergence is a near-tie.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qtk {
+
+struct CompareCase {
+  std::string id;                   // JSON text of the id ("\"len1\"", "3")
+  std::vector<int32_t> tokens;
+  std::vector<double> margins;      // may be empty (no margins recorded)
+  std::string error;                // an {"id","error"} line in the results
+};
+
+// Reads generate's results (JSONL) or a fixtures golden.json ({"cases": [...]}).
+// Throws qtk::Error naming the file and line for malformed content.
+std::vector<CompareCase> read_compare_file(const std::string& path);
+
+enum class CaseVerdict { kIdentical, kNearTie, kDiverged, kMissing, kError };
+
+struct CaseReport {
+  std::string id;
+  CaseVerdict verdict = CaseVerdict::kIdentical;
+  int64_t step = -1;         // first differing step (diverged / near-tie)
+  int64_t near_tie_step = -1;  // first step with expected margin < threshold
+  std::string detail;        // one short human-readable line
+};
+
+struct CompareReport {
+  std::vector<CaseReport> cases;  // in the expected file's order
+  std::vector<std::string> extra_ids;  // ids only in the actual file
+  int64_t identical = 0, near_tie = 0, diverged = 0, missing = 0, errors = 0;
+  bool ok() const { return diverged == 0 && missing == 0 && errors == 0; }
+};
+
+CompareReport compare_cases(const std::vector<CompareCase>& expected,
+                            const std::vector<CompareCase>& actual, double near_tie);
+
+}  // namespace qtk

@@ -1,0 +1,55 @@
+// compare EXPECTED ACTUAL [--near-tie 1e-3] [--verbose]
+// Exit 0 when no case diverged for real and none is missing or failed.
+#include <cstdio>
+#include <string>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+#include "runtime/compare.h"
+
+int main(int argc, char** argv) {
+  try {
+    cxxopts::Options opts("compare",
+                          "Compare generate results against expected results (JSONL or a fixtures "
+                          "golden.json), matching cases by id.");
+    opts.add_options()
+        ("expected", "expected results (JSONL, or golden.json with \"cases\")", cxxopts::value<std::string>())
+        ("actual", "actual results (generate's JSONL)", cxxopts::value<std::string>())
+        ("near-tie", "a divergence at or after a step whose expected top1_margin is below this is a near-tie",
+         cxxopts::value<double>()->default_value("1e-3"))
+        ("v,verbose", "also list identical cases")
+        ("h,help", "show this help");
+    opts.parse_positional({"expected", "actual"});
+    opts.positional_help("EXPECTED ACTUAL");
+    auto args = opts.parse(argc, argv);
+    if (args.count("help")) {
+      fmt::print("{}", opts.help());
+      return 0;
+    }
+    if (!args.count("expected") || !args.count("actual")) {
+      throw qtk::Error("expected two files: EXPECTED ACTUAL (see --help)");
+    }
+    const double thr = args["near-tie"].as<double>();
+    const auto expected = qtk::read_compare_file(args["expected"].as<std::string>());
+    const auto actual = qtk::read_compare_file(args["actual"].as<std::string>());
+    const auto rep = qtk::compare_cases(expected, actual, thr);
+    const bool verbose = args.count("verbose") > 0;
+    for (const auto& c : rep.cases) {
+      if (c.verdict == qtk::CaseVerdict::kIdentical && !verbose) continue;
+      fmt::print("{}: {}\n", c.id, c.detail);
+    }
+    if (!rep.extra_ids.empty()) {
+      fmt::print("note: {} case(s) only in the actual file (ignored), first: {}\n", rep.extra_ids.size(),
+                 rep.extra_ids.front());
+    }
+    fmt::print("compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors -> {}\n",
+               rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
+               rep.ok() ? "OK" : "FAIL");
+    return rep.ok() ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "compare: %s\n", e.what());
+    return 1;
+  }
+}

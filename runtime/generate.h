@@ -1,0 +1,36 @@
+// The `generate` program's work, as a library call: read a prompt JSONL
+// file, run every valid line through the scheduler, and write one result
+// line per input line, in input order, each with a single write(2) so that a
+// kill at any moment leaves only complete lines (which --resume continues).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace qtk {
+
+struct GenerateOptions {
+  std::string model;               // X.pack
+  std::string batch;               // prompts.jsonl
+  std::string out;                 // results.jsonl (meta: out + ".meta.json")
+  std::string device = "cpu";
+  int threads = 0;                 // 0: all CPUs this process may use
+  int64_t max_tokens = 0;          // 0: the pack's max_new_tokens, else 256
+  bool ignore_eos = false;
+  int64_t max_num_seqs = 64;
+  int64_t max_batched_tokens = 512;
+  int64_t block_size = 16;
+  int64_t kv_cache_blocks = 0;     // 0: sized from the prompts and a memory budget
+  int64_t kv_cache_bytes = int64_t{4} << 30;  // budget used when kv_cache_blocks == 0
+  bool margins = false;
+  bool progress = false;
+  bool show = false;
+  bool resume = false;
+};
+
+// Returns normally when the run completed (bad prompt lines are per-line
+// errors, not failures). Throws qtk::Error for bad flags, an unreadable pack
+// or batch file, or an output that cannot be written / resumed.
+void run_generate(const GenerateOptions& options);
+
+}  // namespace qtk

@@ -1,0 +1,60 @@
+// Paged K/V cache of the full-attention layers, and the per-sequence slots of
+// recurrent state (Gated DeltaNet) that live next to it. Both are plain float
+// arenas allocated once; the scheduler hands out blocks and slots.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace qtk {
+
+// note: K and V are stored in float32 although the weights are bf16: the
+// goldens are float64 references, and rounding K/V to bf16 would move logits
+// by ~1e-3, i.e. flip the near-ties we are required to reproduce exactly.
+class KvCache {
+ public:
+  KvCache(const CacheSpec& spec, int64_t num_blocks, int64_t block_size);
+
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  // f32 [num_blocks, block_size, kv_heads, head_dim] of attention layer `i`
+  // (i counts attention layers only, 0-based).
+  float* k(int64_t i) { return k_.data() + i * layer_floats_; }
+  float* v(int64_t i) { return v_.data() + i * layer_floats_; }
+  // Bytes of one block over all attention layers (K and V).
+  static int64_t block_bytes(const CacheSpec& spec, int64_t block_size);
+
+  // Block allocator (free list). allocate() returns -1 when none is free.
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int32_t allocate();
+  void release(int32_t block);
+
+ private:
+  int64_t num_blocks_ = 0;
+  int64_t block_size_ = 0;
+  int64_t layer_floats_ = 0;
+  std::vector<float> k_, v_;
+  std::vector<int32_t> free_;
+};
+
+// Recurrent state of one sequence per slot: spec.state_floats floats, laid
+// out by the model (conv state and recurrent state of each GDN layer).
+class StatePool {
+ public:
+  StatePool(int64_t floats_per_slot, int64_t slots);
+  int64_t floats_per_slot() const { return floats_; }
+  float* slot(int32_t s) { return data_.data() + s * floats_; }
+  // Takes a free slot and zeroes it (a reused slot starts from the empty
+  // state). Returns -1 when none is free or the model has no state.
+  int32_t acquire();
+  void release(int32_t s);
+
+ private:
+  int64_t floats_ = 0;
+  std::vector<float> data_;
+  std::vector<int32_t> free_;
+};
+
+}  // namespace qtk

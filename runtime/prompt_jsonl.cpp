@@ -1,0 +1,184 @@
+#include "runtime/prompt_jsonl.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qtk {
+
+namespace {
+
+const char* type_name(const nlohmann::json& j) { return j.type_name(); }
+
+// Reads an integer token id list; returns an error message or "".
+std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
+                     std::vector<int32_t>& out) {
+  if (!j.is_array()) return fmt::format("field '{}': expected an array of token ids, found {}", field, type_name(j));
+  out.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    if (!e.is_number_integer()) {
+      return fmt::format("field '{}'[{}]: expected an integer token id, found {}", field, i,
+                         e.is_number() ? e.dump() : type_name(e));
+    }
+    const int64_t v = e.get<int64_t>();
+    if (v < 0 || v >= vocab) {
+      return fmt::format("field '{}'[{}]: unknown token id {} (the vocabulary has ids 0..{})", field,
+                         i, v, vocab - 1);
+    }
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return {};
+}
+
+std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, PromptLine& out) {
+  SequenceRequest& r = out.request;
+  const bool has_text = doc.contains("prompt");
+  const bool has_ids = doc.contains("prompt_token_ids");
+  if (has_text == has_ids) {
+    return has_text ? "both 'prompt' and 'prompt_token_ids' given; expected exactly one"
+                    : "missing 'prompt' or 'prompt_token_ids'";
+  }
+  if (has_text) {
+    const auto& p = doc["prompt"];
+    if (!p.is_string()) return fmt::format("field 'prompt': expected a string, found {}", type_name(p));
+    if (d.tokenizer == nullptr) {
+      return "field 'prompt': this pack has no tokenizer.json; give 'prompt_token_ids' instead";
+    }
+    try {
+      r.prompt = d.tokenizer->encode(p.get_ref<const std::string&>());
+    } catch (const Error& e) {
+      return fmt::format("field 'prompt': {}", e.what());
+    }
+    for (int32_t id : r.prompt) {
+      if (id < 0 || id >= d.vocab_size) {
+        return fmt::format("field 'prompt': the tokenizer produced id {} outside the model's "
+                           "vocabulary of {}", id, d.vocab_size);
+      }
+    }
+  } else {
+    if (auto e = read_ids(doc["prompt_token_ids"], "prompt_token_ids", d.vocab_size, r.prompt); !e.empty()) {
+      return e;
+    }
+  }
+  if (r.prompt.empty()) return "empty prompt: expected at least one token";
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (n + 1 > d.max_context) {
+    return fmt::format("prompt has {} tokens; over the context length of {} (prompt plus one "
+                       "generated token must fit)", n, d.max_context);
+  }
+
+  r.max_tokens = d.max_tokens;
+  if (auto it = doc.find("max_tokens"); it != doc.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+      return fmt::format("field 'max_tokens': expected a positive integer, found {}", it->dump());
+    }
+    r.max_tokens = it->get<int64_t>();
+  }
+  bool ignore_eos = d.ignore_eos;
+  if (auto it = doc.find("ignore_eos"); it != doc.end()) {
+    if (!it->is_boolean()) return fmt::format("field 'ignore_eos': expected true or false, found {}", it->dump());
+    ignore_eos = ignore_eos || it->get<bool>();
+  }
+  if (!ignore_eos) r.stop_ids = d.eos_ids;
+  if (auto it = doc.find("stop_token_ids"); it != doc.end()) {
+    std::vector<int32_t> stops;
+    if (auto e = read_ids(*it, "stop_token_ids", d.vocab_size, stops); !e.empty()) return e;
+    r.stop_ids.insert(r.stop_ids.end(), stops.begin(), stops.end());
+  }
+  if (auto it = doc.find("mrope_position_ids"); it != doc.end()) {
+    if (!d.allow_mrope) return "field 'mrope_position_ids': this model does not use M-RoPE";
+    const auto& m = *it;
+    if (!m.is_array() || m.size() != 3) {
+      return fmt::format("field 'mrope_position_ids': expected 3 arrays (temporal, height, width), "
+                         "found {}", m.is_array() ? std::to_string(m.size()) + " entries" : type_name(m));
+    }
+    r.mrope_positions.resize(3 * n);
+    for (size_t a = 0; a < 3; ++a) {
+      if (!m[a].is_array() || static_cast<int64_t>(m[a].size()) != n) {
+        return fmt::format("field 'mrope_position_ids'[{}]: expected {} positions (one per prompt "
+                           "token), found {}", a, n,
+                           m[a].is_array() ? std::to_string(m[a].size()) : type_name(m[a]));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const auto& e = m[a][i];
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= d.max_context) {
+          return fmt::format("field 'mrope_position_ids'[{}][{}]: expected an integer in 0..{}, found {}",
+                             a, i, d.max_context - 1, e.dump());
+        }
+        r.mrope_positions[a * n + i] = static_cast<int32_t>(e.get<int64_t>());
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d) {
+  PromptLine out;
+  out.line_no = line_no;
+  out.id = line_no;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // note: nlohmann's lexer rejects ill-formed UTF-8 inside strings, so
+    // invalid UTF-8 lands here too; its message says so.
+    std::string what = e.what();
+    if (auto p = what.find("parse error"); p != std::string::npos) what = what.substr(p);
+    out.error = fmt::format("malformed JSON: {}", what);
+    return out;
+  }
+  if (!doc.is_object()) {
+    out.error = fmt::format("expected a JSON object, found {}", type_name(doc));
+    return out;
+  }
+  if (auto it = doc.find("id"); it != doc.end()) {
+    if (!it->is_string() && !it->is_number_integer()) {
+      out.error = fmt::format("field 'id': expected a string or an integer, found {}", type_name(*it));
+      return out;
+    }
+    out.id = *it;
+  }
+  out.error = parse_body(doc, d, out);
+  return out;
+}
+
+std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& output, bool stopped, const std::string* text,
+                        const std::vector<float>* margins) {
+  std::string s = fmt::format("{{\"id\": {}, \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], "
+                              "\"finish_reason\": \"{}\"",
+                              id.dump(), fmt::join(prompt, ", "), fmt::join(output, ", "),
+                              stopped ? "stop" : "length");
+  if (text != nullptr) {
+    // note: replace, not throw, on invalid UTF-8 (a decode may cut a
+    // character in half at the length limit; the tokenizer already maps
+    // that to U+FFFD, this is a second guard).
+    s += ", \"output_text\": " +
+         nlohmann::json(*text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  if (margins != nullptr) {
+    s += ", \"top1_margin\": [";
+    for (size_t i = 0; i < margins->size(); ++i) {
+      if (i) s += ", ";
+      const float m = (*margins)[i];
+      // note: {} prints the shortest text that reads back to the same float.
+      s += std::isfinite(m) ? fmt::format("{}", m) : std::string("null");
+    }
+    s += "]";
+  }
+  s += "}";
+  return s;
+}
+
+std::string error_line(const nlohmann::json& id, const std::string& error) {
+  return fmt::format("{{\"id\": {}, \"error\": {}}}", id.dump(),
+                     nlohmann::json(error).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+}  // namespace qtk

@@ -1,0 +1,239 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include <fmt/format.h>
+
+#include "kernels/argmax.h"
+#include "loaders/error.h"
+
+namespace qtk {
+
+Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
+    : model_(model),
+      opt_(options),
+      spec_(model.cache_spec()),
+      kv_(spec_, options.num_blocks, options.block_size),
+      states_(spec_.state_floats, options.max_num_seqs) {
+  if (opt_.max_num_seqs < 1) fail("--max-num-seqs: expected at least 1, found {}", opt_.max_num_seqs);
+  if (opt_.max_batched_tokens < 1) {
+    fail("--max-batched-tokens: expected at least 1, found {}", opt_.max_batched_tokens);
+  }
+  if (opt_.max_context < 1) fail("scheduler: max_context must be positive, found {}", opt_.max_context);
+  max_blocks_per_seq_ = std::min(opt_.num_blocks, blocks_for(opt_.max_context));
+  const int64_t T = opt_.max_batched_tokens;
+  const int64_t S = opt_.max_num_seqs;
+  token_ids_.resize(T);
+  positions_.resize(3 * T);
+  slot_mapping_.resize(T);
+  q_start_.resize(S + 1);
+  seq_len_.resize(S);
+  state_slot_.resize(S);
+  want_logits_.resize(S);
+  block_table_.resize(S * max_blocks_per_seq_);
+  logits_.resize(S * model.config().vocab_size);
+  margins_.resize(S);
+  argmax_.resize(S);
+  scheduled_.reserve(S);
+  model_.reserve(T, S, opt_.max_context);
+}
+
+std::string Scheduler::check_fits(const SequenceRequest& r) const {
+  const int64_t p = static_cast<int64_t>(r.prompt.size());
+  if (p + 1 > opt_.max_context) {
+    return fmt::format("prompt has {} tokens; the context length is {} (prompt plus at least one "
+                       "generated token must fit)",
+                       p, opt_.max_context);
+  }
+  // note: the last generated token is never fed back, so a sequence caches at
+  // most prompt + max_tokens - 1 tokens.
+  const int64_t longest = std::min(p + r.max_tokens, opt_.max_context) - 1;
+  if (blocks_for(longest) > opt_.num_blocks) {
+    return fmt::format("prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "
+                       "cache has only {} (raise --kv-cache-blocks)",
+                       p, r.max_tokens, blocks_for(longest), opt_.block_size, opt_.num_blocks);
+  }
+  return {};
+}
+
+int64_t Scheduler::add(SequenceRequest r) {
+  Seq s;
+  s.tokens = r.prompt;
+  s.req = std::move(r);
+  seqs_.push_back(std::move(s));
+  const int64_t h = static_cast<int64_t>(seqs_.size()) - 1;
+  waiting_.push_back(h);
+  return h;
+}
+
+SequenceResult Scheduler::take_result(int64_t handle) {
+  Seq& s = seqs_[handle];
+  SequenceResult r = std::move(s.result);
+  // Drop the request's memory too; only the result was wanted.
+  s.req = SequenceRequest{};
+  s.tokens = {};
+  return r;
+}
+
+int32_t Scheduler::position(const Seq& s, int64_t axis, int64_t n) const {
+  const int64_t p = static_cast<int64_t>(s.req.prompt.size());
+  const auto& m = s.req.mrope_positions;
+  if (m.empty()) return static_cast<int32_t>(n);
+  if (n < p) return m[axis * p + n];
+  // note: transformers continues M-RoPE decode positions at
+  // max(all prompt positions) + 1 on all three axes.
+  const int32_t base = *std::max_element(m.begin(), m.end()) + 1;
+  return static_cast<int32_t>(base + (n - p));
+}
+
+void Scheduler::release(Seq& s) {
+  for (int32_t b : s.blocks) kv_.release(b);
+  s.blocks.clear();
+  states_.release(s.state_slot);
+  s.state_slot = -1;
+  s.computed = 0;
+}
+
+void Scheduler::preempt(int64_t handle) {
+  release(seqs_[handle]);
+  running_.erase(std::find(running_.begin(), running_.end(), handle));
+  // Resumed first: it was admitted before everything still waiting.
+  waiting_.push_front(handle);
+  ++stats_.preemptions;
+}
+
+bool Scheduler::grow(Seq& s, int64_t tokens) {
+  const int64_t need = blocks_for(tokens) - static_cast<int64_t>(s.blocks.size());
+  if (need > kv_.free_blocks()) return false;
+  for (int64_t i = 0; i < need; ++i) s.blocks.push_back(kv_.allocate());
+  return true;
+}
+
+void Scheduler::step(std::vector<int64_t>& finished) {
+  scheduled_.clear();
+  int64_t budget = opt_.max_batched_tokens;
+
+  // 1. Running sequences, oldest first; preempt the newest when blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t h = running_[i];
+    Seq& s = seqs_[h];
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    bool self_preempted = false;
+    while (!grow(s, s.computed + n)) {
+      const int64_t victim = running_.back();
+      preempt(victim);
+      if (victim == h) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    scheduled_.emplace_back(h, n);
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Admit waiting sequences (in order) while there is room.
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
+    const int64_t h = waiting_.front();
+    Seq& s = seqs_[h];
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), budget);
+    if (!grow(s, n)) break;
+    if (spec_.state_floats > 0) {
+      s.state_slot = states_.acquire();
+      assert(s.state_slot >= 0);  // one slot per possible running sequence
+    }
+    waiting_.pop_front();
+    running_.push_back(h);
+    scheduled_.emplace_back(h, n);
+    budget -= n;
+  }
+  if (scheduled_.empty()) {
+    // Cannot happen when every request passed check_fits: a lone sequence
+    // always fits. Guard against an infinite loop anyway.
+    fail("scheduler: no sequence could be scheduled ({} waiting, {} free KV blocks)",
+         waiting_.size(), kv_.free_blocks());
+  }
+
+  // 3. Build the step batch.
+  const int64_t S = static_cast<int64_t>(scheduled_.size());
+  int64_t T = 0;
+  for (const auto& e : scheduled_) T += e.second;
+  int64_t t = 0, num_logits = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const auto [h, n] = scheduled_[i];
+    Seq& s = seqs_[h];
+    q_start_[i] = static_cast<int32_t>(t);
+    for (int64_t j = 0; j < n; ++j, ++t) {
+      const int64_t pos = s.computed + j;
+      token_ids_[t] = s.tokens[pos];
+      for (int64_t a = 0; a < 3; ++a) positions_[a * T + t] = position(s, a, pos);
+      slot_mapping_[t] = static_cast<int64_t>(s.blocks[pos / opt_.block_size]) * opt_.block_size +
+                         pos % opt_.block_size;
+    }
+    seq_len_[i] = static_cast<int32_t>(s.computed + n);
+    std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + i * max_blocks_per_seq_);
+    state_slot_[i] = s.state_slot;
+    want_logits_[i] = s.computed + n == static_cast<int64_t>(s.tokens.size());
+    num_logits += want_logits_[i];
+  }
+  q_start_[S] = static_cast<int32_t>(t);
+
+  StepBatch b;
+  b.num_seqs = S;
+  b.num_tokens = t;
+  b.token_ids = token_ids_.data();
+  b.positions = positions_.data();
+  b.q_start = q_start_.data();
+  b.seq_len = seq_len_.data();
+  b.block_table = block_table_.data();
+  b.max_blocks = max_blocks_per_seq_;
+  b.slot_mapping = slot_mapping_.data();
+  b.state_slot = state_slot_.data();
+  b.want_logits = want_logits_.data();
+  b.num_logits = num_logits;
+  model_.forward(b, kv_, states_, logits_.data());
+  if (num_logits > 0) {
+    argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),
+                margins_.data());
+  }
+  ++stats_.steps;
+
+  // 4. Account, append sampled tokens, retire finished sequences.
+  int64_t r = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const auto [h, n] = scheduled_[i];
+    Seq& s = seqs_[h];
+    // Tokens at or past the high-water mark are computed for the first time;
+    // the others are replayed after a preemption.
+    const int64_t p = static_cast<int64_t>(s.req.prompt.size());
+    const int64_t first_new = std::max(s.computed, s.high_water);
+    const int64_t end = s.computed + n;
+    stats_.recomputed_tokens += std::min(first_new, end) - s.computed;
+    stats_.prompt_tokens += std::max<int64_t>(0, std::min(end, p) - first_new);
+    s.computed += n;
+    s.high_water = std::max(s.high_water, s.computed);
+    if (!want_logits_[i]) continue;
+    const int32_t tok = argmax_[r];
+    const float margin = margins_[r];
+    ++r;
+    s.result.output.push_back(tok);
+    s.result.margins.push_back(margin);
+    s.tokens.push_back(tok);
+    ++stats_.generated_tokens;
+    const bool stop = std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
+    const bool length = static_cast<int64_t>(s.result.output.size()) >= s.req.max_tokens ||
+                        static_cast<int64_t>(s.tokens.size()) >= opt_.max_context;
+    if (stop || length) {
+      s.result.stopped = stop;
+      s.done = true;
+      release(s);
+      running_.erase(std::find(running_.begin(), running_.end(), h));
+      finished.push_back(h);
+    }
+  }
+}
+
+}  // namespace qtk

@@ -1,0 +1,109 @@
+// Continuous batching over a paged KV cache: the scheduler owns the
+// sequences, their block tables and state slots, and builds one StepBatch per
+// step (prefill chunks and decode tokens mixed). It does not know any layer.
+//
+// note: results never depend on the schedule. Every kernel computes each
+// output element with a reduction order fixed by the element alone (not by
+// the batch, the chunking, the block size or the thread count), so a
+// sequence gives the same bits alone, in any batch, chunked any way, and
+// after preemption (which frees its blocks and later recomputes its prompt
+// plus the tokens it had generated, exactly replaying the arithmetic).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+
+namespace qtk {
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt;
+  // [3][prompt.size()] M-RoPE positions (temporal, height, width); empty for
+  // text, where every axis uses the token index.
+  std::vector<int32_t> mrope_positions;
+  int64_t max_tokens = 0;             // >= 1
+  std::vector<int32_t> stop_ids;      // generation stops after emitting one of these
+};
+
+struct SequenceResult {
+  std::vector<int32_t> output;
+  std::vector<float> margins;  // logit(top1) - logit(top2) per step
+  bool stopped = false;        // ended on a stop id (else: length)
+};
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 64;
+  int64_t max_batched_tokens = 512;
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;          // K/V blocks in the cache
+  int64_t max_context = 0;         // longest sequence (prompt + generated) allowed
+};
+
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;       // prompt tokens computed the first time
+  int64_t generated_tokens = 0;
+  int64_t recomputed_tokens = 0;   // tokens computed again after a preemption
+};
+
+class Scheduler {
+ public:
+  Scheduler(Model& model, const SchedulerOptions& options);
+
+  // Empty when `r` can run to completion on this cache alone; otherwise the
+  // reason (for the error line of that prompt).
+  std::string check_fits(const SequenceRequest& r) const;
+  // Queues a request (which must pass check_fits); returns its handle.
+  int64_t add(SequenceRequest r);
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // Runs one step; appends the handles of sequences that finished in it.
+  void step(std::vector<int64_t>& finished);
+  // Moves a finished sequence's result out.
+  SequenceResult take_result(int64_t handle);
+
+  const SchedulerStats& stats() const { return stats_; }
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Seq {
+    SequenceRequest req;
+    std::vector<int32_t> tokens;     // prompt then generated tokens
+    SequenceResult result;
+    int64_t computed = 0;            // tokens whose K/V and state are cached
+    int64_t high_water = 0;          // most tokens ever computed (recompute accounting)
+    std::vector<int32_t> blocks;
+    int32_t state_slot = -1;
+    bool done = false;
+  };
+  int64_t blocks_for(int64_t tokens) const { return (tokens + opt_.block_size - 1) / opt_.block_size; }
+  int32_t position(const Seq& s, int64_t axis, int64_t n) const;
+  void preempt(int64_t handle);
+  void release(Seq& s);
+  bool grow(Seq& s, int64_t tokens);
+
+  Model& model_;
+  SchedulerOptions opt_;
+  CacheSpec spec_;
+  KvCache kv_;
+  StatePool states_;
+  std::vector<Seq> seqs_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;     // in admission order
+  SchedulerStats stats_;
+  int64_t max_blocks_per_seq_ = 0;
+
+  // Step buffers, sized once.
+  std::vector<int32_t> token_ids_, positions_, q_start_, seq_len_, block_table_, state_slot_;
+  std::vector<int64_t> slot_mapping_;
+  std::vector<uint8_t> want_logits_;
+  std::vector<float> logits_, margins_;
+  std::vector<int32_t> argmax_;
+  std::vector<std::pair<int64_t, int64_t>> scheduled_;  // (handle, tokens this step)
+};
+
+}  // namespace qtk
