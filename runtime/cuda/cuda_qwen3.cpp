@@ -14,7 +14,9 @@
 #include "kernels/cuda/gemm.h"
 #include "loaders/error.h"
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_models.h"
 #include "runtime/cuda/device_memory.h"
+#include "runtime/cuda/device_upload.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
 
@@ -23,72 +25,10 @@ namespace {
 
 using cuda::bf16;
 using cuda::DeviceMemory;
-
-template <class T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::F32 : DType::BF16;
-}
-
-float half_to_float(uint16_t bits) {
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
-
-// Copies a pack matrix to the device as T (bf16 -> bf16 is a plain copy).
-template <class T>
-DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
-  const TensorView& v = pack.tensor(name);
-  if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
-    fail("{}: tensor '{}' has shape {}; expected [{}, {}] from the config", pack.path(), name,
-         v.shape_string(), rows, cols);
-  const int64_t n = rows * cols;
-  DeviceMemory d(n * sizeof(T));
-  if (v.dtype == dtype_of<T>()) {
-    QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-  }
-  std::vector<T> host(n);
-  const auto* src = static_cast<const uint8_t*>(v.data);
-  for (int64_t i = 0; i < n; ++i) {
-    float f;
-    if (v.dtype == DType::F32) {
-      std::memcpy(&f, src + 4 * i, 4);
-    } else if (v.dtype == DType::BF16) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(b) << 16;
-      std::memcpy(&f, &u, 4);
-    } else if (v.dtype == DType::F16) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      f = half_to_float(b);
-    } else {
-      fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
-           dtype_name(v.dtype));
-    }
-    if constexpr (std::is_same_v<T, float>) host[i] = f;
-    else host[i] = __float2bfloat16_rn(f);
-  }
-  QTK_CUDA_CHECK(cudaMemcpy(d.as(), host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-DeviceMemory upload_vector(const Pack& pack, const std::string& name, int64_t n) {
-  const TensorView& v = pack.tensor(name);
-  if (v.dtype != DType::F32 || v.ndim != 1 || v.shape[0] != n)
-    fail("{}: tensor '{}' is {} {}; expected F32 [{}]", pack.path(), name, dtype_name(v.dtype),
-         v.shape_string(), n);
-  DeviceMemory d(n * sizeof(float));
-  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(float), cudaMemcpyHostToDevice));
-  return d;
-}
-
-// Grows a device buffer to at least `bytes` (only when a step is larger than
-// every earlier one).
-void ensure(DeviceMemory& m, size_t bytes) {
-  if (m.bytes() < bytes) m = DeviceMemory(bytes);
-}
+using cuda::dtype_of;
+using cuda::ensure;
+using cuda::upload_matrix;
+using cuda::upload_vector;
 
 // One decoder layer in device memory; Act = the precision's activation and
 // matrix type (f32 or bf16).
@@ -326,14 +266,25 @@ bool cuda_device_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+std::unique_ptr<Model> make_cuda_qwen3(const Pack& pack, CudaPrecision precision) {
+  if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3<float>>(pack);
+  return std::make_unique<CudaQwen3<bf16>>(pack);
+}
+
 std::unique_ptr<Model> load_cuda_model(const Pack& pack, CudaPrecision precision) {
   if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
   const ModelConfig& c = pack.config();
-  if (c.arch != Arch::kQwen3)
-    fail("{}: the CUDA backend runs Qwen3 packs only so far (this pack is {})", pack.path(),
-         c.hf_architecture);
-  if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3<float>>(pack);
-  return std::make_unique<CudaQwen3<bf16>>(pack);
+  switch (c.arch) {
+    case Arch::kQwen3:
+      return make_cuda_qwen3(pack, precision);
+    case Arch::kQwen3_5:
+      if (c.norm_adds_one && !pack.has_transform("norm_plus_one_folded"))
+        fail("{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
+             "computes x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
+             pack.path());
+      return make_cuda_qwen3_5(pack, precision);
+  }
+  fail("{}: unsupported architecture '{}'", pack.path(), c.hf_architecture);
 }
 
 }  // namespace qtk

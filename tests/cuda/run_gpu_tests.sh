@@ -66,6 +66,24 @@ test_rc=$?
 grep -E "^\[  (FAILED|PASSED) |^device:|Failure|Expected|Which is|rows differ|^\[==========\]" \
   "$OUT/tests.log" | head -60
 
+model_rc=0
+if [ "$mode" = full ]; then
+  echo "== model tests (runtime/cuda end to end)"
+  if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_model_tests >>"$OUT/build.log" 2>&1; then
+    "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no --gtest_output="xml:$OUT/gtest_model.xml" \
+      >"$OUT/model_tests.log" 2>&1
+    model_rc=$?
+    grep -E "^\[  (FAILED|PASSED) |^\[ golden|Failure|Expected|Which is|diverged|differ|^\[==========\]|what\(\)" \
+      "$OUT/model_tests.log" | head -60
+  else
+    grep -E "error" "$OUT/build.log" | tail -20
+    echo "FAILED: building qtk_cuda_model_tests"
+    model_rc=1
+  fi
+else
+  echo "== model tests: not built (GPU-only build)"
+fi
+
 bench_rc=0
 if [ -z "${QTK_GPU_SKIP_BENCH:-}" ]; then
   echo "== benchmarks"
@@ -78,6 +96,6 @@ if [ -z "${QTK_GPU_SKIP_BENCH:-}" ]; then
 fi
 
 echo "== summary"
-echo "build: $mode; tests rc $test_rc; bench rc $bench_rc"
+echo "build: $mode; kernel tests rc $test_rc; model tests rc $model_rc; bench rc $bench_rc"
 grep -E "tests? ran|PASSED|FAILED" "$OUT/tests.log" | tail -4
-[ $test_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $test_rc -eq 0 ] && [ $model_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -24,6 +25,7 @@ namespace {
 struct Case {
   std::vector<int32_t> prompt, expected;
   std::vector<double> margins;
+  std::vector<std::vector<int32_t>> mrope;  // [3][prompt] or empty (positions 0..T-1)
   int max_new = 0;
 };
 
@@ -39,6 +41,8 @@ std::vector<Case> load_golden(const std::string& dir) {
     k.expected = c.at("output_token_ids").get<std::vector<int32_t>>();
     k.margins = c.at("top1_margin").get<std::vector<double>>();
     k.max_new = static_cast<int>(k.expected.size());
+    if (c.contains("mrope_position_ids"))
+      k.mrope = c.at("mrope_position_ids").get<std::vector<std::vector<int32_t>>>();
     cases.push_back(k);
   }
   return cases;
@@ -72,27 +76,38 @@ std::vector<Generated> generate(Model& m, const std::vector<Case>& cases, int64_
   }
   const int64_t mb = (max_ctx + block_size - 1) / block_size;
   KvCache kv(m.cache_spec(), n * mb, block_size);
-  StatePool states(0, 1);
+  StatePool states(m.cache_spec().state_floats, n);
   m.reserve(std::max(prompt_tokens, n), n, max_ctx);
   std::vector<Generated> out(n);
   std::vector<int32_t> block_table(n * mb);
   for (int64_t i = 0; i < n * mb; ++i) block_table[i] = static_cast<int32_t>(n * mb - 1 - i);
-  std::vector<int32_t> len(n, 0), state_slot(n, 0);
+  std::vector<int32_t> len(n, 0);
   std::vector<uint8_t> want(n, 1);
   std::vector<float> logits(n * vocab);
   for (int step = 0;; ++step) {
-    std::vector<int32_t> ids, q_start = {0}, seq_len, pos_t;
+    std::vector<int32_t> ids, q_start = {0}, seq_len, pos_axes[3];
     std::vector<int64_t> slots;
     std::vector<int64_t> active;
     for (int64_t s = 0; s < n; ++s) {
       if (static_cast<int>(out[s].tokens.size()) >= cases[s].max_new) continue;
       active.push_back(s);
-      std::vector<int32_t> add =
-          step == 0 ? cases[s].prompt : std::vector<int32_t>{out[s].tokens.back()};
+      const Case& c = cases[s];
+      std::vector<int32_t> add = step == 0 ? c.prompt : std::vector<int32_t>{out[s].tokens.back()};
       for (int32_t id : add) {
         const int32_t p = len[s]++;
         ids.push_back(id);
-        pos_t.push_back(p);
+        // Positions: the case's M-RoPE ids for the prompt; decode step i
+        // uses max(prompt positions) + 1 + i on all axes (fixtures README).
+        for (int a = 0; a < 3; ++a) {
+          int32_t v = p;
+          if (!c.mrope.empty()) {
+            int32_t mx = 0;
+            for (const auto& axis : c.mrope) mx = std::max(mx, *std::max_element(axis.begin(), axis.end()));
+            const int32_t np = static_cast<int32_t>(c.prompt.size());
+            v = p < np ? c.mrope[a][p] : mx + 1 + (p - np);
+          }
+          pos_axes[a].push_back(v);
+        }
         slots.push_back(int64_t(block_table[s * mb + p / block_size]) * block_size +
                         p % block_size);
       }
@@ -101,10 +116,12 @@ std::vector<Generated> generate(Model& m, const std::vector<Case>& cases, int64_
     }
     if (active.empty()) break;
     const int64_t T = static_cast<int64_t>(ids.size()), S = static_cast<int64_t>(active.size());
-    std::vector<int32_t> positions(3 * T), bt(S * mb);
-    for (int a = 0; a < 3; ++a) std::copy(pos_t.begin(), pos_t.end(), positions.begin() + a * T);
-    for (int64_t i = 0; i < S; ++i)
+    std::vector<int32_t> positions(3 * T), bt(S * mb), st(S);
+    for (int a = 0; a < 3; ++a) std::copy(pos_axes[a].begin(), pos_axes[a].end(), positions.begin() + a * T);
+    for (int64_t i = 0; i < S; ++i) {
       std::copy(&block_table[active[i] * mb], &block_table[active[i] * mb] + mb, &bt[i * mb]);
+      st[i] = static_cast<int32_t>(active[i]);
+    }
     StepBatch b;
     b.num_seqs = S;
     b.num_tokens = T;
@@ -115,7 +132,7 @@ std::vector<Generated> generate(Model& m, const std::vector<Case>& cases, int64_
     b.block_table = bt.data();
     b.max_blocks = mb;
     b.slot_mapping = slots.data();
-    b.state_slot = state_slot.data();
+    b.state_slot = st.data();
     b.want_logits = want.data();
     b.num_logits = S;
     m.forward(b, kv, states, logits.data());
@@ -182,8 +199,19 @@ TEST(CudaModel, Qwen3SampleBf16AgreesWithGolden) {
   expect_golden("samples/qwen3-sample", CudaPrecision::kBF16, 0.5);
 }
 
-TEST(CudaModel, BatchInvariantTokensAndMargins) {
-  const std::string dir = "tests/data/models/qwen3-tiny";
+TEST(CudaModel, Qwen3_5TinyF32MatchesGoldens) {
+  expect_golden("tests/data/models/qwen3.5-tiny", CudaPrecision::kF32, 1e-3);
+  expect_golden("tests/data/models/qwen3.5-tiny-vlm", CudaPrecision::kF32, 1e-3);
+}
+
+TEST(CudaModel, Qwen3_5SampleBf16AgreesWithGolden) {
+  expect_golden("samples/qwen3.5-sample", CudaPrecision::kBF16, 0.5);
+}
+
+class CudaModelInvariance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModelInvariance, BatchInvariantTokensAndMargins) {
+  const std::string dir = GetParam();
   const auto cases = load_golden(dir);
   auto pack = Pack::open(make_pack(dir));
   for (CudaPrecision p : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
@@ -199,6 +227,10 @@ TEST(CudaModel, BatchInvariantTokensAndMargins) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelInvariance,
+                         ::testing::Values("tests/data/models/qwen3-tiny",
+                                           "tests/data/models/qwen3.5-tiny"));
 
 }  // namespace
 }  // namespace qtk::cuda::test

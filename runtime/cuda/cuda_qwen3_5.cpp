@@ -1,0 +1,373 @@
+// Qwen3.5 hybrid on the GPU: the forward pass of runtime/qwen3_5.cpp (gated
+// full attention with partial M-RoPE, Gated DeltaNet layers) with the CUDA
+// kernels; K/V cache and the per-slot conv / recurrent state in device memory.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_models.h"
+#include "runtime/cuda/device_upload.h"
+#include "runtime/kv_cache.h"
+
+namespace qtk {
+namespace {
+
+using cuda::DeviceMemory;
+using cuda::dtype_of;
+using cuda::ensure;
+using cuda::upload_matrix;
+using cuda::upload_vector;
+
+int64_t in_proj_rows(const ModelConfig& c) {
+  return c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads;
+}
+
+// One decoder layer in device memory (Act = f32 or bf16 by precision).
+struct Qwen3_5DeviceLayer {
+  LayerKind kind = LayerKind::kFull;
+  int64_t kind_index = 0;                 // among layers of its kind
+  DeviceMemory input_layernorm;           // f32 [hidden] (1+w folded)
+  DeviceMemory post_attention_layernorm;  // f32 [hidden] (1+w folded)
+  DeviceMemory gate_up_proj;              // Act [2*intermediate, hidden]: rows gate, up
+  DeviceMemory down_proj;                 // Act [hidden, intermediate]
+  // Full attention.
+  DeviceMemory qkv_proj;                  // Act [(2*Hq + 2*Hkv)*D, hidden]: query, gate, k, v
+  DeviceMemory q_norm, k_norm;            // f32 [D] (1+w folded)
+  DeviceMemory o_proj;                    // Act [hidden, Hq*D]
+  // Gated DeltaNet.
+  DeviceMemory in_proj;                   // Act [conv_dim + Hv*Dv + 2*Hv, hidden]: qkv, z, b, a
+  DeviceMemory conv1d;                    // f32 [conv_dim, K]
+  DeviceMemory dt_bias, A;                // f32 [Hv] (A = -exp(A_log))
+  DeviceMemory norm;                      // f32 [Dv] plain w
+  DeviceMemory out_proj;                  // Act [hidden, Hv*Dv]
+};
+
+DeviceMemory upload_conv(const Pack& pack, const std::string& name, int64_t c, int64_t k) {
+  const TensorView& v = pack.tensor(name);
+  if (v.dtype != DType::F32 || v.ndim != 2 || v.shape[0] != c || v.shape[1] != k)
+    fail("{}: tensor '{}' is {} {}; expected F32 [{}, {}]", pack.path(), name, dtype_name(v.dtype),
+         v.shape_string(), c, k);
+  DeviceMemory d(c * k * sizeof(float));
+  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, c * k * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class Act>
+class CudaQwen3_5 final : public Model {
+ public:
+  explicit CudaQwen3_5(const Pack& pack) : cfg_(pack.config()) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+    const int64_t Hv = c.linear_num_value_heads, Dv = c.linear_value_head_dim;
+    if (static_cast<int64_t>(c.layer_plan.size()) != c.num_layers)
+      fail("{}: config layer_plan has {} entries; expected num_layers = {}", pack.path(),
+           c.layer_plan.size(), c.num_layers);
+    if (!c.rope.mrope_section.empty() && c.rope.mrope_section.size() != 3)
+      fail("{}: config rope mrope_section has {} entries; expected 3", pack.path(),
+           c.rope.mrope_section.size());
+    QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    embed_ = upload_matrix<Act>(pack, "embed_tokens", c.vocab_size, H);
+    tied_ = pack.find_tensor("lm_head") == nullptr;
+    if (!tied_) lm_head_ = upload_matrix<Act>(pack, "lm_head", c.vocab_size, H);
+    norm_ = upload_vector(pack, "norm", H);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      Qwen3_5DeviceLayer l;
+      l.kind = c.layer_plan[i];
+      l.input_layernorm = upload_vector(pack, p + "input_layernorm", H);
+      l.post_attention_layernorm = upload_vector(pack, p + "post_attention_layernorm", H);
+      l.gate_up_proj = upload_matrix<Act>(pack, p + "mlp.gate_up_proj", 2 * I, H);
+      l.down_proj = upload_matrix<Act>(pack, p + "mlp.down_proj", H, I);
+      if (l.kind == LayerKind::kFull) {
+        l.qkv_proj = upload_matrix<Act>(pack, p + "self_attn.qkv_proj",
+                                        2 * c.q_dim() + 2 * c.kv_dim(), H);
+        l.q_norm = upload_vector(pack, p + "self_attn.q_norm", D);
+        l.k_norm = upload_vector(pack, p + "self_attn.k_norm", D);
+        l.o_proj = upload_matrix<Act>(pack, p + "self_attn.o_proj", H, c.q_dim());
+        l.kind_index = attn_layers_++;
+      } else {
+        l.in_proj = upload_matrix<Act>(pack, p + "linear_attn.in_proj", in_proj_rows(c), H);
+        l.conv1d = upload_conv(pack, p + "linear_attn.conv1d", c.linear_conv_dim(),
+                               c.linear_conv_kernel);
+        l.dt_bias = upload_vector(pack, p + "linear_attn.dt_bias", Hv);
+        l.A = upload_vector(pack, p + "linear_attn.A", Hv);
+        l.norm = upload_vector(pack, p + "linear_attn.norm", Dv);
+        l.out_proj = upload_matrix<Act>(pack, p + "linear_attn.out_proj", H, c.linear_value_dim());
+        l.kind_index = gdn_layers_++;
+      }
+      layers_.push_back(std::move(l));
+    }
+    rope_.rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
+    rope_.theta = c.rope.theta;
+    rope_.n_sections = static_cast<int>(c.rope.mrope_section.size());
+    for (int a = 0; a < rope_.n_sections; ++a)
+      rope_.sections[a] = static_cast<int>(c.rope.mrope_section[a]);
+    rope_.interleaved = c.rope.mrope_interleaved;
+    conv_floats_ = c.linear_conv_dim() * std::max<int64_t>(0, c.linear_conv_kernel - 1);
+    rec_floats_ = Hv * c.linear_key_head_dim * Dv;
+  }
+  ~CudaQwen3_5() override { cudaStreamDestroy(stream_); }
+
+  const ModelConfig& config() const override { return cfg_; }
+
+  CacheSpec cache_spec() const override {
+    CacheSpec s;
+    s.attention_layers = attn_layers_;
+    s.kv_heads = cfg_.num_kv_heads;
+    s.head_dim = cfg_.head_dim;
+    s.state_floats = gdn_layers_ * (conv_floats_ + rec_floats_);
+    return s;
+  }
+
+  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t /*max_context*/) override {
+    const ModelConfig& c = cfg_;
+    const int64_t T = std::max<int64_t>(max_tokens, max_seqs);
+    const size_t a = sizeof(Act);
+    ensure(x_, T * c.hidden_size * a);
+    ensure(h_, T * c.hidden_size * a);
+    ensure(mix_, T * c.hidden_size * a);
+    ensure(proj_, T * std::max(2 * c.q_dim() + 2 * c.kv_dim(), in_proj_rows(c)) * a);
+    ensure(conv_, T * c.linear_conv_dim() * a);
+    ensure(core_, T * std::max(c.q_dim(), c.linear_value_dim()) * a);
+    ensure(g_, T * c.linear_num_value_heads * sizeof(float));
+    ensure(beta_, T * c.linear_num_value_heads * sizeof(float));
+    ensure(gate_up_, T * 2 * c.intermediate_size * a);
+    ensure(act_, T * c.intermediate_size * a);
+    ensure(last_, max_seqs * c.hidden_size * a);
+    ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if (max_seqs > slots_) {  // only before the first step (the scheduler reserves once)
+      slots_ = max_seqs;
+      conv_state_ = DeviceMemory(slots_ * gdn_layers_ * conv_floats_ * sizeof(float));
+      rec_state_ = DeviceMemory(slots_ * gdn_layers_ * rec_floats_ * sizeof(float));
+    }
+  }
+
+  void forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    const ModelConfig& c = cfg_;
+    const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size, I = c.intermediate_size;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    reserve(T, S, 0);
+    for (int64_t s = 0; s < S; ++s)
+      if (b.state_slot[s] < 0 || b.state_slot[s] >= slots_)
+        fail("CUDA Qwen3.5: state slot {} outside the {} reserved", b.state_slot[s], slots_);
+    ensure_kv(kv);
+    upload_step(b);
+    const DType dt = dtype_of<Act>();
+    Act* x = x_.as<Act>();
+    Act* h = h_.as<Act>();
+    Act* mix = mix_.as<Act>();
+
+    cuda::embedding_lookup<Act>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
+    cuda::rmsnorm<Act>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      const Qwen3_5DeviceLayer& l = layers_[li];
+      if (l.kind == LayerKind::kFull) full_attention(l, b, kv, h, mix);
+      else linear_attention(l, b, h, mix);
+      cuda::add_rmsnorm<Act>(x, H, mix, H, l.post_attention_layernorm.as<float>(), h, H, T, H,
+                             eps, stream_);
+      gemm_.run(h, H, l.gate_up_proj.as(), H, gate_up_.as(), 2 * I, T, 2 * I, H, dt, dt, stream_);
+      cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
+      gemm_.run(act_.as(), I, l.down_proj.as(), I, mix, H, T, H, I, dt, dt, stream_);
+      const float* next_norm = li + 1 < c.num_layers
+                                   ? layers_[li + 1].input_layernorm.as<float>()
+                                   : norm_.as<float>();
+      cuda::add_rmsnorm<Act>(x, H, mix, H, next_norm, h, H, T, H, eps, stream_);
+    }
+    const int64_t r = static_cast<int64_t>(logit_rows_.size());
+    if (r > 0) {
+      cuda::embedding_lookup<Act>(h, dt, H, rows_, r, last_.as<Act>(), H, stream_);
+      const void* head = tied_ ? embed_.as() : lm_head_.as();
+      gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
+                DType::F32, stream_);
+      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * c.vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    }
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  void full_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, const KvCache& kv,
+                      const Act* h, Act* out) {
+    const ModelConfig& c = cfg_;
+    const int64_t T = b.num_tokens, H = c.hidden_size, D = c.head_dim;
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
+    const int64_t ld = 2 * c.q_dim() + 2 * c.kv_dim();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const DType dt = dtype_of<Act>();
+    Act* q = proj_.as<Act>();
+    const Act* gate = q + c.q_dim();
+    Act* k = q + 2 * c.q_dim();
+    const Act* v = k + c.kv_dim();
+    gemm_.run(h, H, l.qkv_proj.as(), H, q, ld, T, ld, H, dt, dt, stream_);
+    cuda::qk_norm_rope<Act>(q, ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_, stream_);
+    cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
+                            stream_);
+    Act* kc = k_cache_.as<Act>() + l.kind_index * kv_layer_elems_;
+    Act* vc = v_cache_.as<Act>() + l.kind_index * kv_layer_elems_;
+    cuda::kv_cache_write<Act>(k, ld, v, ld, T, Hkv, D, slot_mapping_, kc, vc, stream_);
+    cuda::AttentionBatch ab;
+    ab.num_seqs = b.num_seqs;
+    ab.q_start = q_start_;
+    ab.seq_len = seq_len_;
+    ab.block_table = block_table_;
+    ab.max_blocks = b.max_blocks;
+    ab.block_size = kv.block_size();
+    ab.total_tokens = T;
+    ab.max_seq_len = max_seq_len_;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    Act* core = core_.as<Act>();
+    cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
+    // Gated attention: each head's output times sigmoid(its gate).
+    cuda::sigmoid_mul<Act>(core, c.q_dim(), gate, ld, T, c.q_dim(), stream_);
+    gemm_.run(core, c.q_dim(), l.o_proj.as(), c.q_dim(), out, H, T, H, c.q_dim(), dt, dt, stream_);
+  }
+
+  void linear_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, const Act* h, Act* out) {
+    const ModelConfig& c = cfg_;
+    const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size;
+    const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+    const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
+    const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel, Vd = c.linear_value_dim();
+    const int64_t ld = in_proj_rows(c);
+    const DType dt = dtype_of<Act>();
+    Act* proj = proj_.as<Act>();
+    gemm_.run(h, H, l.in_proj.as(), H, proj, ld, T, ld, H, dt, dt, stream_);
+    const Act* z = proj + C;
+    const Act* bcol = z + Vd;
+    const Act* acol = bcol + Hv;
+    // note: the pools are [slot][GDN layer][...]; slot s of layer gi is
+    // "virtual slot" s * gdn_layers + gi of a pool with per-layer stride.
+    const int32_t* vslot = layer_slots_ + l.kind_index * S;
+    Act* conv = conv_.as<Act>();
+    cuda::causal_conv1d<Act>(proj, ld, conv, C, C, l.conv1d.as<float>(), K,
+                             conv_state_.as<float>(), vslot, q_start_, S, T, true, stream_);
+    Act* q = conv;
+    Act* k = conv + Hk * Dk;
+    const Act* v = conv + 2 * Hk * Dk;
+    cuda::l2norm_heads<Act>(q, C, T, Hk, Dk, 1e-6f,
+                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk))), stream_);
+    cuda::l2norm_heads<Act>(k, C, T, Hk, Dk, 1e-6f, 1.0f, stream_);
+    cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(),
+                         g_.as<float>(), beta_.as<float>(), T, Hv, stream_);
+    Act* core = core_.as<Act>();
+    cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
+                                rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv,
+                                Dk, Dv, stream_);
+    cuda::gated_rmsnorm<Act>(core, Vd, z, ld, l.norm.as<float>(), core, Vd, T, Hv, Dv,
+                             static_cast<float>(c.rms_norm_eps), stream_);
+    gemm_.run(core, Vd, l.out_proj.as(), Vd, out, H, T, H, Vd, dt, dt, stream_);
+  }
+
+  void ensure_kv(const KvCache& kv) {
+    if (kv_blocks_ == kv.num_blocks() && kv_block_size_ == kv.block_size()) return;
+    kv_blocks_ = kv.num_blocks();
+    kv_block_size_ = kv.block_size();
+    kv_layer_elems_ = kv_blocks_ * kv_block_size_ * cfg_.kv_dim();
+    k_cache_ = DeviceMemory(std::max<int64_t>(attn_layers_, 1) * kv_layer_elems_ * sizeof(Act));
+    v_cache_ = DeviceMemory(std::max<int64_t>(attn_layers_, 1) * kv_layer_elems_ * sizeof(Act));
+  }
+
+  // Step arrays to the device in one copy; zeroes the state of sequences
+  // that start at position 0 (new, or recomputed after preemption).
+  void upload_step(const StepBatch& b) {
+    const int64_t T = b.num_tokens, S = b.num_seqs, L = gdn_layers_;
+    logit_rows_.clear();
+    max_seq_len_ = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (b.want_logits[s]) logit_rows_.push_back(b.q_start[s + 1] - 1);
+      max_seq_len_ = std::max<int64_t>(max_seq_len_, b.seq_len[s]);
+    }
+    const int64_t n_rows = static_cast<int64_t>(logit_rows_.size());
+    const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S;
+    host_step_.resize(n32);
+    int32_t* p = host_step_.data();
+    std::memcpy(p, b.slot_mapping, T * sizeof(int64_t));
+    p += 2 * T;
+    std::vector<int64_t> offsets;
+    auto put = [&](const int32_t* src, int64_t n) {
+      offsets.push_back(p - host_step_.data());
+      std::memcpy(p, src, n * sizeof(int32_t));
+      p += n;
+    };
+    put(b.token_ids, T);
+    put(b.positions, 3 * T);
+    put(b.q_start, S + 1);
+    put(b.seq_len, S);
+    put(b.block_table, S * b.max_blocks);
+    put(logit_rows_.data(), n_rows);
+    offsets.push_back(p - host_step_.data());
+    for (int64_t gi = 0; gi < L; ++gi)
+      for (int64_t s = 0; s < S; ++s) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
+    ensure(step_, n32 * sizeof(int32_t));
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
+      if (L > 0 && b.seq_len[s] == q_len) {  // starts at position 0
+        const int64_t slot = b.state_slot[s];
+        QTK_CUDA_CHECK(cudaMemsetAsync(conv_state_.as<float>() + slot * L * conv_floats_, 0,
+                                       L * conv_floats_ * sizeof(float), stream_));
+        QTK_CUDA_CHECK(cudaMemsetAsync(rec_state_.as<float>() + slot * L * rec_floats_, 0,
+                                       L * rec_floats_ * sizeof(float), stream_));
+      }
+    }
+    QTK_CUDA_CHECK(cudaMemcpyAsync(step_.as(), host_step_.data(), n32 * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+    int32_t* base = step_.as<int32_t>();
+    slot_mapping_ = reinterpret_cast<const int64_t*>(base);
+    token_ids_ = base + offsets[0];
+    positions_ = base + offsets[1];
+    q_start_ = base + offsets[2];
+    seq_len_ = base + offsets[3];
+    block_table_ = base + offsets[4];
+    rows_ = base + offsets[5];
+    layer_slots_ = base + offsets[6];
+  }
+
+  ModelConfig cfg_;
+  cudaStream_t stream_ = nullptr;
+  cuda::Gemm gemm_;
+  cuda::RopeParams rope_;
+  bool tied_ = false;
+  DeviceMemory embed_;    // Act [vocab, hidden]
+  DeviceMemory lm_head_;  // Act [vocab, hidden] (absent when tied)
+  DeviceMemory norm_;     // f32 [hidden] (1+w folded)
+  std::vector<Qwen3_5DeviceLayer> layers_;
+  int64_t attn_layers_ = 0, gdn_layers_ = 0;
+
+  int64_t kv_blocks_ = -1, kv_block_size_ = -1, kv_layer_elems_ = 0;
+  DeviceMemory k_cache_, v_cache_;  // Act [attention layers][num_blocks, block_size, Hkv, D]
+  // note: f32 state in both precisions: the delta rule accumulates into it
+  // over every token of a sequence.
+  int64_t slots_ = 0, conv_floats_ = 0, rec_floats_ = 0;
+  DeviceMemory conv_state_;  // f32 [slots][GDN layers][conv_dim, K-1]
+  DeviceMemory rec_state_;   // f32 [slots][GDN layers][Hv, Dk, Dv]
+
+  DeviceMemory x_, h_, mix_;  // Act [T, hidden]: residual, normed input, block output
+  DeviceMemory proj_;         // Act [T, max(qkv width, in_proj width)]
+  DeviceMemory conv_;         // Act [T, conv_dim]
+  DeviceMemory core_;         // Act [T, max(Hq*D, Hv*Dv)]
+  DeviceMemory g_, beta_;     // f32 [T, Hv]
+  DeviceMemory gate_up_;      // Act [T, 2*intermediate]
+  DeviceMemory act_;          // Act [T, intermediate]
+  DeviceMemory last_;         // Act [seqs, hidden]
+  DeviceMemory logits_;       // f32 [seqs, vocab]
+  DeviceMemory step_;         // int32 step arrays
+  std::vector<int32_t> host_step_, logit_rows_;
+  int64_t max_seq_len_ = 0;
+  const int64_t* slot_mapping_ = nullptr;
+  const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
+                *seq_len_ = nullptr, *block_table_ = nullptr, *rows_ = nullptr,
+                *layer_slots_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_cuda_qwen3_5(const Pack& pack, CudaPrecision precision) {
+  if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3_5<float>>(pack);
+  return std::make_unique<CudaQwen3_5<cuda::bf16>>(pack);
+}
+
+}  // namespace qtk

@@ -1,0 +1,85 @@
+// Weight upload and buffer helpers shared by the CUDA models.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "loaders/error.h"
+#include "runtime/cuda/device_memory.h"
+#include "runtime/pack.h"
+
+namespace qtk::cuda {
+
+template <class T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::F32 : DType::BF16;
+}
+
+inline float half_to_float(uint16_t bits) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+// Copies a pack matrix to the device as T (bf16 -> bf16 is a plain copy).
+template <class T>
+DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = pack.tensor(name);
+  if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
+    fail("{}: tensor '{}' has shape {}; expected [{}, {}] from the config", pack.path(), name,
+         v.shape_string(), rows, cols);
+  const int64_t n = rows * cols;
+  DeviceMemory d(n * sizeof(T));
+  if (v.dtype == dtype_of<T>()) {
+    QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  std::vector<T> host(n);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t i = 0; i < n; ++i) {
+    float f;
+    if (v.dtype == DType::F32) {
+      std::memcpy(&f, src + 4 * i, 4);
+    } else if (v.dtype == DType::BF16) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      std::memcpy(&f, &u, 4);
+    } else if (v.dtype == DType::F16) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      f = half_to_float(b);
+    } else {
+      fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+           dtype_name(v.dtype));
+    }
+    if constexpr (std::is_same_v<T, float>) host[i] = f;
+    else host[i] = __float2bfloat16_rn(f);
+  }
+  QTK_CUDA_CHECK(cudaMemcpy(d.as(), host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+inline DeviceMemory upload_vector(const Pack& pack, const std::string& name, int64_t n) {
+  const TensorView& v = pack.tensor(name);
+  if (v.dtype != DType::F32 || v.ndim != 1 || v.shape[0] != n)
+    fail("{}: tensor '{}' is {} {}; expected F32 [{}]", pack.path(), name, dtype_name(v.dtype),
+         v.shape_string(), n);
+  DeviceMemory d(n * sizeof(float));
+  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Grows a device buffer to at least `bytes` (only when a step is larger than
+// every earlier one).
+inline void ensure(DeviceMemory& m, size_t bytes) {
+  if (m.bytes() < bytes) m = DeviceMemory(bytes);
+}
+
+}  // namespace qtk::cuda
