@@ -10,17 +10,20 @@ namespace {
 
 constexpr int64_t kScratchAlign = 16;  // floats
 
-// D-dot in a fixed order: lane l sums k = l, l+8, ... (separate multiply and
-// add), then a fixed tree. The same for every ISA clone.
-__attribute__((always_inline)) inline float dot_fixed(const float* __restrict a, const float* __restrict b, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// D-dot in a fixed order: lane l sums k = l, l+16, ... (separate multiply and
+// add), then a fixed tree. 16 lanes map onto one zmm, two ymm or four xmm
+// registers without shuffles, and every ISA clone computes the same bits.
+__attribute__((always_inline)) inline float dot_fixed(const float* __restrict a,
+                                                      const float* __restrict b, int64_t n) {
+  float lane[16] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * b[i + l];
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) lane[l] += a[i + l] * b[i + l];
   }
   for (int l = 0; i < n; ++i, ++l) lane[l] += a[i] * b[i];
-  float s4[4];
-  for (int l = 0; l < 4; ++l) s4[l] = lane[l] + lane[l + 4];
+  float s8[8], s4[4];
+  for (int l = 0; l < 8; ++l) s8[l] = lane[l] + lane[l + 8];
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
@@ -37,18 +40,21 @@ __attribute__((always_inline)) inline void scale_out(float* __restrict acc, doub
 }
 
 // One (query row, head): exact two-pass softmax in key-position order.
+// Keys are walked block by block (no division per key).
 QTK_CLONES void attend_one(const float* qr, const float* k_cache, const float* v_cache,
                            const int32_t* blocks, int64_t block_size, int64_t block_stride,
                            int64_t token_stride, int64_t head_offset, int64_t n_keys, int64_t D,
                            float scale, float* scores, float* o) {
   // Pass 1: scores in position order, and their max.
   float max = -3.0e38f;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float* kr = k_cache + blocks[j / block_size] * block_stride +
-                      (j % block_size) * token_stride + head_offset;
-    float sc = dot_fixed(qr, kr, D) * scale;
-    scores[j] = sc;
-    max = sc > max ? sc : max;
+  for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += block_size, ++blk) {
+    const float* kb = k_cache + blocks[blk] * block_stride + head_offset;
+    const int64_t n = n_keys - j0 < block_size ? n_keys - j0 : block_size;
+    for (int64_t i = 0; i < n; ++i) {
+      float sc = dot_fixed(qr, kb + i * token_stride, D) * scale;
+      scores[j0 + i] = sc;
+      max = sc > max ? sc : max;
+    }
   }
   // Pass 2: exp(s - max), summed in position order in double.
   exp_shift(scores, n_keys, max);
@@ -56,10 +62,10 @@ QTK_CLONES void attend_one(const float* qr, const float* k_cache, const float* v
   for (int64_t j = 0; j < n_keys; ++j) sum += scores[j];
   // Pass 3: exp-weighted V rows in position order, then one division.
   for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float* vr = v_cache + blocks[j / block_size] * block_stride +
-                      (j % block_size) * token_stride + head_offset;
-    axpy(o, vr, scores[j], D);
+  for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += block_size, ++blk) {
+    const float* vb = v_cache + blocks[blk] * block_stride + head_offset;
+    const int64_t n = n_keys - j0 < block_size ? n_keys - j0 : block_size;
+    for (int64_t i = 0; i < n; ++i) axpy(o, vb + i * token_stride, scores[j0 + i], D);
   }
   scale_out(o, 1.0 / sum, D);
 }
@@ -85,14 +91,23 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
   const int64_t token_stride = Hkv * D;             // floats per cache slot
   const int64_t block_stride = b.block_size * token_stride;
 
-  // One task per (query row, head); rows are ordered by sequence.
+  // One task per (query row, head). note: rows are taken in zig-zag order
+  // (first, last, second, second-to-last, ...) so that each thread's
+  // contiguous piece mixes short and long causal rows; which thread computes
+  // a row never changes how it is computed.
   parallel_for_tid(pool, total_rows * Hq, [&](int64_t begin, int64_t end, int tid) {
     float* scores = scratch + tid * scratch_stride;
-    int64_t seq = 0;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = first_row + task / Hq;
+      const int64_t i = task / Hq;
+      const int64_t row = first_row + ((i % 2 == 0) ? i / 2 : total_rows - 1 - i / 2);
       const int64_t h = task % Hq;
-      while (b.q_start[seq + 1] <= row) ++seq;
+      // Sequence of this row: binary search over q_start.
+      int64_t lo = 0, hi = b.num_seqs - 1;
+      while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (b.q_start[mid] <= row) lo = mid; else hi = mid - 1;
+      }
+      const int64_t seq = lo;
       const int64_t q_len = b.q_start[seq + 1] - b.q_start[seq];
       const int64_t pos = b.seq_len[seq] - q_len + (row - b.q_start[seq]);
       const int64_t n_keys = pos + 1;
