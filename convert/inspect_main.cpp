@@ -12,9 +12,9 @@
 #include <map>
 #include <string>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <cxxopts.hpp>
 
 #include "convert/inspect_pack.h"
 #include "loaders/checkpoint.h"
@@ -67,7 +67,8 @@ void print_checkpoint(const Checkpoint& ck) {
   line(fmt::format("max_position_embeddings: {}", c.max_position_embeddings));
   line(fmt::format("eos_token_ids: {}; bos_token_id: {}; pad_token_id: {}",
                    ids_text(c.eos_token_ids), id_text(c.bos_token_id), id_text(c.pad_token_id)));
-  if (const GenerationConfig* g = ck.generation(); g && (g->max_new_tokens > 0 || g->max_length > 0))
+  if (const GenerationConfig* g = ck.generation();
+      g && (g->max_new_tokens > 0 || g->max_length > 0))
     line(fmt::format("generation: max_new_tokens {}, max_length {}", id_text(g->max_new_tokens),
                      id_text(g->max_length)));
   line(fmt::format("weight files: {}", ck.shards().size()));

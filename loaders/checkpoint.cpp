@@ -46,9 +46,10 @@ std::map<std::string, std::string> read_index(const std::string& path) {
            quote_name(tensor), shard.dump());
     const std::string s = shard.get<std::string>();
     if (!is_plain_file_name(s))
-      fail("{}: field 'weight_map': tensor {}: expected a plain file name inside the directory, "
-           "found {}",
-           path, quote_name(tensor), quote_name(s));
+      fail(
+          "{}: field 'weight_map': tensor {}: expected a plain file name inside the directory, "
+          "found {}",
+          path, quote_name(tensor), quote_name(s));
     map.emplace(tensor, s);
   }
   if (map.empty()) fail("{}: field 'weight_map': expected at least one tensor, found none", path);
@@ -107,8 +108,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
   if (single && sharded)
     fail("{}: both {} and {} exist; expected one (remove the stale one)", dir, kSingleFile,
          kIndexFile);
-  if (!single && !sharded)
-    fail("{}: no weights: expected {} or {}", dir, kSingleFile, kIndexFile);
+  if (!single && !sharded) fail("{}: no weights: expected {} or {}", dir, kSingleFile, kIndexFile);
 
   // hf name -> shard file name, for every tensor of every file.
   std::vector<std::pair<std::string, const SafetensorsTensor*>> all;  // (file, tensor)
@@ -156,9 +156,10 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     for (const auto& t : file->tensors()) {
       const HfName m = map_hf_name(t.name);
       if (m.kind == HfName::Kind::kUnknown)
-        fail("{}: tensor {}: unknown tensor name (expected model.*, model.language_model.*, "
-             "lm_head.weight, model.visual.* or mtp.*)",
-             file->path(), quote_name(t.name));
+        fail(
+            "{}: tensor {}: unknown tensor name (expected model.*, model.language_model.*, "
+            "lm_head.weight, model.visual.* or mtp.*)",
+            file->path(), quote_name(t.name));
       if (m.kind == HfName::Kind::kSkipped) {
         SkippedGroup& g = skipped[m.group];
         g.prefix = m.group;

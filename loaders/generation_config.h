@@ -16,7 +16,7 @@ struct GenerationConfig {
   std::vector<int64_t> eos_token_ids;  // int or list in the file
   int64_t bos_token_id = -1;           // -1 when absent or null
   int64_t pad_token_id = -1;
-  int64_t max_new_tokens = -1;         // -1 when absent
+  int64_t max_new_tokens = -1;  // -1 when absent
   int64_t max_length = -1;
 };
 

@@ -109,9 +109,10 @@ void reject_unsupported(const ConfigDoc& d) {
          d.name("attention_bias"));
   if (auto sw = d.optional_bool("use_sliding_window"); sw && *sw) {
     const json* w = d.find("sliding_window");
-    fail("{}: field '{}': an active sliding window is not supported (use_sliding_window true, "
-         "sliding_window {})",
-         d.source, d.name("use_sliding_window"), w ? shown(*w) : "absent");
+    fail(
+        "{}: field '{}': an active sliding window is not supported (use_sliding_window true, "
+        "sliding_window {})",
+        d.source, d.name("use_sliding_window"), w ? shown(*w) : "absent");
   }
   if (const json* act = d.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
     fail("{}: field '{}': expected \"silu\", found {}", d.source, d.name("hidden_act"),
@@ -126,13 +127,15 @@ void reject_unsupported(const ConfigDoc& d) {
   for (const json* obj : {&d.top, &d.text}) {
     if (!obj->contains("quantization_config") || (*obj)["quantization_config"].is_null()) continue;
     const json& q = (*obj)["quantization_config"];
-    std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
-                             ? q["quant_method"].get<std::string>()
-                             : shown(q);
+    std::string method =
+        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+            ? q["quant_method"].get<std::string>()
+            : shown(q);
     if (method == "fp8")
-      fail("{}: field 'quantization_config.quant_method': FP8 weights are not supported (found "
-           "\"fp8\")",
-           d.source);
+      fail(
+          "{}: field 'quantization_config.quant_method': FP8 weights are not supported (found "
+          "\"fp8\")",
+          d.source);
     fail("{}: field 'quantization_config': quantized checkpoints are not supported (found {})",
          d.source, method);
   }
@@ -181,7 +184,8 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
   const json kEmpty = json::object();
   const json* params = d.find("rope_parameters");
   const json* scaling = d.find("rope_scaling");
-  for (const auto& [obj, field] : {std::pair{params, "rope_parameters"}, {scaling, "rope_scaling"}}) {
+  for (const auto& [obj, field] :
+       {std::pair{params, "rope_parameters"}, {scaling, "rope_scaling"}}) {
     if (!obj || obj->is_null()) continue;
     if (!obj->is_object())
       fail("{}: field '{}': expected an object or null, found {}", d.source, d.name(field),
@@ -225,9 +229,10 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
   const double rd = static_cast<double>(c.head_dim) * c.rope.partial_factor;
   c.rope.rotary_dim = static_cast<int64_t>(std::llround(rd));
   if (std::fabs(rd - static_cast<double>(c.rope.rotary_dim)) > 1e-9)
-    fail("{}: field 'partial_rotary_factor': head_dim {} x {} = {} is not a whole rotary "
-         "dimension",
-         d.source, c.head_dim, c.rope.partial_factor, rd);
+    fail(
+        "{}: field 'partial_rotary_factor': head_dim {} x {} = {} is not a whole rotary "
+        "dimension",
+        d.source, c.head_dim, c.rope.partial_factor, rd);
 
   // M-RoPE
   const json* section = nullptr;
@@ -275,7 +280,6 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
 
 }  // namespace
 
-
 ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   if (!doc.is_object()) fail("{}: expected a JSON object, found {}", source, doc.type_name());
   ModelConfig c;
@@ -293,9 +297,10 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
     c.arch = Arch::kQwen3_5;
     nested = true;
   } else {
-    fail("{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
-         "Qwen3_5ForConditionalGeneration, found \"{}\"",
-         source, c.hf_architecture);
+    fail(
+        "{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
+        "Qwen3_5ForConditionalGeneration, found \"{}\"",
+        source, c.hf_architecture);
   }
   if (nested && !(doc.contains("text_config") && doc["text_config"].is_object()))
     fail("{}: field 'text_config': expected an object for {}, found {}", source, c.hf_architecture,
@@ -314,11 +319,13 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
                        ? d.positive_int("num_key_value_heads")
                        : c.num_attention_heads;
   if (!d.find("head_dim"))
-    fail("{}: missing field 'head_dim' (expected it explicitly; it is not hidden_size / heads "
-         "for these models)",
-         source);
+    fail(
+        "{}: missing field 'head_dim' (expected it explicitly; it is not hidden_size / heads "
+        "for these models)",
+        source);
   c.head_dim = d.positive_int("head_dim");
-  if (d.find("max_position_embeddings")) c.max_position_embeddings = d.positive_int("max_position_embeddings");
+  if (d.find("max_position_embeddings"))
+    c.max_position_embeddings = d.positive_int("max_position_embeddings");
   if (const json* eps = d.find("rms_norm_eps")) {
     if (!eps->is_number() || !(eps->get<double>() > 0))
       fail("{}: field '{}': expected a positive number, found {}", source, d.name("rms_norm_eps"),
@@ -340,9 +347,10 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
     tie_top = read_tie(doc, "tie_word_embeddings");
     if (nested) tie_text = read_tie(d.text, "text_config.tie_word_embeddings");
     if (tie_top && tie_text && *tie_top != *tie_text)
-      fail("{}: fields 'tie_word_embeddings' ({}) and 'text_config.tie_word_embeddings' ({}) "
-           "disagree",
-           source, *tie_top, *tie_text);
+      fail(
+          "{}: fields 'tie_word_embeddings' ({}) and 'text_config.tie_word_embeddings' ({}) "
+          "disagree",
+          source, *tie_top, *tie_text);
     // note: Qwen3Config and Qwen3_5TextConfig default to untied embeddings.
     c.tie_word_embeddings = tie_text ? *tie_text : (tie_top ? *tie_top : false);
   }

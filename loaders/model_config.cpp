@@ -31,8 +31,9 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   positive(c.num_kv_heads, "num_key_value_heads");
   positive(c.head_dim, "head_dim");
   if (c.num_attention_heads % c.num_kv_heads != 0)
-    fail("{}: field 'num_key_value_heads': expected a divisor of num_attention_heads ({}), found {}",
-         source, c.num_attention_heads, c.num_kv_heads);
+    fail(
+        "{}: field 'num_key_value_heads': expected a divisor of num_attention_heads ({}), found {}",
+        source, c.num_attention_heads, c.num_kv_heads);
   if (static_cast<int64_t>(c.layer_plan.size()) != c.num_layers)
     fail("{}: field 'layer_types': expected {} layers (num_hidden_layers), found {}", source,
          c.num_layers, c.layer_plan.size());
@@ -53,22 +54,25 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
     positive(c.linear_value_head_dim, "linear_value_head_dim");
     positive(c.linear_conv_kernel, "linear_conv_kernel_dim");
     if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
-      fail("{}: field 'linear_num_value_heads': expected a multiple of linear_num_key_heads ({}), "
-           "found {}",
-           source, c.linear_num_key_heads, c.linear_num_value_heads);
+      fail(
+          "{}: field 'linear_num_value_heads': expected a multiple of linear_num_key_heads ({}), "
+          "found {}",
+          source, c.linear_num_key_heads, c.linear_num_value_heads);
   }
   const int64_t rd = c.rope.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > c.head_dim)
-    fail("{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
-         "positive and <= head_dim",
-         source, c.head_dim, c.rope.partial_factor, rd);
+    fail(
+        "{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
+        "positive and <= head_dim",
+        source, c.head_dim, c.rope.partial_factor, rd);
   if (!c.rope.mrope_section.empty()) {
     int64_t sum = 0;
     for (int64_t s : c.rope.mrope_section) sum += s;
     if (sum != rd / 2)
-      fail("{}: field 'mrope_section': expected entries summing to rotary_dim / 2 = {}, found {} "
-           "(sum {})",
-           source, rd / 2, json(c.rope.mrope_section).dump(), sum);
+      fail(
+          "{}: field 'mrope_section': expected entries summing to rotary_dim / 2 = {}, found {} "
+          "(sum {})",
+          source, rd / 2, json(c.rope.mrope_section).dump(), sum);
   }
   if (!(c.rms_norm_eps > 0))
     fail("{}: field 'rms_norm_eps': expected a positive number, found {}", source, c.rms_norm_eps);
@@ -170,7 +174,8 @@ struct Reader {
 }  // namespace
 
 ModelConfig config_from_json(const json& j, const std::string& source) {
-  if (!j.is_object()) fail("{}: field 'config': expected an object, found {}", source, j.type_name());
+  if (!j.is_object())
+    fail("{}: field 'config': expected an object, found {}", source, j.type_name());
   const Reader r{j, source, "config."};
   ModelConfig c;
   const std::string arch = r.string("arch");

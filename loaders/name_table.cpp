@@ -16,49 +16,6 @@ const std::vector<std::string> kSkippedGroups = {"model.visual", "mtp", "model.m
 // Prefixes that wrap the language model, longest first.
 constexpr std::array<std::string_view, 2> kModelPrefixes = {"model.language_model.", "model."};
 
-// Which layers a per-layer tensor belongs to.
-enum class LayerSet { kAll, kFull, kLinear };
-
-using ShapeFn = std::vector<int64_t> (*)(const ModelConfig&);
-
-struct LayerTensor {
-  const char* suffix;  // after "layers.N."
-  LayerSet layers;
-  ShapeFn shape;
-};
-
-// note: shapes are the HF ones ([out, in] for projections). Qwen3.5's full
-// attention q_proj holds [query; gate] per head, so twice the query width.
-const LayerTensor kLayerTensors[] = {
-    {"input_layernorm.weight", LayerSet::kAll, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.hidden_size}; }},
-    {"self_attn.q_proj.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {(c.attn_output_gate ? 2 : 1) * c.q_dim(), c.hidden_size}; }},
-    {"self_attn.k_proj.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.kv_dim(), c.hidden_size}; }},
-    {"self_attn.v_proj.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.kv_dim(), c.hidden_size}; }},
-    {"self_attn.o_proj.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.hidden_size, c.q_dim()}; }},
-    {"self_attn.q_norm.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.head_dim}; }},
-    {"self_attn.k_norm.weight", LayerSet::kFull, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.head_dim}; }},
-    {"linear_attn.in_proj_qkv.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.linear_conv_dim(), c.hidden_size}; }},
-    {"linear_attn.in_proj_z.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.linear_value_dim(), c.hidden_size}; }},
-    {"linear_attn.in_proj_b.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.linear_num_value_heads, c.hidden_size}; }},
-    {"linear_attn.in_proj_a.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.linear_num_value_heads, c.hidden_size}; }},
-    {"linear_attn.conv1d.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.linear_conv_dim(), 1, c.linear_conv_kernel}; }},
-    {"linear_attn.dt_bias", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.linear_num_value_heads}; }},
-    {"linear_attn.A_log", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.linear_num_value_heads}; }},
-    {"linear_attn.norm.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.linear_value_head_dim}; }},
-    {"linear_attn.out_proj.weight", LayerSet::kLinear, [](const ModelConfig& c) -> std::vector<int64_t> {
-       return {c.hidden_size, c.linear_value_dim()}; }},
-    {"post_attention_layernorm.weight", LayerSet::kAll, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.hidden_size}; }},
-    {"mlp.gate_proj.weight", LayerSet::kAll, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.intermediate_size, c.hidden_size}; }},
-    {"mlp.up_proj.weight", LayerSet::kAll, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.intermediate_size, c.hidden_size}; }},
-    {"mlp.down_proj.weight", LayerSet::kAll, [](const ModelConfig& c) -> std::vector<int64_t> { return {c.hidden_size, c.intermediate_size}; }},
-};
-
 }  // namespace
 
 const std::vector<std::string>& skipped_group_prefixes() { return kSkippedGroups; }
@@ -89,18 +46,47 @@ HfName map_hf_name(std::string_view hf) {
 }
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  // note: shapes are the HF ones ([out, in] for projections), read the way
+  // the transformers modeling code builds each module.
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   std::vector<ExpectedTensor> out;
-  out.push_back({"embed_tokens.weight", {c.vocab_size, c.hidden_size}});
+  auto add = [&out](std::string name, std::vector<int64_t> shape) {
+    out.push_back({std::move(name), std::move(shape)});
+  };
+  add("embed_tokens.weight", {V, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    const LayerKind kind = c.layer_plan[static_cast<size_t>(i)];
-    for (const LayerTensor& t : kLayerTensors) {
-      if (t.layers == LayerSet::kFull && kind != LayerKind::kFull) continue;
-      if (t.layers == LayerSet::kLinear && kind != LayerKind::kLinear) continue;
-      out.push_back({"layers." + std::to_string(i) + "." + t.suffix, t.shape(c)});
+    const std::string p = "layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {H});
+    if (c.layer_plan[static_cast<size_t>(i)] == LayerKind::kFull) {
+      // note: Qwen3.5's q_proj yields [query; gate] per head: twice the query width.
+      const int64_t q_rows = (c.attn_output_gate ? 2 : 1) * c.q_dim();
+      add(p + "self_attn.q_proj.weight", {q_rows, H});
+      add(p + "self_attn.k_proj.weight", {c.kv_dim(), H});
+      add(p + "self_attn.v_proj.weight", {c.kv_dim(), H});
+      add(p + "self_attn.o_proj.weight", {H, c.q_dim()});
+      add(p + "self_attn.q_norm.weight", {c.head_dim});
+      add(p + "self_attn.k_norm.weight", {c.head_dim});
+    } else {
+      // Gated DeltaNet: qkv = [q (Hk*Dk); k (Hk*Dk); v (Hv*Dv)] also feeds the
+      // depthwise conv, so conv channels == qkv rows.
+      const int64_t hv = c.linear_num_value_heads;
+      add(p + "linear_attn.in_proj_qkv.weight", {c.linear_conv_dim(), H});
+      add(p + "linear_attn.in_proj_z.weight", {c.linear_value_dim(), H});
+      add(p + "linear_attn.in_proj_b.weight", {hv, H});
+      add(p + "linear_attn.in_proj_a.weight", {hv, H});
+      add(p + "linear_attn.conv1d.weight", {c.linear_conv_dim(), 1, c.linear_conv_kernel});
+      add(p + "linear_attn.dt_bias", {hv});
+      add(p + "linear_attn.A_log", {hv});
+      add(p + "linear_attn.norm.weight", {c.linear_value_head_dim});
+      add(p + "linear_attn.out_proj.weight", {H, c.linear_value_dim()});
     }
+    add(p + "post_attention_layernorm.weight", {H});
+    add(p + "mlp.gate_proj.weight", {I, H});
+    add(p + "mlp.up_proj.weight", {I, H});
+    add(p + "mlp.down_proj.weight", {H, I});
   }
-  out.push_back({"norm.weight", {c.hidden_size}});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  add("norm.weight", {H});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {V, H});
   return out;
 }
 

@@ -36,9 +36,7 @@ std::string shown(const json& j) {
   return s;
 }
 
-std::string quote_name(std::string_view name) {
-  return shown(json(std::string(name)));
-}
+std::string quote_name(std::string_view name) { return shown(json(std::string(name))); }
 
 // A non-negative JSON integer that fits in int64, or -1.
 int64_t as_count(const json& j) {
@@ -70,20 +68,21 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     fail("{}: expected an object with dtype, shape and data_offsets, found {}", where, shown(info));
   for (const auto& [key, value] : info.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets")
-      fail("{}: unexpected field {} (expected only dtype, shape, data_offsets)", where, quote_name(key));
+      fail("{}: unexpected field {} (expected only dtype, shape, data_offsets)", where,
+           quote_name(key));
   }
   for (const char* field : {"dtype", "shape", "data_offsets"})
     if (!info.contains(field)) fail("{}: missing field '{}'", where, field);
 
   Entry e{name, DType::F32, {}, 0, 0};
   const json& dt = info["dtype"];
-  if (!dt.is_string())
-    fail("{}: field 'dtype': expected a string, found {}", where, shown(dt));
+  if (!dt.is_string()) fail("{}: field 'dtype': expected a string, found {}", where, shown(dt));
   const auto parsed = parse_dtype(dt.get<std::string>());
   if (!parsed)
-    fail("{}: field 'dtype': expected one of BF16 F16 F32 F64 I8 I16 I32 I64 U8 U16 U32 U64 BOOL "
-         "F8_E4M3 F8_E5M2, found {}",
-         where, shown(dt));
+    fail(
+        "{}: field 'dtype': expected one of BF16 F16 F32 F64 I8 I16 I32 I64 U8 U16 U32 U64 BOOL "
+        "F8_E4M3 F8_E5M2, found {}",
+        where, shown(dt));
   e.dtype = *parsed;
 
   const json& shape = info["shape"];
@@ -134,8 +133,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];  // little-endian u64
   if (n > kMaxSafetensorsHeaderBytes)
-    fail("{}: header length {} exceeds the limit of {} bytes", path, n,
-         kMaxSafetensorsHeaderBytes);
+    fail("{}: header length {} exceeds the limit of {} bytes", path, n, kMaxSafetensorsHeaderBytes);
   if (n > size - 8)
     fail("{}: header length {} runs past the end of the file ({} bytes after the length field)",
          path, n, size - 8);
@@ -175,28 +173,32 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   for (const Entry& e : entries) {
     if (e.start != expected_start) {
       if (!prev)
-        fail("{}: tensor {}: field 'data_offsets': expected the first tensor to start at 0, "
-             "found {}",
-             path, quote_name(e.name), e.start);
+        fail(
+            "{}: tensor {}: field 'data_offsets': expected the first tensor to start at 0, "
+            "found {}",
+            path, quote_name(e.name), e.start);
       if (e.start < expected_start)
         fail("{}: tensor {}: field 'data_offsets': [{}, {}] overlaps tensor {} ending at {}", path,
              quote_name(e.name), e.start, e.end, quote_name(prev->name), expected_start);
-      fail("{}: tensor {}: field 'data_offsets': expected start {} (end of tensor {}), found {} "
-           "(a gap of {} bytes)",
-           path, quote_name(e.name), expected_start, quote_name(prev->name), e.start,
-           e.start - expected_start);
+      fail(
+          "{}: tensor {}: field 'data_offsets': expected start {} (end of tensor {}), found {} "
+          "(a gap of {} bytes)",
+          path, quote_name(e.name), expected_start, quote_name(prev->name), e.start,
+          e.start - expected_start);
     }
     expected_start = e.end;
     prev = &e;
   }
   if (static_cast<uint64_t>(expected_start) != buffer) {
     if (static_cast<uint64_t>(expected_start) > buffer)
-      fail("{}: tensor {}: field 'data_offsets': ends at {}, past the {}-byte data buffer "
-           "(file truncated?)",
-           path, prev ? quote_name(prev->name) : "-", expected_start, buffer);
-    fail("{}: data buffer has {} bytes but the tensors cover {} (expected them to end exactly "
-         "at the end of the file)",
-         path, buffer, expected_start);
+      fail(
+          "{}: tensor {}: field 'data_offsets': ends at {}, past the {}-byte data buffer "
+          "(file truncated?)",
+          path, prev ? quote_name(prev->name) : "-", expected_start, buffer);
+    fail(
+        "{}: data buffer has {} bytes but the tensors cover {} (expected them to end exactly "
+        "at the end of the file)",
+        path, buffer, expected_start);
   }
 
   const uint8_t* data = base + 8 + n;

@@ -32,8 +32,8 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 struct SafetensorsTensor {
   std::string name;
-  TensorView view;          // points into the file mapping
-  uint64_t file_offset = 0; // of the first byte of data in the file
+  TensorView view;           // points into the file mapping
+  uint64_t file_offset = 0;  // of the first byte of data in the file
 };
 
 class SafetensorsFile {

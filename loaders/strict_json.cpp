@@ -79,7 +79,8 @@ class StrictDomBuilder {
     return true;
   }
 
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) {
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) {
     syntax_error_ = ex.what();
     error_position_ = position;
     return false;

@@ -59,9 +59,12 @@ TEST(Checkpoint, Qwen3TinyTied) {
   EXPECT_EQ(ck->tensors().front().name, "embed_tokens.weight");
   EXPECT_EQ(ck->tensors().back().name, "norm.weight");
   EXPECT_EQ(ck->find("lm_head.weight"), nullptr);
-  EXPECT_EQ(shape_of(ck->find("layers.0.self_attn.q_proj.weight")->view), (std::vector<int64_t>{128, 64}));
-  EXPECT_EQ(shape_of(ck->find("layers.2.self_attn.o_proj.weight")->view), (std::vector<int64_t>{64, 128}));
-  EXPECT_EQ(shape_of(ck->find("layers.1.self_attn.k_norm.weight")->view), (std::vector<int64_t>{32}));
+  EXPECT_EQ(shape_of(ck->find("layers.0.self_attn.q_proj.weight")->view),
+            (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(shape_of(ck->find("layers.2.self_attn.o_proj.weight")->view),
+            (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(shape_of(ck->find("layers.1.self_attn.k_norm.weight")->view),
+            (std::vector<int64_t>{32}));
   EXPECT_EQ(ck->find("layers.0.mlp.up_proj.weight")->view.dtype, DType::BF16);
   EXPECT_TRUE(ck->skipped_groups().empty());
   EXPECT_TRUE(ck->generation() != nullptr);
@@ -76,7 +79,8 @@ TEST(Checkpoint, Qwen3ShardedUntied) {
   EXPECT_EQ(ck->tensors().back().name, "lm_head.weight");
   EXPECT_EQ(ck->find("lm_head.weight")->file, "model-00005-of-00005.safetensors");
   EXPECT_EQ(ck->find("embed_tokens.weight")->file, "model-00001-of-00005.safetensors");
-  EXPECT_EQ(shape_of(ck->find("layers.3.self_attn.k_proj.weight")->view), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(shape_of(ck->find("layers.3.self_attn.k_proj.weight")->view),
+            (std::vector<int64_t>{32, 64}));
   EXPECT_EQ(ck->find("lm_head.weight")->view.dtype, DType::F32);
   EXPECT_EQ(ck->source_files().size(), 2u + 1 + 5);  // config, gen config, index, 5 shards
   EXPECT_EQ(ck->dir(), source_path("tests/data/models/qwen3-tiny-sharded-f32"));
@@ -93,7 +97,7 @@ TEST(Checkpoint, Qwen35TinyHybrid) {
   EXPECT_EQ(shape_of(ck->find("layers.0.linear_attn.conv1d.weight")->view),
             (std::vector<int64_t>{128, 1, 4}));
   EXPECT_EQ(shape_of(ck->find("layers.0.linear_attn.A_log")->view), (std::vector<int64_t>{4}));
-  EXPECT_EQ(ck->find("layers.3.linear_attn.A_log"), nullptr);  // full layer
+  EXPECT_EQ(ck->find("layers.3.linear_attn.A_log"), nullptr);        // full layer
   EXPECT_EQ(ck->find("layers.0.self_attn.q_proj.weight"), nullptr);  // linear layer
   check_accounts_for_every_file_tensor(*ck);
 }
@@ -107,10 +111,14 @@ TEST(Checkpoint, Qwen35VlmMultimodalLayout) {
   ASSERT_NE(qkv, nullptr);
   EXPECT_EQ(qkv->hf_name, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");
   EXPECT_EQ(shape_of(qkv->view), (std::vector<int64_t>{2 * 2 * 32 + 2 * 24, 64}));
-  EXPECT_EQ(shape_of(ck->find("layers.5.linear_attn.out_proj.weight")->view), (std::vector<int64_t>{64, 48}));
-  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.norm.weight")->view), (std::vector<int64_t>{24}));
-  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.in_proj_z.weight")->view), (std::vector<int64_t>{48, 64}));
-  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.in_proj_b.weight")->view), (std::vector<int64_t>{2, 64}));
+  EXPECT_EQ(shape_of(ck->find("layers.5.linear_attn.out_proj.weight")->view),
+            (std::vector<int64_t>{64, 48}));
+  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.norm.weight")->view),
+            (std::vector<int64_t>{24}));
+  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.in_proj_z.weight")->view),
+            (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(shape_of(ck->find("layers.2.linear_attn.in_proj_b.weight")->view),
+            (std::vector<int64_t>{2, 64}));
   EXPECT_EQ(ck->tensors().back().name, "lm_head.weight");
   // From the shard listings: 21 vision tensors (1 block of 12, merger 6,
   // patch embed 2, pos embed 1) and 5 MTP tensors.
@@ -143,7 +151,9 @@ TEST(Checkpoint, ViewBytesAreTheFileBytes) {
   const auto* st = ck->shards().at(t->file)->find(t->hf_name);
   const std::string bytes = testing::read_file(dir + "/" + t->file);
   ASSERT_LE(st->file_offset + static_cast<uint64_t>(t->view.nbytes()), bytes.size());
-  EXPECT_EQ(std::memcmp(t->view.data, bytes.data() + st->file_offset, static_cast<size_t>(t->view.nbytes())), 0);
+  EXPECT_EQ(std::memcmp(t->view.data, bytes.data() + st->file_offset,
+                        static_cast<size_t>(t->view.nbytes())),
+            0);
 }
 
 // --- crafted checkpoints ------------------------------------------------------------
@@ -159,8 +169,9 @@ std::vector<RawTensor> read_tensors(const std::string& path) {
   auto f = SafetensorsFile::open(path);
   std::vector<RawTensor> out;
   for (const auto& t : f->tensors())
-    out.push_back({t.name, t.view.dtype, shape_of(t.view),
-                   std::string(static_cast<const char*>(t.view.data), static_cast<size_t>(t.view.nbytes()))});
+    out.push_back(
+        {t.name, t.view.dtype, shape_of(t.view),
+         std::string(static_cast<const char*>(t.view.data), static_cast<size_t>(t.view.nbytes()))});
   return out;
 }
 
@@ -203,7 +214,8 @@ class Crafted : public ::testing::Test {
     return error_of([&] { Checkpoint::open(dir); });
   }
   // Rewrites `file` in dir with `edit` applied to its tensors.
-  void edit_file(const std::string& file, const std::function<void(std::vector<RawTensor>&)>& edit) {
+  void edit_file(const std::string& file,
+                 const std::function<void(std::vector<RawTensor>&)>& edit) {
     auto ts = read_tensors(dir + "/" + file);
     edit(ts);
     write_tensors(dir + "/" + file, ts);
@@ -239,7 +251,8 @@ TEST_F(CraftedSingle, MissingConfig) {
 
 TEST_F(CraftedSingle, NoWeights) {
   fs::remove(dir + "/model.safetensors");
-  expect_has(open_error(), "no weights: expected model.safetensors or model.safetensors.index.json");
+  expect_has(open_error(),
+             "no weights: expected model.safetensors or model.safetensors.index.json");
 }
 
 TEST_F(CraftedSingle, NotADirectory) {
@@ -258,8 +271,11 @@ TEST_F(CraftedSingle, MalformedWeightsFileNamesIt) {
 }
 
 TEST_F(CraftedSingle, MissingTensor) {
-  edit_file("model.safetensors", [](auto& ts) { erase(ts, "model.layers.1.post_attention_layernorm.weight"); });
-  expect_has(open_error(), "missing tensor \"layers.1.post_attention_layernorm.weight\" (expected shape [64] for Qwen3ForCausalLM)");
+  edit_file("model.safetensors",
+            [](auto& ts) { erase(ts, "model.layers.1.post_attention_layernorm.weight"); });
+  expect_has(open_error(),
+             "missing tensor \"layers.1.post_attention_layernorm.weight\" (expected shape [64] for "
+             "Qwen3ForCausalLM)");
 }
 
 TEST_F(CraftedSingle, WrongShape) {
@@ -267,7 +283,9 @@ TEST_F(CraftedSingle, WrongShape) {
     erase(ts, "model.layers.0.self_attn.q_proj.weight");
     ts.push_back(zeros("model.layers.0.self_attn.q_proj.weight", DType::BF16, {64, 64}));
   });
-  expect_has(open_error(), "model.safetensors: tensor \"model.layers.0.self_attn.q_proj.weight\": expected shape [128, 64] from the config, found [64, 64]");
+  expect_has(open_error(),
+             "model.safetensors: tensor \"model.layers.0.self_attn.q_proj.weight\": expected shape "
+             "[128, 64] from the config, found [64, 64]");
 }
 
 TEST_F(CraftedSingle, UnsupportedDType) {
@@ -275,11 +293,14 @@ TEST_F(CraftedSingle, UnsupportedDType) {
     erase(ts, "model.norm.weight");
     ts.push_back(zeros("model.norm.weight", DType::F8_E4M3, {64}));
   });
-  expect_has(open_error(), "tensor \"model.norm.weight\": dtype F8_E4M3 is not supported (expected BF16, F16 or F32)");
+  expect_has(
+      open_error(),
+      "tensor \"model.norm.weight\": dtype F8_E4M3 is not supported (expected BF16, F16 or F32)");
 }
 
 TEST_F(CraftedSingle, UnknownTensorName) {
-  edit_file("model.safetensors", [](auto& ts) { ts.push_back(zeros("encoder.weight", DType::BF16, {2})); });
+  edit_file("model.safetensors",
+            [](auto& ts) { ts.push_back(zeros("encoder.weight", DType::BF16, {2})); });
   expect_has(open_error(), "tensor \"encoder.weight\": unknown tensor name");
 }
 
@@ -287,7 +308,9 @@ TEST_F(CraftedSingle, ExtraTensorInsideALayer) {
   edit_file("model.safetensors", [](auto& ts) {
     ts.push_back(zeros("model.layers.2.self_attn.q_proj.bias", DType::BF16, {128}));
   });
-  expect_has(open_error(), "tensor \"model.layers.2.self_attn.q_proj.bias\": unexpected tensor (canonical \"layers.2.self_attn.q_proj.bias\") for Qwen3ForCausalLM with layer plan FFF");
+  expect_has(open_error(),
+             "tensor \"model.layers.2.self_attn.q_proj.bias\": unexpected tensor (canonical "
+             "\"layers.2.self_attn.q_proj.bias\") for Qwen3ForCausalLM with layer plan FFF");
 }
 
 TEST_F(CraftedSingle, ExtraLayer) {
@@ -305,7 +328,9 @@ TEST_F(CraftedSingle, MixedNameLayouts) {
 }
 
 TEST_F(CraftedSingle, TiedWithLmHeadPresentIsAcceptedAndIgnored) {
-  edit_file("model.safetensors", [](auto& ts) { ts.push_back(zeros("lm_head.weight", DType::BF16, {512, 64})); });
+  edit_file("model.safetensors", [](auto& ts) {
+    ts.push_back(zeros("lm_head.weight", DType::BF16, {512, 64}));
+  });
   auto ck = Checkpoint::open(dir);
   EXPECT_EQ(ck->find("lm_head.weight"), nullptr);
   ASSERT_EQ(ck->skipped_groups().size(), 1u);
@@ -334,13 +359,17 @@ TEST_F(CraftedSingle, EosFromGenerationConfigElseConfig) {
   json cfg = load_json_file(dir + "/config.json");
   cfg["eos_token_id"] = 3;
   testing::write_file(dir + "/config.json", cfg.dump());
-  EXPECT_EQ(Checkpoint::open(dir)->config().eos_token_ids, std::vector<int64_t>{3});  // gen config has none
-  testing::write_file(dir + "/generation_config.json", R"({"eos_token_id":[5,6],"max_new_tokens":32})");
+  EXPECT_EQ(Checkpoint::open(dir)->config().eos_token_ids,
+            std::vector<int64_t>{3});  // gen config has none
+  testing::write_file(dir + "/generation_config.json",
+                      R"({"eos_token_id":[5,6],"max_new_tokens":32})");
   auto ck = Checkpoint::open(dir);
   EXPECT_EQ(ck->config().eos_token_ids, (std::vector<int64_t>{5, 6}));
   EXPECT_EQ(ck->generation()->max_new_tokens, 32);
   testing::write_file(dir + "/generation_config.json", R"({"eos_token_id":600})");
-  expect_has(open_error(), "generation_config.json: field 'eos_token_id': expected ids below vocab_size 512, found 600");
+  expect_has(
+      open_error(),
+      "generation_config.json: field 'eos_token_id': expected ids below vocab_size 512, found 600");
   fs::remove(dir + "/generation_config.json");
   EXPECT_EQ(Checkpoint::open(dir)->generation(), nullptr);
 }
@@ -350,14 +379,18 @@ TEST_F(CraftedSharded, CopyLoads) { EXPECT_NO_THROW(Checkpoint::open(dir)); }
 TEST_F(CraftedSharded, MissingLmHeadWhenUntied) {
   edit_file(kShard5, [](auto& ts) { erase(ts, "lm_head.weight"); });
   edit_index([](json& j) { j["weight_map"].erase("lm_head.weight"); });
-  expect_has(open_error(), "missing tensor lm_head.weight (tie_word_embeddings is false, so it is required)");
+  expect_has(open_error(),
+             "missing tensor lm_head.weight (tie_word_embeddings is false, so it is required)");
 }
 
 TEST_F(CraftedSharded, ShardNamesMustBePlainFileNames) {
-  for (const char* bad : {"../model-00005-of-00005.safetensors", "/etc/passwd", "sub/x.safetensors", "..", "."}) {
+  for (const char* bad :
+       {"../model-00005-of-00005.safetensors", "/etc/passwd", "sub/x.safetensors", "..", "."}) {
     SCOPED_TRACE(bad);
     edit_index([&](json& j) { j["weight_map"]["lm_head.weight"] = bad; });
-    expect_has(open_error(), "field 'weight_map': tensor \"lm_head.weight\": expected a plain file name inside the directory");
+    expect_has(open_error(),
+               "field 'weight_map': tensor \"lm_head.weight\": expected a plain file name inside "
+               "the directory");
   }
 }
 
@@ -367,18 +400,28 @@ TEST_F(CraftedSharded, MissingShardFile) {
 }
 
 TEST_F(CraftedSharded, IndexedTensorNotInItsShard) {
-  edit_index([](json& j) { j["weight_map"]["lm_head.weight"] = "model-00001-of-00005.safetensors"; });
-  expect_has(open_error(), "tensor \"lm_head.weight\" is indexed to model-00001-of-00005.safetensors but that shard does not contain it");
+  edit_index(
+      [](json& j) { j["weight_map"]["lm_head.weight"] = "model-00001-of-00005.safetensors"; });
+  expect_has(open_error(),
+             "tensor \"lm_head.weight\" is indexed to model-00001-of-00005.safetensors but that "
+             "shard does not contain it");
 }
 
 TEST_F(CraftedSharded, UnindexedTensorInAShard) {
-  edit_file(kShard1, [](auto& ts) { ts.push_back(zeros("model.layers.0.extra", DType::F32, {2})); });
-  expect_has(open_error(), "tensor \"model.layers.0.extra\" is not listed in model.safetensors.index.json (unindexed tensor)");
+  edit_file(kShard1,
+            [](auto& ts) { ts.push_back(zeros("model.layers.0.extra", DType::F32, {2})); });
+  expect_has(open_error(),
+             "tensor \"model.layers.0.extra\" is not listed in model.safetensors.index.json "
+             "(unindexed tensor)");
 }
 
 TEST_F(CraftedSharded, TensorInTwoShards) {
-  edit_file(kShard1, [](auto& ts) { ts.push_back(zeros("lm_head.weight", DType::F32, {600, 64})); });
-  expect_has(open_error(), "tensor \"lm_head.weight\" is in two shards: model-00001-of-00005.safetensors and model-00005-of-00005.safetensors");
+  edit_file(kShard1, [](auto& ts) {
+    ts.push_back(zeros("lm_head.weight", DType::F32, {600, 64}));
+  });
+  expect_has(open_error(),
+             "tensor \"lm_head.weight\" is in two shards: model-00001-of-00005.safetensors and "
+             "model-00005-of-00005.safetensors");
 }
 
 TEST_F(CraftedSharded, IndexWithoutWeightMap) {
@@ -393,8 +436,10 @@ TEST_F(CraftedSharded, IndexWithDuplicateKey) {
 }
 
 TEST(NameTable, MapsBothLayoutsAndSkipsGroups) {
-  EXPECT_EQ(map_hf_name("model.layers.3.mlp.up_proj.weight").canonical, "layers.3.mlp.up_proj.weight");
-  EXPECT_EQ(map_hf_name("model.language_model.embed_tokens.weight").canonical, "embed_tokens.weight");
+  EXPECT_EQ(map_hf_name("model.layers.3.mlp.up_proj.weight").canonical,
+            "layers.3.mlp.up_proj.weight");
+  EXPECT_EQ(map_hf_name("model.language_model.embed_tokens.weight").canonical,
+            "embed_tokens.weight");
   EXPECT_EQ(map_hf_name("lm_head.weight").canonical, "lm_head.weight");
   EXPECT_EQ(map_hf_name("model.visual.merger.norm.weight").kind, HfName::Kind::kSkipped);
   EXPECT_EQ(map_hf_name("model.visual.merger.norm.weight").group, "model.visual");
@@ -403,12 +448,14 @@ TEST(NameTable, MapsBothLayoutsAndSkipsGroups) {
   EXPECT_EQ(map_hf_name("lm_head.bias").kind, HfName::Kind::kUnknown);
   EXPECT_EQ(map_hf_name("transformer.h.0.attn").kind, HfName::Kind::kUnknown);
   EXPECT_EQ(map_hf_name("model.").kind, HfName::Kind::kUnknown);
-  EXPECT_EQ(map_hf_name("model.visualx.w").kind, HfName::Kind::kModel);  // not the group; rejected later
+  EXPECT_EQ(map_hf_name("model.visualx.w").kind,
+            HfName::Kind::kModel);  // not the group; rejected later
 }
 
 TEST(GenerationConfig, Fields) {
   const GenerationConfig g = parse_generation_config(
-      json::parse(R"({"eos_token_id":[1,2],"bos_token_id":3,"pad_token_id":null,"max_new_tokens":7,"max_length":99})"),
+      json::parse(
+          R"({"eos_token_id":[1,2],"bos_token_id":3,"pad_token_id":null,"max_new_tokens":7,"max_length":99})"),
       "g.json");
   EXPECT_TRUE(g.has_eos);
   EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{1, 2}));
@@ -417,10 +464,12 @@ TEST(GenerationConfig, Fields) {
   EXPECT_EQ(g.max_new_tokens, 7);
   EXPECT_EQ(g.max_length, 99);
   EXPECT_FALSE(parse_generation_config(json::parse(R"({"eos_token_id":null})"), "g.json").has_eos);
-  expect_has(error_of([] { parse_generation_config(json::parse(R"({"max_new_tokens":-1})"), "g.json"); }),
-             "g.json: field 'max_new_tokens': expected a positive integer, found -1");
-  expect_has(error_of([] { parse_generation_config(json::parse(R"({"eos_token_id":"x"})"), "g.json"); }),
-             "g.json: field 'eos_token_id': expected a token id");
+  expect_has(
+      error_of([] { parse_generation_config(json::parse(R"({"max_new_tokens":-1})"), "g.json"); }),
+      "g.json: field 'max_new_tokens': expected a positive integer, found -1");
+  expect_has(
+      error_of([] { parse_generation_config(json::parse(R"({"eos_token_id":"x"})"), "g.json"); }),
+      "g.json: field 'eos_token_id': expected a token id");
 }
 
 }  // namespace

@@ -139,7 +139,8 @@ TEST(HfConfig, Samples) {
 TEST(HfConfigVariants, Transformers4RopeThetaAtTopLevel) {
   json j = load(kQwen35Tiny);
   j["rope_theta"] = 5e6;
-  j["rope_scaling"] = {{"type", "default"}, {"mrope_section", {2, 1, 1}}, {"mrope_interleaved", true}};
+  j["rope_scaling"] = {
+      {"type", "default"}, {"mrope_section", {2, 1, 1}}, {"mrope_interleaved", true}};
   j.erase("rope_parameters");
   const ModelConfig c = parse(j);
   EXPECT_DOUBLE_EQ(c.rope.theta, 5e6);
@@ -159,7 +160,9 @@ TEST(HfConfigVariants, PartialFactorInEitherPlace) {
   EXPECT_DOUBLE_EQ(parse(neither).rope.partial_factor, 1.0);
   json disagree = load(kQwen35Tiny);
   disagree["partial_rotary_factor"] = 0.5;
-  expect_has(reject(disagree), "'partial_rotary_factor' (0.5) and 'rope_parameters.partial_rotary_factor' (0.25) disagree");
+  expect_has(
+      reject(disagree),
+      "'partial_rotary_factor' (0.5) and 'rope_parameters.partial_rotary_factor' (0.25) disagree");
   json both_theta = load(kQwen3Tiny);
   both_theta["rope_theta"] = 1e4;
   expect_has(reject(both_theta), "disagree");
@@ -179,7 +182,8 @@ TEST(HfConfigVariants, TieAtEitherLevel) {
   EXPECT_TRUE(parse(top_only).tie_word_embeddings);
   json disagree = load(kQwen35Vlm);
   disagree["tie_word_embeddings"] = true;
-  expect_has(reject(disagree), "'tie_word_embeddings' (true) and 'text_config.tie_word_embeddings' (false) disagree");
+  expect_has(reject(disagree),
+             "'tie_word_embeddings' (true) and 'text_config.tie_word_embeddings' (false) disagree");
 }
 
 TEST(HfConfigVariants, TokenIdsIntListOrNull) {
@@ -241,38 +245,50 @@ std::vector<Reject> rejects() {
       {"rope_yarn", kQwen3Tiny, [](json& j) { j["rope_parameters"]["rope_type"] = "yarn"; },
        "field 'rope_parameters.rope_type': only \"default\" RoPE is supported, found \"yarn\""},
       {"rope_scaling_linear", "tests/data/configs/qwen3-0.6b.json",
-       [](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+       [](json& j) {
+         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
        "field 'rope_scaling.type': only \"default\" RoPE is supported, found \"linear\""},
       {"sliding_window", kQwen3Tiny,
        [](json& j) { j["use_sliding_window"] = true, j["sliding_window"] = 4096; },
-       "field 'use_sliding_window': an active sliding window is not supported (use_sliding_window true, sliding_window 4096)"},
-      {"sliding_layer_type", kQwen3Tiny,
-       [](json& j) { j["layer_types"][1] = "sliding_attention"; },
+       "field 'use_sliding_window': an active sliding window is not supported (use_sliding_window "
+       "true, sliding_window 4096)"},
+      {"sliding_layer_type", kQwen3Tiny, [](json& j) { j["layer_types"][1] = "sliding_attention"; },
        "field 'layer_types[1]': expected \"full_attention\", found \"sliding_attention\""},
       {"attention_bias", kQwen3Tiny, [](json& j) { j["attention_bias"] = true; },
        "field 'attention_bias': attention_bias true is not supported"},
-      {"attention_bias_nested", kQwen35Vlm, [](json& j) { j["text_config"]["attention_bias"] = true; },
+      {"attention_bias_nested", kQwen35Vlm,
+       [](json& j) { j["text_config"]["attention_bias"] = true; },
        "field 'text_config.attention_bias'"},
       {"moe", kQwen3Tiny, [](json& j) { j["num_experts"] = 8; },
        "field 'num_experts': mixture-of-experts models are not supported, found 8"},
       {"moe_arch", kQwen3Tiny, [](json& j) { j["architectures"] = {"Qwen3MoeForCausalLM"}; },
-       "field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or Qwen3_5ForConditionalGeneration, found \"Qwen3MoeForCausalLM\""},
+       "field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
+       "Qwen3_5ForConditionalGeneration, found \"Qwen3MoeForCausalLM\""},
       {"fp8", kQwen3Tiny,
-       [](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}; },
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+       },
        "field 'quantization_config.quant_method': FP8 weights are not supported"},
       {"layer_types_length", kQwen35Tiny, [](json& j) { j["layer_types"].erase(0); },
        "field 'layer_types': expected 8 entries (num_hidden_layers), found 7"},
       {"layer_type_unknown", kQwen35Tiny, [](json& j) { j["layer_types"][0] = "mamba"; },
-       "field 'layer_types[0]': expected \"full_attention\" or \"linear_attention\", found \"mamba\""},
-      {"mrope_sum", kQwen35Tiny, [](json& j) { j["rope_parameters"]["mrope_section"] = {2, 2, 1}; },
-       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [2,2,1] (sum 5)"},
+       "field 'layer_types[0]': expected \"full_attention\" or \"linear_attention\", found "
+       "\"mamba\""},
+      {"mrope_sum", kQwen35Tiny,
+       [](json& j) {
+         j["rope_parameters"]["mrope_section"] = {2, 2, 1};
+       },
+       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [2,2,1] (sum "
+       "5)"},
       {"heads_not_divisible", kQwen3Tiny, [](json& j) { j["num_key_value_heads"] = 3; },
        "field 'num_key_value_heads': expected a divisor of num_attention_heads (4), found 3"},
       {"value_heads_not_divisible", kQwen35Tiny, [](json& j) { j["linear_num_value_heads"] = 3; },
        "field 'linear_num_value_heads': expected a multiple of linear_num_key_heads (2), found 3"},
       {"rotary_odd", kQwen35Tiny,
        [](json& j) {
-         j["partial_rotary_factor"] = 0.15625, j["rope_parameters"]["partial_rotary_factor"] = 0.15625;
+         j["partial_rotary_factor"] = 0.15625,
+         j["rope_parameters"]["partial_rotary_factor"] = 0.15625;
          j["rope_parameters"].erase("mrope_section");
          j["rope_parameters"].erase("mrope_interleaved");
        },
@@ -294,7 +310,9 @@ std::vector<Reject> rejects() {
       {"no_output_gate", kQwen35Tiny, [](json& j) { j["attn_output_gate"] = false; },
        "field 'attn_output_gate': false is not supported"},
       {"mrope_for_qwen3", kQwen3Tiny,
-       [](json& j) { j["rope_parameters"]["mrope_section"] = {8, 4, 4}; },
+       [](json& j) {
+         j["rope_parameters"]["mrope_section"] = {8, 4, 4};
+       },
        "M-RoPE is not supported for Qwen3ForCausalLM"},
       {"not_object", kQwen3Tiny, [](json& j) { j = json::array(); }, "expected a JSON object"},
   };
@@ -333,8 +351,9 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
 }
 
 TEST(ConfigJson, RoundTripIsExact) {
-  for (const char* rel : {kQwen3Tiny, kQwen3Sharded, kQwen35Tiny, kQwen35Vlm,
-                          "tests/data/configs/qwen3.5-9b.json", "samples/qwen3-sample/config.json"}) {
+  for (const char* rel :
+       {kQwen3Tiny, kQwen3Sharded, kQwen35Tiny, kQwen35Vlm, "tests/data/configs/qwen3.5-9b.json",
+        "samples/qwen3-sample/config.json"}) {
     SCOPED_TRACE(rel);
     ModelConfig c = load_hf_config(source_path(rel));
     c.rms_norm_eps = 0.1 + 0.2;  // a double with no short decimal form
@@ -350,7 +369,8 @@ TEST(ConfigJson, RejectsMissingOrWrongFields) {
   const ModelConfig c = load_hf_config(source_path(kQwen35Tiny));
   json j = config_to_json(c);
   j["rope"].erase("theta");
-  expect_has(error_of([&] { config_from_json(j, "m.json"); }), "m.json: missing field 'config.rope.theta'");
+  expect_has(error_of([&] { config_from_json(j, "m.json"); }),
+             "m.json: missing field 'config.rope.theta'");
   j = config_to_json(c);
   j["layer_plan"] = "LLXF";
   expect_has(error_of([&] { config_from_json(j, "m.json"); }), "field 'config.layer_plan'");

@@ -38,27 +38,33 @@ ChildRun run_inspect(const std::string& args) {
   return r;
 }
 
-size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+size_t lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
 
 TEST(Inspect, VlmPlanAndSkippedGroups) {
   const ChildRun r = run_inspect(shell_quote(source_path("tests/data/models/qwen3.5-tiny-vlm")));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  EXPECT_NE(r.out.find("architecture: Qwen3_5ForConditionalGeneration"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("architecture: Qwen3_5ForConditionalGeneration"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("layer plan: LFLLFL "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  model.visual: 21 tensors"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  mtp: 5 tensors"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tensors: 81, "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  BF16: 81 tensors"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("linear attention: 2 key heads x 32, 2 value heads x 24, conv kernel 4"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Inspect, ShardedF32AndHybridPlans) {
-  const ChildRun a = run_inspect(shell_quote(source_path("tests/data/models/qwen3-tiny-sharded-f32")));
+  const ChildRun a =
+      run_inspect(shell_quote(source_path("tests/data/models/qwen3-tiny-sharded-f32")));
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_NE(a.out.find("layer plan: FFFF "), std::string::npos) << a.out;
-  EXPECT_NE(a.out.find("  F32: 47 tensors, 932608 bytes"), std::string::npos) << a.out;  // index total_size
+  EXPECT_NE(a.out.find("  F32: 47 tensors, 932608 bytes"), std::string::npos)
+      << a.out;  // index total_size
   EXPECT_NE(a.out.find("skipped groups: none"), std::string::npos) << a.out;
   const ChildRun b = run_inspect(shell_quote(source_path("samples/qwen3.5-sample")));
   ASSERT_EQ(b.status, 0) << b.err;
@@ -72,7 +78,8 @@ TEST(Inspect, MalformedDirectoryExitsOneWithOneLine) {
   const fs::path dir = tmp.path() / "broken";
   fs::create_directories(dir);
   fs::copy_file(source_path("tests/data/models/qwen3-tiny/config.json"), dir / "config.json");
-  testing::write_file((dir / "model.safetensors").string(), testing::safetensors_bytes("{\"a\":", 0));
+  testing::write_file((dir / "model.safetensors").string(),
+                      testing::safetensors_bytes("{\"a\":", 0));
   const ChildRun r = run_inspect(shell_quote(dir.string()));
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.out, "");  // no partial output
@@ -82,9 +89,9 @@ TEST(Inspect, MalformedDirectoryExitsOneWithOneLine) {
 }
 
 TEST(Inspect, UsageErrorsExitOneWithOneLine) {
-  for (const std::string& args : {std::string(""), std::string("/nonexistent/dir"),
-                                 std::string("--no-such-flag x"),
-                                 "--verify " + shell_quote(source_path("tests/data/models/qwen3-tiny"))}) {
+  for (const std::string& args :
+       {std::string(""), std::string("/nonexistent/dir"), std::string("--no-such-flag x"),
+        "--verify " + shell_quote(source_path("tests/data/models/qwen3-tiny"))}) {
     SCOPED_TRACE(args);
     const ChildRun r = run_inspect(args);
     EXPECT_EQ(r.status, 1);

@@ -65,10 +65,9 @@ TEST(Safetensors, EmptyFileOfTensorsAndZeroSizedAndScalar) {
   write_file(tmp.file("empty.safetensors"), safetensors_bytes("{}", 0));
   EXPECT_TRUE(SafetensorsFile::open(tmp.file("empty.safetensors"))->tensors().empty());
 
-  const std::string h =
-      R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},)"
-      R"("s":{"dtype":"I16","shape":[],"data_offsets":[0,2]},)"
-      R"("__metadata__":{"format":"pt"}})";
+  const std::string h = R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},)"
+                        R"("s":{"dtype":"I16","shape":[],"data_offsets":[0,2]},)"
+                        R"("__metadata__":{"format":"pt"}})";
   write_file(tmp.file("edge.safetensors"), safetensors_bytes(h, 2));
   auto f = SafetensorsFile::open(tmp.file("edge.safetensors"));
   ASSERT_EQ(f->tensors().size(), 2u);
@@ -102,8 +101,8 @@ std::vector<BadCase> bad_cases() {
       {"duplicate_tensor", safetensors_bytes(tensor_header(ok_t + "," + ok_t), 8),
        "duplicate JSON key 'a'"},
       {"duplicate_field",
-       safetensors_bytes(
-           R"({"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}})", 8),
+       safetensors_bytes(R"({"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}})",
+                         8),
        "duplicate JSON key 'dtype' in object /a"},
       {"bad_dtype",
        safetensors_bytes(R"({"a":{"dtype":"F128","shape":[2],"data_offsets":[0,8]}})", 8),
@@ -126,8 +125,8 @@ std::vector<BadCase> bad_cases() {
            R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,8]}})", 8),
        "byte size of"},
       {"rank_too_high",
-       safetensors_bytes(
-           R"({"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}})", 1),
+       safetensors_bytes(R"({"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}})",
+                         1),
        "expected at most 8 dimensions, found 9"},
       {"offsets_not_pair",
        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8),
@@ -145,10 +144,12 @@ std::vector<BadCase> bad_cases() {
        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
        "expected the first tensor to start at 0, found 4"},
       {"gap",
-       safetensors_bytes(tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[12,16]})"), 16),
+       safetensors_bytes(
+           tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[12,16]})"), 16),
        "expected start 8 (end of tensor \"a\"), found 12 (a gap of 4 bytes)"},
       {"overlap",
-       safetensors_bytes(tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]})"), 8),
+       safetensors_bytes(
+           tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]})"), 8),
        "overlaps tensor"},
       {"trailing_bytes", safetensors_bytes(tensor_header(ok_t), 12),
        "data buffer has 12 bytes but the tensors cover 8"},
@@ -161,11 +162,11 @@ std::vector<BadCase> bad_cases() {
        safetensors_bytes(R"({"a\nb":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
        "tensor \"a\\nb\": expected a tensor name without control characters"},
       {"c1_control_name",
-       safetensors_bytes("{\"a\xc2\x85\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8),
+       safetensors_bytes("{\"a\xc2\x85\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                         8),
        "without control characters"},
       {"unknown_field",
-       safetensors_bytes(
-           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8),
+       safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8),
        "unexpected field \"extra\""},
       {"missing_shape", safetensors_bytes(R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", 8),
        "missing field 'shape'"},
@@ -234,13 +235,15 @@ TEST(SafetensorsRobustness, TruncationsAndByteFlipsOnlyThrowQtkError) {
     }
   };
   ASSERT_EQ(outcome(good), 0);
-  for (size_t n = 0; n < good.size(); ++n) EXPECT_EQ(outcome(good.substr(0, n)), 1) << "prefix " << n;
+  for (size_t n = 0; n < good.size(); ++n)
+    EXPECT_EQ(outcome(good.substr(0, n)), 1) << "prefix " << n;
   int opened = 0;
   for (size_t i = 0; i < good.size() - 16; ++i) {
     for (unsigned char v : {0x00, 0x22, 0x2c, 0x30, 0x5d, 0x7d, 0xff}) {
       std::string bad = good;
       bad[i] = static_cast<char>(v);
-      opened += outcome(bad) == 0;  // a flip may still be valid (e.g. "k" -> "0"); no crash is the point
+      opened +=
+          outcome(bad) == 0;  // a flip may still be valid (e.g. "k" -> "0"); no crash is the point
     }
   }
   EXPECT_LT(opened, 200);  // most corruptions must be rejected

@@ -16,20 +16,21 @@ TEST(StrictJson, SameDomAsNlohmannWithoutDuplicates) {
 }
 
 TEST(StrictJson, RejectsDuplicateKeysAtAnyDepthWithPath) {
-  EXPECT_NE(error_of([] { parse_json_strict(R"({"a":1,"a":2})", "t.json"); })
-                .find("t.json: duplicate JSON key 'a' in object /"),
+  EXPECT_NE(error_of([] {
+              parse_json_strict(R"({"a":1,"a":2})", "t.json");
+            }).find("t.json: duplicate JSON key 'a' in object /"),
             std::string::npos);
-  const std::string nested = error_of([] {
-    parse_json_strict(R"({"x":[{"ok":1},{"y":{"k":1,"k":1}}]})", "t.json");
-  });
+  const std::string nested =
+      error_of([] { parse_json_strict(R"({"x":[{"ok":1},{"y":{"k":1,"k":1}}]})", "t.json"); });
   EXPECT_NE(nested.find("duplicate JSON key 'k' in object /x/1/y"), std::string::npos) << nested;
   // The same key in sibling objects is fine.
   EXPECT_NO_THROW(parse_json_strict(R"({"a":{"k":1},"b":{"k":2}})", "t.json"));
 }
 
 TEST(StrictJson, RejectsSyntaxErrorsAndTrailingGarbage) {
-  EXPECT_NE(error_of([] { parse_json_strict("{\"a\":1} x", "t.json"); }).find("t.json: invalid JSON"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { parse_json_strict("{\"a\":1} x", "t.json"); }).find("t.json: invalid JSON"),
+      std::string::npos);
   EXPECT_NE(error_of([] { parse_json_strict("", "t.json"); }).find("invalid JSON"),
             std::string::npos);
 }
@@ -38,14 +39,14 @@ TEST(StrictJson, Utf8Validator) {
   using sv = std::string_view;
   EXPECT_EQ(find_invalid_utf8("plain ascii"), sv::npos);
   EXPECT_EQ(find_invalid_utf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), sv::npos);  // é € 😀
-  EXPECT_EQ(find_invalid_utf8("ab\x80"), 2u);                  // stray continuation byte
-  EXPECT_EQ(find_invalid_utf8("a\xc3"), 1u);                   // truncated sequence
-  EXPECT_EQ(find_invalid_utf8("a\xc1\xbf"), 1u);               // overlong 2-byte form
-  EXPECT_EQ(find_invalid_utf8("\xe0\x80\xaf"), 0u);            // overlong 3-byte form
-  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);            // UTF-16 surrogate
-  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);        // above U+10FFFF
-  EXPECT_EQ(find_invalid_utf8("\xf8\x88\x80\x80\x80"), 0u);    // 5-byte lead
-  EXPECT_EQ(find_invalid_utf8("\xe2\x28\xa1"), 0u);            // bad continuation
+  EXPECT_EQ(find_invalid_utf8("ab\x80"), 2u);                // stray continuation byte
+  EXPECT_EQ(find_invalid_utf8("a\xc3"), 1u);                 // truncated sequence
+  EXPECT_EQ(find_invalid_utf8("a\xc1\xbf"), 1u);             // overlong 2-byte form
+  EXPECT_EQ(find_invalid_utf8("\xe0\x80\xaf"), 0u);          // overlong 3-byte form
+  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);          // UTF-16 surrogate
+  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);      // above U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("\xf8\x88\x80\x80\x80"), 0u);  // 5-byte lead
+  EXPECT_EQ(find_invalid_utf8("\xe2\x28\xa1"), 0u);          // bad continuation
 }
 
 TEST(StrictJson, LoadJsonFileNamesMissingFile) {
