@@ -37,6 +37,7 @@ class MergeTable {
     }
   }
   size_t size() const { return size_; }
+  void prefetch(int32_t left, int32_t right) const { __builtin_prefetch(&slots_[hash(make_key(left, right))]); }
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};

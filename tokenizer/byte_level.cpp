@@ -38,18 +38,26 @@ std::optional<uint8_t> char_to_byte(uint32_t cp) {
   return static_cast<uint8_t>(kTables.to_byte[cp]);
 }
 
-std::string token_bytes(std::string_view token) {
-  std::string bytes;
-  bytes.reserve(token.size());
+void append_token_bytes(std::string& out, std::string_view token) {
+  const size_t start = out.size();
   const auto* s = reinterpret_cast<const unsigned char*>(token.data());
   size_t i = 0;
   while (i < token.size()) {
     uint32_t cp;
     i += unicode::decode_utf8(s, i, cp);
     const std::optional<uint8_t> b = char_to_byte(cp);
-    if (!b) return std::string(token);
-    bytes.push_back(static_cast<char>(*b));
+    if (!b) {
+      out.resize(start);
+      out.append(token);
+      return;
+    }
+    out.push_back(static_cast<char>(*b));
   }
+}
+
+std::string token_bytes(std::string_view token) {
+  std::string bytes;
+  append_token_bytes(bytes, token);
   return bytes;
 }
 

@@ -20,6 +20,7 @@ std::optional<uint8_t> char_to_byte(uint32_t cp);
 // character is in the alphabet, the bytes they stand for; otherwise the
 // token's own UTF-8 bytes unchanged. `token` must be valid UTF-8.
 std::string token_bytes(std::string_view token);
+void append_token_bytes(std::string& out, std::string_view token);
 
 // ByteLevel string of raw bytes (the inverse of token_bytes for the alphabet).
 std::string to_token_string(std::string_view bytes);

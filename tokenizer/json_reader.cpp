@@ -19,13 +19,7 @@ std::string describe_char(std::string_view text, size_t pos) {
 }  // namespace
 
 JsonReader::JsonReader(std::string_view text, std::string source)
-    : text_(text), source_(std::move(source)) {
-  const size_t bad = unicode::find_invalid_utf8(text);
-  if (bad != std::string_view::npos) {
-    fail("{}: invalid JSON: byte {} is not valid UTF-8 (found byte 0x{:02X})", source_, bad,
-         static_cast<unsigned char>(text[bad]));
-  }
-}
+    : text_(text), source_(std::move(source)) {}
 
 void JsonReader::fail_here(std::string_view expected) const {
   fail("{}: invalid JSON at byte {}: expected {}, found {}", source_, pos_, expected,
@@ -129,9 +123,19 @@ void JsonReader::read_string(std::string& out, std::string_view what) {
   const size_t n = text_.size();
   for (;;) {
     // Copy the plain run up to the next quote, backslash or control byte.
+    // note: UTF-8 is checked here, inside strings, where the bytes are read
+    // anyway; outside strings any non-ASCII byte is a syntax error.
     size_t run = pos_;
     while (run < n) {
       const unsigned char c = static_cast<unsigned char>(s[run]);
+      if (c >= 0x80) {
+        const size_t len = unicode::utf8_sequence_length(reinterpret_cast<const unsigned char*>(s) + run, n - run);
+        if (len == 0) {
+          fail("{}: invalid JSON: byte {} is not valid UTF-8 (found byte 0x{:02X})", source_, run, c);
+        }
+        run += len;
+        continue;
+      }
       if (c == '"' || c == '\\' || c < 0x20) break;
       ++run;
     }

@@ -136,54 +136,61 @@ struct Span {
 };
 
 // String -> id over strings stored in one arena; open addressing.
+// note: loading Qwen3 does ~600k lookups in a table of a few MB, so most of
+// the time is cache misses; callers hash first and prefetch() a few keys
+// ahead, and slots keep a hash tag so that mismatches skip the arena.
 class VocabIndex {
  public:
   VocabIndex(const std::string& arena, size_t expected) : arena_(arena) {
     size_t capacity = 16;
-    while (capacity < expected * 2) capacity *= 2;
-    slots_.assign(capacity, Slot{{0, 0}, -1});
+    while (capacity < expected + expected / 2) capacity *= 2;
+    slots_.assign(capacity, Slot{0, 0, 0, -1});
     mask_ = capacity - 1;
   }
+  static uint64_t hash(std::string_view key) {
+    return bpe::WordCache::hash_bytes(reinterpret_cast<const unsigned char*>(key.data()), key.size());
+  }
+  void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
   // Returns the id already stored under the same string, or -1 after inserting.
-  int32_t insert(Span key, int32_t id) {
-    size_t slot = bpe::WordCache::hash_bytes(bytes(key), key.size) & mask_;
-    for (;;) {
+  int32_t insert(Span key, uint64_t h, int32_t id) {
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    for (size_t slot = h & mask_;; slot = (slot + 1) & mask_) {
       Slot& s = slots_[slot];
       if (s.id < 0) {
-        s = Slot{key, id};
+        s = Slot{key.offset, key.size, tag, id};
         return -1;
       }
-      if (s.key.size == key.size && std::memcmp(arena_.data() + s.key.offset, bytes(key), key.size) == 0) {
+      if (s.tag == tag && s.size == key.size &&
+          std::memcmp(arena_.data() + s.offset, arena_.data() + key.offset, key.size) == 0) {
         return s.id;
       }
-      slot = (slot + 1) & mask_;
     }
   }
-  std::optional<int32_t> find(std::string_view key) const {
-    const auto* k = reinterpret_cast<const unsigned char*>(key.data());
-    size_t slot = bpe::WordCache::hash_bytes(k, key.size()) & mask_;
-    for (;;) {
+  std::optional<int32_t> find(std::string_view key, uint64_t h) const {
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    for (size_t slot = h & mask_;; slot = (slot + 1) & mask_) {
       const Slot& s = slots_[slot];
       if (s.id < 0) return std::nullopt;
-      if (s.key.size == key.size() && std::memcmp(arena_.data() + s.key.offset, key.data(), key.size()) == 0) {
+      if (s.tag == tag && s.size == key.size() && std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0) {
         return s.id;
       }
-      slot = (slot + 1) & mask_;
     }
   }
+  std::optional<int32_t> find(std::string_view key) const { return find(key, hash(key)); }
 
  private:
   struct Slot {
-    Span key;
-    int32_t id;
+    uint32_t offset;
+    uint32_t size;
+    uint32_t tag;  // high half of the hash
+    int32_t id;    // -1 when free
   };
-  const unsigned char* bytes(Span s) const {
-    return reinterpret_cast<const unsigned char*>(arena_.data()) + s.offset;
-  }
   const std::string& arena_;
   std::vector<Slot> slots_;
   size_t mask_ = 0;
 };
+
+constexpr size_t kPrefetchDistance = 16;
 
 struct RawModel {
   std::string arena;  // vocabulary strings, then merge halves
@@ -216,7 +223,7 @@ void read_model(JsonReader& r, RawModel& m) {
       r.begin_object("model.vocab");
       std::string token;
       while (r.next_member(token)) {
-        const int64_t id = r.read_integer(fmt::format("the id of model.vocab token \"{}\"", shorten(token)));
+        const int64_t id = r.read_integer("the id of a model.vocab token");
         if (id < 0 || id > INT32_MAX) {
           fail("{}: model.vocab token \"{}\" has id {} (expected 0..{})", source, shorten(token), id, INT32_MAX);
         }
@@ -321,6 +328,7 @@ std::atomic<uint64_t> g_next_instance{1};
 TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string& source) {
   JsonReader r(json_text, source);
   RawModel raw;
+  raw.arena.reserve(json_text.size() / 2);
   bool saw_model = false;
   json normalizer, pre_tokenizer, post_processor, decoder, added_tokens;
   r.begin_object("the top level");
@@ -364,8 +372,12 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
   for (const AddedToken& t : added) max_id = std::max<int64_t>(max_id, t.id);
   model.vocab_size = max_id + 1;
   std::vector<Span> token_of_id(static_cast<size_t>(model.vocab_size), Span{0, UINT32_MAX});
-  for (const auto& [span, id] : raw.vocab) {
-    if (index.insert(span, id) >= 0) {
+  std::vector<uint64_t> hashes(raw.vocab.size());
+  for (size_t i = 0; i < raw.vocab.size(); ++i) hashes[i] = VocabIndex::hash(view(raw.arena, raw.vocab[i].first));
+  for (size_t i = 0; i < raw.vocab.size(); ++i) {
+    if (i + kPrefetchDistance < raw.vocab.size()) index.prefetch(hashes[i + kPrefetchDistance]);
+    const auto& [span, id] = raw.vocab[i];
+    if (index.insert(span, hashes[i], id) >= 0) {
       fail("{}: model.vocab lists token \"{}\" twice", source, shorten(view(raw.arena, span)));
     }
     Span& owner = token_of_id[static_cast<size_t>(id)];
@@ -388,24 +400,51 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     model.byte_ids[b] = *id;
   }
 
-  // Merges: rank = position in the list.
-  model.merges.reserve(raw.merges.size());
-  std::string joined;
-  for (size_t k = 0; k < raw.merges.size(); ++k) {
+  // Merges: rank = position in the list. Hash everything first (sequential
+  // reads), then look up with prefetching.
+  const size_t merge_count = raw.merges.size();
+  std::string joined_arena;
+  std::vector<Span> joined(merge_count);
+  std::vector<uint64_t> merge_hashes(merge_count * 3);
+  joined_arena.reserve(raw.arena.size());
+  for (size_t k = 0; k < merge_count; ++k) {
     const auto [a, b] = raw.merges[k];
-    const std::optional<int32_t> left = index.find(view(raw.arena, a));
-    const std::optional<int32_t> right = index.find(view(raw.arena, b));
+    joined[k] = Span{static_cast<uint32_t>(joined_arena.size()), a.size + b.size};
+    joined_arena.append(view(raw.arena, a));
+    joined_arena.append(view(raw.arena, b));
+    merge_hashes[3 * k] = VocabIndex::hash(view(raw.arena, a));
+    merge_hashes[3 * k + 1] = VocabIndex::hash(view(raw.arena, b));
+    merge_hashes[3 * k + 2] = VocabIndex::hash(view(joined_arena, joined[k]));
+  }
+  struct ResolvedMerge {
+    int32_t left, right, merged;
+  };
+  std::vector<ResolvedMerge> resolved(merge_count);
+  for (size_t k = 0; k < merge_count; ++k) {
+    if (k + kPrefetchDistance < merge_count) {
+      for (size_t j = 0; j < 3; ++j) index.prefetch(merge_hashes[3 * (k + kPrefetchDistance) + j]);
+    }
+    const auto [a, b] = raw.merges[k];
+    const std::optional<int32_t> left = index.find(view(raw.arena, a), merge_hashes[3 * k]);
+    const std::optional<int32_t> right = index.find(view(raw.arena, b), merge_hashes[3 * k + 1]);
     if (!left || !right) {
       fail("{}: model.merges[{}] uses \"{}\", which is not in model.vocab", source, k,
            shorten(view(raw.arena, left ? b : a)));
     }
-    joined.assign(view(raw.arena, a));
-    joined.append(view(raw.arena, b));
-    const std::optional<int32_t> merged = index.find(joined);
+    const std::optional<int32_t> merged = index.find(view(joined_arena, joined[k]), merge_hashes[3 * k + 2]);
     if (!merged) {
-      fail("{}: model.merges[{}] makes \"{}\", which is not in model.vocab", source, k, shorten(joined));
+      fail("{}: model.merges[{}] makes \"{}\", which is not in model.vocab", source, k,
+           shorten(view(joined_arena, joined[k])));
     }
-    model.merges.insert(*left, *right, static_cast<uint32_t>(k), *merged);
+    resolved[k] = ResolvedMerge{*left, *right, *merged};
+  }
+  model.merges.reserve(merge_count);
+  for (size_t k = 0; k < merge_count; ++k) {
+    if (k + kPrefetchDistance < merge_count) {
+      const ResolvedMerge& ahead = resolved[k + kPrefetchDistance];
+      model.merges.prefetch(ahead.left, ahead.right);
+    }
+    model.merges.insert(resolved[k].left, resolved[k].right, static_cast<uint32_t>(k), resolved[k].merged);
   }
 
   // Added tokens. note: HF ignores the "id" written in the file and assigns the
@@ -452,7 +491,7 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
       continue;
     }
     model.id_known[id] = 1;
-    model.decode_bytes += byte_level::token_bytes(text);
+    byte_level::append_token_bytes(model.decode_bytes, text);
   }
   model.decode_offsets[static_cast<size_t>(model.vocab_size)] = static_cast<uint32_t>(model.decode_bytes.size());
 

@@ -113,6 +113,32 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+size_t utf8_sequence_length(const unsigned char* s, size_t avail) {
+  const unsigned char b = s[0];
+  if (b < 0x80) return 1;
+  size_t need;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (b >= 0xC2 && b <= 0xDF) {
+    need = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    need = 2;
+    if (b == 0xE0) lo = 0xA0;  // no overlong forms
+    if (b == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    need = 3;
+    if (b == 0xF0) lo = 0x90;  // no overlong forms
+    if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (need >= avail) return 0;  // truncated
+  if (s[1] < lo || s[1] > hi) return 0;
+  for (size_t k = 2; k <= need; ++k) {
+    if ((s[k] & 0xC0) != 0x80) return 0;
+  }
+  return need + 1;
+}
+
 size_t find_invalid_utf8(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
@@ -127,32 +153,9 @@ size_t find_invalid_utf8(std::string_view text) {
         continue;
       }
     }
-    const unsigned char b = s[i];
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) {
-      need = 1;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      need = 2;
-      if (b == 0xE0) lo = 0xA0;
-      if (b == 0xED) hi = 0x9F;  // no surrogates
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      need = 3;
-      if (b == 0xF0) lo = 0x90;
-      if (b == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + need >= n) return i;  // truncated
-    if (s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (size_t k = 2; k <= need; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-    }
-    i += need + 1;
+    const size_t len = utf8_sequence_length(s + i, n - i);
+    if (len == 0) return i;
+    i += len;
   }
   return std::string_view::npos;
 }

@@ -56,6 +56,10 @@ inline size_t decode_utf8(const unsigned char* s, size_t i, uint32_t& cp) {
 // Appends the UTF-8 encoding of cp (a Unicode scalar value).
 void append_utf8(std::string& out, uint32_t cp);
 
+// Length of the well-formed UTF-8 sequence at s[0] (avail >= 1 bytes
+// readable), or 0 when it is ill-formed or truncated.
+size_t utf8_sequence_length(const unsigned char* s, size_t avail);
+
 // Byte offset of the first ill-formed UTF-8 sequence, or npos when valid.
 size_t find_invalid_utf8(std::string_view s);
 

@@ -115,7 +115,7 @@ TEST(Malformed, BrokenJsonIsRefusedWithItsPosition) {
   std::string bad_utf8 = text;
   bad_utf8[bad_utf8.find("<|endoftext|>") + 2] = '\xFF';
   expect_refused(bad_utf8, {"is not valid UTF-8", "0xFF"});
-  expect_refused("{\"model\": {\"vocab\": {\"a\": 1.5}}}", {"expected an integer for the id of model.vocab token \"a\""});
+  expect_refused("{\"model\": {\"vocab\": {\"a\": 1.5}}}", {"expected an integer for the id of a model.vocab token"});
   expect_refused("{\"model\": {\"vocab\": {\"a\\q\": 1}}}", {"expected a valid escape"});
 }
 
