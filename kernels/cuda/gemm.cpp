@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
   int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
+  bool ok = true;       // false: no algorithm qualified (why says what was rejected)
+  std::string why;
   std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
 
   ~Plan() {
@@ -115,6 +118,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   constexpr int kWanted = 32;
   int found_total = 0;
   bool chosen = false;
+  std::string why;  // the first few rejections, for the error message
   for (int64_t probe_m : {ref_m_, int64_t{1}, 4 * ref_m_}) {
     const auto& probe = p->layouts(probe_m);
     std::vector<cublasLtMatmulHeuristicResult_t> results(kWanted);
@@ -139,19 +143,26 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
       if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
                                                sizeof(got_splitk), &written) ==
               CUBLAS_STATUS_SUCCESS &&
-          got_splitk > 1)
+          got_splitk > 1) {
+        if (why.size() < 300) why += fmt::format(" [{}: split-K {}]", i, got_splitk);
         continue;
+      }
       // The same algorithm must serve M = 1 (decode) and M = ref_m, with no
       // workspace (none is given at run time).
       cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, one.first, one.second, one.second, &algo,
-                                  &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize != 0)
-        continue;
-      if (cublasLtMatmulAlgoCheck(lt, p->desc, p->a, ref.first, ref.second, ref.second, &algo,
-                                  &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize != 0)
-        continue;
+      bool ok = true;
+      for (const auto* l : {&one, &ref}) {
+        const cublasStatus_t st = cublasLtMatmulAlgoCheck(lt, p->desc, p->a, l->first, l->second,
+                                                          l->second, &algo, &check);
+        if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize != 0) {
+          if (why.size() < 300)
+            why += fmt::format(" [{}: check status {} workspace {}]", i, static_cast<int>(st),
+                               check.workspaceSize);
+          ok = false;
+          break;
+        }
+      }
+      if (!ok) continue;
       p->algo = algo;
       p->probe_m = probe_m;
       chosen = true;
@@ -159,9 +170,13 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
     if (chosen) break;
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  if (!chosen)
-    fail("Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) among {} "
-         "candidates", n, k, dtype_name(in), dtype_name(out), found_total);
+  if (!chosen) {
+    p->ok = false;
+    p->why = fmt::format("Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) "
+                         "among {} candidates:{}", n, k, dtype_name(in), dtype_name(out),
+                         found_total, why);
+    return *plans_.emplace(key, std::move(p)).first->second;
+  }
   size_t written = 0;
   cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &p->algo_id,
                                        sizeof(p->algo_id), &written);
@@ -179,6 +194,20 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       fail("Gemm: pointer {} is not 16-byte aligned", ptr);
   Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
+  if (!p.ok) {
+    // note: some very wide products (a 151936-row lm_head) get no
+    // qualifying algorithm; they run as column blocks of kChunkN output
+    // columns. Each output element is still one K reduction by one fixed
+    // algorithm, and the split depends on N only, so invariance holds.
+    constexpr int64_t kChunkN = 16384;
+    if (n <= kChunkN) fail("{}", p.why);
+    const int64_t wes = dtype_size(in), yes = dtype_size(out);
+    for (int64_t off = 0; off < n; off += kChunkN)
+      run(x, ldx, static_cast<const char*>(w) + off * ldw * wes, ldw,
+          static_cast<char*>(y) + off * yes, ldy, m, std::min(kChunkN, n - off), k, in, out,
+          stream);
+    return;
+  }
   const auto& l = p.layouts(m);
   const float alpha = 1.0f, beta = 0.0f;
   QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a,
@@ -189,6 +218,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
 std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                            DType out) {
   const Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
+  if (!p.ok) return fmt::format("column blocks of 16384 ({})", p.why.substr(0, 120));
   return fmt::format("algo {} tile {} stages {} (heuristic of M {})", p.algo_id, p.tile, p.stages,
                      p.probe_m);
 }
