@@ -1,5 +1,8 @@
 #include "convert/tensor_plan.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -96,7 +99,7 @@ class Planner {
       auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(v.numel()));
       for (int64_t i = 0; i < v.numel(); ++i)
         (*values)[static_cast<size_t>(i)] = static_cast<float>(fn(load_as_double(v.data, v.dtype, i)));
-      t.pieces.push_back({values->data(), DType::F32, v.numel()});
+      t.pieces.push_back({values->data(), DType::F32, v.numel(), false});
       t.computed = std::move(values);
     }
     if (v.dtype != DType::F32) note_transform("small_tensors_f32", name);
@@ -231,9 +234,23 @@ class Planner {
   std::map<std::string, std::vector<std::string>> transforms_;
 };
 
+// note: pages of a read-only file mapping that were streamed into the pack
+// are dropped from this process (MADV_DONTNEED; the page cache keeps them, a
+// later access faults them back in unchanged). Without this, every mapped
+// page read stays in our resident set and peak RSS grows to the model size.
+void release_pages(const void* data, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 // note: conversions go through a 64 KiB staging buffer; a kept dtype is
 // copied straight from the mapping into libzip's buffer.
 constexpr size_t kStageElements = 16384;
+// note: large pieces (an embedding is hundreds of MB) are released in steps
+// while streaming, so peak RSS stays near this step, not the largest tensor.
+constexpr int64_t kReleaseStep = 32 << 20;
 
 class TensorSource final : public EntrySource {
  public:
@@ -242,6 +259,7 @@ class TensorSource final : public EntrySource {
   void rewind() override {
     piece_ = 0;
     elem_ = 0;
+    released_ = 0;
     stage_len_ = stage_pos_ = 0;
   }
   size_t read(uint8_t* dst, size_t len) override {
@@ -258,11 +276,20 @@ class TensorSource final : public EntrySource {
       const Piece& p = t_.pieces[piece_];
       const int64_t left = p.count - elem_;
       if (left == 0) {
+        if (p.mapped)
+          release_pages(static_cast<const uint8_t*>(p.data) + released_ * dtype_size(p.dtype),
+                        static_cast<size_t>((p.count - released_) * dtype_size(p.dtype)));
         ++piece_;
         elem_ = 0;
+        released_ = 0;
         continue;
       }
       const uint8_t* src = static_cast<const uint8_t*>(p.data) + elem_ * dtype_size(p.dtype);
+      if (p.mapped && (elem_ - released_) * dtype_size(p.dtype) >= kReleaseStep) {
+        release_pages(static_cast<const uint8_t*>(p.data) + released_ * dtype_size(p.dtype),
+                      static_cast<size_t>((elem_ - released_) * dtype_size(p.dtype)));
+        released_ = elem_;
+      }
       if (p.dtype == t_.dtype && (len - done) >= esize_) {
         const size_t n = std::min<size_t>((len - done) / esize_, static_cast<size_t>(left));
         std::memcpy(dst + done, src, n * esize_);
@@ -285,6 +312,7 @@ class TensorSource final : public EntrySource {
   size_t esize_;
   size_t piece_ = 0;
   int64_t elem_ = 0;
+  int64_t released_ = 0;  // elements of the current piece already released
   std::vector<uint8_t> stage_;
   size_t stage_len_ = 0, stage_pos_ = 0;
 };

@@ -38,6 +38,9 @@ struct Piece {
   const void* data = nullptr;
   DType dtype = DType::F32;
   int64_t count = 0;
+  // True when data points into a read-only file mapping, whose pages may be
+  // dropped from this process once streamed (see TensorSource).
+  bool mapped = true;
 };
 
 struct PlannedTensor {

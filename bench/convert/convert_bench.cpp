@@ -1,0 +1,192 @@
+// convert_bench [--config tests/data/configs/qwen3-0.6b.json] [--work DIR]
+//               [--model DIR] [--repeats 3] [--out result.json]
+//
+// Synthesises a random-weight bf16 checkpoint of the config's real shapes
+// (one model.safetensors, written here by a tiny writer), then runs the
+// `convert` program on it with --dtype keep and --dtype f32, each `repeats`
+// times after one warm-up run (so the source is in the page cache), and
+// prints JSON: median wall time, MB/s (source tensor bytes and pack bytes
+// per second) and the child's peak RSS (getrusage ru_maxrss via wait4).
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+using nlohmann::json;
+
+namespace {
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Spec> qwen3_tensors(const json& c) {
+  const int64_t H = c["hidden_size"], I = c["intermediate_size"], V = c["vocab_size"],
+                L = c["num_hidden_layers"], Hq = c["num_attention_heads"], Hkv = c["num_key_value_heads"];
+  const int64_t D = c.value("head_dim", H / Hq);
+  std::vector<Spec> s{{"model.embed_tokens.weight", {V, H}}};
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    s.push_back({p + "input_layernorm.weight", {H}});
+    s.push_back({p + "self_attn.q_proj.weight", {Hq * D, H}});
+    s.push_back({p + "self_attn.k_proj.weight", {Hkv * D, H}});
+    s.push_back({p + "self_attn.v_proj.weight", {Hkv * D, H}});
+    s.push_back({p + "self_attn.o_proj.weight", {H, Hq * D}});
+    s.push_back({p + "self_attn.q_norm.weight", {D}});
+    s.push_back({p + "self_attn.k_norm.weight", {D}});
+    s.push_back({p + "post_attention_layernorm.weight", {H}});
+    s.push_back({p + "mlp.gate_proj.weight", {I, H}});
+    s.push_back({p + "mlp.up_proj.weight", {I, H}});
+    s.push_back({p + "mlp.down_proj.weight", {H, I}});
+  }
+  s.push_back({"model.norm.weight", {H}});
+  if (!c.value("tie_word_embeddings", false)) s.push_back({"lm_head.weight", {V, H}});
+  return s;
+}
+
+// Writes a bf16 safetensors file with random values in about [-0.125, 0.125).
+uint64_t write_random_safetensors(const std::string& path, const std::vector<Spec>& specs) {
+  json header = json::object();
+  uint64_t off = 0;
+  for (const auto& s : specs) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    header[s.name] = {{"dtype", "BF16"}, {"shape", s.shape}, {"data_offsets", {off, off + 2 * n}}};
+    off += static_cast<uint64_t>(2 * n);
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8) h += ' ';
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t hl = h.size();
+  out.write(reinterpret_cast<const char*>(&hl), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  std::vector<uint16_t> buf(1 << 20);
+  uint64_t x = 0x9E3779B97F4A7C15ULL;
+  for (uint64_t done = 0; done < off;) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), (off - done) / 2);
+    for (uint64_t i = 0; i < n; ++i) {
+      x ^= x << 13; x ^= x >> 7; x ^= x << 17;  // xorshift64
+      // sign, exponent 2^-4..2^-11 (0x3D80 >> 7 region), random mantissa
+      buf[i] = static_cast<uint16_t>(((x >> 63) << 15) | ((0x7B + (x >> 40) % 8) << 7) | (x & 0x7F));
+    }
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(2 * n));
+    done += 2 * n;
+  }
+  if (!out) throw std::runtime_error("cannot write " + path);
+  return off;
+}
+
+struct Run {
+  double seconds = 0;
+  long max_rss_kb = 0;
+  double cpu_seconds = 0;  // user + system of the child
+  int status = -1;
+};
+
+Run run_convert(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  ::wait4(pid, &status, 0, &ru);
+  Run r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.max_rss_kb = ru.ru_maxrss;
+  r.cpu_seconds = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                  1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("convert_bench", "Times convert on a Qwen3-0.6B-size random checkpoint");
+  options.add_options()
+    ("config", "config.json to synthesise from", cxxopts::value<std::string>()->default_value(std::string(QTK_SOURCE_DIR) + "/tests/data/configs/qwen3-0.6b.json"))
+    ("work", "scratch directory (checkpoint and packs)", cxxopts::value<std::string>()->default_value("/tmp/qtk-convert-bench"))
+    ("model", "use this checkpoint directory instead of synthesising", cxxopts::value<std::string>())
+    ("repeats", "timed runs per dtype", cxxopts::value<std::string>()->default_value("3"))
+    ("pack-dir", "write the packs here instead of --work (e.g. a tmpfs, to take the disk out)", cxxopts::value<std::string>())
+    ("out", "also write the JSON here", cxxopts::value<std::string>());
+  const auto args = options.parse(argc, argv);
+  const std::string work = args["work"].as<std::string>();
+  std::filesystem::create_directories(work);
+  std::string model;
+  uint64_t tensor_bytes = 0;
+  if (args.count("model")) {
+    model = args["model"].as<std::string>();
+  } else {
+    model = work + "/model";
+    std::filesystem::create_directories(model);
+    std::ifstream in(args["config"].as<std::string>());
+    const json config = json::parse(in);
+    const auto specs = qwen3_tensors(config);
+    const std::string st = model + "/model.safetensors";
+    std::filesystem::copy_file(args["config"].as<std::string>(), model + "/config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    tensor_bytes = write_random_safetensors(st, specs);
+    std::fprintf(stderr, "convert_bench: wrote %s (%.1f MB of bf16 tensors)\n", st.c_str(), tensor_bytes / 1e6);
+  }
+  uint64_t source_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(model))
+    if (e.is_regular_file()) source_bytes += e.file_size();
+
+  json result = {{"benchmark", "convert"}, {"model", model}, {"source_bytes", source_bytes},
+                 {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)}, {"runs", json::array()}};
+  const std::string pack = args.count("pack-dir") ? args["pack-dir"].as<std::string>() + "/bench.pack" : work + "/bench.pack";
+  for (const std::string dtype : {"keep", "f32"}) {
+    const std::vector<std::string> cmd = {QTK_CONVERT_BIN, model, pack, "--dtype", dtype, "--force"};
+    const Run warm = run_convert(cmd);  // page cache warm-up
+    if (warm.status != 0) {
+      std::fprintf(stderr, "convert_bench: convert failed (status %d)\n", warm.status);
+      return 1;
+    }
+    std::vector<Run> runs;
+    for (int i = 0; i < std::stoi(args["repeats"].as<std::string>()); ++i) runs.push_back(run_convert(cmd));
+    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
+    const Run& med = runs[runs.size() / 2];
+    long rss = 0;
+    for (const auto& r : runs) rss = std::max(rss, r.max_rss_kb);
+    const uint64_t pack_bytes = std::filesystem::file_size(pack);
+    result["runs"].push_back({{"dtype", dtype},
+                              {"median_seconds", med.seconds},
+                              {"source_MBps", source_bytes / 1e6 / med.seconds},
+                              {"pack_MBps", pack_bytes / 1e6 / med.seconds},
+                              {"pack_bytes", pack_bytes},
+                              {"peak_rss_MB", rss / 1024.0},
+                              // note: on a shared machine wall time includes waiting for a
+                              // core; CPU seconds show what the conversion itself costs.
+                              {"median_cpu_seconds", med.cpu_seconds},
+                              {"source_MB_per_cpu_second", source_bytes / 1e6 / med.cpu_seconds},
+                              {"peak_rss_fraction_of_source", rss * 1024.0 / static_cast<double>(source_bytes)},
+                              {"all_seconds", [&] { json a = json::array(); for (auto& r : runs) a.push_back(r.seconds); return a; }()}});
+    std::filesystem::remove(pack);
+  }
+  const std::string text = result.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (args.count("out")) std::ofstream(args["out"].as<std::string>()) << text << "\n";
+  return 0;
+}
