@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# End-to-end CPU benchmark (issue 7): synthesises a random-weight checkpoint of
+# a real model shape, converts it, runs `generate` on prefill and decode
+# workloads and prints one JSON object with tok/s, peak RSS, achieved GB/s and
+# GFLOP/s next to the read bandwidth measured in the same run.
+#
+#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]
+#
+# Example: bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json > bench/results/qwen3-0.6b.json
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CONFIG=${1:?usage: bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]}
+shift
+THREADS=$(nproc); WORK=bench-work; QUICK=0
+while (($#)); do
+  case $1 in
+    --threads) THREADS=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 1 ;;
+  esac
+done
+BIN=${QTK_BUILD_DIR:-build}/bin
+for b in synth convert generate membw; do
+  [[ -x $BIN/$b ]] || { echo "run.sh: $BIN/$b missing: build first (bash scripts/setup.sh)" >&2; exit 1; }
+done
+NAME=$(basename "$CONFIG" .json)
+mkdir -p "$WORK"
+CKPT=$WORK/$NAME-ckpt; PACK=$WORK/$NAME.pack
+[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 >&2
+[[ -f $PACK ]] || "$BIN/convert" "$CKPT" "$PACK" >&2
+
+"$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw.json"
+
+# prompts: random token ids (seeded) of the given length.
+make_prompts() {  # N LEN FILE
+  python3 - "$1" "$2" "$3" "$CONFIG" <<'PY'
+import json, random, sys
+n, length, path, cfg = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.load(open(sys.argv[4]))
+vocab = cfg.get("text_config", cfg)["vocab_size"]
+rng = random.Random(1234)
+with open(path, "w") as f:
+    for i in range(n):
+        f.write(json.dumps({"id": i, "prompt_token_ids": [rng.randrange(100, min(vocab, 100000)) for _ in range(length)]}) + "\n")
+PY
+}
+
+run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
+  local name=$1 prompts=$2 max=$3; shift 3
+  "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
+    --max-tokens "$max" --ignore-eos "$@" >&2
+  cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
+}
+
+if ((QUICK)); then SEQS="1 8"; else SEQS="1 8 32 64"; fi
+make_prompts 2 512 "$WORK/prefill.jsonl"
+run_case prefill "$WORK/prefill.jsonl" 1 --max-batched-tokens 512
+for n in $SEQS; do
+  make_prompts "$n" 128 "$WORK/decode$n.jsonl"
+  run_case "decode$n" "$WORK/decode$n.jsonl" 64 --max-num-seqs "$n"
+done
+
+python3 - "$WORK" "$PACK" "$CONFIG" "$THREADS" $SEQS <<'PY'
+import json, os, sys
+work, pack, cfg_path, threads, seqs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+bw = json.load(open(f"{work}/membw.json"))["read_gbps"]
+bw_t = bw[str(threads)]
+def meta(name): return json.load(open(f"{work}/{name}.meta.json"))["stats"]
+# Weight bytes read per decode step: every matrix except the embedding table
+# (only one row per token is read), lm_head counted once.
+cfg = json.load(open(cfg_path)); tc = cfg.get("text_config", cfg)
+pack_bytes = os.path.getsize(pack)
+embed_bytes = tc["vocab_size"] * tc["hidden_size"] * 2
+tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+step_bytes = pack_bytes - (0 if tied else embed_bytes)  # tied: the table is read as lm_head
+flops_per_token = 2 * (step_bytes / 2 - tc["vocab_size"] * tc["hidden_size"])  # matmul flops, lm_head excluded
+p = meta("prefill")
+out = {
+  "model": os.path.basename(cfg_path), "threads": threads, "read_bandwidth_gbps": bw,
+  "weights_bytes_per_step": step_bytes,
+  "prefill": {"tokens": p["prompt_tokens_computed"], "seconds": p["prefill_seconds"],
+              "tok_per_s": p["prompt_tokens_computed"] / p["prefill_seconds"],
+              "gflop_per_s": p["prompt_tokens_computed"] * flops_per_token / p["prefill_seconds"] / 1e9,
+              "peak_rss_mb": p["peak_rss_bytes"] / 2**20},
+  "decode": {},
+  "cpu_path": p.get("cpu_path"),
+}
+floor = bw_t * 1e9 / step_bytes
+for n in seqs:
+  m = meta(f"decode{n}")
+  tps = m["decode_tokens"] / m["decode_seconds"]
+  steps_per_s = tps / int(n)
+  out["decode"][n] = {"tok_per_s": tps, "gen_tok_per_s_incl_prefill": int(n) * 64 / (m["prefill_seconds"] + m["decode_seconds"]),
+                      "achieved_weight_gbps": steps_per_s * step_bytes / 1e9,
+                      "fraction_of_bandwidth_floor": steps_per_s / floor,
+                      "peak_rss_mb": m["peak_rss_bytes"] / 2**20}
+out["decode_floor_tok_per_s_batch1"] = floor
+print(json.dumps(out, indent=2))
+PY
