@@ -21,9 +21,16 @@ namespace qtk {
 // roundings of inv_freq and angle, since that is what the reference computes,
 // evaluate cos/sin in double and round them to float32 like the reference,
 // and do the rotation itself in double with one rounding per output.
+//
+// inv_freq_bf16 (added by the runtime helper): round each inv_freq to
+// bfloat16 before use. note: transformers casts the inv_freq buffer to the
+// checkpoint's dtype when it loads a bf16 checkpoint, so the float64
+// reference of a bf16 model rotates with bf16-rounded frequencies (seen as
+// a 3e-4 per-layer error growing with position in qwen3-tiny otherwise).
 void rope_apply(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t ld,
                 const int32_t* positions, int64_t rotary_dim, double theta,
-                const int64_t* mrope_section, int n_sections, bool interleaved);
+                const int64_t* mrope_section, int n_sections, bool interleaved,
+                bool inv_freq_bf16 = false);
 
 // Which position axis (0 = t, 1 = h, 2 = w) frequency j (< rotary_dim/2) uses.
 int rope_axis_of_frequency(int64_t j, const int64_t* mrope_section, int n_sections,

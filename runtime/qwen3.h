@@ -48,6 +48,7 @@ class Qwen3 : public Model {
   ModelConfig cfg_;
   Qwen3Weights w_;
   ThreadPool* pool_;
+  bool rope_inv_freq_bf16_ = false;  // see the constructor
 
   // Scratch, sized by reserve(); T = max tokens per step.
   std::vector<float> x_;        // f32 [T, hidden] residual stream

@@ -1,0 +1,89 @@
+// The compare program: identical / diverged / near-tie / missing / error,
+// its exit status, and fixtures golden.json accepted as EXPECTED.
+#include "tests/runtime/test_util.h"
+
+namespace qtk::rt_test {
+namespace {
+
+std::string line(const std::string& id, const std::vector<int>& toks, const std::vector<double>& margins = {}) {
+  nlohmann::json j = {{"id", id}, {"output_token_ids", toks}};
+  if (!margins.empty()) j["top1_margin"] = margins;
+  return j.dump() + "\n";
+}
+
+RunResult compare(const std::string& expected, const std::string& actual, const std::string& flags = "") {
+  static int n = 0;
+  const std::string e = fmt::format("{}/cmp{}.expected.jsonl", work_dir(), n);
+  const std::string a = fmt::format("{}/cmp{}.actual.jsonl", work_dir(), n++);
+  write_text(e, expected);
+  write_text(a, actual);
+  return run(fmt::format("{} {} {} {}", QTK_COMPARE_BIN, e, a, flags));
+}
+
+TEST(Compare, IdenticalExitsZero) {
+  RunResult r = compare(line("a", {1, 2, 3}, {1, 1, 1}) + line("b", {4}, {1}),
+                        line("b", {4}) + line("a", {1, 2, 3}));  // order does not matter
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("2 identical"), std::string::npos) << r.out;
+}
+
+TEST(Compare, RealDivergenceFails) {
+  RunResult r = compare(line("a", {1, 2, 3, 4}, {1, 1, 1, 1}), line("a", {1, 2, 9, 4}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("\"a\": DIVERGED at step 2: expected 3, got 9"), std::string::npos) << r.out;
+}
+
+TEST(Compare, DivergenceAfterNearTieIsNotAFailure) {
+  // Margin below 1e-3 at step 1; divergence at step 2.
+  RunResult r = compare(line("a", {1, 2, 3, 4}, {1, 5e-4, 1, 1}), line("a", {1, 2, 7, 8}));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("near-tie: diverged at step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("near-tie at step 1"), std::string::npos) << r.out;
+  // A stricter threshold makes the same case a real divergence.
+  RunResult s = compare(line("a", {1, 2, 3, 4}, {1, 5e-4, 1, 1}), line("a", {1, 2, 7, 8}), "--near-tie 1e-4");
+  EXPECT_EQ(s.status, 1) << s.out;
+}
+
+TEST(Compare, NearTieAfterTheDivergenceDoesNotExcuseIt) {
+  RunResult r = compare(line("a", {1, 2, 3, 4}, {1, 1, 1, 1e-5}), line("a", {1, 9, 3, 4}));
+  EXPECT_EQ(r.status, 1) << r.out;
+}
+
+TEST(Compare, MissingAndErrorCasesFail) {
+  RunResult m = compare(line("a", {1}) + line("b", {2}), line("a", {1}));
+  EXPECT_EQ(m.status, 1);
+  EXPECT_NE(m.out.find("\"b\": missing"), std::string::npos) << m.out;
+  RunResult e = compare(line("a", {1}), "{\"id\": \"a\", \"error\": \"empty prompt\"}\n");
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.out.find("error: empty prompt"), std::string::npos) << e.out;
+}
+
+TEST(Compare, LengthMismatchIsADivergence) {
+  RunResult r = compare(line("a", {1, 2, 3}, {1, 1, 1}), line("a", {1, 2}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("expected 3 tokens, got 2"), std::string::npos) << r.out;
+}
+
+TEST(Compare, AcceptsGoldenJsonAsExpected) {
+  const auto golden = load_json(src("tests/data/models/qwen3-tiny/golden.json"));
+  std::string actual;
+  for (const auto& c : golden["cases"]) {
+    actual += nlohmann::json{{"id", c["id"]}, {"output_token_ids", c["output_token_ids"]}}.dump() + "\n";
+  }
+  const std::string a = work_dir() + "/golden_copy.jsonl";
+  write_text(a, actual);
+  RunResult r = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, src("tests/data/models/qwen3-tiny/golden.json"), a));
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find(fmt::format("{} identical", golden["cases"].size())), std::string::npos) << r.out;
+}
+
+TEST(Compare, MalformedInputIsOneErrorLine) {
+  RunResult r = compare(line("a", {1}), "{\"id\": \"a\", \"output_token_ids\": [1\n");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err.rfind("compare: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("line 1: malformed JSON"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+}  // namespace
+}  // namespace qtk::rt_test

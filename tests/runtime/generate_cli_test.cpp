@@ -1,0 +1,199 @@
+// generate's contract: per-line errors for bad prompt lines, one stderr line
+// and no output for fatal errors, the run header, stop tokens, --show, and
+// --resume giving a file byte-identical to an uninterrupted run.
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/runtime/test_util.h"
+
+namespace qtk::rt_test {
+namespace {
+
+const char* kTiny = "tests/data/models/qwen3-tiny";
+
+TEST(GenerateCli, BadLinesGetErrorLinesAndOthersRun) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  std::string over(4096 * 4, ' ');
+  std::string long_ids = "[";
+  for (int i = 0; i < 4096; ++i) long_ids += (i ? ",1" : "1");
+  long_ids += "]";
+  const std::string lines =
+      "{\"id\": \"good1\", \"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 3}\n"
+      "{\"id\": \"badjson\", \"prompt_token_ids\": [1, 2\n"
+      "{\"id\": \"unknown\", \"prompt_token_ids\": [1, 512]}\n"
+      "{\"id\": \"empty\", \"prompt_token_ids\": []}\n"
+      "{\"id\": \"long\", \"prompt_token_ids\": " + long_ids + "}\n"
+      "{\"id\": \"utf8\", \"prompt\": \"a\xff\xfe\"}\n"
+      "{\"id\": \"types\", \"prompt_token_ids\": [1], \"max_tokens\": \"ten\"}\n"
+      "{\"id\": \"notok\", \"prompt\": \"hello\"}\n"
+      "[1, 2]\n"
+      "{\"prompt_token_ids\": [5], \"max_tokens\": 2}\n";
+  const std::string in = work_dir() + "/bad.jsonl";
+  const std::string out = work_dir() + "/bad.results.jsonl";
+  write_text(in, lines);
+  RunResult r = generate(pack, in, out, "--threads 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 10u);
+  EXPECT_EQ(res[0]["id"], "good1");
+  EXPECT_EQ(res[0]["output_token_ids"].size(), 3u);
+  EXPECT_EQ(res[0]["finish_reason"], "length");
+  EXPECT_EQ(res[1]["id"], 2);  // malformed JSON: the line number
+  EXPECT_NE(res[1]["error"].get<std::string>().find("malformed JSON"), std::string::npos);
+  EXPECT_NE(res[2]["error"].get<std::string>().find("unknown token id 512"), std::string::npos);
+  EXPECT_NE(res[3]["error"].get<std::string>().find("empty prompt"), std::string::npos);
+  EXPECT_NE(res[4]["error"].get<std::string>().find("context length"), std::string::npos);
+  EXPECT_EQ(res[5]["id"], 6);
+  EXPECT_NE(res[5]["error"].get<std::string>().find("UTF-8"), std::string::npos) << res[5];
+  EXPECT_NE(res[6]["error"].get<std::string>().find("max_tokens"), std::string::npos);
+  EXPECT_NE(res[7]["error"].get<std::string>().find("no tokenizer"), std::string::npos);
+  EXPECT_NE(res[8]["error"].get<std::string>().find("expected a JSON object"), std::string::npos);
+  EXPECT_EQ(res[9]["id"], 10);
+  EXPECT_EQ(res[9]["output_token_ids"].size(), 2u);
+  for (size_t i = 1; i <= 8; ++i) EXPECT_TRUE(res[i].contains("error")) << i;
+}
+
+TEST(GenerateCli, FatalErrorIsOneLineAndNoOutput) {
+  const std::string in = work_dir() + "/fatal.jsonl";
+  write_text(in, "{\"prompt_token_ids\": [1]}\n");
+  const std::string out = work_dir() + "/fatal.results.jsonl";
+  RunResult r = generate(work_dir() + "/no-such.pack", in, out, "");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err.rfind("generate: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("no-such.pack"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".meta.json"));
+  // A bad flag value, too.
+  const std::string pack = pack_of(kTiny);
+  RunResult b = generate(pack, in, out, "--block-size 0");
+  EXPECT_EQ(b.status, 1);
+  EXPECT_NE(b.err.find("--block-size"), std::string::npos) << b.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  RunResult d = generate(pack, in, out, "--device tpu");
+  EXPECT_EQ(d.status, 1);
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(GenerateCli, RunHeaderNamesPackAndSettings) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/meta.jsonl";
+  write_text(in, "{\"prompt_token_ids\": [1, 2]}\n");
+  const std::string out = work_dir() + "/meta.results.jsonl";
+  RunResult r = generate(pack, in, out, "--max-tokens 4 --block-size 8 --max-batched-tokens 33");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto meta = load_json(out + ".meta.json");
+  EXPECT_EQ(meta["status"], "complete");
+  EXPECT_FALSE(meta["pack"]["digest"].get<std::string>().empty());
+  EXPECT_EQ(meta["tool_version"], QTK_VERSION);
+  EXPECT_NE(meta["precision"].get<std::string>().find("BF16"), std::string::npos) << meta;
+  EXPECT_EQ(meta["settings"]["block_size"], 8);
+  EXPECT_EQ(meta["settings"]["max_batched_tokens"], 33);
+  EXPECT_EQ(meta["settings"]["max_tokens_default"], 4);
+  EXPECT_EQ(read_jsonl(out).at(0)["output_token_ids"].size(), 4u);
+}
+
+TEST(GenerateCli, StopTokenEndsASequence) {
+  const std::string pack = pack_of(kTiny);
+  const auto golden = load_json(src(std::string(kTiny) + "/golden.json"));
+  const auto& c = golden["cases"][4];  // len16: wide margins
+  const int stop = c["output_token_ids"][5].get<int>();
+  const std::string in = work_dir() + "/stop.jsonl";
+  write_text(in, nlohmann::json{{"id", "s"}, {"prompt_token_ids", c["prompt_token_ids"]},
+                                {"max_tokens", 24}, {"stop_token_ids", {stop}}}.dump() + "\n");
+  const std::string out = work_dir() + "/stop.results.jsonl";
+  ASSERT_EQ(generate(pack, in, out, "").status, 0);
+  const auto r = read_jsonl(out).at(0);
+  EXPECT_EQ(r["finish_reason"], "stop");
+  const auto& got = r["output_token_ids"];
+  ASSERT_GE(got.size(), 1u);
+  EXPECT_EQ(got.back(), stop);
+  EXPECT_LE(got.size(), 6u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], c["output_token_ids"][i]);
+}
+
+TEST(GenerateCli, ShowPrintsContinuations) {
+  const std::string pack = pack_of("samples/qwen3-sample");
+  const std::string in = work_dir() + "/show.jsonl";
+  write_text(in, "{\"id\": \"x\", \"prompt\": \"def add(a, b):\\n\"}\n");
+  const std::string out = work_dir() + "/show.results.jsonl";
+  RunResult r = generate(pack, in, out, "--max-tokens 8 --show");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("=== \"x\"\ndef add(a, b):\n"), std::string::npos) << r.out;
+  const auto res = read_jsonl(out).at(0);
+  EXPECT_NE(r.out.find(res["output_text"].get<std::string>()), std::string::npos);
+}
+
+std::string resume_prompts() {
+  std::string s;
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int> ids;
+    for (int k = 0; k < 5 + (i * 7) % 30; ++k) ids.push_back((i * 31 + k * 17) % 512);
+    s += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 6 + i % 5}}.dump() + "\n";
+  }
+  return s;
+}
+
+TEST(GenerateCli, ResumeAfterTruncationIsByteIdentical) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/resume.jsonl";
+  write_text(in, resume_prompts());
+  const std::string full = work_dir() + "/resume.full.jsonl";
+  ASSERT_EQ(generate(pack, in, full, "--margins").status, 0);
+  const std::string expected = read_text(full);
+  // Cut in the middle of line 8 (a kill mid-write), keep the run header.
+  size_t pos = 0;
+  for (int i = 0; i < 7; ++i) pos = expected.find('\n', pos) + 1;
+  const std::string part = work_dir() + "/resume.part.jsonl";
+  write_text(part, expected.substr(0, pos + 10));
+  std::filesystem::copy_file(full + ".meta.json", part + ".meta.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  RunResult r = generate(pack, in, part, "--margins --resume --max-batched-tokens 9");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(part), expected);
+  EXPECT_EQ(load_json(part + ".meta.json")["stats"]["resumed_after_lines"], 7);
+  // Resuming a complete file changes nothing.
+  ASSERT_EQ(generate(pack, in, part, "--margins --resume").status, 0);
+  EXPECT_EQ(read_text(part), expected);
+  // A setting that changes results refuses to resume.
+  RunResult bad = generate(pack, in, part, "--resume");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("margins"), std::string::npos) << bad.err;
+  EXPECT_EQ(read_text(part), expected);
+}
+
+TEST(GenerateCli, KilledRunsResumeToTheSameFile) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/kill.jsonl";
+  write_text(in, resume_prompts());
+  const std::string full = work_dir() + "/kill.full.jsonl";
+  ASSERT_EQ(generate(pack, in, full, "--max-batched-tokens 2 --threads 1").status, 0);
+  const std::string expected = read_text(full);
+  for (int delay_ms : {5, 20, 60, 150}) {
+    const std::string out = fmt::format("{}/kill.{}.jsonl", work_dir(), delay_ms);
+    std::filesystem::remove(out);
+    std::filesystem::remove(out + ".meta.json");
+    const std::string cmd = fmt::format("{} --model {} --batch {} --out {} --max-batched-tokens 2 --threads 1",
+                                        QTK_GENERATE_BIN, pack, in, out);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    // Whatever is there: only complete lines (or a partial last line that resume drops).
+    RunResult r = run(cmd + " --resume");
+    ASSERT_EQ(r.status, 0) << delay_ms << ": " << r.err;
+    EXPECT_EQ(read_text(out), expected) << "killed after " << delay_ms << " ms";
+  }
+}
+
+}  // namespace
+}  // namespace qtk::rt_test

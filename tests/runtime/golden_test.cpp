@@ -1,0 +1,112 @@
+// Golden cases of every fixture model through the real programs:
+// convert -> generate -> compare, by the fixtures rule (exact up to the
+// first step whose reference top-1 margin is below 1e-3).
+#include "tests/runtime/test_util.h"
+
+namespace qtk::rt_test {
+namespace {
+
+struct GoldenModel {
+  const char* dir;
+};
+
+class Golden : public ::testing::TestWithParam<GoldenModel> {};
+
+TEST_P(Golden, GenerateMatchesReference) {
+  const std::string dir = GetParam().dir;
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto golden = load_json(src(dir + "/golden.json"));
+  std::string name = dir;
+  for (char& c : name) if (c == '/') c = '_';
+  const std::string prompts = fmt::format("{}/{}.golden.jsonl", work_dir(), name);
+  const std::string out = fmt::format("{}/{}.results.jsonl", work_dir(), name);
+  write_text(prompts, golden_prompts(golden));
+  RunResult g = generate(pack, prompts, out, "--ignore-eos --margins --threads 2");
+  ASSERT_EQ(g.status, 0) << g.err;
+  RunResult c = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, src(dir + "/golden.json"), out));
+  EXPECT_EQ(c.status, 0) << c.out << c.err;
+  // The summary names every case; none may be missing or have failed.
+  EXPECT_NE(c.out.find(fmt::format("compare: {} cases", golden["cases"].size())), std::string::npos) << c.out;
+  // Margins are the model's own: they must agree with the reference's to
+  // within float32 noise on the steps before any near-tie.
+  // note: 2e-3 absolute: the reference is float64, we run float32 with bf16
+  // weights; logits differ by ~1e-4 and a margin is a difference of two.
+  const auto results = read_jsonl(out);
+  ASSERT_EQ(results.size(), golden["cases"].size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& exp = golden["cases"][i];
+    const auto& got = results[i];
+    ASSERT_EQ(got["id"], exp["id"]);
+    for (size_t k = 0; k < exp["top1_margin"].size(); ++k) {
+      if (exp["top1_margin"][k].get<double>() < 1e-3) break;
+      if (got["output_token_ids"][k] != exp["output_token_ids"][k]) break;
+      EXPECT_NEAR(got["top1_margin"][k].get<double>(), exp["top1_margin"][k].get<double>(), 2e-3)
+          << exp["id"] << " step " << k;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Golden,
+                         ::testing::Values(GoldenModel{"tests/data/models/qwen3-tiny"},
+                                           GoldenModel{"tests/data/models/qwen3-tiny-sharded-f32"},
+                                           GoldenModel{"samples/qwen3-sample"},
+                                           GoldenModel{"tests/data/models/qwen3.5-tiny"},
+                                           GoldenModel{"tests/data/models/qwen3.5-tiny-vlm"},
+                                           GoldenModel{"samples/qwen3.5-sample"}),
+                         [](const auto& info) {
+                           std::string n = info.param.dir;
+                           n = n.substr(n.rfind('/') + 1);
+                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// The sample models' text prompts go through the pack's tokenizer and give
+// the reference prompt ids, outputs and output text.
+class SampleText : public ::testing::TestWithParam<GoldenModel> {};
+
+TEST_P(SampleText, TextPromptsThroughTokenizer) {
+  const std::string dir = GetParam().dir;
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto golden = load_json(src(dir + "/golden.json"));
+  std::string lines;
+  for (const auto& c : golden["cases"]) {
+    lines += nlohmann::json{{"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}.dump() + "\n";
+  }
+  std::string name = dir.substr(dir.rfind('/') + 1);
+  const std::string prompts = fmt::format("{}/{}.text.jsonl", work_dir(), name);
+  const std::string out = fmt::format("{}/{}.text.results.jsonl", work_dir(), name);
+  write_text(prompts, lines);
+  RunResult g = generate(pack, prompts, out, "--ignore-eos");
+  ASSERT_EQ(g.status, 0) << g.err;
+  const auto results = read_jsonl(out);
+  ASSERT_EQ(results.size(), golden["cases"].size());
+  int near_ties = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& exp = golden["cases"][i];
+    EXPECT_EQ(results[i]["prompt_token_ids"], exp["prompt_token_ids"]) << exp["id"];
+    bool tie = false;
+    for (const auto& m : exp["top1_margin"]) tie = tie || m.get<double>() < 1e-3;
+    if (tie) {
+      ++near_ties;
+      continue;
+    }
+    EXPECT_EQ(results[i]["output_token_ids"], exp["output_token_ids"]) << exp["id"];
+    EXPECT_EQ(results[i]["output_text"], exp["output_text"]) << exp["id"];
+  }
+  EXPECT_LT(near_ties, 3);  // the sample goldens have wide margins
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SampleText,
+                         ::testing::Values(GoldenModel{"samples/qwen3-sample"},
+                                           GoldenModel{"samples/qwen3.5-sample"}),
+                         [](const auto& info) {
+                           std::string n = info.param.dir;
+                           n = n.substr(n.rfind('/') + 1);
+                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace qtk::rt_test

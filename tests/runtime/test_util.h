@@ -1,0 +1,111 @@
+// Helpers shared by the runtime tests: run the real programs, read and
+// write files, convert fixtures into packs (once per test process).
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace qtk::rt_test {
+
+inline std::string src(const std::string& rel) { return std::string(QTK_SOURCE_DIR) + "/" + rel; }
+
+// A scratch directory for this test process (removed by nobody: it lives in
+// the build tree so a failing test can be inspected).
+inline std::string work_dir() {
+  static const std::string dir = [] {
+    std::string d = fmt::format("{}/rt-work-{}", QTK_TEST_WORK_DIR, ::getpid());
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+struct RunResult {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+// Runs a shell command line, capturing stdout and stderr.
+inline RunResult run(const std::string& cmd) {
+  static int n = 0;
+  const std::string base = fmt::format("{}/cmd{}", work_dir(), n++);
+  const std::string full = fmt::format("{} >{}.out 2>{}.err", cmd, base, base);
+  int rc = std::system(full.c_str());
+  RunResult r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + (WIFSIGNALED(rc) ? WTERMSIG(rc) : 0);
+  r.out = read_text(base + ".out");
+  r.err = read_text(base + ".err");
+  return r;
+}
+
+inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(read_text(path));
+  std::string line;
+  while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// Converts a fixture model directory (relative to the source root) into a
+// pack, once per process.
+inline std::string pack_of(const std::string& model_rel) {
+  static std::map<std::string, std::string> done;
+  if (auto it = done.find(model_rel); it != done.end()) return it->second;
+  std::string name = model_rel;
+  for (char& c : name) if (c == '/') c = '_';
+  const std::string pack = fmt::format("{}/{}.pack", work_dir(), name);
+  RunResult r = run(fmt::format("{} {} {} --force", QTK_CONVERT_BIN, src(model_rel), pack));
+  if (r.status != 0) {
+    ADD_FAILURE() << "convert " << model_rel << " failed: " << r.err;
+    return {};
+  }
+  done[model_rel] = pack;
+  return pack;
+}
+
+inline nlohmann::json load_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
+
+// generate with extra flags; returns the run result.
+inline RunResult generate(const std::string& pack, const std::string& batch, const std::string& out,
+                          const std::string& flags) {
+  return run(fmt::format("{} --model {} --batch {} --out {} {}", QTK_GENERATE_BIN, pack, batch, out, flags));
+}
+
+// Prompt lines for every golden case (token ids, max_new_tokens, mrope).
+inline std::string golden_prompts(const nlohmann::json& golden) {
+  std::string s;
+  for (const auto& c : golden["cases"]) {
+    nlohmann::json j = {{"id", c["id"]}, {"prompt_token_ids", c["prompt_token_ids"]},
+                        {"max_tokens", c["max_new_tokens"]}};
+    if (c.contains("mrope_position_ids")) j["mrope_position_ids"] = c["mrope_position_ids"];
+    s += j.dump() + "\n";
+  }
+  return s;
+}
+
+}  // namespace qtk::rt_test
