@@ -202,7 +202,7 @@ bool WordCache::lookup(uint64_t hash, const unsigned char* w, size_t n, std::vec
 
 void WordCache::insert(uint64_t hash, const unsigned char* w, size_t n, const int32_t* ids, size_t count) {
   if (n == 0 || n > kMaxWordBytes) return;
-  if (entries_ >= kMaxEntries) clear();
+  if (entries_ >= kMaxEntries || keys_.size() + n > kMaxArenaBytes) clear();
   size_t slot = hash & (kSlots - 1);
   while (slots_[slot].key_size != 0) slot = (slot + 1) & (kSlots - 1);
   slots_[slot] = Slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(n),

@@ -69,7 +69,10 @@ void merge_word_heap(const MergeTable& merges, const int32_t* byte_ids, const un
 // Cache of pre-token bytes -> ids, used by one thread at a time.
 class WordCache {
  public:
-  static constexpr size_t kMaxWordBytes = 128;  // longer pre-tokens are not cached
+  // note: long pre-tokens (base64, DNA, rulers of '=') cost the most to
+  // merge, so they are cached too, up to this size; the arena cap bounds memory.
+  static constexpr size_t kMaxWordBytes = 1024;
+  static constexpr size_t kMaxArenaBytes = size_t{8} << 20;
 
   WordCache();
   static uint64_t hash_bytes(const unsigned char* w, size_t n);
@@ -87,7 +90,7 @@ class WordCache {
     uint32_t ids_count;
   };
   static constexpr size_t kSlots = size_t{1} << 16;
-  static constexpr size_t kMaxEntries = kSlots / 2;  // cleared when full
+  static constexpr size_t kMaxEntries = kSlots / 2;  // cleared when full (or the arena is)
 
   std::vector<Slot> slots_;
   std::string keys_;

@@ -204,17 +204,49 @@ std::string_view nfc(std::string_view text, std::string& buffer) {
   size_t i = 0;
   while (i < n && s[i] < 0xCC) ++i;
   if (i == n) return text;
-  // s[i] >= 0xCC is a lead byte: continuation bytes are 0x80..0xBF.
+  // note: NFC never reaches across an inert code point (a starter that
+  // composes with nothing before it), so text splits before each one. Only
+  // the stretches from the inert character before a non-inert run to the
+  // next inert character go through utf8proc; the rest is copied.
   const uint8_t* t = table();
+  size_t copied = 0;                        // text[0, copied) is in buffer
+  size_t last_inert = std::string_view::npos;  // start of the latest inert code point
+  bool changed_path = false;
+  // s[i] >= 0xCC is a lead byte: continuation bytes are 0x80..0xBF. Find the
+  // inert code point before it by stepping back over one code point.
+  if (i > 0) {
+    size_t back = i - 1;
+    while (back > 0 && (s[back] & 0xC0) == 0x80) --back;
+    last_inert = back;  // below U+0300, so inert
+  }
   while (i < n) {
     uint32_t cp;
-    i += decode_utf8(s, i, cp);
-    if (!(t[cp] & kInertBit)) {
-      buffer = nfc_reference(text);
-      return buffer;
+    const size_t len = decode_utf8(s, i, cp);
+    if (t[cp] & kInertBit) {
+      last_inert = i;
+      i += len;
+      continue;
     }
+    if (!changed_path) {
+      buffer.clear();
+      changed_path = true;
+    }
+    const size_t begin = last_inert != std::string_view::npos && last_inert >= copied ? last_inert : copied;
+    size_t end = i + len;
+    while (end < n) {
+      const size_t l = decode_utf8(s, end, cp);
+      if (t[cp] & kInertBit) break;
+      end += l;
+    }
+    buffer.append(text.data() + copied, begin - copied);
+    buffer += nfc_reference(text.substr(begin, end - begin));
+    copied = end;
+    i = end;
+    last_inert = std::string_view::npos;
   }
-  return text;
+  if (!changed_path) return text;
+  buffer.append(text.data() + copied, n - copied);
+  return buffer;
 }
 
 }  // namespace qtk::unicode

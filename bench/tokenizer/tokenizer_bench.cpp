@@ -134,6 +134,56 @@ void BM_EncodeMixedOneThread(benchmark::State& state) {
 }
 BENCHMARK(BM_EncodeMixedOneThread)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
+// >= 1 MB of made-up words, numbers and punctuation where almost no word
+// repeats: nearly every pre-token misses the word cache, so this measures
+// the BPE merging itself (the worst case for the cache).
+const std::string& unique_words_text() {
+  static const std::string text = [] {
+    static const char* kSyllables[] = {"ka", "lo", "mi", "tra", "ven", "sho", "qu", "ber", "ist", "ond", "ex",
+                                       "pli", "ga", "rum", "zel", "ph", "ai", "oo", "nt", "str", "ic", "al"};
+    std::mt19937 rng(77);
+    std::uniform_int_distribution<int> syllables(1, 5), pick(0, 21), roll(0, 99), number(0, 999999);
+    std::string out;
+    while (out.size() < (size_t{1} << 20) + (size_t{1} << 18)) {
+      const int r = roll(rng);
+      if (r < 80) {
+        out += ' ';
+        const int n = syllables(rng);
+        for (int k = 0; k < n; ++k) out += kSyllables[pick(rng)];
+        if (r < 8) out[out.size() - 1] = static_cast<char>('A' + r);
+      } else if (r < 90) {
+        out += ' ' + std::to_string(number(rng));
+      } else if (r < 96) {
+        out += ",.;:!?"[r - 90];
+      } else {
+        out += '\n';
+      }
+    }
+    return out;
+  }();
+  return text;
+}
+
+void BM_EncodeUniqueWordsOneThread(benchmark::State& state) {
+  const qtk::Tokenizer& tok = qwen3();
+  const std::string& text = unique_words_text();
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    const std::vector<int32_t> ids = tok.encode(text);
+    tokens = static_cast<int64_t>(ids.size());
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetItemsProcessed(state.iterations() * tokens);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
+  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * tokens),
+                                                      benchmark::Counter::kIsRate);
+  state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * text.size()) / 1e6,
+                                                  benchmark::Counter::kIsRate);
+  state.counters["input_MB"] = static_cast<double>(text.size()) / 1e6;
+  state.counters["tokens"] = static_cast<double>(tokens);
+}
+BENCHMARK(BM_EncodeUniqueWordsOneThread)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
 void BM_EncodeBatch(benchmark::State& state) {
   const qtk::Tokenizer& tok = qwen3();
   const auto& docs = mixed_documents();
