@@ -16,6 +16,7 @@
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_models.h"
 #include "runtime/cuda/device_memory.h"
+#include "runtime/cuda/decode_graphs.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
@@ -81,29 +82,58 @@ class CudaQwen3 final : public Model {
     return s;
   }
 
-  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t /*max_context*/) override {
+  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_context) override {
     const ModelConfig& c = cfg_;
     const int64_t T = std::max<int64_t>(max_tokens, max_seqs);
-    ensure(x_, T * c.hidden_size * sizeof(T_));
-    ensure(h_, T * c.hidden_size * sizeof(T_));
-    ensure(qkv_, T * (c.q_dim() + 2 * c.kv_dim()) * sizeof(T_));
-    ensure(attn_, T * c.q_dim() * sizeof(T_));
-    ensure(gate_up_, T * 2 * c.intermediate_size * sizeof(T_));
-    ensure(act_, T * c.intermediate_size * sizeof(T_));
-    ensure(last_, max_seqs * c.hidden_size * sizeof(T_));
-    ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    bool grew = false;
+    grew |= ensure(x_, T * c.hidden_size * sizeof(T_));
+    grew |= ensure(h_, T * c.hidden_size * sizeof(T_));
+    grew |= ensure(qkv_, T * (c.q_dim() + 2 * c.kv_dim()) * sizeof(T_));
+    grew |= ensure(attn_, T * c.q_dim() * sizeof(T_));
+    grew |= ensure(gate_up_, T * 2 * c.intermediate_size * sizeof(T_));
+    grew |= ensure(act_, T * c.intermediate_size * sizeof(T_));
+    grew |= ensure(last_, max_seqs * c.hidden_size * sizeof(T_));
+    grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if (grew) graphs_.clear();
+    max_context_ = std::max(max_context_, max_context);
   }
 
-  void forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, float* logits) override {
+  void forward(const StepBatch& step, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    const int64_t S0 = step.num_seqs;
+    const int64_t max_len = *std::max_element(step.seq_len, step.seq_len + S0);
+    const bool graph = cuda::decode_graphs_enabled() && cuda::is_decode_step(step) &&
+                       cuda::context_bucket(max_len) <= cuda::paged_attention_max_context();
+    StepBatch padded;
+    if (graph) padded = cuda::pad_decode(step, cuda::decode_bucket(S0), 0, pad_);
+    const StepBatch& b = graph ? padded : step;
+    reserve(b.num_tokens, b.num_seqs, 0);
+    ensure_kv(kv);
+    // note: graphs size attention's shared memory by a context bucket, so
+    // that one graph serves many steps; eager steps use the exact maximum.
+    const int64_t ctx = graph ? cuda::context_bucket(max_len) : max_len;
+    upload_step(b);
+    if (graph) {
+      const cuda::DecodeGraphs::Key key{b.num_seqs, b.max_blocks, kv_blocks_, kv_block_size_, ctx};
+      graphs_.run(key, stream_, [&] { run_layers(b, ctx); });
+    } else {
+      run_layers(b, ctx);
+    }
+    // Logits of the real sequences (padding rows come after them).
+    const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
+    if (r > 0)
+      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Everything between the step upload and the logits copy: what a decode
+  // graph captures.
+  void run_layers(const StepBatch& b, int64_t max_seq_len) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size, D = c.head_dim;
     const int64_t I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
     const int64_t qkv_ld = c.q_dim() + 2 * c.kv_dim();
     const float eps = static_cast<float>(c.rms_norm_eps);
-    reserve(T, S, 0);
-    ensure_kv(kv);
-    upload_step(b);
-
     T_* x = x_.as<T_>();
     T_* h = h_.as<T_>();
     T_* q = qkv_.as<T_>();
@@ -116,9 +146,9 @@ class CudaQwen3 final : public Model {
     ab.seq_len = seq_len_;
     ab.block_table = block_table_;
     ab.max_blocks = b.max_blocks;
-    ab.block_size = kv.block_size();
+    ab.block_size = kv_block_size_;
     ab.total_tokens = T;
-    ab.max_seq_len = *std::max_element(b.seq_len, b.seq_len + S);
+    ab.max_seq_len = max_seq_len;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 
     cuda::embedding_lookup<T_>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
@@ -159,10 +189,7 @@ class CudaQwen3 final : public Model {
       const void* head = tied_ ? embed_.as() : lm_head_.as();
       gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
                 DType::F32, stream_);
-      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * c.vocab_size * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
     }
-    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
  private:
@@ -180,6 +207,7 @@ class CudaQwen3 final : public Model {
     kv_layer_elems_ = kv_blocks_ * kv_block_size_ * cfg_.kv_dim();
     k_cache_ = DeviceMemory(cfg_.num_layers * kv_layer_elems_ * sizeof(T_));
     v_cache_ = DeviceMemory(cfg_.num_layers * kv_layer_elems_ * sizeof(T_));
+    graphs_.clear();
   }
   T_* kv_k(int64_t layer) { return k_cache_.as<T_>() + layer * kv_layer_elems_; }
   T_* kv_v(int64_t layer) { return v_cache_.as<T_>() + layer * kv_layer_elems_; }
@@ -210,7 +238,7 @@ class CudaQwen3 final : public Model {
     int32_t* h_sl = put(b.seq_len, S);
     int32_t* h_bt = put(b.block_table, S * b.max_blocks);
     int32_t* h_rows = put(logit_rows_.data(), static_cast<int64_t>(logit_rows_.size()));
-    ensure(step_, n32 * sizeof(int32_t));
+    if (ensure(step_, n32 * sizeof(int32_t))) graphs_.clear();
     QTK_CUDA_CHECK(cudaMemcpyAsync(step_.as(), host_step_.data(), n32 * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
     int32_t* base = step_.as<int32_t>();
@@ -226,6 +254,9 @@ class CudaQwen3 final : public Model {
 
   ModelConfig cfg_;
   cudaStream_t stream_ = nullptr;
+  cuda::DecodeGraphs graphs_;
+  cuda::PaddedDecode pad_;
+  int64_t max_context_ = 0;
   cuda::Gemm gemm_;
   cuda::RopeParams rope_;
   bool tied_ = false;

@@ -10,6 +10,7 @@
 #include "kernels/cuda/gemm.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_models.h"
+#include "runtime/cuda/decode_graphs.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/kv_cache.h"
 
@@ -123,39 +124,75 @@ class CudaQwen3_5 final : public Model {
     return s;
   }
 
-  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t /*max_context*/) override {
+  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_context) override {
+    ensure_buffers(max_tokens, max_seqs);
+    if (max_seqs > slots_) {  // only before the first step (the scheduler reserves once)
+      slots_ = max_seqs;
+      // note: one more slot than sequences: the scratch slot of the padding
+      // rows of decode graphs.
+      conv_state_ = DeviceMemory((slots_ + 1) * gdn_layers_ * conv_floats_ * sizeof(float));
+      rec_state_ = DeviceMemory((slots_ + 1) * gdn_layers_ * rec_floats_ * sizeof(float));
+      graphs_.clear();
+    }
+    max_context_ = std::max(max_context_, max_context);
+  }
+
+  // Scratch for steps of up to max_tokens tokens and max_seqs sequences.
+  void ensure_buffers(int64_t max_tokens, int64_t max_seqs) {
     const ModelConfig& c = cfg_;
     const int64_t T = std::max<int64_t>(max_tokens, max_seqs);
     const size_t a = sizeof(Act);
-    ensure(x_, T * c.hidden_size * a);
-    ensure(h_, T * c.hidden_size * a);
-    ensure(mix_, T * c.hidden_size * a);
-    ensure(proj_, T * std::max(2 * c.q_dim() + 2 * c.kv_dim(), in_proj_rows(c)) * a);
-    ensure(conv_, T * c.linear_conv_dim() * a);
-    ensure(core_, T * std::max(c.q_dim(), c.linear_value_dim()) * a);
-    ensure(g_, T * c.linear_num_value_heads * sizeof(float));
-    ensure(beta_, T * c.linear_num_value_heads * sizeof(float));
-    ensure(gate_up_, T * 2 * c.intermediate_size * a);
-    ensure(act_, T * c.intermediate_size * a);
-    ensure(last_, max_seqs * c.hidden_size * a);
-    ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
-    if (max_seqs > slots_) {  // only before the first step (the scheduler reserves once)
-      slots_ = max_seqs;
-      conv_state_ = DeviceMemory(slots_ * gdn_layers_ * conv_floats_ * sizeof(float));
-      rec_state_ = DeviceMemory(slots_ * gdn_layers_ * rec_floats_ * sizeof(float));
-    }
+    bool grew = false;
+    grew |= ensure(x_, T * c.hidden_size * a);
+    grew |= ensure(h_, T * c.hidden_size * a);
+    grew |= ensure(mix_, T * c.hidden_size * a);
+    grew |= ensure(proj_, T * std::max(2 * c.q_dim() + 2 * c.kv_dim(), in_proj_rows(c)) * a);
+    grew |= ensure(conv_, T * c.linear_conv_dim() * a);
+    grew |= ensure(core_, T * std::max(c.q_dim(), c.linear_value_dim()) * a);
+    grew |= ensure(g_, T * c.linear_num_value_heads * sizeof(float));
+    grew |= ensure(beta_, T * c.linear_num_value_heads * sizeof(float));
+    grew |= ensure(gate_up_, T * 2 * c.intermediate_size * a);
+    grew |= ensure(act_, T * c.intermediate_size * a);
+    grew |= ensure(last_, max_seqs * c.hidden_size * a);
+    grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if (grew) graphs_.clear();
   }
 
-  void forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, float* logits) override {
-    const ModelConfig& c = cfg_;
-    const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size, I = c.intermediate_size;
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    reserve(T, S, 0);
-    for (int64_t s = 0; s < S; ++s)
-      if (b.state_slot[s] < 0 || b.state_slot[s] >= slots_)
-        fail("CUDA Qwen3.5: state slot {} outside the {} reserved", b.state_slot[s], slots_);
+  void forward(const StepBatch& step, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    const int64_t S0 = step.num_seqs;
+    for (int64_t s = 0; s < S0; ++s)
+      if (step.state_slot[s] < 0 || step.state_slot[s] >= slots_)
+        fail("CUDA Qwen3.5: state slot {} outside the {} reserved", step.state_slot[s], slots_);
+    const int64_t max_len = *std::max_element(step.seq_len, step.seq_len + S0);
+    const bool graph = cuda::decode_graphs_enabled() && cuda::is_decode_step(step) &&
+                       cuda::context_bucket(max_len) <= cuda::paged_attention_max_context();
+    StepBatch padded;
+    if (graph)
+      padded = cuda::pad_decode(step, cuda::decode_bucket(S0), static_cast<int32_t>(slots_), pad_);
+    const StepBatch& b = graph ? padded : step;
+    ensure_buffers(b.num_tokens, b.num_seqs);
     ensure_kv(kv);
+    const int64_t ctx = graph ? cuda::context_bucket(max_len) : max_len;
     upload_step(b);
+    if (graph) {
+      const cuda::DecodeGraphs::Key key{b.num_seqs, b.max_blocks, kv_blocks_, kv_block_size_, ctx};
+      graphs_.run(key, stream_, [&] { run_layers(b, ctx); });
+    } else {
+      run_layers(b, ctx);
+    }
+    const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
+    if (r > 0)
+      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Everything between the step upload and the logits copy: what a decode
+  // graph captures.
+  void run_layers(const StepBatch& b, int64_t max_seq_len) {
+    const ModelConfig& c = cfg_;
+    const int64_t T = b.num_tokens, H = c.hidden_size, I = c.intermediate_size;
+    const float eps = static_cast<float>(c.rms_norm_eps);
     const DType dt = dtype_of<Act>();
     Act* x = x_.as<Act>();
     Act* h = h_.as<Act>();
@@ -165,7 +202,7 @@ class CudaQwen3_5 final : public Model {
     cuda::rmsnorm<Act>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Qwen3_5DeviceLayer& l = layers_[li];
-      if (l.kind == LayerKind::kFull) full_attention(l, b, kv, h, mix);
+      if (l.kind == LayerKind::kFull) full_attention(l, b, max_seq_len, h, mix);
       else linear_attention(l, b, h, mix);
       cuda::add_rmsnorm<Act>(x, H, mix, H, l.post_attention_layernorm.as<float>(), h, H, T, H,
                              eps, stream_);
@@ -183,14 +220,11 @@ class CudaQwen3_5 final : public Model {
       const void* head = tied_ ? embed_.as() : lm_head_.as();
       gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
                 DType::F32, stream_);
-      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * c.vocab_size * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
     }
-    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
  private:
-  void full_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, const KvCache& kv,
+  void full_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, int64_t max_seq_len,
                       const Act* h, Act* out) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, H = c.hidden_size, D = c.head_dim;
@@ -215,9 +249,9 @@ class CudaQwen3_5 final : public Model {
     ab.seq_len = seq_len_;
     ab.block_table = block_table_;
     ab.max_blocks = b.max_blocks;
-    ab.block_size = kv.block_size();
+    ab.block_size = kv_block_size_;
     ab.total_tokens = T;
-    ab.max_seq_len = max_seq_len_;
+    ab.max_seq_len = max_seq_len;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     Act* core = core_.as<Act>();
     cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
@@ -269,6 +303,7 @@ class CudaQwen3_5 final : public Model {
     kv_layer_elems_ = kv_blocks_ * kv_block_size_ * cfg_.kv_dim();
     k_cache_ = DeviceMemory(std::max<int64_t>(attn_layers_, 1) * kv_layer_elems_ * sizeof(Act));
     v_cache_ = DeviceMemory(std::max<int64_t>(attn_layers_, 1) * kv_layer_elems_ * sizeof(Act));
+    graphs_.clear();
   }
 
   // Step arrays to the device in one copy; zeroes the state of sequences
@@ -276,11 +311,8 @@ class CudaQwen3_5 final : public Model {
   void upload_step(const StepBatch& b) {
     const int64_t T = b.num_tokens, S = b.num_seqs, L = gdn_layers_;
     logit_rows_.clear();
-    max_seq_len_ = 0;
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = 0; s < S; ++s)
       if (b.want_logits[s]) logit_rows_.push_back(b.q_start[s + 1] - 1);
-      max_seq_len_ = std::max<int64_t>(max_seq_len_, b.seq_len[s]);
-    }
     const int64_t n_rows = static_cast<int64_t>(logit_rows_.size());
     const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S;
     host_step_.resize(n32);
@@ -302,10 +334,11 @@ class CudaQwen3_5 final : public Model {
     offsets.push_back(p - host_step_.data());
     for (int64_t gi = 0; gi < L; ++gi)
       for (int64_t s = 0; s < S; ++s) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
-    ensure(step_, n32 * sizeof(int32_t));
+    if (ensure(step_, n32 * sizeof(int32_t))) graphs_.clear();
     for (int64_t s = 0; s < S; ++s) {
       const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
-      if (L > 0 && b.seq_len[s] == q_len) {  // starts at position 0
+      // (the padding rows' scratch slot is never cleared: their results are dropped)
+      if (L > 0 && b.seq_len[s] == q_len && b.state_slot[s] != slots_) {  // starts at position 0
         const int64_t slot = b.state_slot[s];
         QTK_CUDA_CHECK(cudaMemsetAsync(conv_state_.as<float>() + slot * L * conv_floats_, 0,
                                        L * conv_floats_ * sizeof(float), stream_));
@@ -328,6 +361,9 @@ class CudaQwen3_5 final : public Model {
 
   ModelConfig cfg_;
   cudaStream_t stream_ = nullptr;
+  cuda::DecodeGraphs graphs_;
+  cuda::PaddedDecode pad_;
+  int64_t max_context_ = 0;
   cuda::Gemm gemm_;
   cuda::RopeParams rope_;
   bool tied_ = false;
@@ -356,7 +392,6 @@ class CudaQwen3_5 final : public Model {
   DeviceMemory logits_;       // f32 [seqs, vocab]
   DeviceMemory step_;         // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
-  int64_t max_seq_len_ = 0;
   const int64_t* slot_mapping_ = nullptr;
   const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
                 *seq_len_ = nullptr, *block_table_ = nullptr, *rows_ = nullptr,

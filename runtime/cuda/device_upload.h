@@ -78,8 +78,11 @@ inline DeviceMemory upload_vector(const Pack& pack, const std::string& name, int
 
 // Grows a device buffer to at least `bytes` (only when a step is larger than
 // every earlier one).
-inline void ensure(DeviceMemory& m, size_t bytes) {
-  if (m.bytes() < bytes) m = DeviceMemory(bytes);
+// Returns true when it reallocated (graphs captured with the old buffer must go).
+inline bool ensure(DeviceMemory& m, size_t bytes) {
+  if (m.bytes() >= bytes) return false;
+  m = DeviceMemory(bytes);
+  return true;
 }
 
 }  // namespace qtk::cuda

@@ -35,9 +35,9 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
   "$NVCC" --version | tail -2
   cmake --version | head -1
-} 2>&1 | tee "$OUT/machine.log"
+} 2>&1 | tee "$OUT/build.log"
 
-echo "== configure" | tee "$OUT/build.log"
+echo "== configure" | tee -a "$OUT/build.log"
 mode=full
 if ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DQTK_CUDA=ON \
      -DCMAKE_CUDA_COMPILER="$NVCC" >>"$OUT/build.log" 2>&1; then
@@ -60,7 +60,7 @@ fi
 
 echo "== tests"
 ctest --test-dir "$BUILD" -N -L gpu | tail -3
-"$BUILD/bin/qtk_cuda_tests" --gtest_color=no --gtest_output="xml:$OUT/gtest.xml" \
+"$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
   >"$OUT/tests.log" 2>&1
 test_rc=$?
 grep -E "^\[  (FAILED|PASSED) |^device:|Failure|Expected|Which is|rows differ|^\[==========\]" \
@@ -70,7 +70,7 @@ model_rc=0
 if [ "$mode" = full ]; then
   echo "== model tests (runtime/cuda end to end)"
   if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_model_tests >>"$OUT/build.log" 2>&1; then
-    "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no --gtest_output="xml:$OUT/gtest_model.xml" \
+    "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no \
       >"$OUT/model_tests.log" 2>&1
     model_rc=$?
     grep -E "^\[  (FAILED|PASSED) |^\[ golden|Failure|Expected|Which is|diverged|differ|^\[==========\]|what\(\)" \
@@ -95,7 +95,40 @@ if [ -z "${QTK_GPU_SKIP_BENCH:-}" ]; then
   sed -n '/^-----/,$p' "$OUT/bench.log" | awk '{ $3=""; $4=""; print }' | cut -c1-150
 fi
 
+e2e_rc=0
+if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
+  # End to end on random-weight real shapes: synth -> convert -> cuda_model_bench,
+  # and transformers' eager generate on the same checkpoint (bench/cuda/hf_bench.py).
+  echo "== end to end (${QTK_GPU_E2E})" | tee "$OUT/e2e.log"
+  cmake --build "$BUILD" -j"$JOBS" --target synth convert cuda_model_bench >>"$OUT/build.log" 2>&1 \
+    || { echo "FAILED: building synth/convert/cuda_model_bench"; e2e_rc=1; }
+  for name in ${QTK_GPU_E2E}; do
+    [ $e2e_rc -eq 0 ] || break
+    work=/tmp/qtk-e2e/$name
+    mkdir -p "$work"
+    { "$BUILD/bin/synth" "tests/data/configs/$name.json" "$work/hf" --dtype bf16 &&
+      "$BUILD/bin/convert" "$work/hf" "$work/model.pack" --force; } >>"$OUT/e2e.log" 2>&1 \
+      || { echo "FAILED: synth/convert $name" | tee -a "$OUT/e2e.log"; e2e_rc=1; continue; }
+    for prec in ${QTK_GPU_E2E_PRECISIONS:-bf16}; do
+      echo "-- qtk cuda $name $prec (decode graphs)" | tee -a "$OUT/e2e.log"
+      timeout 240 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --precision "$prec" \
+        --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
+    done
+    if [ -n "${QTK_GPU_E2E_EAGER:-}" ]; then
+      echo "-- qtk cuda $name bf16, eager launches (QTK_CUDA_GRAPHS=0)" | tee -a "$OUT/e2e.log"
+      QTK_CUDA_GRAPHS=0 timeout 120 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" \
+        --batches 1,32 --prefill 0 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
+    fi
+    if [ -z "${QTK_GPU_E2E_NO_HF:-}" ]; then
+      echo "-- transformers eager $name bf16" | tee -a "$OUT/e2e.log"
+      PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda/hf_bench.py "$work/hf" \
+        "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | grep -v Warning | tail -8 | tee -a "$OUT/e2e.log"
+    fi
+    rm -rf "$work"
+  done
+fi
+
 echo "== summary"
-echo "build: $mode; kernel tests rc $test_rc; model tests rc $model_rc; bench rc $bench_rc"
+echo "build: $mode; kernel tests rc $test_rc; model tests rc $model_rc; bench rc $bench_rc; e2e rc $e2e_rc"
 grep -E "tests? ran|PASSED|FAILED" "$OUT/tests.log" | tail -4
 [ $test_rc -eq 0 ] && [ $model_rc -eq 0 ] && [ $bench_rc -eq 0 ]

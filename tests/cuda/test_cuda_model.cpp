@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <cstdio>
@@ -217,6 +218,17 @@ TEST_P(CudaModelInvariance, BatchInvariantTokensAndMargins) {
   for (CudaPrecision p : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
     auto model = load_cuda_model(*pack, p);
     const auto batch = generate(*model, cases, 16);
+    // Decode steps replay CUDA graphs (padded to a bucket); eager launches
+    // of the same kernels must give the same bits.
+    setenv("QTK_CUDA_GRAPHS", "0", 1);
+    const auto eager = generate(*model, cases, 16);
+    unsetenv("QTK_CUDA_GRAPHS");
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(eager[i].tokens, batch[i].tokens) << "case " << i << " eager vs graphs";
+      EXPECT_EQ(0, std::memcmp(eager[i].margins.data(), batch[i].margins.data(),
+                               eager[i].margins.size() * sizeof(float)))
+          << "case " << i << ": margins differ eager vs graphs";
+    }
     for (size_t i = 0; i < cases.size(); ++i) {
       const auto alone = generate(*model, {cases[i]}, 5);
       EXPECT_EQ(alone[0].tokens, batch[i].tokens) << "case " << i;

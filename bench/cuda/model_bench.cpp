@@ -1,0 +1,180 @@
+// End-to-end generation speed of the CUDA backend on a pack (random-weight
+// real shapes from bench/synth): B prompts of P random tokens, greedy, G
+// generated tokens each; and the prefill rate of one 512-token prompt.
+//
+//   cuda_model_bench --pack X.pack [--precision bf16|f32] [--batches 1,32,128]
+//                    [--prompt 128] [--gen 64] [--prefill 512] [--json out.json]
+//
+// note: steps are driven here directly (all prompts in prefill steps of at
+// most --max-step-tokens tokens, then one decode token per sequence per step),
+// not through the scheduler, so the figures are the model's. Every forward
+// ends with the logits on the host (a synchronisation), as in generate.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loaders/error.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/kv_cache.h"
+#include "runtime/pack.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string pack, precision = "bf16", json;
+  std::vector<int64_t> batches = {1, 32, 128};
+  int64_t prompt = 128, gen = 64, prefill = 512, max_step_tokens = 8192, block_size = 16;
+};
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoll(item));
+  return v;
+}
+
+struct Timing {
+  double prefill_s = 0, decode_s = 0;
+  int64_t steps = 0;
+};
+
+// Runs B sequences of `prompt` random tokens and `gen` greedy tokens.
+Timing run_batch(qtk::Model& m, int64_t B, int64_t prompt, int64_t gen, int64_t max_step_tokens,
+                 int64_t block_size, uint32_t seed) {
+  const int64_t vocab = m.config().vocab_size;
+  const int64_t ctx = prompt + gen;
+  const int64_t mb = (ctx + block_size - 1) / block_size;
+  qtk::KvCache kv(m.cache_spec(), B * mb, block_size);
+  qtk::StatePool states(m.cache_spec().state_floats, B);
+  const int64_t seqs_per_prefill = std::max<int64_t>(1, std::min(B, max_step_tokens / prompt));
+  m.reserve(std::max(seqs_per_prefill * prompt, B), B, ctx);
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> toks(B);
+  for (auto& t : toks)
+    for (int64_t i = 0; i < prompt; ++i) t.push_back(static_cast<int32_t>(rng() % vocab));
+  std::vector<float> logits(B * vocab);
+  Timing tm;
+  // One step over sequences [s0, s1): their next `n` tokens each.
+  auto step = [&](int64_t s0, int64_t s1, bool prefill) {
+    std::vector<int32_t> ids, pos, q_start = {0}, seq_len, bt, slot;
+    std::vector<int64_t> slots;
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t len0 = prefill ? 0 : static_cast<int64_t>(toks[s].size()) - 1;
+      const int64_t len1 = static_cast<int64_t>(toks[s].size());
+      for (int64_t p = len0; p < len1; ++p) {
+        ids.push_back(toks[s][p]);
+        pos.push_back(static_cast<int32_t>(p));
+        slots.push_back((s * mb + p / block_size) * block_size + p % block_size);
+      }
+      q_start.push_back(static_cast<int32_t>(ids.size()));
+      seq_len.push_back(static_cast<int32_t>(len1));
+      for (int64_t b = 0; b < mb; ++b) bt.push_back(static_cast<int32_t>(s * mb + b));
+      slot.push_back(static_cast<int32_t>(s));
+    }
+    const int64_t T = static_cast<int64_t>(ids.size()), S = s1 - s0;
+    std::vector<int32_t> positions(3 * T);
+    for (int a = 0; a < 3; ++a) std::copy(pos.begin(), pos.end(), positions.begin() + a * T);
+    std::vector<uint8_t> want(S, 1);
+    qtk::StepBatch b;
+    b.num_seqs = S;
+    b.num_tokens = T;
+    b.token_ids = ids.data();
+    b.positions = positions.data();
+    b.q_start = q_start.data();
+    b.seq_len = seq_len.data();
+    b.block_table = bt.data();
+    b.max_blocks = mb;
+    b.slot_mapping = slots.data();
+    b.state_slot = slot.data();
+    b.want_logits = want.data();
+    b.num_logits = S;
+    m.forward(b, kv, states, logits.data());
+    for (int64_t i = 0; i < S; ++i) {
+      const float* row = &logits[i * vocab];
+      toks[s0 + i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+    ++tm.steps;
+  };
+  auto t0 = Clock::now();
+  for (int64_t s = 0; s < B; s += seqs_per_prefill) step(s, std::min(B, s + seqs_per_prefill), true);
+  auto t1 = Clock::now();
+  for (int64_t g = 1; g < gen; ++g) step(0, B, false);
+  auto t2 = Clock::now();
+  tm.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  tm.decode_s = std::chrono::duration<double>(t2 - t1).count();
+  return tm;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) qtk::fail("cuda_model_bench: {} needs a value", a);
+      return argv[++i];
+    };
+    if (a == "--pack") o.pack = next();
+    else if (a == "--precision") o.precision = next();
+    else if (a == "--batches") o.batches = parse_list(next());
+    else if (a == "--prompt") o.prompt = std::stoll(next());
+    else if (a == "--gen") o.gen = std::stoll(next());
+    else if (a == "--prefill") o.prefill = std::stoll(next());
+    else if (a == "--max-step-tokens") o.max_step_tokens = std::stoll(next());
+    else if (a == "--json") o.json = next();
+    else qtk::fail("cuda_model_bench: unknown argument '{}'", a);
+  }
+  if (o.pack.empty()) qtk::fail("cuda_model_bench: --pack is required");
+  auto pack = qtk::Pack::open(o.pack);
+  const auto t_load = Clock::now();
+  auto model = qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(o.precision));
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  nlohmann::json out = {{"pack", o.pack}, {"model", pack->config().hf_architecture},
+                        {"precision", o.precision}, {"prompt", o.prompt}, {"gen", o.gen},
+                        {"upload_s", load_s}};
+  std::printf("%s %s: weights uploaded in %.2f s\n", o.pack.c_str(), o.precision.c_str(), load_s);
+  run_batch(*model, 1, 16, 4, o.max_step_tokens, o.block_size, 7);  // warm-up: plans, modules
+  for (int64_t B : o.batches) {
+    const Timing t = run_batch(*model, B, o.prompt, o.gen, o.max_step_tokens, o.block_size, 1);
+    const double gen_tps = double(B) * o.gen / (t.prefill_s + t.decode_s);
+    const double dec_tps = double(B) * (o.gen - 1) / t.decode_s;
+    std::printf("batch %4lld: prefill %7.2f ms, decode %8.2f ms (%5.2f ms/step): "
+                "%9.0f gen tok/s (incl. prefill), %9.0f decode tok/s\n",
+                static_cast<long long>(B), t.prefill_s * 1e3, t.decode_s * 1e3,
+                t.decode_s * 1e3 / (o.gen - 1), gen_tps, dec_tps);
+    out["batches"].push_back({{"batch", B}, {"prefill_s", t.prefill_s}, {"decode_s", t.decode_s},
+                              {"gen_tok_s", gen_tps}, {"decode_tok_s", dec_tps}});
+  }
+  if (o.prefill > 0) {
+    run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size, 3);  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r)
+      best = std::min(best, run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size,
+                                      4 + r).prefill_s);
+    std::printf("prefill pp%lld: %.2f ms, %.0f tok/s (best of 3)\n",
+                static_cast<long long>(o.prefill), best * 1e3, o.prefill / best);
+    out["prefill"] = {{"tokens", o.prefill}, {"s", best}, {"tok_s", o.prefill / best}};
+  }
+  if (!o.json.empty()) std::ofstream(o.json) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_model_bench: %s\n", e.what());
+    return 1;
+  }
+}
