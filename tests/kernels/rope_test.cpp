@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/ref/reference.h"
@@ -130,6 +131,36 @@ TEST(Rope, RowsAreIndependentOfTheCall) {
     std::vector<int32_t> p1 = {pos[t], pos[t], pos[t]};
     rope_apply(one.data(), 1, heads, head_dim, ld, p1.data(), head_dim, 1e6, nullptr, 0, false);
     ASSERT_TRUE(test::bit_equal(one.data(), all.data() + t * ld, ld)) << t;
+  }
+}
+
+}  // namespace
+}  // namespace qtk
+
+namespace qtk {
+namespace {
+
+// The runtime's inv_freq_bf16 flag: frequencies rounded to bf16 before the
+// float32 angle (what transformers does for a bf16 checkpoint).
+TEST(Rope, Bf16RoundedFrequencies) {
+  const int64_t head_dim = 4, rotary_dim = 4;
+  const double theta = 1e4;
+  const int32_t p = 100;
+  std::vector<int32_t> pos = {p, p, p};
+  // Frequency j = 1 is 1 / theta^(2/4) = 0.01; its bf16 value is 0.010009765625.
+  float inv = 1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)), 0.5));
+  uint16_t hb = test::float_to_bf16(inv);
+  uint32_t bits = static_cast<uint32_t>(hb) << 16;
+  float inv_bf16;
+  std::memcpy(&inv_bf16, &bits, 4);
+  ASSERT_NE(inv, inv_bf16);
+  for (bool flag : {false, true}) {
+    std::vector<float> x = {0.0f, 1.0f, 0.0f, 0.0f};  // pair (x[1], x[3]) = (1, 0)
+    rope_apply(x.data(), 1, 1, head_dim, head_dim, pos.data(), rotary_dim, theta, nullptr, 0, false, flag);
+    float angle = (flag ? inv_bf16 : inv) * static_cast<float>(p);
+    // cos/sin of the float32 angle rounded to float32, then one product: exact to 1 ulp.
+    EXPECT_NEAR(x[1], std::cos(static_cast<double>(angle)), 1e-7) << flag;
+    EXPECT_NEAR(x[3], std::sin(static_cast<double>(angle)), 1e-7) << flag;
   }
 }
 
