@@ -129,10 +129,11 @@ class Progress {
     last_ = now;
     const double sec = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
     const double eta = done > 0 ? sec * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0;
-    std::fprintf(stderr, "\rgenerate: %lld/%lld done | prompt %.0f tok/s | gen %.0f tok/s | ETA %.0fs   %s",
+    const std::string eta_text = done > 0 ? fmt::format("{:.0f}s", eta) : std::string("?");
+    std::fprintf(stderr, "\rgenerate: %lld/%lld done | prompt %.0f tok/s | gen %.0f tok/s | ETA %s   %s",
                  static_cast<long long>(done), static_cast<long long>(total_),
                  static_cast<double>(st.prompt_tokens) / sec,
-                 static_cast<double>(st.generated_tokens) / sec, eta, final ? "\n" : "");
+                 static_cast<double>(st.generated_tokens) / sec, eta_text.c_str(), final ? "\n" : "");
     std::fflush(stderr);
   }
 
@@ -325,8 +326,10 @@ void run_generate(const GenerateOptions& o) {
           const std::string prompt_text =
               tokenizer ? tokenizer->decode(l.request.prompt) : fmt::format("{}", fmt::join(l.request.prompt, " "));
           const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
-          std::fprintf(stdout, "=== %s\n%s\033[1m%s\033[0m\n", l.id.dump().c_str(), prompt_text.c_str(),
-                       cont.c_str());
+          // The continuation in bold on a terminal.
+          const bool tty = ::isatty(1);
+          std::fprintf(stdout, "=== %s\n%s%s%s%s\n", l.id.dump().c_str(), prompt_text.c_str(),
+                       tty ? "\033[1m" : "", cont.c_str(), tty ? "\033[0m" : "");
           std::fflush(stdout);
         }
         results[next].reset();

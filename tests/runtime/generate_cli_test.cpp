@@ -56,6 +56,33 @@ TEST(GenerateCli, BadLinesGetErrorLinesAndOthersRun) {
   for (size_t i = 1; i <= 8; ++i) EXPECT_TRUE(res[i].contains("error")) << i;
 }
 
+TEST(GenerateCli, PromptThatCanNeverFitIsRefusedUpFront) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/fit.jsonl";
+  std::vector<int> big(30, 7);
+  write_text(in, nlohmann::json{{"id", "small"}, {"prompt_token_ids", {1, 2}}, {"max_tokens", 3}}.dump() + "\n" +
+                     nlohmann::json{{"id", "big"}, {"prompt_token_ids", big}, {"max_tokens", 3}}.dump() + "\n");
+  const std::string out = work_dir() + "/fit.results.jsonl";
+  // 3 blocks of 4 tokens: 12 tokens, the big prompt needs 32.
+  RunResult r = generate(pack, in, out, "--kv-cache-blocks 3 --block-size 4");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[0]["output_token_ids"].size(), 3u);
+  EXPECT_EQ(res[1]["id"], "big");
+  EXPECT_NE(res[1]["error"].get<std::string>().find("needs 8 KV blocks"), std::string::npos) << res[1];
+}
+
+TEST(GenerateCli, ProgressLineOnRequest) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/progress.jsonl";
+  write_text(in, "{\"prompt_token_ids\": [1, 2]}\n{\"prompt_token_ids\": [3]}\n");
+  RunResult r = generate(pack, in, work_dir() + "/progress.results.jsonl", "--max-tokens 2 --progress");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("generate: 2/2 done"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gen "), std::string::npos) << r.err;
+}
+
 TEST(GenerateCli, FatalErrorIsOneLineAndNoOutput) {
   const std::string in = work_dir() + "/fatal.jsonl";
   write_text(in, "{\"prompt_token_ids\": [1]}\n");
@@ -172,6 +199,7 @@ TEST(GenerateCli, KilledRunsResumeToTheSameFile) {
   const std::string full = work_dir() + "/kill.full.jsonl";
   ASSERT_EQ(generate(pack, in, full, "--max-batched-tokens 2 --threads 1").status, 0);
   const std::string expected = read_text(full);
+  int interrupted = 0;  // kills that landed before the run finished
   for (int delay_ms : {5, 20, 60, 150}) {
     const std::string out = fmt::format("{}/kill.{}.jsonl", work_dir(), delay_ms);
     std::filesystem::remove(out);
@@ -189,10 +217,13 @@ TEST(GenerateCli, KilledRunsResumeToTheSameFile) {
     int st = 0;
     waitpid(pid, &st, 0);
     // Whatever is there: only complete lines (or a partial last line that resume drops).
+    const std::string before = std::filesystem::exists(out) ? read_text(out) : std::string();
+    if (before != expected) ++interrupted;
     RunResult r = run(cmd + " --resume");
     ASSERT_EQ(r.status, 0) << delay_ms << ": " << r.err;
     EXPECT_EQ(read_text(out), expected) << "killed after " << delay_ms << " ms";
   }
+  EXPECT_GE(interrupted, 1);
 }
 
 }  // namespace
