@@ -4,12 +4,21 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "convert/convert.h"
 #include "convert/interrupt.h"
 #include "loaders/error.h"
 
 namespace {
+
+// One line on stderr, whatever a library put in the message.
+void print_error(const char* what) {
+  std::string line = std::string("convert: ") + what;
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 uint64_t parse_size(const std::string& flag, const std::string& text) {
   // Accepts a byte count with an optional K/M/G/T suffix (powers of 1024).
@@ -74,13 +83,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "convert: wrote %s: %zu tensors, %.1f MB\n", opt.output.c_str(), r.tensors,
                      static_cast<double>(r.pack_bytes) / 1e6);
     } catch (const qtk::Error& e) {
-      std::fprintf(stderr, "convert: %s\n", e.what());
+      print_error(e.what());
       status = 1;
     } catch (const cxxopts::exceptions::exception& e) {
-      std::fprintf(stderr, "convert: %s\n", e.what());
+      print_error(e.what());
       status = 1;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "convert: internal error: %s\n", e.what());
+      print_error((std::string("internal error: ") + e.what()).c_str());
       status = 1;
     }
   }

@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
     ("model", "use this checkpoint directory instead of synthesising", cxxopts::value<std::string>())
     ("repeats", "timed runs per dtype", cxxopts::value<std::string>()->default_value("3"))
     ("pack-dir", "write the packs here instead of --work (e.g. a tmpfs, to take the disk out)", cxxopts::value<std::string>())
+    ("convert-bin", "the convert program to time", cxxopts::value<std::string>()->default_value(QTK_CONVERT_BIN))
     ("out", "also write the JSON here", cxxopts::value<std::string>());
   const auto args = options.parse(argc, argv);
   const std::string work = args["work"].as<std::string>();
@@ -158,7 +159,7 @@ int main(int argc, char** argv) {
                  {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)}, {"runs", json::array()}};
   const std::string pack = args.count("pack-dir") ? args["pack-dir"].as<std::string>() + "/bench.pack" : work + "/bench.pack";
   for (const std::string dtype : {"keep", "f32"}) {
-    const std::vector<std::string> cmd = {QTK_CONVERT_BIN, model, pack, "--dtype", dtype, "--force"};
+    const std::vector<std::string> cmd = {args["convert-bin"].as<std::string>(), model, pack, "--dtype", dtype, "--force"};
     const Run warm = run_convert(cmd);  // page cache warm-up
     if (warm.status != 0) {
       std::fprintf(stderr, "convert_bench: convert failed (status %d)\n", warm.status);
