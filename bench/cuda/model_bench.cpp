@@ -4,6 +4,7 @@
 //
 //   cuda_model_bench --pack X.pack [--precision bf16|f32] [--batches 1,32,128]
 //                    [--prompt 128] [--gen 64] [--prefill 512] [--json out.json]
+//                    [--host-logits]
 //
 // note: steps are driven here directly (all prompts in prefill steps of at
 // most --max-step-tokens tokens, then one decode token per sequence per step),
@@ -33,6 +34,7 @@ struct Options {
   std::string pack, precision = "bf16", json;
   std::vector<int64_t> batches = {1, 32, 128};
   int64_t prompt = 128, gen = 64, prefill = 512, max_step_tokens = 8192, block_size = 16;
+  bool host_logits = false;  // logits to the host + host argmax (what the scheduler does now)
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -49,8 +51,8 @@ struct Timing {
 };
 
 // Runs B sequences of `prompt` random tokens and `gen` greedy tokens.
-Timing run_batch(qtk::Model& m, int64_t B, int64_t prompt, int64_t gen, int64_t max_step_tokens,
-                 int64_t block_size, uint32_t seed) {
+Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen,
+                 int64_t max_step_tokens, int64_t block_size, uint32_t seed, bool host_logits) {
   const int64_t vocab = m.config().vocab_size;
   const int64_t ctx = prompt + gen;
   const int64_t mb = (ctx + block_size - 1) / block_size;
@@ -62,7 +64,8 @@ Timing run_batch(qtk::Model& m, int64_t B, int64_t prompt, int64_t gen, int64_t 
   std::vector<std::vector<int32_t>> toks(B);
   for (auto& t : toks)
     for (int64_t i = 0; i < prompt; ++i) t.push_back(static_cast<int32_t>(rng() % vocab));
-  std::vector<float> logits(B * vocab);
+  std::vector<float> logits(host_logits ? B * vocab : 0), margins(B);
+  std::vector<int32_t> next(B);
   Timing tm;
   // One step over sequences [s0, s1): their next `n` tokens each.
   auto step = [&](int64_t s0, int64_t s1, bool prefill) {
@@ -98,10 +101,15 @@ Timing run_batch(qtk::Model& m, int64_t B, int64_t prompt, int64_t gen, int64_t 
     b.state_slot = slot.data();
     b.want_logits = want.data();
     b.num_logits = S;
-    m.forward(b, kv, states, logits.data());
-    for (int64_t i = 0; i < S; ++i) {
-      const float* row = &logits[i * vocab];
-      toks[s0 + i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    if (host_logits) {
+      m.forward(b, kv, states, logits.data());
+      for (int64_t i = 0; i < S; ++i) {
+        const float* row = &logits[i * vocab];
+        toks[s0 + i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      }
+    } else {
+      m.forward_greedy(b, kv, states, next.data(), margins.data());
+      for (int64_t i = 0; i < S; ++i) toks[s0 + i].push_back(next[i]);
     }
     ++tm.steps;
   };
@@ -131,6 +139,7 @@ int run(int argc, char** argv) {
     else if (a == "--prefill") o.prefill = std::stoll(next());
     else if (a == "--max-step-tokens") o.max_step_tokens = std::stoll(next());
     else if (a == "--json") o.json = next();
+    else if (a == "--host-logits") o.host_logits = true;
     else qtk::fail("cuda_model_bench: unknown argument '{}'", a);
   }
   if (o.pack.empty()) qtk::fail("cuda_model_bench: --pack is required");
@@ -140,11 +149,15 @@ int run(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   nlohmann::json out = {{"pack", o.pack}, {"model", pack->config().hf_architecture},
                         {"precision", o.precision}, {"prompt", o.prompt}, {"gen", o.gen},
+                        {"greedy", o.host_logits ? "host" : "device"},
                         {"upload_s", load_s}};
-  std::printf("%s %s: weights uploaded in %.2f s\n", o.pack.c_str(), o.precision.c_str(), load_s);
-  run_batch(*model, 1, 16, 4, o.max_step_tokens, o.block_size, 7);  // warm-up: plans, modules
+  std::printf("%s %s, greedy on the %s: weights uploaded in %.2f s\n", o.pack.c_str(),
+              o.precision.c_str(), o.host_logits ? "host" : "device", load_s);
+  // Warm-up: modules, GEMM plans.
+  run_batch(*model, 1, 16, 4, o.max_step_tokens, o.block_size, 7, o.host_logits);
   for (int64_t B : o.batches) {
-    const Timing t = run_batch(*model, B, o.prompt, o.gen, o.max_step_tokens, o.block_size, 1);
+    const Timing t =
+        run_batch(*model, B, o.prompt, o.gen, o.max_step_tokens, o.block_size, 1, o.host_logits);
     const double gen_tps = double(B) * o.gen / (t.prefill_s + t.decode_s);
     const double dec_tps = double(B) * (o.gen - 1) / t.decode_s;
     std::printf("batch %4lld: prefill %7.2f ms, decode %8.2f ms (%5.2f ms/step): "
@@ -155,11 +168,11 @@ int run(int argc, char** argv) {
                               {"gen_tok_s", gen_tps}, {"decode_tok_s", dec_tps}});
   }
   if (o.prefill > 0) {
-    run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size, 3);  // warm-up
+    run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size, 3, o.host_logits);  // warm-up
     double best = 1e30;
     for (int r = 0; r < 3; ++r)
       best = std::min(best, run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size,
-                                      4 + r).prefill_s);
+                                      4 + r, o.host_logits).prefill_s);
     std::printf("prefill pp%lld: %.2f ms, %.0f tok/s (best of 3)\n",
                 static_cast<long long>(o.prefill), best * 1e3, o.prefill / best);
     out["prefill"] = {{"tokens", o.prefill}, {"s", best}, {"tok_s", o.prefill / best}};

@@ -33,14 +33,23 @@ __global__ void kv_cache_write_kernel(const T* __restrict__ k, int64_t ldk, cons
   v_cache[slot * width + e] = v[t * ldv + e];
 }
 
-// One block per (query row, query head).
-// note: the reduction order of every output depends only on the number of keys
-// of that query: warp w scores keys w, w+4, ... (each score a D-dot reduced by
-// lanes in a fixed butterfly), then the max, then the sum of exp (thread i
-// adds keys i, i+128, ... in order, then block_sum's fixed tree), then thread c
-// adds p_j * v_j[c] for j = 0, 1, ... in key order. Nothing depends on the
-// batch, the block size, the block table or how the prompt was chunked, and
-// there is no online-softmax rescaling at block boundaries.
+// One block per (query row, query head), 4 warps.
+// note: the reduction order of every output depends only on the number of
+// keys of that query and on D:
+//  - scores: key j is scored by lane group (j % 16) (8 lanes; warp (j%16)/4),
+//    lane l of the group summing dims l, l+8, ... in order, then a fixed
+//    3-step xor butterfly inside the group;
+//  - max, then sum of exp: thread i adds keys i, i+128, ... in order, then
+//    block_sum's fixed tree;
+//  - output: warp w accumulates p_j * v_j[c] over its keys j = w, w+4, ... in
+//    increasing j, and the 4 warp partials are added warp 0 + 1 + 2 + 3.
+// Nothing depends on the batch, the block size, the block table or how the
+// prompt was chunked, and there is no online-softmax rescaling at block
+// boundaries.
+constexpr int kGroup = 8;                      // lanes per key in the score pass
+constexpr int kKeysPerPass = kAttnThreads / kGroup;
+constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
+
 template <class T>
 __global__ void __launch_bounds__(kAttnThreads)
 paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k_cache,
@@ -49,29 +58,38 @@ paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict
                        const int32_t* __restrict__ block_table, int num_seqs, int64_t max_blocks,
                        int block_size, int hkv, int d, int group, float scale) {
   extern __shared__ float smem[];
-  float* qs = smem;       // [d]
-  float* red = qs + d;    // [32]
-  float* p = red + 32;    // [n_keys]: scores, then exp(score - max)
+  constexpr int kWarps = kAttnThreads / 32;
+  float* qs = smem;                  // [d]
+  float* red = qs + d;               // [32]
+  float* part = red + 32;            // [kWarps][d] output partials
+  float* p = part + kWarps * d;      // [n_keys]: scores, then exp(score - max)
   const int t = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kWarps = kAttnThreads / 32;
   const int s = find_seq(q_start, num_seqs, t);
   const int q_len = q_start[s + 1] - q_start[s];
   const int n_keys = seq_len[s] - q_len + (t - q_start[s]) + 1;
   const int kvh = h / group;
   const int64_t width = static_cast<int64_t>(hkv) * d;
   const int32_t* bt = block_table + s * max_blocks;
+  auto key_row = [&](const T* cache, int j) {
+    const int64_t slot = static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size;
+    return cache + slot * width + kvh * d;
+  };
 
   for (int c = tid; c < d; c += kAttnThreads) qs[c] = to_f(q[t * ldq + h * d + c]);
   __syncthreads();
 
-  for (int j = warp; j < n_keys; j += kWarps) {
-    const int64_t slot = static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size;
-    const T* kr = k_cache + slot * width + kvh * d;
+  const int g = tid / kGroup, gl = tid % kGroup;
+  for (int j0 = 0; j0 < n_keys; j0 += kKeysPerPass) {
+    const int j = j0 + g;
     float acc = 0.0f;
-    for (int c = lane; c < d; c += 32) acc += qs[c] * to_f(kr[c]);
-    acc = warp_sum(acc);
-    if (lane == 0) p[j] = acc * scale;
+    if (j < n_keys) {
+      const T* kr = key_row(k_cache, j);
+      for (int c = gl; c < d; c += kGroup) acc += qs[c] * to_f(kr[c]);
+    }
+#pragma unroll
+    for (int o = kGroup / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (j < n_keys && gl == 0) p[j] = acc * scale;
   }
   __syncthreads();
 
@@ -87,17 +105,28 @@ paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict
   sum = block_sum(sum, red);  // its barriers also publish p[]
   const float inv = 1.0f / sum;
 
-  for (int c = tid; c < d; c += kAttnThreads) {
-    float acc = 0.0f;
-    const int n_blocks = (n_keys + block_size - 1) / block_size;
-    for (int b = 0; b < n_blocks; ++b) {
-      const T* vb = v_cache + static_cast<int64_t>(bt[b]) * block_size * width + kvh * d + c;
-      const int j0 = b * block_size;
-      const int n = min(block_size, n_keys - j0);
-#pragma unroll 4
-      for (int o = 0; o < n; ++o) acc += p[j0 + o] * to_f(vb[o * width]);
+  float acc[kMaxDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] = 0.0f;
+  for (int j = warp; j < n_keys; j += kWarps) {
+    const T* vr = key_row(v_cache, j);
+    const float pj = p[j];
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) acc[i] += pj * to_f(vr[c]);
     }
-    out[t * ldo + h * d + c] = from_f<T>(acc * inv);
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxDimsPerLane; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) part[warp * d + c] = acc[i];
+  }
+  __syncthreads();
+  for (int c = tid; c < d; c += kAttnThreads) {
+    float o = part[c];
+    for (int w = 1; w < kWarps; ++w) o += part[w * d + c];
+    out[t * ldo + h * d + c] = from_f<T>(o * inv);
   }
 }
 
@@ -105,7 +134,8 @@ template <class T>
 void enable_large_smem() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const int bytes = static_cast<int>((kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
+    const int bytes =
+        static_cast<int>((5 * kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
     QTK_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   });
@@ -131,16 +161,16 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
                      int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
                      float scale, cudaStream_t stream) {
   if (b.total_tokens == 0) return;
-  if (d > kMaxHeadDim || hkv <= 0 || hq % hkv != 0)
+  if (d > kMaxHeadDim || d % 8 != 0 || hkv <= 0 || hq % hkv != 0)
     fail_message("paged_attention: head_dim " + std::to_string(d) + " (at most " +
-                 std::to_string(kMaxHeadDim) + ") with " + std::to_string(hq) +
+                 std::to_string(kMaxHeadDim) + ", a multiple of 8) with " + std::to_string(hq) +
                  " query heads over " + std::to_string(hkv) +
                  " kv heads (must divide) is not supported");
   if (b.max_seq_len > kMaxContext || b.max_seq_len <= 0)
     fail_message("paged_attention: max_seq_len " + std::to_string(b.max_seq_len) +
                  " is outside 1.." + std::to_string(kMaxContext));
   enable_large_smem<T>();
-  const size_t smem = static_cast<size_t>(d + 32 + b.max_seq_len) * sizeof(float);
+  const size_t smem = static_cast<size_t>(5 * d + 32 + b.max_seq_len) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(b.total_tokens), static_cast<unsigned>(hq));
   paged_attention_kernel<T><<<grid, kAttnThreads, smem, stream>>>(
       q, ldq, k_cache, v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,

@@ -22,6 +22,17 @@ enum class CudaPrecision {
   kBF16,  // bf16 weights, activations and K/V cache; f32 accumulation, norms, GDN state
 };
 
+// A model on the GPU. Besides Model::forward (logits to the host), it can
+// pick the greedy tokens on the device: forward_greedy writes, per sequence
+// with want_logits, the argmax id (ties to the lowest id) and the top-1
+// margin (top1 - top2 logit), the same values the scheduler computes from
+// the logits, without copying [seqs, vocab] floats to the host.
+class CudaModel : public Model {
+ public:
+  virtual void forward_greedy(const StepBatch& batch, KvCache& kv, StatePool& states,
+                              int32_t* ids, float* margins) = 0;
+};
+
 // "f32" or "bf16"; throws qtk::Error naming the flag for anything else.
 CudaPrecision parse_cuda_precision(const std::string& text);
 
@@ -31,6 +42,6 @@ bool cuda_device_available();
 // Uploads the pack's weights once (converted to the precision's dtype) and
 // returns the model. Throws qtk::Error for an architecture the CUDA backend
 // does not run yet, or without a device.
-std::unique_ptr<Model> load_cuda_model(const Pack& pack, CudaPrecision precision);
+std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision);
 
 }  // namespace qtk

@@ -8,7 +8,7 @@
 
 namespace qtk {
 
-std::unique_ptr<Model> make_cuda_qwen3(const Pack& pack, CudaPrecision precision);
-std::unique_ptr<Model> make_cuda_qwen3_5(const Pack& pack, CudaPrecision precision);
+std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision precision);
+std::unique_ptr<CudaModel> make_cuda_qwen3_5(const Pack& pack, CudaPrecision precision);
 
 }  // namespace qtk

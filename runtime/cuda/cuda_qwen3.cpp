@@ -44,7 +44,7 @@ struct Qwen3DeviceLayer {
 };
 
 template <class Act>
-class CudaQwen3 final : public Model {
+class CudaQwen3 final : public CudaModel {
  public:
   explicit CudaQwen3(const Pack& pack) : cfg_(pack.config()) {
     const ModelConfig& c = cfg_;
@@ -99,6 +99,16 @@ class CudaQwen3 final : public Model {
   }
 
   void forward(const StepBatch& step, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    run_step(step, kv, logits, nullptr, nullptr);
+  }
+
+  void forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
+                      float* margins) override {
+    run_step(step, kv, nullptr, ids, margins);
+  }
+
+  // One step; logits to the host, or the greedy ids and margins.
+  void run_step(const StepBatch& step, KvCache& kv, float* logits, int32_t* ids, float* margins) {
     const int64_t S0 = step.num_seqs;
     const int64_t max_len = *std::max_element(step.seq_len, step.seq_len + S0);
     const bool graph = cuda::decode_graphs_enabled() && cuda::is_decode_step(step) &&
@@ -120,9 +130,20 @@ class CudaQwen3 final : public Model {
     }
     // Logits of the real sequences (padding rows come after them).
     const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
-    if (r > 0)
+    if (r > 0 && logits != nullptr)
       QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
+    if (r > 0 && ids != nullptr) {
+      ensure(greedy_, r * (sizeof(int32_t) + sizeof(float)));
+      int32_t* dev_ids = greedy_.as<int32_t>();
+      float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
+      cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
+                        dev_margins, stream_);
+      QTK_CUDA_CHECK(cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
+      QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    }
     QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -277,6 +298,7 @@ class CudaQwen3 final : public Model {
   DeviceMemory act_;      // T [T, intermediate]
   DeviceMemory last_;     // T [seqs, hidden] rows that get logits
   DeviceMemory logits_;   // f32 [seqs, vocab]
+  DeviceMemory greedy_;   // int32 ids then f32 margins [seqs] (forward_greedy)
   DeviceMemory step_;     // int32 step arrays (see upload_step)
   std::vector<int32_t> host_step_, logit_rows_;
   const int64_t* slot_mapping_ = nullptr;
@@ -297,12 +319,12 @@ bool cuda_device_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-std::unique_ptr<Model> make_cuda_qwen3(const Pack& pack, CudaPrecision precision) {
+std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision precision) {
   if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3<float>>(pack);
   return std::make_unique<CudaQwen3<bf16>>(pack);
 }
 
-std::unique_ptr<Model> load_cuda_model(const Pack& pack, CudaPrecision precision) {
+std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
   if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
   const ModelConfig& c = pack.config();
   switch (c.arch) {

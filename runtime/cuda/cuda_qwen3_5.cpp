@@ -58,7 +58,7 @@ DeviceMemory upload_conv(const Pack& pack, const std::string& name, int64_t c, i
 }
 
 template <class Act>
-class CudaQwen3_5 final : public Model {
+class CudaQwen3_5 final : public CudaModel {
  public:
   explicit CudaQwen3_5(const Pack& pack) : cfg_(pack.config()) {
     const ModelConfig& c = cfg_;
@@ -159,6 +159,16 @@ class CudaQwen3_5 final : public Model {
   }
 
   void forward(const StepBatch& step, KvCache& kv, StatePool& /*states*/, float* logits) override {
+    run_step(step, kv, logits, nullptr, nullptr);
+  }
+
+  void forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
+                      float* margins) override {
+    run_step(step, kv, nullptr, ids, margins);
+  }
+
+  // One step; logits to the host, or the greedy ids and margins.
+  void run_step(const StepBatch& step, KvCache& kv, float* logits, int32_t* ids, float* margins) {
     const int64_t S0 = step.num_seqs;
     for (int64_t s = 0; s < S0; ++s)
       if (step.state_slot[s] < 0 || step.state_slot[s] >= slots_)
@@ -181,9 +191,20 @@ class CudaQwen3_5 final : public Model {
       run_layers(b, ctx);
     }
     const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
-    if (r > 0)
+    if (r > 0 && logits != nullptr)
       QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
+    if (r > 0 && ids != nullptr) {
+      ensure(greedy_, r * (sizeof(int32_t) + sizeof(float)));
+      int32_t* dev_ids = greedy_.as<int32_t>();
+      float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
+      cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
+                        dev_margins, stream_);
+      QTK_CUDA_CHECK(cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
+      QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    }
     QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -390,6 +411,7 @@ class CudaQwen3_5 final : public Model {
   DeviceMemory act_;          // Act [T, intermediate]
   DeviceMemory last_;         // Act [seqs, hidden]
   DeviceMemory logits_;       // f32 [seqs, vocab]
+  DeviceMemory greedy_;   // int32 ids then f32 margins [seqs] (forward_greedy)
   DeviceMemory step_;         // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   const int64_t* slot_mapping_ = nullptr;
@@ -400,7 +422,7 @@ class CudaQwen3_5 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_cuda_qwen3_5(const Pack& pack, CudaPrecision precision) {
+std::unique_ptr<CudaModel> make_cuda_qwen3_5(const Pack& pack, CudaPrecision precision) {
   if (precision == CudaPrecision::kF32) return std::make_unique<CudaQwen3_5<float>>(pack);
   return std::make_unique<CudaQwen3_5<cuda::bf16>>(pack);
 }

@@ -67,7 +67,8 @@ struct Generated {
 
 // Greedy decoding of all prompts as one batch: one prefill step with every
 // prompt, then one decode token per sequence per step.
-std::vector<Generated> generate(Model& m, const std::vector<Case>& cases, int64_t block_size) {
+std::vector<Generated> generate(CudaModel& m, const std::vector<Case>& cases, int64_t block_size,
+                                bool device_greedy = false) {
   const int64_t n = static_cast<int64_t>(cases.size());
   const int64_t vocab = m.config().vocab_size;
   int64_t max_ctx = 0, prompt_tokens = 0;
@@ -136,6 +137,16 @@ std::vector<Generated> generate(Model& m, const std::vector<Case>& cases, int64_
     b.state_slot = st.data();
     b.want_logits = want.data();
     b.num_logits = S;
+    if (device_greedy) {
+      std::vector<int32_t> ids_out(S);
+      std::vector<float> margins_out(S);
+      m.forward_greedy(b, kv, states, ids_out.data(), margins_out.data());
+      for (int64_t i = 0; i < S; ++i) {
+        out[active[i]].tokens.push_back(ids_out[i]);
+        out[active[i]].margins.push_back(margins_out[i]);
+      }
+      continue;
+    }
     m.forward(b, kv, states, logits.data());
     for (int64_t i = 0; i < S; ++i) {
       const float* row = &logits[i * vocab];
@@ -220,6 +231,14 @@ TEST_P(CudaModelInvariance, BatchInvariantTokensAndMargins) {
     const auto batch = generate(*model, cases, 16);
     // Decode steps replay CUDA graphs (padded to a bucket); eager launches
     // of the same kernels must give the same bits.
+    // The greedy pick on the device equals the host's argmax of the logits.
+    const auto dev = generate(*model, cases, 16, /*device_greedy=*/true);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(dev[i].tokens, batch[i].tokens) << "case " << i << " device greedy";
+      EXPECT_EQ(0, std::memcmp(dev[i].margins.data(), batch[i].margins.data(),
+                               dev[i].margins.size() * sizeof(float)))
+          << "case " << i << ": device margins differ from host margins";
+    }
     setenv("QTK_CUDA_GRAPHS", "0", 1);
     const auto eager = generate(*model, cases, 16);
     unsetenv("QTK_CUDA_GRAPHS");
