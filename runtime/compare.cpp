@@ -22,13 +22,16 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
   }
   c.id = id->dump();
   if (auto e = j.find("error"); e != j.end()) {
-    c.error = e->is_string() ? e->get<std::string>() : e->dump();
+    c.error = e->is_string() ? e->get<std::string>() : std::string(e->type_name());
     return c;
   }
   auto out = j.find("output_token_ids");
   if (out == j.end() || !out->is_array()) fail("{}: field 'output_token_ids': expected an array", where);
   for (const auto& t : *out) {
-    if (!t.is_number_integer()) fail("{}: field 'output_token_ids': expected integers, found {}", where, t.dump());
+    if (!t.is_number_integer()) {
+      fail("{}: field 'output_token_ids': expected integers, found {}", where,
+           t.is_number() ? t.dump() : std::string(t.type_name()));
+    }
     c.tokens.push_back(t.get<int32_t>());
   }
   if (auto m = j.find("top1_margin"); m != j.end() && m->is_array()) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
 #include "loaders/error.h"
 #include "runtime/kv_cache.h"
@@ -33,6 +35,12 @@ namespace qtk {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // note: Linux reports KiB
+}
 
 int default_threads() {
   cpu_set_t set;
@@ -158,6 +166,7 @@ void run_generate(const GenerateOptions& o) {
   if (o.max_tokens < 0) fail("--max-tokens: expected a positive integer, found {}", o.max_tokens);
   if (o.threads < 0) fail("--threads: expected a positive integer, found {}", o.threads);
 
+  const auto load_start = Clock::now();
   auto pack = Pack::open(o.model);
   const ModelConfig& cfg = pack->config();
   std::optional<Tokenizer> tokenizer;
@@ -167,6 +176,7 @@ void run_generate(const GenerateOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   ThreadPool pool(threads);
   auto model = load_model(*pack, &pool);
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
 
   // Parse every input line first: ids are needed for --resume, and sizes for the cache.
   const std::string batch_text = read_file(o.batch, "the batch file");
@@ -364,7 +374,12 @@ void run_generate(const GenerateOptions& o) {
   meta["stats"] = {{"lines", lines.size()}, {"resumed_after_lines", skip},
                    {"steps", st.steps}, {"preemptions", st.preemptions},
                    {"prompt_tokens", st.prompt_tokens}, {"generated_tokens", st.generated_tokens},
-                   {"recomputed_tokens", st.recomputed_tokens}, {"seconds", sec}};
+                   {"recomputed_tokens", st.recomputed_tokens}, {"seconds", sec},
+                   {"prompt_tokens_computed", st.prompt_tokens_computed},
+                   {"decode_tokens", st.decode_tokens}, {"prefill_seconds", st.prefill_seconds},
+                   {"decode_seconds", st.decode_seconds}, {"load_seconds", load_seconds},
+                   {"peak_rss_bytes", peak_rss_bytes()},
+                   {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
   write_file_atomic(meta_path, meta.dump(2) + "\n");
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "loaders/error.h"
+#include "loaders/strict_json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {
@@ -12,6 +13,20 @@ namespace qtk {
 namespace {
 
 const char* type_name(const nlohmann::json& j) { return j.type_name(); }
+
+// A user value for an error message: scalars as written (strings cut at 40
+// bytes), containers by type only. note: never dump() a user container —
+// nlohmann's dump recurses, and a line nested a million levels deep would
+// overflow the stack.
+std::string describe(const nlohmann::json& j) {
+  if (j.is_number() || j.is_boolean() || j.is_null()) return j.dump();
+  if (j.is_string()) {
+    const auto& s = j.get_ref<const std::string&>();
+    return nlohmann::json(s.size() > 40 ? s.substr(0, 40) + "..." : s)
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  return type_name(j);
+}
 
 // Reads an integer token id list; returns an error message or "".
 std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
@@ -22,7 +37,7 @@ std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
     const auto& e = j[i];
     if (!e.is_number_integer()) {
       return fmt::format("field '{}'[{}]: expected an integer token id, found {}", field, i,
-                         e.is_number() ? e.dump() : type_name(e));
+                         describe(e));
     }
     const int64_t v = e.get<int64_t>();
     if (v < 0 || v >= vocab) {
@@ -74,13 +89,13 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
   r.max_tokens = d.max_tokens;
   if (auto it = doc.find("max_tokens"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-      return fmt::format("field 'max_tokens': expected a positive integer, found {}", it->dump());
+      return fmt::format("field 'max_tokens': expected a positive integer, found {}", describe(*it));
     }
     r.max_tokens = it->get<int64_t>();
   }
   bool ignore_eos = d.ignore_eos;
   if (auto it = doc.find("ignore_eos"); it != doc.end()) {
-    if (!it->is_boolean()) return fmt::format("field 'ignore_eos': expected true or false, found {}", it->dump());
+    if (!it->is_boolean()) return fmt::format("field 'ignore_eos': expected true or false, found {}", describe(*it));
     ignore_eos = ignore_eos || it->get<bool>();
   }
   if (!ignore_eos) r.stop_ids = d.eos_ids;
@@ -107,7 +122,7 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
         const auto& e = m[a][i];
         if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= d.max_context) {
           return fmt::format("field 'mrope_position_ids'[{}][{}]: expected an integer in 0..{}, found {}",
-                             a, i, d.max_context - 1, e.dump());
+                             a, i, d.max_context - 1, describe(e));
         }
         r.mrope_positions[a * n + i] = static_cast<int32_t>(e.get<int64_t>());
       }
@@ -124,13 +139,11 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   out.id = line_no;
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // note: nlohmann's lexer rejects ill-formed UTF-8 inside strings, so
-    // invalid UTF-8 lands here too; its message says so.
-    std::string what = e.what();
-    if (auto p = what.find("parse error"); p != std::string::npos) what = what.substr(p);
-    out.error = fmt::format("malformed JSON: {}", what);
+    // note: the strict parser validates UTF-8 first, refuses duplicate keys
+    // and nesting deeper than 128 levels (a bounded DOM for what follows).
+    doc = parse_json_strict(text, fmt::format("line {}", line_no));
+  } catch (const Error& e) {
+    out.error = fmt::format("malformed JSON: {}", e.what());
     return out;
   }
   if (!doc.is_object()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -194,11 +195,23 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   b.state_slot = state_slot_.data();
   b.want_logits = want_logits_.data();
   b.num_logits = num_logits;
+  bool any_prefill = false;
+  for (int64_t i = 0; i < S; ++i) {
+    const auto [h, n] = scheduled_[i];
+    const Seq& s = seqs_[h];
+    const bool decode = n == 1 && s.computed >= static_cast<int64_t>(s.req.prompt.size()) &&
+                        s.computed >= s.high_water;
+    (decode ? stats_.decode_tokens : stats_.prompt_tokens_computed) += n;
+    any_prefill = any_prefill || !decode;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   model_.forward(b, kv_, states_, logits_.data());
   if (num_logits > 0) {
     argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),
                 margins_.data());
   }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += sec;
   ++stats_.steps;
 
   // 4. Account, append sampled tokens, retire finished sequences.

@@ -49,6 +49,10 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;       // prompt tokens computed the first time
   int64_t generated_tokens = 0;
   int64_t recomputed_tokens = 0;   // tokens computed again after a preemption
+  int64_t prompt_tokens_computed = 0;  // tokens computed in prefill chunks (incl. replays)
+  int64_t decode_tokens = 0;       // tokens computed as one new token of a sequence
+  double prefill_seconds = 0;      // wall time of steps with any prefill token
+  double decode_seconds = 0;       // wall time of steps with decode tokens only
 };
 
 class Scheduler {
