@@ -114,6 +114,11 @@ if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
       timeout 240 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --precision "$prec" \
         --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
     done
+    if [ -n "${QTK_GPU_E2E_HOST:-}" ]; then
+      echo "-- qtk cuda $name bf16, logits to the host + host argmax" | tee -a "$OUT/e2e.log"
+      timeout 120 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --host-logits \
+        --batches 1,128 --prefill 0 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
+    fi
     if [ -n "${QTK_GPU_E2E_EAGER:-}" ]; then
       echo "-- qtk cuda $name bf16, eager launches (QTK_CUDA_GRAPHS=0)" | tee -a "$OUT/e2e.log"
       QTK_CUDA_GRAPHS=0 timeout 120 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" \
