@@ -22,15 +22,24 @@ namespace qtk::rt_test {
 
 inline std::string src(const std::string& rel) { return std::string(QTK_SOURCE_DIR) + "/" + rel; }
 
-// A scratch directory for this test process (removed by nobody: it lives in
-// the build tree so a failing test can be inspected).
+// A scratch directory for this test process, in the build tree; removed at
+// exit when every test passed, kept for inspection otherwise.
+struct WorkDir {
+  std::string path;
+  WorkDir() : path(fmt::format("{}/rt-work-{}", QTK_TEST_WORK_DIR, ::getpid())) {
+    std::filesystem::create_directories(path);
+  }
+  ~WorkDir() {
+    if (::testing::UnitTest::GetInstance()->Passed()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  }
+};
+
 inline std::string work_dir() {
-  static const std::string dir = [] {
-    std::string d = fmt::format("{}/rt-work-{}", QTK_TEST_WORK_DIR, ::getpid());
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  static const WorkDir dir;
+  return dir.path;
 }
 
 inline std::string read_text(const std::string& path) {
