@@ -49,6 +49,7 @@ __global__ void kv_cache_write_kernel(const T* __restrict__ k, int64_t ldk, cons
 constexpr int kGroup = 8;                      // lanes per key in the score pass
 constexpr int kKeysPerPass = kAttnThreads / kGroup;
 constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
+constexpr int kUnroll = 4;
 
 template <class T>
 __global__ void __launch_bounds__(kAttnThreads)
@@ -79,17 +80,27 @@ paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict
   for (int c = tid; c < d; c += kAttnThreads) qs[c] = to_f(q[t * ldq + h * d + c]);
   __syncthreads();
 
+  // note: kUnroll key passes are loaded before any is reduced (latency
+  // hiding); each key's dot still runs over its dims in order.
   const int g = tid / kGroup, gl = tid % kGroup;
-  for (int j0 = 0; j0 < n_keys; j0 += kKeysPerPass) {
-    const int j = j0 + g;
-    float acc = 0.0f;
-    if (j < n_keys) {
-      const T* kr = key_row(k_cache, j);
-      for (int c = gl; c < d; c += kGroup) acc += qs[c] * to_f(kr[c]);
+  for (int j0 = 0; j0 < n_keys; j0 += kUnroll * kKeysPerPass) {
+    float dot[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kKeysPerPass + g;
+      dot[u] = 0.0f;
+      if (j < n_keys) {
+        const T* kr = key_row(k_cache, j);
+        for (int c = gl; c < d; c += kGroup) dot[u] += qs[c] * to_f(kr[c]);
+      }
     }
 #pragma unroll
-    for (int o = kGroup / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (j < n_keys && gl == 0) p[j] = acc * scale;
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int o = kGroup / 2; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+      const int j = j0 + u * kKeysPerPass + g;
+      if (j < n_keys && gl == 0) p[j] = dot[u] * scale;
+    }
   }
   __syncthreads();
 
@@ -108,13 +119,27 @@ paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict
   float acc[kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] = 0.0f;
-  for (int j = warp; j < n_keys; j += kWarps) {
-    const T* vr = key_row(v_cache, j);
-    const float pj = p[j];
+  // note: kUnroll keys of the warp are loaded before they are accumulated,
+  // still added in increasing key order (j, j+4, j+8, ...).
+  for (int j0 = warp; j0 < n_keys; j0 += kUnroll * kWarps) {
+    float vals[kUnroll][kMaxDimsPerLane];
+    float pj[kUnroll];
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) {
-      const int c = lane + 32 * i;
-      if (c < d) acc[i] += pj * to_f(vr[c]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kWarps;
+      pj[u] = j < n_keys ? p[j] : 0.0f;
+      const T* vr = j < n_keys ? key_row(v_cache, j) : nullptr;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) {
+        const int c = lane + 32 * i;
+        vals[u][i] = (vr != nullptr && c < d) ? to_f(vr[c]) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j0 + u * kWarps >= n_keys) break;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += pj[u] * vals[u][i];
     }
   }
 #pragma unroll

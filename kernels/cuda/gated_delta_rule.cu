@@ -45,15 +45,36 @@ gdn_recurrent_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__
   for (int r = 0; r < R; ++r) st[r] = active ? S[(w * R + r) * dv + j] : 0.0f;
 
   const int t0 = q_start[s], t1 = q_start[s + 1];
+  // note: token t+1's inputs are loaded into registers while token t is
+  // computed (the loop is latency-bound: one token after another).
+  constexpr int kPer = (DK + kGdnWarps * 32 - 1) / (kGdnWarps * 32);
+  float qn[kPer], kn[kPer], vn = 0.0f, gn = 0.0f, bn = 0.0f;
+  auto load = [&](int t) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int i = threadIdx.x + e * kGdnWarps * 32;
+      qn[e] = i < DK ? to_f(q[static_cast<int64_t>(t) * ldq + kh * DK + i]) : 0.0f;
+      kn[e] = i < DK ? to_f(k[static_cast<int64_t>(t) * ldk + kh * DK + i]) : 0.0f;
+    }
+    gn = g[static_cast<int64_t>(t) * hv + h];
+    bn = beta[static_cast<int64_t>(t) * hv + h];
+    vn = active ? to_f(v[static_cast<int64_t>(t) * ldv + h * dv + j]) : 0.0f;
+  };
+  if (t0 < t1) load(t0);
   for (int t = t0; t < t1; ++t) {
     const int buf = t & 1;
-    for (int i = threadIdx.x; i < DK; i += kGdnWarps * 32) {
-      qs[buf][i] = to_f(q[static_cast<int64_t>(t) * ldq + kh * DK + i]);
-      ks[buf][i] = to_f(k[static_cast<int64_t>(t) * ldk + kh * DK + i]);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int i = threadIdx.x + e * kGdnWarps * 32;
+      if (i < DK) {
+        qs[buf][i] = qn[e];
+        ks[buf][i] = kn[e];
+      }
     }
-    const float decay = expf(g[static_cast<int64_t>(t) * hv + h]);
-    const float b = beta[static_cast<int64_t>(t) * hv + h];
-    const float vj = active ? to_f(v[static_cast<int64_t>(t) * ldv + h * dv + j]) : 0.0f;
+    const float decay = expf(gn);
+    const float b = bn;
+    const float vj = vn;
+    if (t + 1 < t1) load(t + 1);
     __syncthreads();
     float acc = 0.0f;
 #pragma unroll
