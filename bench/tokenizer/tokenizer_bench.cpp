@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -26,7 +27,14 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-const std::string kQwen3Json = std::string(QTK_SOURCE_DIR) + "/tests/data/tokenizer/qwen3/tokenizer.json";
+// The project root; QTK_SOURCE_DIR in the environment overrides the build's
+// (to run the binary on another machine with the repository elsewhere).
+std::string source_dir() {
+  const char* env = std::getenv("QTK_SOURCE_DIR");
+  return env && *env ? env : QTK_SOURCE_DIR;
+}
+
+const std::string kQwen3Json = source_dir() + "/tests/data/tokenizer/qwen3/tokenizer.json";
 
 const qtk::Tokenizer& qwen3() {
   static const qtk::Tokenizer tokenizer = qtk::Tokenizer::from_file(kQwen3Json);
@@ -60,12 +68,12 @@ std::string vary(const std::string& text, std::mt19937& rng) {
 const std::vector<std::string>& mixed_documents() {
   static const std::vector<std::string> docs = [] {
     std::vector<std::string> seeds;
-    std::ifstream ref(std::string(QTK_SOURCE_DIR) + "/tests/data/tokenizer/qwen3/reference_encodings.jsonl");
+    std::ifstream ref(source_dir() + "/tests/data/tokenizer/qwen3/reference_encodings.jsonl");
     for (std::string line; std::getline(ref, line);) {
       if (!line.empty()) seeds.push_back(nlohmann::json::parse(line)["text"].get<std::string>());
     }
     for (const char* sample : {"qwen3-sample", "qwen3.5-sample"}) {
-      const auto golden = nlohmann::json::parse(read_text(std::string(QTK_SOURCE_DIR) + "/samples/" + sample + "/golden.json"));
+      const auto golden = nlohmann::json::parse(read_text(source_dir() + "/samples/" + sample + "/golden.json"));
       for (const auto& c : golden["cases"]) {
         seeds.push_back(c["prompt"].get<std::string>() + c["output_text"].get<std::string>());
       }
