@@ -121,7 +121,10 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
     for (size_t k = 0; k < ids_field->size(); ++k) {
       const nlohmann::json& v = (*ids_field)[k];
       if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
-        fail("line {}: ids[{}] must be an integer token id, found {}", line_number, k, v.dump());
+        // note: only numbers are shown; dump() of a deeply nested value would
+        // recurse until the stack overflows.
+        fail("line {}: ids[{}] must be an integer token id, found {}", line_number, k,
+             v.is_number() ? v.dump() : std::string(v.type_name()));
       }
       ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     }
