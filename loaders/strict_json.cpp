@@ -49,7 +49,13 @@ size_t find_invalid_utf8(std::string_view s) {
 
 namespace {
 
-// Builds a json DOM from SAX events, refusing duplicated object keys.
+// note: nlohmann's parser is iterative, but dump() and the DOM's users
+// recurse; a few MB of '[' would overflow the stack when a message shows the
+// value. No file we read nests deeper than ~6 levels.
+constexpr size_t kMaxJsonDepth = 128;
+
+// Builds a json DOM from SAX events, refusing duplicated object keys and
+// nesting deeper than kMaxJsonDepth.
 class StrictDomBuilder {
  public:
   explicit StrictDomBuilder(json& root) : root_(root) {}
@@ -89,6 +95,7 @@ class StrictDomBuilder {
   const std::string& duplicate_key() const { return duplicate_key_; }
   const std::string& duplicate_path() const { return duplicate_path_; }
   const std::string& syntax_error() const { return syntax_error_; }
+  bool too_deep() const { return too_deep_; }
 
  private:
   struct Frame {
@@ -117,6 +124,10 @@ class StrictDomBuilder {
   // parent receives no new element until the child closes, so array growth
   // never invalidates a pointer on the stack.
   bool open(json&& container) {
+    if (frames_.size() >= kMaxJsonDepth) {
+      too_deep_ = true;
+      return false;
+    }
     json* node = place(std::move(container));
     frames_.push_back({node, {}});
     return true;
@@ -142,6 +153,7 @@ class StrictDomBuilder {
   json* pending_ = nullptr;
   std::string duplicate_key_, duplicate_path_, syntax_error_;
   size_t error_position_ = 0;
+  bool too_deep_ = false;
 };
 
 }  // namespace
@@ -157,6 +169,9 @@ json parse_json_strict(std::string_view text, const std::string& source) {
     if (!builder.duplicate_key().empty() || !builder.duplicate_path().empty())
       fail("{}: duplicate JSON key '{}' in object {} (each key may appear once)", source,
            builder.duplicate_key(), builder.duplicate_path());
+    if (builder.too_deep())
+      fail("{}: expected JSON nested at most {} levels deep, found deeper nesting", source,
+           kMaxJsonDepth);
     fail("{}: invalid JSON: {}", source, builder.syntax_error());
   }
   return root;
