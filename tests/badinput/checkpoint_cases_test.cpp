@@ -1,0 +1,204 @@
+// Bad shard indexes, configs and tensor sets handed to the real `convert`.
+#include <filesystem>
+#include <string>
+
+#include "tests/badinput/checkpoint_fixture.h"
+
+namespace qtk::testing {
+namespace {
+
+using nlohmann::ordered_json;
+
+const char* const kSharded = "qwen3-tiny-sharded-f32";
+const char* const kIndex = "model.safetensors.index.json";
+
+auto edit_index(std::function<void(ordered_json& weight_map)> edit) {
+  return [edit](const std::string& ckpt) {
+    edit_json(ckpt + "/" + kIndex, [&](ordered_json& j) { edit(j["weight_map"]); });
+  };
+}
+
+std::string first_key(const ordered_json& m) { return m.begin().key(); }
+
+TEST(BadIndex, ShardOutsideTheDirectory) {
+  for (const std::string prefix : {"../", "/tmp/", "sub/", "..\\"}) {
+    SCOPED_TRACE(prefix);
+    expect_convert_rejects(kSharded, edit_index([&](ordered_json& m) {
+                             auto& v = m[first_key(m)];
+                             v = prefix + v.get<std::string>();
+                           }),
+                           {kIndex, "plain file name"});
+  }
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m[first_key(m)] = ".."; }),
+                         {kIndex, "plain file name"});
+}
+
+TEST(BadIndex, MissingShard) {
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) {
+                           m[first_key(m)] = "model-00009-of-00005.safetensors";
+                         }),
+                         {kIndex, "model-00009-of-00005.safetensors"});
+  // The index names a shard that is a directory, not a file.
+  expect_convert_rejects(
+      kSharded,
+      [](const std::string& ckpt) {
+        std::filesystem::create_directory(ckpt + "/dir.safetensors");
+        edit_json(ckpt + "/" + kIndex, [](ordered_json& j) {
+          j["weight_map"][first_key(j["weight_map"])] = "dir.safetensors";
+        });
+      },
+      {"dir.safetensors"});
+}
+
+TEST(BadIndex, TensorListedTwice) {
+  // Two keys with the same tensor name (nlohmann would keep the last one).
+  expect_convert_rejects(
+      kSharded,
+      [](const std::string& ckpt) {
+        std::string text = read_file(ckpt + "/" + kIndex);
+        const auto j = ordered_json::parse(text);
+        const std::string name = first_key(j["weight_map"]);
+        const size_t pos = text.find("\"weight_map\": {") + std::string("\"weight_map\": {").size();
+        ASSERT_NE(pos, std::string::npos);
+        text.insert(pos, "\n    \"" + name + "\": \"model-00002-of-00005.safetensors\",");
+        write_file(ckpt + "/" + kIndex, text);
+      },
+      {kIndex, "duplicate"});
+}
+
+TEST(BadIndex, TensorInTheWrongShardOrUnindexed) {
+  // Indexed to a shard that does not hold it.
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) {
+                           for (auto& [k, v] : m.items()) {
+                             if (v != "model-00005-of-00005.safetensors") {
+                               v = "model-00005-of-00005.safetensors";
+                               return;
+                             }
+                           }
+                         }),
+                         {kIndex, "does not contain"});
+  // A shard tensor missing from the index.
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m.erase(first_key(m)); }),
+                         {"not listed"});
+}
+
+TEST(BadIndex, MalformedIndex) {
+  expect_convert_rejects(kSharded, [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "[]"); },
+                         {kIndex, "object"});
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m = ordered_json::object(); }),
+                         {kIndex, "weight_map"});
+  expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m[first_key(m)] = 5; }),
+                         {kIndex, "weight_map"});
+  expect_convert_rejects(kSharded,
+                         [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "{\"weight_map\": {"); },
+                         {kIndex});
+}
+
+// ---- config.json -----------------------------------------------------------
+
+auto edit_config(std::function<void(ordered_json&)> edit) {
+  return [edit](const std::string& ckpt) { edit_json(ckpt + "/config.json", edit); };
+}
+
+TEST(BadConfig, MissingFields) {
+  for (const char* field : {"hidden_size", "num_attention_heads", "vocab_size", "architectures"}) {
+    SCOPED_TRACE(field);
+    expect_convert_rejects("qwen3-tiny", edit_config([&](ordered_json& c) { c.erase(field); }),
+                           {"config.json", field});
+  }
+}
+
+TEST(BadConfig, WrongTypes) {
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["hidden_size"] = "64"; }),
+                         {"config.json", "hidden_size"});
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["rms_norm_eps"] = -1.0; }),
+                         {"config.json", "rms_norm_eps"});
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["vocab_size"] = -512; }),
+                         {"config.json", "vocab_size"});
+}
+
+TEST(BadConfig, LayerTypesLengthContradictsLayerCount) {
+  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) { c["layer_types"].erase(0); }),
+                         {"config.json", "layer_types"});
+  expect_convert_rejects("qwen3.5-tiny",
+                         edit_config([](ordered_json& c) { c["layer_types"][0] = "sliding_attention"; }),
+                         {"config.json", "sliding_attention"});
+}
+
+TEST(BadConfig, MropeSectionSumContradictsRotaryDim) {
+  // head_dim 32 * partial 0.25 = rotary 8 -> sections must sum to 4.
+  expect_convert_rejects("qwen3.5-tiny",
+                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2, 1}; }),
+                         {"config.json", "mrope_section"});
+}
+
+TEST(BadConfig, HeadsNotDividing) {
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["num_key_value_heads"] = 3; }),
+                         {"config.json", "num_key_value_heads"});
+  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) { c["linear_num_key_heads"] = 3; }),
+                         {"config.json", "linear_num"});
+}
+
+TEST(BadConfig, NotJsonOrDeeplyNested) {
+  expect_convert_rejects("qwen3-tiny", [](const std::string& ckpt) { write_file(ckpt + "/config.json", "{\"a\": 1,}"); },
+                         {"config.json"});
+  // note: a million nested arrays where a list of strings is expected: the
+  // error message must not recurse through the value (stack overflow).
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           auto c = ordered_json::parse(read_file(ckpt + "/config.json"));
+                           std::string text = c.dump();
+                           const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+                           const std::string key = "\"architectures\":";
+                           const size_t p = text.find(key);
+                           const size_t end = text.find(']', p);
+                           text.replace(p + key.size(), end + 1 - (p + key.size()), deep);
+                           write_file(ckpt + "/config.json", text);
+                         },
+                         {"config.json"});
+}
+
+// ---- tensors against the config ----------------------------------------------
+
+auto edit_st(const std::string& file, std::function<void(ordered_json&, std::string&)> edit) {
+  return [file, edit](const std::string& ckpt) {
+    SafetensorsParts p = read_safetensors(ckpt + "/" + file);
+    edit(p.header, p.data);
+    write_file(ckpt + "/" + file, build_safetensors(p.header, p.data));
+  };
+}
+
+TEST(BadTensors, WrongShapeForTheConfig) {
+  // q_proj is [4*32, 64] = [128, 64]; [64, 128] has the same bytes.
+  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string&) {
+                           h["model.layers.0.self_attn.q_proj.weight"]["shape"] = {64, 128};
+                         }),
+                         {"model.layers.0.self_attn.q_proj.weight", "shape"});
+}
+
+TEST(BadTensors, IntegerDtypeForAWeight) {
+  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string&) {
+                           h["model.layers.0.self_attn.q_proj.weight"]["dtype"] = "I16";
+                         }),
+                         {"model.layers.0.self_attn.q_proj.weight", "I16"});
+}
+
+TEST(BadTensors, MissingAndUnknownTensors) {
+  // The config claims 4 layers; the checkpoint has 3, so layer 3 is missing.
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) {
+                           c["num_hidden_layers"] = 4;
+                           c["layer_types"].push_back("full_attention");
+                         }),
+                         {"layers.3"});
+  // An extra tensor the name table does not know.
+  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string& data) {
+                           const uint64_t end = data.size();
+                           h["model.layers.0.mystery.weight"] = {{"dtype", "F32"}, {"shape", {1}},
+                                                                 {"data_offsets", {end, end + 4}}};
+                           data.append(4, '\0');
+                         }),
+                         {"model.layers.0.mystery.weight"});
+}
+
+}  // namespace
+}  // namespace qtk::testing

@@ -1,0 +1,273 @@
+// Damaged packs handed to the real `inspect` (and `inspect --verify`,
+// `generate`): wrong version, compressed, misaligned or overlapping entries,
+// a forged central directory, truncation, a bad checksum.
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tests/badinput/checkpoint_fixture.h"
+
+namespace qtk::testing {
+namespace {
+
+uint32_t get32(const std::string& s, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, s.data() + at, 4);
+  return v;
+}
+uint16_t get16(const std::string& s, size_t at) {
+  uint16_t v;
+  std::memcpy(&v, s.data() + at, 2);
+  return v;
+}
+void set32(std::string& s, size_t at, uint32_t v) { std::memcpy(s.data() + at, &v, 4); }
+void set16(std::string& s, size_t at, uint16_t v) { std::memcpy(s.data() + at, &v, 2); }
+
+struct ZipEntry {
+  std::string name;
+  size_t central = 0;  // offset of its central directory header
+  size_t local = 0;    // offset of its local header
+  size_t data = 0;     // offset of its data
+  uint32_t size = 0;
+};
+
+struct ZipLayout {
+  size_t eocd = 0;
+  std::vector<ZipEntry> entries;
+  const ZipEntry& find(const std::string& name) const {
+    for (const auto& e : entries)
+      if (e.name == name) return e;
+    throw std::runtime_error("no entry " + name);
+  }
+};
+
+// Reads the (small, non-zip64) pack the test converted.
+ZipLayout parse_zip(const std::string& z) {
+  ZipLayout L;
+  L.eocd = z.rfind(std::string("PK\x05\x06", 4));
+  if (L.eocd == std::string::npos) throw std::runtime_error("no EOCD");
+  const uint16_t n = get16(z, L.eocd + 10);
+  size_t pos = get32(z, L.eocd + 16);
+  for (uint16_t i = 0; i < n; ++i) {
+    ZipEntry e;
+    e.central = pos;
+    const uint16_t name_len = get16(z, pos + 28), extra = get16(z, pos + 30), comment = get16(z, pos + 32);
+    e.name = z.substr(pos + 46, name_len);
+    e.local = get32(z, pos + 42);
+    e.size = get32(z, pos + 24);
+    e.data = e.local + 30 + get16(z, e.local + 26) + get16(z, e.local + 28);
+    L.entries.push_back(e);
+    pos += 46 + name_len + extra + comment;
+  }
+  return L;
+}
+
+// Replaces the data of the entry stored last (the manifest, as convert
+// writes it) with `bytes` of any length, fixing sizes and offsets so that
+// the zip structure stays valid.
+std::string replace_last_entry(const std::string& z, const std::string& name, const std::string& bytes) {
+  const ZipLayout L = parse_zip(z);
+  const ZipEntry& e = L.find(name);
+  for (const auto& o : L.entries)
+    if (o.local > e.local) throw std::runtime_error(name + " is not the last entry");
+  const size_t cd = get32(z, L.eocd + 16);
+  std::string out = z.substr(0, e.data) + bytes;
+  const size_t new_cd = out.size();
+  std::string dir = z.substr(cd, L.eocd - cd);
+  const std::string end = z.substr(L.eocd);
+  const uint32_t n = static_cast<uint32_t>(bytes.size());
+  set32(out, e.local + 18, n), set32(out, e.local + 22, n);
+  set32(dir, e.central - cd + 20, n), set32(dir, e.central - cd + 24, n);
+  out += dir;
+  const size_t eocd = out.size();
+  out += end;
+  set32(out, eocd + 16, static_cast<uint32_t>(new_cd));
+  return out;
+}
+
+class BadPack : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const RunResult r = run_program({program("convert"), model_fixture("qwen3-tiny"), *dir_ / "good.pack"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    good_ = new std::string(read_file(*dir_ / "good.pack"));
+  }
+  static void TearDownTestSuite() {
+    delete good_;
+    delete dir_;
+  }
+
+  // Writes `bytes` as a pack and expects `inspect` (and generate) to refuse it.
+  void expect_rejected(const std::string& bytes, const std::vector<std::string>& needles, bool verify = false) {
+    TempDir t;
+    write_file(t / "bad.pack", bytes);
+    std::vector<std::string> argv = {program("inspect"), t / "bad.pack"};
+    if (verify) argv.push_back("--verify");
+    std::vector<std::string> all = {"bad.pack"};
+    all.insert(all.end(), needles.begin(), needles.end());
+    expect_clean_failure(run_program(argv), "inspect", all);
+    if (verify) return;  // generate does not verify checksums (by design: --verify is explicit)
+    write_file(t / "p.jsonl", "{\"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 2}\n");
+    const RunResult g = run_program({program("generate"), "--model", t / "bad.pack", "--batch",
+                                     t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
+    expect_clean_failure(g, "generate", all);
+    EXPECT_FALSE(file_exists(t / "out.jsonl")) << "generate left a results file for a bad pack";
+    EXPECT_FALSE(file_exists(t / "out.jsonl.meta.json")) << "generate left a meta file for a bad pack";
+  }
+
+  static TempDir* dir_;
+  static std::string* good_;
+};
+TempDir* BadPack::dir_ = nullptr;
+std::string* BadPack::good_ = nullptr;
+
+TEST_F(BadPack, GoodPackIsAcceptedAndVerifies) {
+  const RunResult r = run_program({program("inspect"), *dir_ / "good.pack", "--verify"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("OK"), std::string::npos) << r.out;
+}
+
+TEST_F(BadPack, ManifestEdits) {
+  const ZipEntry m = parse_zip(*good_).find("manifest.json");
+  auto j = nlohmann::ordered_json::parse(good_->substr(m.data, m.size));
+  {  // control: re-inserting the same manifest keeps a valid pack
+    TempDir t;
+    write_file(t / "same.pack", replace_last_entry(*good_, "manifest.json", j.dump(1)));
+    EXPECT_EQ(run_program({program("inspect"), t / "same.pack", "--verify"}).exit_code, 0);
+  }
+  auto edited = [&](const std::function<void(nlohmann::ordered_json&)>& f) {
+    auto k = j;
+    f(k);
+    return replace_last_entry(*good_, "manifest.json", k.dump());
+  };
+  expect_rejected(edited([](auto& k) { k["version"] = "2.0"; }), {"version", "2.0"});
+  expect_rejected(edited([](auto& k) { k["format"] = "zip"; }), {"format"});
+  expect_rejected(edited([](auto& k) { k.erase("tensors"); }), {"tensors"});
+  expect_rejected(edited([](auto& k) { k["tensors"][0]["shape"] = {-1}; }), {"shape"});
+  expect_rejected(edited([](auto& k) { k["tensors"][0]["bytes"] = 7; }), {"bytes"});
+  expect_rejected(edited([](auto& k) { k["tensors"][0]["entry"] = "tensors/nope"; }), {"tensors/nope"});
+  expect_rejected(edited([](auto& k) { k["tensors"].push_back(k["tensors"][0]); }), {"twice"});
+  // note: validate_model_config names the field by its HF name
+  // (num_key_value_heads) also for the manifest's num_kv_heads.
+  expect_rejected(edited([](auto& k) { k["config"]["num_kv_heads"] = 3; }), {"config", "heads", "found 3"});
+  expect_rejected(replace_last_entry(*good_, "manifest.json", "{\"format\": "), {"manifest.json"});
+}
+
+TEST_F(BadPack, DeeplyNestedManifest) {
+  const ZipEntry m = parse_zip(*good_).find("manifest.json");
+  const auto j = nlohmann::ordered_json::parse(good_->substr(m.data, m.size));
+  // note: a million nested arrays where a string is expected; showing the
+  // value in the message must not overflow the stack.
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  std::string text = j.dump();
+  const std::string key = "\"format\":\"qtk-pack\"";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "\"format\":" + deep);
+  expect_rejected(replace_last_entry(*good_, "manifest.json", text), {"format"});
+}
+
+TEST_F(BadPack, WrongVersion) {
+  std::string z = *good_;
+  const ZipEntry m = parse_zip(z).find("manifest.json");
+  const size_t v = z.find("\"version\": \"1.", m.data);
+  ASSERT_NE(v, std::string::npos);
+  z[v + std::strlen("\"version\": \"")] = '7';
+  expect_rejected(z, {"version", "7."});
+}
+
+TEST_F(BadPack, CompressedEntry) {
+  std::string z = *good_;
+  const ZipLayout L = parse_zip(z);
+  const ZipEntry& e = L.entries.front();
+  set16(z, e.central + 10, 8);  // deflate, in the central directory...
+  expect_rejected(z, {e.name, "compressed"});
+  set16(z, e.central + 10, 0);
+  set16(z, e.local + 8, 8);  // ...or only in the local header
+  expect_rejected(z, {e.name, "compressed"});
+}
+
+TEST_F(BadPack, MisalignedEntry) {
+  std::string z = *good_;
+  const ZipEntry e = parse_zip(z).entries.front();
+  // One more byte of local extra field moves the data off its 64-byte boundary.
+  set16(z, e.local + 28, static_cast<uint16_t>(get16(z, e.local + 28) + 1));
+  expect_rejected(z, {e.name, "aligned"});
+}
+
+TEST_F(BadPack, OverlappingEntries) {
+  std::string z = *good_;
+  const ZipLayout L = parse_zip(z);
+  // The first entry grows (in both headers) into the second.
+  const ZipEntry& e = L.entries[0];
+  const uint32_t grown = e.size + 128;
+  set32(z, e.central + 20, grown), set32(z, e.central + 24, grown);
+  set32(z, e.local + 18, grown), set32(z, e.local + 22, grown);
+  expect_rejected(z, {"overlap"});
+}
+
+TEST_F(BadPack, ForgedCentralDirectory) {
+  const ZipLayout L = parse_zip(*good_);
+  {  // the directory offset points into tensor data
+    std::string z = *good_;
+    set32(z, L.eocd + 16, get32(z, L.eocd + 16) - 64);
+    expect_rejected(z, {"central directory"});
+  }
+  {  // one entry more than the directory holds
+    std::string z = *good_;
+    set16(z, L.eocd + 8, static_cast<uint16_t>(get16(z, L.eocd + 8) + 1));
+    set16(z, L.eocd + 10, static_cast<uint16_t>(get16(z, L.eocd + 10) + 1));
+    expect_rejected(z, {"central directory"});
+  }
+  {  // an entry's local header offset moved to another entry's header
+    std::string z = *good_;
+    set32(z, L.entries[1].central + 42, static_cast<uint32_t>(L.entries[0].local));
+    expect_rejected(z, {L.entries[1].name});
+  }
+  {  // a local header offset past the entry area
+    std::string z = *good_;
+    set32(z, L.entries[0].central + 42, 0xFFFFFFF0u);
+    expect_rejected(z, {L.entries[0].name});
+  }
+  {  // a duplicate name: the second entry renamed to the first's name length-permitting
+    std::string z = *good_;
+    const ZipEntry& a = L.entries[1];
+    const ZipEntry& b = L.entries[2];
+    if (a.name.size() == b.name.size()) {
+      z.replace(b.central + 46, b.name.size(), a.name);
+      z.replace(b.local + 30, b.name.size(), a.name);
+      expect_rejected(z, {a.name, "twice"});
+    }
+  }
+}
+
+TEST_F(BadPack, TruncatedAtEveryStructure) {
+  const ZipLayout L = parse_zip(*good_);
+  const size_t cd = get32(*good_, L.eocd + 16);
+  for (size_t cut : {size_t{0}, size_t{10}, L.entries[1].local, cd, cd + 20, L.eocd, L.eocd + 21,
+                     good_->size() / 2}) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    expect_rejected(good_->substr(0, cut), {});
+  }
+}
+
+TEST_F(BadPack, NotAZip) {
+  expect_rejected(std::string(4096, 'x'), {"not a pack"});
+  expect_rejected(read_file(model_fixture("qwen3-tiny") + "/config.json"), {});
+}
+
+TEST_F(BadPack, BadChecksumFoundByVerify) {
+  std::string z = *good_;
+  const ZipEntry e = parse_zip(z).entries.front();
+  z[e.data + e.size / 2] ^= 0x40;
+  // It opens (checksums are not recomputed on open)...
+  TempDir t;
+  write_file(t / "bad.pack", z);
+  EXPECT_EQ(run_program({program("inspect"), t / "bad.pack"}).exit_code, 0);
+  // ...and --verify names the entry.
+  expect_rejected(z, {e.name, "checksum"}, /*verify=*/true);
+}
+
+}  // namespace
+}  // namespace qtk::testing

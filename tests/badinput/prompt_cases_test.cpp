@@ -1,0 +1,180 @@
+// Bad prompt lines for the real `generate`, and bad input for `tokenize`:
+// a bad line becomes that line's {"id", "error"} output naming the problem,
+// the other lines still run, and the results keep input order.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/badinput/checkpoint_fixture.h"
+
+namespace qtk::testing {
+namespace {
+
+class BadPrompts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const RunResult r =
+        run_program({program("convert"), source_path("samples/qwen3-sample"), *dir_ / "sample.pack"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static TempDir* dir_;
+};
+TempDir* BadPrompts::dir_ = nullptr;
+
+struct Line {
+  std::string text;
+  nlohmann::json id;      // the id the output line must carry
+  std::string error;      // "" = must succeed; else a word the error must contain
+};
+
+std::string ids_line(size_t n) {
+  std::string s = "{\"id\": \"long\", \"prompt_token_ids\": [";
+  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(5 + i % 50);
+  return s + "]}";
+}
+
+TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
+  // note: line ids default to the 1-based line number.
+  const std::vector<Line> lines = {
+      {R"({"id": "ok1", "prompt": "def f(x):", "max_tokens": 2})", "ok1", ""},
+      {R"({"id": "unk", "prompt_token_ids": [1, 999999], "max_tokens": 2})", "unk", "999999"},
+      {R"({"id": "neg", "prompt_token_ids": [-3], "max_tokens": 2})", "neg", "-3"},
+      {R"({"id": "empty_text", "prompt": ""})", "empty_text", "empty"},
+      {R"({"id": "empty_ids", "prompt_token_ids": []})", "empty_ids", "empty"},
+      {ids_line(5000), "long", "context"},
+      {"{\"id\": \"bad_utf8\", \"prompt\": \"abc\xff\xfe\"}", 7, "utf-8"},
+      {R"({"id": "trunc", "prompt": )", 8, "json"},
+      {R"(not json at all)", 9, "json"},
+      {R"([1, 2, 3])", 10, "object"},
+      {R"({"id": "type", "prompt": 5})", "type", "prompt"},
+      {R"({"id": "both", "prompt": "a", "prompt_token_ids": [1]})", "both", "exactly one"},
+      {R"({"id": "mt", "prompt_token_ids": [1], "max_tokens": 0})", "mt", "max_tokens"},
+      {R"({"id": "float", "prompt_token_ids": [1.5]})", "float", "integer"},
+      {R"({"id": {"nested": 1}, "prompt_token_ids": [1]})", 15, "id"},
+      {R"({"id": "mrope", "prompt_token_ids": [1], "mrope_position_ids": [[0], [0], [0]]})", "mrope", "m-rope"},
+      {R"({"id": "ok2", "prompt_token_ids": [10, 11, 12], "max_tokens": 2})", "ok2", ""},
+  };
+  TempDir t;
+  std::string input;
+  for (const Line& l : lines) input += l.text + "\n";
+  write_file(t / "prompts.jsonl", input);
+  const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                                   t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1",
+                                   "--ignore-eos"});
+  ASSERT_EQ(r.signal, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  bool partial = true;
+  const auto out = split_lines(read_file(t / "out.jsonl"), &partial);
+  EXPECT_FALSE(partial);
+  ASSERT_EQ(out.size(), lines.size()) << "one output line per input line";
+  for (size_t i = 0; i < lines.size(); ++i) {
+    SCOPED_TRACE("line " + std::to_string(i + 1) + ": " + lines[i].text.substr(0, 80));
+    const auto j = nlohmann::json::parse(out[i]);
+    EXPECT_EQ(j["id"], lines[i].id) << out[i];
+    if (lines[i].error.empty()) {
+      EXPECT_FALSE(j.contains("error")) << out[i];
+      ASSERT_TRUE(j.contains("output_token_ids")) << out[i];
+      EXPECT_EQ(j["output_token_ids"].size(), 2u) << out[i];
+    } else {
+      ASSERT_TRUE(j.contains("error")) << out[i];
+      EXPECT_FALSE(j.contains("output_token_ids")) << out[i];
+      EXPECT_NE(lower(j["error"].get<std::string>()).find(lower(lines[i].error)), std::string::npos)
+          << out[i];
+    }
+  }
+}
+
+TEST_F(BadPrompts, UnreadableBatchOrOutputFailsCleanly) {
+  TempDir t;
+  // Missing batch file: exit 1, nothing written.
+  RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                             t / "missing.jsonl", "--out", t / "out.jsonl"});
+  expect_clean_failure(r, "generate", {"missing.jsonl"});
+  EXPECT_FALSE(file_exists(t / "out.jsonl"));
+  // Output into a directory that does not exist.
+  write_file(t / "p.jsonl", "{\"prompt_token_ids\": [1]}\n");
+  r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch", t / "p.jsonl",
+                   "--out", t / "no/such/dir/out.jsonl"});
+  expect_clean_failure(r, "generate", {"out.jsonl"});
+  // A missing pack.
+  r = run_program({program("generate"), "--model", t / "nope.pack", "--batch", t / "p.jsonl", "--out",
+                   t / "out.jsonl"});
+  expect_clean_failure(r, "generate", {"nope.pack"});
+  EXPECT_FALSE(file_exists(t / "out.jsonl"));
+}
+
+TEST_F(BadPrompts, DeeplyNestedLine) {
+  // note: a value nested a million levels deep must give that line an error,
+  // not a stack overflow while the message shows the value.
+  TempDir t;
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  write_file(t / "p.jsonl", "{\"id\": \"ok\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\n"
+                            "{\"id\": \"deep\", \"prompt_token_ids\": [1], \"max_tokens\": " + deep + "}\n"
+                            "{\"id\": \"deep2\", \"prompt_token_ids\": " + deep + "}\n");
+  const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                                   t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
+  ASSERT_EQ(r.signal, 0) << "generate died of a signal on a deeply nested line";
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_lines(read_file(t / "out.jsonl"));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("output_token_ids")) << out[0];
+  EXPECT_TRUE(nlohmann::json::parse(out[1]).contains("error")) << out[1].substr(0, 200);
+  EXPECT_TRUE(nlohmann::json::parse(out[2]).contains("error")) << out[2].substr(0, 200);
+}
+
+TEST(BadTokenizerInput, UnusableTokenizerFailsWithOneLineAndNoOutput) {
+  TempDir t;
+  write_file(t / "in.jsonl", "{\"text\": \"hello\"}\n");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"model\": {\"type\": \"WordPiece\"}}", "tokenizer.json"},
+      {"{\"model\": ", "tokenizer.json"},
+      {"\xff\xfe{}", "tokenizer.json"},
+      {"[]", "tokenizer.json"},
+  };
+  for (const auto& [text, needle] : cases) {
+    SCOPED_TRACE(text);
+    write_file(t / "tokenizer.json", text);
+    const RunResult r = run_program({program("tokenize"), "--tokenizer", t / "tokenizer.json"}, t / "in.jsonl");
+    expect_clean_failure(r, "tokenize", {needle});
+    EXPECT_EQ(r.out, "") << "tokenize wrote output for an unusable tokenizer";
+  }
+}
+
+TEST(BadTokenizerInput, DeeplyNestedIdsLine) {
+  TempDir t;
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  write_file(t / "in.jsonl", "{\"ids\": [" + deep + "]}\n{\"ids\": [5, 6]}\n");
+  const RunResult r = run_program(
+      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json"), "--decode"},
+      t / "in.jsonl");
+  ASSERT_EQ(r.signal, 0) << "tokenize died of a signal on a deeply nested line";
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("error")) << out[0].substr(0, 200);
+  EXPECT_TRUE(nlohmann::json::parse(out[1]).contains("text")) << out[1];
+}
+
+TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
+  TempDir t;
+  write_file(t / "in.jsonl",
+             "{\"text\": \"hello\"}\n{\"text\": \"a\xff\"}\nnot json\n{\"text\": 5}\n{\"text\": \"bye\"}\n");
+  const RunResult r = run_program(
+      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json")}, t / "in.jsonl");
+  ASSERT_EQ(r.signal, 0);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 5u) << r.out;
+  EXPECT_NE(out[0].find("\"ids\""), std::string::npos);
+  for (int i : {1, 2, 3}) {
+    const auto j = nlohmann::json::parse(out[i]);
+    EXPECT_TRUE(j.contains("error")) << out[i];
+    EXPECT_EQ(j["line"], i + 1) << out[i];
+  }
+  EXPECT_NE(out[4].find("\"ids\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qtk::testing
