@@ -22,16 +22,24 @@ struct AttentionBatch {
 // rows) of sequence s sits at position seq_len[s] - q_len + i and attends to
 // cache positions 0..that position.
 //   q: f32 [T, Hq, D] row stride ldq; out: f32 [T, Hq, D] row stride ldo
-//   k_cache, v_cache: f32 [num_blocks, block_size, Hkv, D]
+//   k_cache: f32 [num_blocks, Hkv, D, block_size]  (keys in the last index)
+//   v_cache: f32 [num_blocks, block_size, Hkv, D]
 //   query head h reads kv head h / (Hq / Hkv).
 //   scratch: paged_attention_scratch_floats(max context, pool threads) floats.
+// note: K is stored transposed inside each block so that 16 keys fill the
+// lanes of a vector: a score is then one straight sum over d (no horizontal
+// reduction), and each K vector loaded serves up to 8 query vectors (query
+// rows x heads of a group). V keeps rows of D so that p_j * v_j is a vector
+// axpy over d.
 // note: batch invariance: every (query row, head) output is computed by one
 // thread with an exact two-pass softmax in key-position order: all scores
-// (each a D-dot in a fixed order), their max, the sum of exp(s - max) in
-// position order (in double), the exp-weighted sum of V rows in position
-// order, and one division. Nothing depends on the block size, the other
-// sequences, the thread count or how the prompt was chunked; an online
-// softmax would rescale at block boundaries and break this.
+// (each a D-dot summed in increasing d, separate multiply and add), their
+// max, the sum of exp(s - max) in position order (in double), the
+// exp-weighted sum of V rows in position order, and one division. Nothing
+// depends on the block size, the other sequences, the query rows it is
+// grouped with, the thread count or how the prompt was chunked; an online
+// softmax would rescale at block boundaries and break this. Every ISA clone
+// computes the same bits.
 void paged_attention(const float* q, int64_t ldq, const float* k_cache, const float* v_cache,
                      float* out, int64_t ldo, const AttentionBatch& b, int64_t Hq, int64_t Hkv,
                      int64_t D, float scale, float* scratch, ThreadPool* pool);
@@ -39,10 +47,10 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
 size_t paged_attention_scratch_floats(int64_t max_total_context, int threads);
 
 // Writes token t's K and V rows (f32 [Hkv*D], row strides ldk, ldv) to cache
-// slot slot_mapping[t] = block * block_size + offset; a negative slot skips
-// the token. Caches: f32 [num_blocks, block_size, Hkv, D].
+// slot slot_mapping[t] = block * block_size + offset, in the cache layouts
+// above; a negative slot skips the token.
 void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t T,
-                    int64_t Hkv, int64_t D, const int64_t* slot_mapping, float* k_cache,
-                    float* v_cache);
+                    int64_t Hkv, int64_t D, const int64_t* slot_mapping, int64_t block_size,
+                    float* k_cache, float* v_cache);
 
 }  // namespace qtk

@@ -141,7 +141,8 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
     rmsnorm_heads(k, qkv_ld, l.k_norm.as<float>(), k, qkv_ld, T, Hkv, D, eps);
     rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false, rope_inv_freq_bf16_);
     rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false, rope_inv_freq_bf16_);
-    kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.k(li), kv.v(li));
+    kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(li),
+                   kv.v(li));
     paged_attention(q, qkv_ld, kv.k(li), kv.v(li), attn_.data(), c.q_dim(), ab, Hq, Hkv, D, scale,
                     attn_scratch_.data(), pool_);
     matmul(attn_.data(), c.q_dim(), l.o_proj.data, l.o_proj.dtype, h, H, T, H, c.q_dim(), pool_);

@@ -134,7 +134,7 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
              static_cast<int>(sec.size()), c.rope.mrope_interleaved, rope_inv_freq_bf16_);
   rope_apply(k, T, Hkv, D, ld, b.positions, rotary, c.rope.theta, sec.empty() ? nullptr : sec.data(),
              static_cast<int>(sec.size()), c.rope.mrope_interleaved, rope_inv_freq_bf16_);
-  kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.k(ai), kv.v(ai));
+  kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(ai), kv.v(ai));
   AttentionBatch ab;
   ab.num_seqs = b.num_seqs;
   ab.q_start = b.q_start;

@@ -8,73 +8,273 @@ namespace qtk {
 
 namespace {
 
-constexpr int64_t kScratchAlign = 16;  // floats
+// note: a GCC generic vector of 16 floats: one zmm in the avx512 clone, two
+// ymm in the avx2 clone, four xmm in the default one. Every operation on it
+// is per lane and rounded separately (-ffp-contract=off), so all clones give
+// the same bits. Helpers take pointers, never V16 by value, so no function
+// ABI depends on the vector width.
+typedef float V16 __attribute__((vector_size(64)));
 
-// D-dot in a fixed order: lane l sums k = l, l+16, ... (separate multiply and
-// add), then a fixed tree. 16 lanes map onto one zmm, two ymm or four xmm
-// registers without shuffles, and every ISA clone computes the same bits.
-__attribute__((always_inline)) inline float dot_fixed(const float* __restrict a,
-                                                      const float* __restrict b, int64_t n) {
-  float lane[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int l = 0; l < 16; ++l) lane[l] += a[i + l] * b[i + l];
-  }
-  for (int l = 0; i < n; ++i, ++l) lane[l] += a[i] * b[i];
-  float s8[8], s4[4];
-  for (int l = 0; l < 8; ++l) s8[l] = lane[l] + lane[l + 8];
-  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
+constexpr int64_t kLanes = 16;
+// Query vectors (query rows x heads of one kv head) per task: each K lane
+// vector and each V row loaded is used this many times.
+constexpr int kMaxQ = 8;
+// Score accumulators per micro-kernel call (query vectors x key chunks):
+// enough independent add chains to hide the add latency.
+constexpr int kAccumulators = 8;
 
-__attribute__((always_inline)) inline void exp_shift(float* __restrict s, int64_t n, float max) {
-  for (int64_t i = 0; i < n; ++i) s[i] = cpu::exp_poly(s[i] - max);
-}
+#define QTK_INLINE __attribute__((always_inline)) inline
 
-__attribute__((always_inline)) inline void axpy(float* __restrict acc, const float* __restrict v, float a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += a * v[i];
-}
+QTK_INLINE void load16(V16* v, const float* p) { __builtin_memcpy(v, p, sizeof(V16)); }
+QTK_INLINE void store16(float* p, const V16* v) { __builtin_memcpy(p, v, sizeof(V16)); }
 
-__attribute__((always_inline)) inline void scale_out(float* __restrict acc, double inv, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
-}
+// Where one (sequence, kv head) reads its cache.
+struct KvView {
+  const float* k_cache;   // f32 [num_blocks, Hkv, D, block_size]
+  const float* v_cache;   // f32 [num_blocks, block_size, Hkv, D]
+  const int32_t* blocks;  // physical block of each logical block
+  int64_t block_size;
+  int64_t block_stride;   // floats per block (block_size * Hkv * D)
+  int64_t k_head_offset;  // kvh * D * block_size
+  int64_t v_head_offset;  // kvh * D
+  int64_t token_stride;   // Hkv * D
+  int64_t D;
+};
 
-// One (query row, head): exact two-pass softmax in key-position order.
-// Keys are walked block by block (no division per key).
-QTK_CLONES void attend_one(const float* qr, const float* k_cache, const float* v_cache,
-                           const int32_t* blocks, int64_t block_size, int64_t block_stride,
-                           int64_t token_stride, int64_t head_offset, int64_t n_keys, int64_t D,
-                           float scale, float* scores, float* o) {
-  // Pass 1: scores in position order, and their max.
-  float max = -3.0e38f;
-  for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += block_size, ++blk) {
-    const float* kb = k_cache + blocks[blk] * block_stride + head_offset;
-    const int64_t n = n_keys - j0 < block_size ? n_keys - j0 : block_size;
-    for (int64_t i = 0; i < n; ++i) {
-      float sc = dot_fixed(qr, kb + i * token_stride, D) * scale;
-      scores[j0 + i] = sc;
-      max = sc > max ? sc : max;
+// Up to kMaxQ query vectors of one sequence and one kv head.
+struct Tile {
+  const float* q[kMaxQ];
+  float* o[kMaxQ];
+  int64_t n_keys[kMaxQ];  // causal: keys 0..n_keys-1 are visible
+};
+
+// Scores of NQ query vectors against NC chunks of 16 keys.
+//   kt[c]: chunk c's K, element (d, lane) at kt[c][d * kstride + lane]
+//   out: score of query qi, key j0[c] + lane at scores[qi * ss + j0[c] + lane]
+// note: keys sit in the lanes, so each score is one straight sum over d in
+// increasing order (separate multiply and add): no horizontal reduction, and
+// the arithmetic of a score does not depend on the lane, the chunk, the
+// block size or which other queries share the call.
+template <int NQ, int NC>
+QTK_INLINE void qk_full(const Tile& t, const float* const* kt, int64_t kstride, const int64_t* j0,
+                        int64_t D, float scale, float* scores, int64_t ss) {
+  V16 acc[NQ][NC];
+  for (int qi = 0; qi < NQ; ++qi)
+    for (int c = 0; c < NC; ++c) acc[qi][c] = V16{};
+  for (int64_t d = 0; d < D; ++d) {
+    V16 kv[NC];
+    for (int c = 0; c < NC; ++c) load16(&kv[c], kt[c] + d * kstride);
+    for (int qi = 0; qi < NQ; ++qi) {
+      const float qd = t.q[qi][d];
+      for (int c = 0; c < NC; ++c) acc[qi][c] += qd * kv[c];
     }
   }
-  // Pass 2: exp(s - max), summed in position order in double.
-  exp_shift(scores, n_keys, max);
-  double sum = 0.0;
-  for (int64_t j = 0; j < n_keys; ++j) sum += scores[j];
-  // Pass 3: exp-weighted V rows in position order, then one division.
-  for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-  for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += block_size, ++blk) {
-    const float* vb = v_cache + blocks[blk] * block_stride + head_offset;
-    const int64_t n = n_keys - j0 < block_size ? n_keys - j0 : block_size;
-    for (int64_t i = 0; i < n; ++i) axpy(o, vb + i * token_stride, scores[j0 + i], D);
+  for (int qi = 0; qi < NQ; ++qi) {
+    for (int c = 0; c < NC; ++c) {
+      V16 s = acc[qi][c] * scale;
+      store16(scores + qi * ss + j0[c], &s);
+    }
   }
-  scale_out(o, 1.0 / sum, D);
 }
+
+// The same for one chunk of w < 16 keys at the end of a block whose size is
+// not a multiple of 16 (lanes >= w are zero and their scores unused).
+template <int NQ>
+QTK_INLINE void qk_partial(const Tile& t, const float* kt, int64_t kstride, int64_t w, int64_t j0,
+                           int64_t D, float scale, float* scores, int64_t ss) {
+  V16 acc[NQ];
+  for (int qi = 0; qi < NQ; ++qi) acc[qi] = V16{};
+  for (int64_t d = 0; d < D; ++d) {
+    V16 kv = V16{};
+    for (int64_t i = 0; i < w; ++i) kv[i] = kt[d * kstride + i];
+    for (int qi = 0; qi < NQ; ++qi) acc[qi] += t.q[qi][d] * kv;
+  }
+  for (int qi = 0; qi < NQ; ++qi) {
+    V16 s = acc[qi] * scale;
+    store16(scores + qi * ss + j0, &s);
+  }
+}
+
+// Runs the pending full chunks (fewer than a full group only at the end).
+template <int NQ, int NC>
+QTK_INLINE void qk_flush(const Tile& t, const float* const* kt, int64_t kstride, const int64_t* j0,
+                         int pending, int64_t D, float scale, float* scores, int64_t ss) {
+  if (pending == NC) {
+    qk_full<NQ, NC>(t, kt, kstride, j0, D, scale, scores, ss);
+    return;
+  }
+  int c = 0;
+  if constexpr (NC > 2) {
+    for (; c + 2 <= pending; c += 2) qk_full<NQ, 2>(t, kt + c, kstride, j0 + c, D, scale, scores, ss);
+  }
+  for (; c < pending; ++c) qk_full<NQ, 1>(t, kt + c, kstride, j0 + c, D, scale, scores, ss);
+}
+
+// Pass 1: scores of every query vector of the tile for keys 0..max_keys-1
+// (rows with fewer visible keys get extra scores that are never read).
+template <int NQ>
+QTK_INLINE void qk_scores(const Tile& t, const KvView& kv, int64_t max_keys, float scale,
+                          float* scores, int64_t ss) {
+  constexpr int NC = NQ >= kAccumulators ? 1 : kAccumulators / NQ;
+  const int64_t bs = kv.block_size;
+  const float* kt[NC];
+  int64_t j0[NC];
+  int pending = 0;
+  for (int64_t b0 = 0, blk = 0; b0 < max_keys; b0 += bs, ++blk) {
+    const float* kb = kv.k_cache + kv.blocks[blk] * kv.block_stride + kv.k_head_offset;
+    const int64_t n = std::min(bs, max_keys - b0);
+    for (int64_t c0 = 0; c0 < n; c0 += kLanes) {
+      if (bs - c0 >= kLanes) {
+        // note: a chunk that ends past the last visible key still loads 16
+        // lanes inside its block; the extra lanes hold other (or stale)
+        // cache slots and only produce scores that are never read.
+        kt[pending] = kb + c0;
+        j0[pending] = b0 + c0;
+        if (++pending == NC) {
+          qk_full<NQ, NC>(t, kt, bs, j0, kv.D, scale, scores, ss);
+          pending = 0;
+        }
+      } else {
+        qk_flush<NQ, NC>(t, kt, bs, j0, pending, kv.D, scale, scores, ss);
+        pending = 0;
+        qk_partial<NQ>(t, kb + c0, bs, bs - c0, b0 + c0, kv.D, scale, scores, ss);
+      }
+    }
+  }
+  if (pending > 0) qk_flush<NQ, NC>(t, kt, bs, j0, pending, kv.D, scale, scores, ss);
+}
+
+// max of s[0..n) (exact whatever the order; NaN scores are skipped as in a
+// sequential `s > max ? s : max`).
+QTK_INLINE float max_of(const float* s, int64_t n) {
+  V16 m;
+  for (int l = 0; l < kLanes; ++l) m[l] = -3.0e38f;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    V16 x;
+    load16(&x, s + j);
+    m = x > m ? x : m;
+  }
+  float r = -3.0e38f;
+  for (int l = 0; l < kLanes; ++l) r = m[l] > r ? m[l] : r;
+  for (; j < n; ++j) r = s[j] > r ? s[j] : r;
+  return r;
+}
+
+// Pass 2: scores become exp(s - max) and inv[qi] = 1 / their sum, the sum
+// taken in key-position order in double (the NQ chains are interleaved, each
+// keeps its own order).
+template <int NQ>
+QTK_INLINE void softmax_weights(const Tile& t, float* scores, int64_t ss, int64_t min_keys,
+                                double* inv) {
+  for (int qi = 0; qi < NQ; ++qi) {
+    float* s = scores + qi * ss;
+    const float mx = max_of(s, t.n_keys[qi]);
+    for (int64_t j = 0; j < t.n_keys[qi]; ++j) s[j] = cpu::exp_poly(s[j] - mx);
+  }
+  double sum[NQ];
+  for (int qi = 0; qi < NQ; ++qi) sum[qi] = 0.0;
+  for (int64_t j = 0; j < min_keys; ++j) {
+    for (int qi = 0; qi < NQ; ++qi) sum[qi] += scores[qi * ss + j];
+  }
+  for (int qi = 0; qi < NQ; ++qi) {
+    for (int64_t j = min_keys; j < t.n_keys[qi]; ++j) sum[qi] += scores[qi * ss + j];
+    inv[qi] = 1.0 / sum[qi];
+  }
+}
+
+// Pass 3: o = (sum_j p_j * v_j in key-position order) * inv, 16 columns of
+// the head at a time; each V row slice loaded is used by all NQ queries.
+template <int NQ>
+QTK_INLINE void pv_columns(const Tile& t, const KvView& kv, const float* p, int64_t ss,
+                           int64_t min_keys, int64_t max_keys, const double* inv) {
+  const int64_t bs = kv.block_size, D = kv.D;
+  const int64_t D16 = D / kLanes * kLanes;
+  for (int64_t d0 = 0; d0 < D16; d0 += kLanes) {
+    V16 acc[NQ];
+    for (int qi = 0; qi < NQ; ++qi) acc[qi] = V16{};
+    for (int64_t b0 = 0, blk = 0; b0 < max_keys; b0 += bs, ++blk) {
+      const float* vb = kv.v_cache + kv.blocks[blk] * kv.block_stride + kv.v_head_offset + d0;
+      const int64_t n = std::min(bs, max_keys - b0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = b0 + i;
+        V16 v;
+        load16(&v, vb + i * kv.token_stride);
+        if (j < min_keys) {
+          for (int qi = 0; qi < NQ; ++qi) acc[qi] += p[qi * ss + j] * v;
+        } else {
+          for (int qi = 0; qi < NQ; ++qi) {
+            if (j < t.n_keys[qi]) acc[qi] += p[qi * ss + j] * v;
+          }
+        }
+      }
+    }
+    for (int qi = 0; qi < NQ; ++qi) {
+      for (int l = 0; l < kLanes; ++l) {
+        t.o[qi][d0 + l] = static_cast<float>(static_cast<double>(acc[qi][l]) * inv[qi]);
+      }
+    }
+  }
+  // Columns past the last multiple of 16 (head sizes such as 40): the same
+  // per-element arithmetic, one column at a time.
+  for (int64_t d = D16; d < D; ++d) {
+    float acc[NQ];
+    for (int qi = 0; qi < NQ; ++qi) acc[qi] = 0.0f;
+    for (int64_t b0 = 0, blk = 0; b0 < max_keys; b0 += bs, ++blk) {
+      const float* vb = kv.v_cache + kv.blocks[blk] * kv.block_stride + kv.v_head_offset + d;
+      const int64_t n = std::min(bs, max_keys - b0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = b0 + i;
+        const float v = vb[i * kv.token_stride];
+        for (int qi = 0; qi < NQ; ++qi) {
+          if (j < t.n_keys[qi]) acc[qi] += p[qi * ss + j] * v;
+        }
+      }
+    }
+    for (int qi = 0; qi < NQ; ++qi) {
+      t.o[qi][d] = static_cast<float>(static_cast<double>(acc[qi]) * inv[qi]);
+    }
+  }
+}
+
+template <int NQ>
+QTK_INLINE void attend(const Tile& t, const KvView& kv, float scale, float* scores, int64_t ss) {
+  int64_t min_keys = t.n_keys[0], max_keys = t.n_keys[0];
+  for (int qi = 1; qi < NQ; ++qi) {
+    min_keys = std::min(min_keys, t.n_keys[qi]);
+    max_keys = std::max(max_keys, t.n_keys[qi]);
+  }
+  double inv[NQ];
+  qk_scores<NQ>(t, kv, max_keys, scale, scores, ss);
+  softmax_weights<NQ>(t, scores, ss, min_keys, inv);
+  pv_columns<NQ>(t, kv, scores, ss, min_keys, max_keys, inv);
+}
+
+// One task: nq query vectors of one sequence and one kv head, each an exact
+// two-pass softmax in key-position order.
+QTK_CLONES void attend_tile(const Tile& t, int nq, const KvView& kv, float scale, float* scores,
+                            int64_t ss) {
+  switch (nq) {
+    case 1: attend<1>(t, kv, scale, scores, ss); break;
+    case 2: attend<2>(t, kv, scale, scores, ss); break;
+    case 3: attend<3>(t, kv, scale, scores, ss); break;
+    case 4: attend<4>(t, kv, scale, scores, ss); break;
+    case 5: attend<5>(t, kv, scale, scores, ss); break;
+    case 6: attend<6>(t, kv, scale, scores, ss); break;
+    case 7: attend<7>(t, kv, scale, scores, ss); break;
+    default: attend<8>(t, kv, scale, scores, ss); break;
+  }
+}
+
+// Floats of score scratch per query vector for contexts up to max_ctx: one
+// chunk of slack because a chunk's 16 scores are stored whole.
+int64_t score_stride(int64_t max_ctx) { return (max_ctx + 2 * kLanes - 1) / kLanes * kLanes; }
 
 }  // namespace
 
 size_t paged_attention_scratch_floats(int64_t max_total_context, int threads) {
-  int64_t per = (max_total_context + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-  return static_cast<size_t>(per) * static_cast<size_t>(threads < 1 ? 1 : threads);
+  return static_cast<size_t>(score_stride(max_total_context)) * kMaxQ *
+         static_cast<size_t>(threads < 1 ? 1 : threads);
 }
 
 void paged_attention(const float* q, int64_t ldq, const float* k_cache, const float* v_cache,
@@ -86,21 +286,30 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
   if (total_rows <= 0) return;
   int64_t max_ctx = 0;
   for (int64_t s = 0; s < b.num_seqs; ++s) max_ctx = std::max<int64_t>(max_ctx, b.seq_len[s]);
-  const int64_t scratch_stride = (max_ctx + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  const int64_t ss = score_stride(max_ctx);
   const int64_t group = Hq / Hkv;
-  const int64_t token_stride = Hkv * D;             // floats per cache slot
-  const int64_t block_stride = b.block_size * token_stride;
+  // note: a task is up to kMaxQ query vectors that share one kv head: `rows`
+  // consecutive query rows of one sequence times `heads` query heads of the
+  // group. Grouping only decides which K/V loads are shared; every output is
+  // computed the same way whatever it is grouped with.
+  const int64_t heads = std::min<int64_t>(group, kMaxQ);
+  const int64_t head_parts = (group + heads - 1) / heads;
+  const int64_t rows = std::max<int64_t>(1, kMaxQ / heads);
+  const int64_t per_row = Hkv * head_parts;
+  const int64_t token_stride = Hkv * D;
 
-  // One task per (query row, head). note: rows are taken in zig-zag order
-  // (first, last, second, second-to-last, ...) so that each thread's
-  // contiguous piece mixes short and long causal rows; which thread computes
-  // a row never changes how it is computed.
-  parallel_for_tid(pool, total_rows * Hq, [&](int64_t begin, int64_t end, int tid) {
-    float* scores = scratch + tid * scratch_stride;
+  // Task index = (kv head, head part, row slot); only row slots that start a
+  // row tile of their sequence do work. note: kv head outermost so that a
+  // thread's consecutive tasks reuse one head's K and V from L2; row slots
+  // are taken in zig-zag order (first, last, second, second-to-last, ...) so
+  // that each thread's contiguous piece mixes short and long causal rows.
+  // Which thread computes a row never changes how it is computed.
+  parallel_for_tid(pool, total_rows * per_row, [&](int64_t begin, int64_t end, int tid) {
+    float* scores = scratch + tid * kMaxQ * ss;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / Hq;
+      const int64_t i = task % total_rows;
+      const int64_t part = task / total_rows;  // kvh * head_parts + head part
       const int64_t row = first_row + ((i % 2 == 0) ? i / 2 : total_rows - 1 - i / 2);
-      const int64_t h = task % Hq;
       // Sequence of this row: binary search over q_start.
       int64_t lo = 0, hi = b.num_seqs - 1;
       while (lo < hi) {
@@ -108,28 +317,49 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
         if (b.q_start[mid] <= row) lo = mid; else hi = mid - 1;
       }
       const int64_t seq = lo;
+      const int64_t local = row - b.q_start[seq];
+      if (local % rows != 0) continue;
       const int64_t q_len = b.q_start[seq + 1] - b.q_start[seq];
-      const int64_t pos = b.seq_len[seq] - q_len + (row - b.q_start[seq]);
-      const int64_t n_keys = pos + 1;
-      const int32_t* blocks = b.block_table + seq * b.max_blocks;
-      const int64_t kvh = h / group;
-      const float* qr = q + row * ldq + h * D;
-      float* o = out + row * ldo + h * D;
+      const int64_t n_rows = std::min(rows, q_len - local);
+      const int64_t kvh = part / head_parts;
+      const int64_t h0 = kvh * group + (part % head_parts) * heads;
+      const int64_t n_heads = std::min(heads, kvh * group + group - h0);
+      const int64_t pos0 = b.seq_len[seq] - q_len + local;
 
-      attend_one(qr, k_cache, v_cache, blocks, b.block_size, block_stride, token_stride,
-                 kvh * D, n_keys, D, scale, scores, o);
+      Tile t;
+      int nq = 0;
+      for (int64_t r = 0; r < n_rows; ++r) {
+        for (int64_t h = h0; h < h0 + n_heads; ++h, ++nq) {
+          t.q[nq] = q + (row + r) * ldq + h * D;
+          t.o[nq] = out + (row + r) * ldo + h * D;
+          t.n_keys[nq] = pos0 + r + 1;
+        }
+      }
+      KvView kv{k_cache,
+                v_cache,
+                b.block_table + seq * b.max_blocks,
+                b.block_size,
+                b.block_size * token_stride,
+                kvh * D * b.block_size,
+                kvh * D,
+                token_stride,
+                D};
+      attend_tile(t, nq, kv, scale, scores, ss);
     }
   });
 }
 
 void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t T,
-                    int64_t Hkv, int64_t D, const int64_t* slot_mapping, float* k_cache,
-                    float* v_cache) {
+                    int64_t Hkv, int64_t D, const int64_t* slot_mapping, int64_t block_size,
+                    float* k_cache, float* v_cache) {
   const int64_t width = Hkv * D;
   for (int64_t t = 0; t < T; ++t) {
-    int64_t slot = slot_mapping[t];
+    const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
-    std::copy(k + t * ldk, k + t * ldk + width, k_cache + slot * width);
+    // K: transposed inside its block, [Hkv * D][block_size].
+    float* kb = k_cache + (slot / block_size) * block_size * width + slot % block_size;
+    const float* kr = k + t * ldk;
+    for (int64_t e = 0; e < width; ++e) kb[e * block_size] = kr[e];
     std::copy(v + t * ldv, v + t * ldv + width, v_cache + slot * width);
   }
 }

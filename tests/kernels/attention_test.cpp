@@ -64,7 +64,7 @@ std::vector<float> run_paged(const std::vector<const Seq*>& seqs, int64_t block_
       slots[p] = static_cast<int64_t>(table[i * max_blocks + p / block_size]) * block_size + p % block_size;
     }
     kv_cache_write(s.k.data(), slot_floats, s.v.data(), slot_floats, s.ctx, kHkv, kD, slots.data(),
-                   k_cache.data(), v_cache.data());
+                   block_size, k_cache.data(), v_cache.data());
     seq_len[i] = static_cast<int32_t>(s.ctx);
     q_start[i + 1] = q_start[i] + static_cast<int32_t>(s.q_len);
     std::copy(s.q.begin(), s.q.end(), q.begin() + q_start[i] * kHq * kD);
@@ -85,7 +85,7 @@ TEST(Attention, MatchesDenseReferenceForMixedPrefillAndDecode) {
                            make_seq(1, 1, 4), make_seq(40, 3, 5)};
   std::vector<const Seq*> ptrs;
   for (auto& s : seqs) ptrs.push_back(&s);
-  for (int64_t bs : {1, 3, 16}) {
+  for (int64_t bs : {1, 3, 16, 20, 32}) {
     auto out = run_paged(ptrs, bs, &pool);
     int64_t row = 0;
     for (auto& s : seqs) {
@@ -134,16 +134,22 @@ TEST(Attention, BitIdenticalAcrossBlockSizeThreadsBatchAndChunks) {
   EXPECT_EQ(done, 45);
 }
 
-TEST(Attention, KvCacheWriteSkipsNegativeSlots) {
-  const int64_t Hkv = 1, D = 3;
+TEST(Attention, KvCacheWriteLayoutAndNegativeSlots) {
+  // Block size 2: slot 2 is offset 0 of block 1; K is stored [Hkv*D][block]
+  // inside the block, V as rows of Hkv*D.
+  const int64_t Hkv = 1, D = 3, bs = 2;
   std::vector<float> k = {1, 2, 3, 4, 5, 6}, v = {7, 8, 9, 10, 11, 12};
   std::vector<float> kc(4 * D, 0.0f), vc(4 * D, 0.0f);
   std::vector<int64_t> slots = {2, -1};
-  kv_cache_write(k.data(), D, v.data(), D, 2, Hkv, D, slots.data(), kc.data(), vc.data());
+  kv_cache_write(k.data(), D, v.data(), D, 2, Hkv, D, slots.data(), bs, kc.data(), vc.data());
   EXPECT_EQ(kc[6], 1.0f);
-  EXPECT_EQ(kc[8], 3.0f);
+  EXPECT_EQ(kc[8], 2.0f);
+  EXPECT_EQ(kc[10], 3.0f);
+  for (int i : {0, 1, 2, 3, 4, 5, 7, 9, 11}) EXPECT_EQ(kc[i], 0.0f) << i;
+  EXPECT_EQ(vc[6], 7.0f);
   EXPECT_EQ(vc[7], 8.0f);
-  for (int i : {0, 1, 2, 3, 4, 5, 9, 10, 11}) EXPECT_EQ(kc[i], 0.0f) << i;
+  EXPECT_EQ(vc[8], 9.0f);
+  for (int i : {0, 1, 2, 3, 4, 5, 9, 10, 11}) EXPECT_EQ(vc[i], 0.0f) << i;
 }
 
 }  // namespace
