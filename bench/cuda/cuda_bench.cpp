@@ -93,18 +93,23 @@ void time_kernel(benchmark::State& state, const std::function<void(cudaStream_t)
 }
 
 void set_bytes(benchmark::State& state, double bytes) {
-  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 void set_flops(benchmark::State& state, double flops) {
-  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Copy(benchmark::State& state) {
   const size_t bytes = size_t(1) << 30;
   Buf<uint8_t> src(bytes, 0, 255), dst(bytes, 0, 255);
-  time_kernel(state, [&](cudaStream_t s) {
-    QTK_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s));
-  }, /*use_graph=*/false);
+  time_kernel(
+      state,
+      [&](cudaStream_t s) {
+        QTK_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s));
+      },
+      /*use_graph=*/false);
   set_bytes(state, 2.0 * bytes);  // read + write
 }
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -143,12 +148,20 @@ void BM_Gemm(benchmark::State& state) {
 // lm_head 151936x1024) at decode and prefill M; Qwen3-8B gate_up; the peak.
 BENCHMARK(BM_Gemm)
     ->ArgsProduct({{1, 32, 128, 512}, {4096, 6144}, {1024}, {1}})
-    ->Args({1, 1024, 3072, 1})->Args({128, 1024, 3072, 1})->Args({512, 1024, 3072, 1})
-    ->Args({1, 151936, 1024, 1})->Args({128, 151936, 1024, 1})
-    ->Args({1, 24576, 4096, 1})->Args({128, 24576, 4096, 1})->Args({512, 24576, 4096, 1})
+    ->Args({1, 1024, 3072, 1})
+    ->Args({128, 1024, 3072, 1})
+    ->Args({512, 1024, 3072, 1})
+    ->Args({1, 151936, 1024, 1})
+    ->Args({128, 151936, 1024, 1})
+    ->Args({1, 24576, 4096, 1})
+    ->Args({128, 24576, 4096, 1})
+    ->Args({512, 24576, 4096, 1})
     ->Args({8192, 8192, 8192, 1})
-    ->Args({1, 6144, 1024, 0})->Args({128, 6144, 1024, 0})->Args({512, 6144, 1024, 0})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->Args({1, 6144, 1024, 0})
+    ->Args({128, 6144, 1024, 0})
+    ->Args({512, 6144, 1024, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Paged attention, decode: Args batch, context, head dim; Hq/Hkv 16/8 (D 128)
 // or 8/2 (D 256); bf16 cache, block size 16.
@@ -187,7 +200,8 @@ void BM_AttentionDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionDecode)
     ->ArgsProduct({{1, 32, 128}, {192, 1024}, {128, 256}})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Paged attention, prefill of one prompt: Args tokens, head dim.
 void BM_AttentionPrefill(benchmark::State& state) {
@@ -217,13 +231,18 @@ void BM_AttentionPrefill(benchmark::State& state) {
                               1.0f / std::sqrt(float(D)), s);
   });
   set_flops(state, 4.0 * hq * D * (T * (T + 1) / 2.0));  // QK^T and PV, causal
-  state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok/s"] =
+      benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
   cudaFree(qsd);
   cudaFree(sld);
   cudaFree(btd);
 }
-BENCHMARK(BM_AttentionPrefill)->Args({512, 128})->Args({512, 256})->Args({2048, 128})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionPrefill)
+    ->Args({512, 128})
+    ->Args({512, 256})
+    ->Args({2048, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Gated delta rule: Args sequences, tokens per sequence; Qwen3.5-0.8B heads
 // (Hk = Hv = 16, Dk = Dv = 128), bf16 activations, f32 state.
@@ -246,13 +265,19 @@ void BM_GatedDeltaRule(benchmark::State& state) {
                                qsd, S, T, out.p, hv * dv, hk, hv, dk, dv, s);
   });
   set_bytes(state, 2.0 * S * hv * dk * dv * 4 + double(T) * (2 * hk * dk + 2 * hv * dv) * 2);
-  state.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok/s"] =
+      benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
   cudaFree(qsd);
   cudaFree(sld);
 }
 BENCHMARK(BM_GatedDeltaRule)
-    ->Args({1, 1})->Args({32, 1})->Args({128, 1})->Args({1, 512})->Args({8, 512})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->Args({1, 1})
+    ->Args({32, 1})
+    ->Args({128, 1})
+    ->Args({1, 512})
+    ->Args({8, 512})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Conv1d (C = 6144, K = 4, Qwen3.5-0.8B): Args sequences, tokens per sequence.
 void BM_Conv1d(benchmark::State& state) {
@@ -274,8 +299,8 @@ void BM_Conv1d(benchmark::State& state) {
   cudaFree(qsd);
   cudaFree(sld);
 }
-BENCHMARK(BM_Conv1d)->Args({1, 1})->Args({128, 1})->Args({1, 512})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv1d)->Args({1, 1})->Args({128, 1})->Args({1, 512})->UseManualTime()->Unit(
+    benchmark::kMicrosecond);
 
 // Fused residual add + RMSNorm, bf16: Args rows, hidden.
 void BM_AddRmsNorm(benchmark::State& state) {
@@ -287,8 +312,13 @@ void BM_AddRmsNorm(benchmark::State& state) {
   });
   set_bytes(state, 4.0 * R * H * 2);  // read r, x; write r, y
 }
-BENCHMARK(BM_AddRmsNorm)->Args({1, 1024})->Args({128, 1024})->Args({4096, 1024})->Args({4096, 4096})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddRmsNorm)
+    ->Args({1, 1024})
+    ->Args({128, 1024})
+    ->Args({4096, 1024})
+    ->Args({4096, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_Swiglu(benchmark::State& state) {
   const int64_t T = state.range(0), I = state.range(1);
@@ -296,8 +326,11 @@ void BM_Swiglu(benchmark::State& state) {
   time_kernel(state, [&](cudaStream_t s) { qc::swiglu<bf16>(gu.p, 2 * I, out.p, I, T, I, s); });
   set_bytes(state, 3.0 * T * I * 2);
 }
-BENCHMARK(BM_Swiglu)->Args({128, 3072})->Args({4096, 3072})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Swiglu)
+    ->Args({128, 3072})
+    ->Args({4096, 3072})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // q/k norm + M-RoPE in place (Qwen3.5-0.8B attention: 8 heads of 256, rotary 64).
 void BM_QkNormRope(benchmark::State& state) {
@@ -312,10 +345,14 @@ void BM_QkNormRope(benchmark::State& state) {
   qc::RopeParams p;
   p.rotary_dim = 64;
   p.theta = 1e7;
-  p.sections[0] = 11; p.sections[1] = 11; p.sections[2] = 10;
+  p.sections[0] = 11;
+  p.sections[1] = 11;
+  p.sections[2] = 10;
   p.n_sections = 3;
   p.interleaved = true;
-  time_kernel(state, [&](cudaStream_t s) { qc::qk_norm_rope<bf16>(x.p, H * D, T, H, D, w.p, 1e-6f, pd, p, s); });
+  time_kernel(state, [&](cudaStream_t s) {
+    qc::qk_norm_rope<bf16>(x.p, H * D, T, H, D, w.p, 1e-6f, pd, p, s);
+  });
   set_bytes(state, 2.0 * T * H * D * 2);
   cudaFree(pd);
 }
@@ -325,7 +362,8 @@ void BM_Argmax(benchmark::State& state) {
   const int64_t R = state.range(0), V = 151936;
   Buf<float> logits(R * V, -10, 10), margin(R);
   Buf<int32_t> ids(R, 0, 1);
-  time_kernel(state, [&](cudaStream_t s) { qc::argmax_rows(logits.p, V, R, V, ids.p, margin.p, s); });
+  time_kernel(state,
+              [&](cudaStream_t s) { qc::argmax_rows(logits.p, V, R, V, ids.p, margin.p, s); });
   set_bytes(state, 4.0 * R * V);
 }
 BENCHMARK(BM_Argmax)->Arg(1)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);

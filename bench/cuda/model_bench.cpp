@@ -51,8 +51,8 @@ struct Timing {
 };
 
 // Runs B sequences of `prompt` random tokens and `gen` greedy tokens.
-Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen,
-                 int64_t max_step_tokens, int64_t block_size, uint32_t seed, bool host_logits) {
+Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int64_t max_step_tokens,
+                 int64_t block_size, uint32_t seed, bool host_logits) {
   const int64_t vocab = m.config().vocab_size;
   const int64_t ctx = prompt + gen;
   const int64_t mb = (ctx + block_size - 1) / block_size;
@@ -114,7 +114,8 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen,
     ++tm.steps;
   };
   auto t0 = Clock::now();
-  for (int64_t s = 0; s < B; s += seqs_per_prefill) step(s, std::min(B, s + seqs_per_prefill), true);
+  for (int64_t s = 0; s < B; s += seqs_per_prefill)
+    step(s, std::min(B, s + seqs_per_prefill), true);
   auto t1 = Clock::now();
   for (int64_t g = 1; g < gen; ++g) step(0, B, false);
   auto t2 = Clock::now();
@@ -131,24 +132,37 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) qtk::fail("cuda_model_bench: {} needs a value", a);
       return argv[++i];
     };
-    if (a == "--pack") o.pack = next();
-    else if (a == "--precision") o.precision = next();
-    else if (a == "--batches") o.batches = parse_list(next());
-    else if (a == "--prompt") o.prompt = std::stoll(next());
-    else if (a == "--gen") o.gen = std::stoll(next());
-    else if (a == "--prefill") o.prefill = std::stoll(next());
-    else if (a == "--max-step-tokens") o.max_step_tokens = std::stoll(next());
-    else if (a == "--json") o.json = next();
-    else if (a == "--host-logits") o.host_logits = true;
-    else qtk::fail("cuda_model_bench: unknown argument '{}'", a);
+    if (a == "--pack")
+      o.pack = next();
+    else if (a == "--precision")
+      o.precision = next();
+    else if (a == "--batches")
+      o.batches = parse_list(next());
+    else if (a == "--prompt")
+      o.prompt = std::stoll(next());
+    else if (a == "--gen")
+      o.gen = std::stoll(next());
+    else if (a == "--prefill")
+      o.prefill = std::stoll(next());
+    else if (a == "--max-step-tokens")
+      o.max_step_tokens = std::stoll(next());
+    else if (a == "--json")
+      o.json = next();
+    else if (a == "--host-logits")
+      o.host_logits = true;
+    else
+      qtk::fail("cuda_model_bench: unknown argument '{}'", a);
   }
   if (o.pack.empty()) qtk::fail("cuda_model_bench: --pack is required");
   auto pack = qtk::Pack::open(o.pack);
   const auto t_load = Clock::now();
   auto model = qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(o.precision));
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
-  nlohmann::json out = {{"pack", o.pack}, {"model", pack->config().hf_architecture},
-                        {"precision", o.precision}, {"prompt", o.prompt}, {"gen", o.gen},
+  nlohmann::json out = {{"pack", o.pack},
+                        {"model", pack->config().hf_architecture},
+                        {"precision", o.precision},
+                        {"prompt", o.prompt},
+                        {"gen", o.gen},
                         {"greedy", o.host_logits ? "host" : "device"},
                         {"upload_s", load_s}};
   std::printf("%s %s, greedy on the %s: weights uploaded in %.2f s\n", o.pack.c_str(),
@@ -160,19 +174,25 @@ int run(int argc, char** argv) {
         run_batch(*model, B, o.prompt, o.gen, o.max_step_tokens, o.block_size, 1, o.host_logits);
     const double gen_tps = double(B) * o.gen / (t.prefill_s + t.decode_s);
     const double dec_tps = double(B) * (o.gen - 1) / t.decode_s;
-    std::printf("batch %4lld: prefill %7.2f ms, decode %8.2f ms (%5.2f ms/step): "
-                "%9.0f gen tok/s (incl. prefill), %9.0f decode tok/s\n",
-                static_cast<long long>(B), t.prefill_s * 1e3, t.decode_s * 1e3,
-                t.decode_s * 1e3 / (o.gen - 1), gen_tps, dec_tps);
-    out["batches"].push_back({{"batch", B}, {"prefill_s", t.prefill_s}, {"decode_s", t.decode_s},
-                              {"gen_tok_s", gen_tps}, {"decode_tok_s", dec_tps}});
+    std::printf(
+        "batch %4lld: prefill %7.2f ms, decode %8.2f ms (%5.2f ms/step): "
+        "%9.0f gen tok/s (incl. prefill), %9.0f decode tok/s\n",
+        static_cast<long long>(B), t.prefill_s * 1e3, t.decode_s * 1e3,
+        t.decode_s * 1e3 / (o.gen - 1), gen_tps, dec_tps);
+    out["batches"].push_back({{"batch", B},
+                              {"prefill_s", t.prefill_s},
+                              {"decode_s", t.decode_s},
+                              {"gen_tok_s", gen_tps},
+                              {"decode_tok_s", dec_tps}});
   }
   if (o.prefill > 0) {
-    run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size, 3, o.host_logits);  // warm-up
+    run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size, 3,
+              o.host_logits);  // warm-up
     double best = 1e30;
     for (int r = 0; r < 3; ++r)
       best = std::min(best, run_batch(*model, 1, o.prefill, 1, o.max_step_tokens, o.block_size,
-                                      4 + r, o.host_logits).prefill_s);
+                                      4 + r, o.host_logits)
+                                .prefill_s);
     std::printf("prefill pp%lld: %.2f ms, %.0f tok/s (best of 3)\n",
                 static_cast<long long>(o.prefill), best * 1e3, o.prefill / best);
     out["prefill"] = {{"tokens", o.prefill}, {"s", best}, {"tok_s", o.prefill / best}};

@@ -46,24 +46,25 @@ __global__ void kv_cache_write_kernel(const T* __restrict__ k, int64_t ldk, cons
 // Nothing depends on the batch, the block size, the block table or how the
 // prompt was chunked, and there is no online-softmax rescaling at block
 // boundaries.
-constexpr int kGroup = 8;                      // lanes per key in the score pass
+constexpr int kGroup = 8;  // lanes per key in the score pass
 constexpr int kKeysPerPass = kAttnThreads / kGroup;
 constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
 constexpr int kUnroll = 4;
 
 template <class T>
 __global__ void __launch_bounds__(kAttnThreads)
-paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k_cache,
-                       const T* __restrict__ v_cache, T* __restrict__ out, int64_t ldo,
-                       const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
-                       const int32_t* __restrict__ block_table, int num_seqs, int64_t max_blocks,
-                       int block_size, int hkv, int d, int group, float scale) {
+    paged_attention_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k_cache,
+                           const T* __restrict__ v_cache, T* __restrict__ out, int64_t ldo,
+                           const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
+                           const int32_t* __restrict__ block_table, int num_seqs,
+                           int64_t max_blocks, int block_size, int hkv, int d, int group,
+                           float scale) {
   extern __shared__ float smem[];
   constexpr int kWarps = kAttnThreads / 32;
-  float* qs = smem;                  // [d]
-  float* red = qs + d;               // [32]
-  float* part = red + 32;            // [kWarps][d] output partials
-  float* p = part + kWarps * d;      // [n_keys]: scores, then exp(score - max)
+  float* qs = smem;              // [d]
+  float* red = qs + d;           // [32]
+  float* part = red + 32;        // [kWarps][d] output partials
+  float* p = part + kWarps * d;  // [n_keys]: scores, then exp(score - max)
   const int t = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int s = find_seq(q_start, num_seqs, t);
@@ -159,8 +160,7 @@ template <class T>
 void enable_large_smem() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const int bytes =
-        static_cast<int>((5 * kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
+    const int bytes = static_cast<int>((5 * kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
     QTK_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   });
@@ -204,11 +204,11 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
   QTK_CUDA_CHECK_LAUNCH();
 }
 
-#define QTK_INSTANTIATE(T)                                                                    \
-  template void kv_cache_write<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,     \
-                                  int64_t, const int64_t*, T*, T*, cudaStream_t);             \
-  template void paged_attention<T>(const T*, int64_t, const T*, const T*, T*, int64_t,        \
-                                   const AttentionBatch&, int64_t, int64_t, int64_t, float,   \
+#define QTK_INSTANTIATE(T)                                                                         \
+  template void kv_cache_write<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t, int64_t, \
+                                  const int64_t*, T*, T*, cudaStream_t);                           \
+  template void paged_attention<T>(const T*, int64_t, const T*, const T*, T*, int64_t,             \
+                                   const AttentionBatch&, int64_t, int64_t, int64_t, float,        \
                                    cudaStream_t);
 QTK_INSTANTIATE(float)
 QTK_INSTANTIATE(bf16)

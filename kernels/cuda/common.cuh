@@ -15,7 +15,9 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 template <class T>
 __device__ __forceinline__ T from_f(float x);
 template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -66,7 +68,10 @@ __device__ __forceinline__ int find_seq(const int32_t* q_start, int num_seqs, in
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (q_start[mid] <= t) lo = mid; else hi = mid - 1;
+    if (q_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }

@@ -14,12 +14,11 @@ constexpr int kMaxKernel = 8;
 // y[t, c] = sum_j w[c, j] * xpad[i + j], xpad = [state (K-1 values), x of the
 // sequence], i the token's index in this step's rows. The sum runs j = 0..K-1.
 template <class T>
-__global__ void conv1d_kernel(const T* __restrict__ x, int64_t ldx, T* __restrict__ y,
-                              int64_t ldy, int channels, const float* __restrict__ w, int kernel,
+__global__ void conv1d_kernel(const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t ldy,
+                              int channels, const float* __restrict__ w, int kernel,
                               const float* __restrict__ state_pool,
-                              const int32_t* __restrict__ slot,
-                              const int32_t* __restrict__ q_start, int num_seqs, int64_t tokens,
-                              bool apply_silu) {
+                              const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
+                              int num_seqs, int64_t tokens, bool apply_silu) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * channels) return;
   const int t = static_cast<int>(idx / channels), c = static_cast<int>(idx % channels);
@@ -38,9 +37,8 @@ __global__ void conv1d_kernel(const T* __restrict__ x, int64_t ldx, T* __restric
 // The new state is the last K-1 values of xpad. Runs after conv1d_kernel (same
 // stream), one thread per (sequence, channel), reading before writing.
 template <class T>
-__global__ void conv1d_state_kernel(const T* __restrict__ x, int64_t ldx, int channels,
-                                    int kernel, float* state_pool,
-                                    const int32_t* __restrict__ slot,
+__global__ void conv1d_state_kernel(const T* __restrict__ x, int64_t ldx, int channels, int kernel,
+                                    float* state_pool, const int32_t* __restrict__ slot,
                                     const int32_t* __restrict__ q_start, int num_seqs) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(num_seqs) * channels) return;
@@ -81,7 +79,7 @@ template void causal_conv1d<float>(const float*, int64_t, float*, int64_t, int64
                                    int64_t, float*, const int32_t*, const int32_t*, int64_t,
                                    int64_t, bool, cudaStream_t);
 template void causal_conv1d<bf16>(const bf16*, int64_t, bf16*, int64_t, int64_t, const float*,
-                                  int64_t, float*, const int32_t*, const int32_t*, int64_t,
-                                  int64_t, bool, cudaStream_t);
+                                  int64_t, float*, const int32_t*, const int32_t*, int64_t, int64_t,
+                                  bool, cudaStream_t);
 
 }  // namespace qtk::cuda

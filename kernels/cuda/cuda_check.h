@@ -22,19 +22,19 @@ namespace qtk::cuda {
 
 }  // namespace qtk::cuda
 
-#define QTK_CUDA_CHECK(call)                                                   \
-  do {                                                                         \
-    const cudaError_t qtk_cuda_err_ = (call);                                  \
-    if (qtk_cuda_err_ != cudaSuccess)                                          \
-      ::qtk::cuda::fail_cuda(qtk_cuda_err_, #call, __FILE__, __LINE__);        \
+#define QTK_CUDA_CHECK(call)                                            \
+  do {                                                                  \
+    const cudaError_t qtk_cuda_err_ = (call);                           \
+    if (qtk_cuda_err_ != cudaSuccess)                                   \
+      ::qtk::cuda::fail_cuda(qtk_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // Checks the last launch (configuration errors) without synchronizing.
 #define QTK_CUDA_CHECK_LAUNCH() QTK_CUDA_CHECK(cudaGetLastError())
 
-#define QTK_CUBLAS_CHECK(call)                                                 \
-  do {                                                                         \
-    const cublasStatus_t qtk_cublas_st_ = (call);                              \
-    if (qtk_cublas_st_ != CUBLAS_STATUS_SUCCESS)                               \
-      ::qtk::cuda::fail_cublas(qtk_cublas_st_, #call, __FILE__, __LINE__);     \
+#define QTK_CUBLAS_CHECK(call)                                             \
+  do {                                                                     \
+    const cublasStatus_t qtk_cublas_st_ = (call);                          \
+    if (qtk_cublas_st_ != CUBLAS_STATUS_SUCCESS)                           \
+      ::qtk::cuda::fail_cublas(qtk_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -30,8 +30,8 @@ using bf16 = __nv_bfloat16;
 // y = x * rsqrt(mean(x^2) + eps) * w, per row. w f32 [cols] (Qwen3.5's 1+w is
 // folded into the pack). In place (y == x) is allowed.
 template <class T>
-void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows,
-             int64_t cols, float eps, cudaStream_t stream);
+void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows, int64_t cols,
+             float eps, cudaStream_t stream);
 
 // residual += x (rounded to T), then y = rmsnorm(residual) * w. The fused
 // "add, then norm" between two sublayers.
@@ -56,11 +56,11 @@ void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
 // ---- rotary embedding fused with the per-head q/k norm ---------------------
 
 struct RopeParams {
-  int64_t rotary_dim = 0;     // dims 0..rotary_dim-1 rotate (rotate_half pairs i, i+rd/2)
-  double theta = 10000.0;     // inv_freq[j] = theta^(-2j/rotary_dim)
+  int64_t rotary_dim = 0;       // dims 0..rotary_dim-1 rotate (rotate_half pairs i, i+rd/2)
+  double theta = 10000.0;       // inv_freq[j] = theta^(-2j/rotary_dim)
   int sections[3] = {0, 0, 0};  // M-RoPE sections (t, h, w) in frequency pairs
-  int n_sections = 0;         // 0: plain RoPE (positions axis 0 only)
-  bool interleaved = false;   // Qwen3.5 layout (j%3 picks the axis) vs contiguous
+  int n_sections = 0;           // 0: plain RoPE (positions axis 0 only)
+  bool interleaved = false;     // Qwen3.5 layout (j%3 picks the axis) vs contiguous
 };
 
 // In place on x [tokens, heads, head_dim] (token stride ld): optional per-head
@@ -70,8 +70,8 @@ struct RopeParams {
 // and rounded to float, as the CPU kernel does.
 template <class T>
 void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
-                  const float* norm_w, float eps, const int32_t* positions,
-                  const RopeParams& rope, cudaStream_t stream);
+                  const float* norm_w, float eps, const int32_t* positions, const RopeParams& rope,
+                  cudaStream_t stream);
 
 // ---- elementwise -----------------------------------------------------------
 
@@ -120,8 +120,8 @@ struct AttentionBatch {
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks] physical block ids
   int64_t max_blocks = 0;
   int64_t block_size = 0;
-  int64_t total_tokens = 0;              // q_start[num_seqs], known on the host
-  int64_t max_seq_len = 0;               // bound on seq_len[s] (host), sizes shared memory
+  int64_t total_tokens = 0;  // q_start[num_seqs], known on the host
+  int64_t max_seq_len = 0;   // bound on seq_len[s] (host), sizes shared memory
 };
 
 // Largest max_seq_len paged_attention accepts (scores live in shared memory).
@@ -166,8 +166,7 @@ void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels,
 template <class T>
 void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                       const float* g, const float* beta, float* state_pool, const int32_t* slot,
-                      const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out,
-                      int64_t ldo, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
-                      cudaStream_t stream);
+                      const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out, int64_t ldo,
+                      int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream);
 
 }  // namespace qtk::cuda

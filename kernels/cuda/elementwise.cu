@@ -125,8 +125,8 @@ template <class T>
 void sigmoid_mul(T* x, int64_t ldx, const T* gate, int64_t ldg, int64_t rows, int64_t cols,
                  cudaStream_t stream) {
   if (rows * cols == 0) return;
-  sigmoid_mul_kernel<T><<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(x, ldx, gate,
-                                                                                 ldg, rows, cols);
+  sigmoid_mul_kernel<T>
+      <<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(x, ldx, gate, ldg, rows, cols);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -146,11 +146,11 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
   if (n * hidden == 0) return;
   const unsigned grid = grid_1d(n * hidden, kThreads);
   if (table_type == DType::BF16) {
-    embedding_kernel<T, bf16><<<grid, kThreads, 0, stream>>>(static_cast<const bf16*>(table),
-                                                             hidden, ids, n, out, ldo);
+    embedding_kernel<T, bf16>
+        <<<grid, kThreads, 0, stream>>>(static_cast<const bf16*>(table), hidden, ids, n, out, ldo);
   } else if (table_type == DType::F32) {
-    embedding_kernel<T, float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table),
-                                                              hidden, ids, n, out, ldo);
+    embedding_kernel<T, float>
+        <<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table), hidden, ids, n, out, ldo);
   } else {
     fail_message("embedding_lookup: table dtype " + std::string(dtype_name(table_type)) +
                  " is not supported (expected BF16 or F32)");
@@ -176,14 +176,13 @@ void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream
   QTK_CUDA_CHECK_LAUNCH();
 }
 
-#define QTK_INSTANTIATE(T)                                                                   \
-  template void swiglu<T>(const T*, int64_t, T*, int64_t, int64_t, int64_t, cudaStream_t);   \
-  template void sigmoid_mul<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t,             \
-                               cudaStream_t);                                                \
-  template void gdn_gates<T>(const T*, int64_t, const T*, int64_t, const float*,             \
-                             const float*, float*, float*, int64_t, int64_t, cudaStream_t);  \
-  template void embedding_lookup<T>(const void*, DType, int64_t, const int32_t*, int64_t,    \
-                                    T*, int64_t, cudaStream_t);
+#define QTK_INSTANTIATE(T)                                                                      \
+  template void swiglu<T>(const T*, int64_t, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
+  template void sigmoid_mul<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void gdn_gates<T>(const T*, int64_t, const T*, int64_t, const float*, const float*,  \
+                             float*, float*, int64_t, int64_t, cudaStream_t);                   \
+  template void embedding_lookup<T>(const void*, DType, int64_t, const int32_t*, int64_t, T*,   \
+                                    int64_t, cudaStream_t);
 QTK_INSTANTIATE(float)
 QTK_INSTANTIATE(bf16)
 #undef QTK_INSTANTIATE

@@ -25,11 +25,11 @@ constexpr int kGdnCols = 32;
 // Dk, so a row's result does not depend on the batch.
 template <class T, int R>
 __global__ void __launch_bounds__(kGdnWarps * 32)
-gdn_recurrent_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
-                     const T* __restrict__ v, int64_t ldv, const float* __restrict__ g,
-                     const float* __restrict__ beta, float* state_pool,
-                     const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
-                     T* __restrict__ out, int64_t ldo, int hk, int hv, int dv) {
+    gdn_recurrent_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
+                         const T* __restrict__ v, int64_t ldv, const float* __restrict__ g,
+                         const float* __restrict__ beta, float* state_pool,
+                         const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
+                         T* __restrict__ out, int64_t ldo, int hk, int hv, int dv) {
   constexpr int DK = kGdnWarps * R;
   __shared__ float qs[2][DK], ks[2][DK];
   __shared__ float pkv[kGdnWarps][kGdnCols], po[kGdnWarps][kGdnCols];
@@ -112,8 +112,8 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hv),
                   static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols));
   gdn_recurrent_kernel<T, R><<<grid, kGdnWarps * 32, 0, stream>>>(
-      q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, out, ldo,
-      static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv));
+      q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
+      static_cast<int>(hv), static_cast<int>(dv));
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -122,24 +122,28 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
 template <class T>
 void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                       const float* g, const float* beta, float* state_pool, const int32_t* slot,
-                      const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out,
-                      int64_t ldo, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
-                      cudaStream_t stream) {
+                      const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out, int64_t ldo,
+                      int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream) {
   if (hk <= 0 || hv % hk != 0)
     fail_message("gated_delta_rule: " + std::to_string(hv) + " value heads over " +
                  std::to_string(hk) + " key heads (must divide)");
   if (num_seqs == 0 || tokens == 0) return;
   switch (dk) {
-    case 16: return launch_gdn<T, 4>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
-                                     num_seqs, out, ldo, hk, hv, dv, stream);
-    case 32: return launch_gdn<T, 8>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
-                                     num_seqs, out, ldo, hk, hv, dv, stream);
-    case 64: return launch_gdn<T, 16>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
-                                      num_seqs, out, ldo, hk, hv, dv, stream);
-    case 128: return launch_gdn<T, 32>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot,
-                                       q_start, num_seqs, out, ldo, hk, hv, dv, stream);
-    case 256: return launch_gdn<T, 64>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot,
-                                       q_start, num_seqs, out, ldo, hk, hv, dv, stream);
+    case 16:
+      return launch_gdn<T, 4>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                              out, ldo, hk, hv, dv, stream);
+    case 32:
+      return launch_gdn<T, 8>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                              out, ldo, hk, hv, dv, stream);
+    case 64:
+      return launch_gdn<T, 16>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                               out, ldo, hk, hv, dv, stream);
+    case 128:
+      return launch_gdn<T, 32>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                               out, ldo, hk, hv, dv, stream);
+    case 256:
+      return launch_gdn<T, 64>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                               out, ldo, hk, hv, dv, stream);
     default:
       fail_message("gated_delta_rule: key head dim " + std::to_string(dk) +
                    " is not supported (expected 16, 32, 64, 128 or 256)");
@@ -147,9 +151,9 @@ void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T*
 }
 
 template void gated_delta_rule<float>(const float*, int64_t, const float*, int64_t, const float*,
-                                      int64_t, const float*, const float*, float*,
-                                      const int32_t*, const int32_t*, int64_t, int64_t, float*,
-                                      int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, const float*, const float*, float*, const int32_t*,
+                                      const int32_t*, int64_t, int64_t, float*, int64_t, int64_t,
+                                      int64_t, int64_t, int64_t, cudaStream_t);
 template void gated_delta_rule<bf16>(const bf16*, int64_t, const bf16*, int64_t, const bf16*,
                                      int64_t, const float*, const float*, float*, const int32_t*,
                                      const int32_t*, int64_t, int64_t, bf16*, int64_t, int64_t,

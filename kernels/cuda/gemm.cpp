@@ -14,9 +14,12 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F32: return CUDA_R_32F;
-    default: fail("Gemm: dtype {} is not supported (expected BF16 or F32)", dtype_name(t));
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F32:
+      return CUDA_R_32F;
+    default:
+      fail("Gemm: dtype {} is not supported (expected BF16 or F32)", dtype_name(t));
   }
 }
 
@@ -55,8 +58,9 @@ struct Gemm::Plan {
   const std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>& layouts(int64_t m) {
     auto it = bc.find(m);
     if (it == bc.end())
-      it = bc.emplace(m, std::make_pair(make_layout(in_t, k, m, ldx), make_layout(out_t, n, m, ldy)))
-               .first;
+      it =
+          bc.emplace(m, std::make_pair(make_layout(in_t, k, m, ldx), make_layout(out_t, n, m, ldy)))
+              .first;
     return it->second;
   }
 };
@@ -89,10 +93,10 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   p->ldy = ldy;
   QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  QTK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                  sizeof(ta)));
-  QTK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                  sizeof(tb)));
+  QTK_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  QTK_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   p->a = make_layout(p->in_t, k, n, ldw);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -102,10 +106,9 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
   // note: views into activation buffers are only guaranteed 16-byte aligned.
   const uint32_t align = 16;
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
 
   // note: candidates come from the heuristic for M = ref_m first; when none
@@ -123,8 +126,8 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
     const auto& probe = p->layouts(probe_m);
     std::vector<cublasLtMatmulHeuristicResult_t> results(kWanted);
     int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, probe.first, probe.second,
-                                       probe.second, pref, kWanted, results.data(),
+    if (cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, probe.first, probe.second, probe.second,
+                                       pref, kWanted, results.data(),
                                        &found) != CUBLAS_STATUS_SUCCESS)
       continue;
     found_total += found;
@@ -141,8 +144,8 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
       int32_t got_splitk = 1;
       size_t written = 0;
       if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
-                                               sizeof(got_splitk), &written) ==
-              CUBLAS_STATUS_SUCCESS &&
+                                               sizeof(got_splitk),
+                                               &written) == CUBLAS_STATUS_SUCCESS &&
           got_splitk > 1) {
         if (why.size() < 300) why += fmt::format(" [{}: split-K {}]", i, got_splitk);
         continue;
@@ -172,9 +175,10 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   cublasLtMatmulPreferenceDestroy(pref);
   if (!chosen) {
     p->ok = false;
-    p->why = fmt::format("Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) "
-                         "among {} candidates:{}", n, k, dtype_name(in), dtype_name(out),
-                         found_total, why);
+    p->why = fmt::format(
+        "Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) "
+        "among {} candidates:{}",
+        n, k, dtype_name(in), dtype_name(out), found_total, why);
     return *plans_.emplace(key, std::move(p)).first->second;
   }
   size_t written = 0;
@@ -210,9 +214,9 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   }
   const auto& l = p.layouts(m);
   const float alpha = 1.0f, beta = 0.0f;
-  QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a,
-                                  x, l.first, &beta, y, l.second, y, l.second, &p.algo, nullptr,
-                                  0, stream));
+  QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x,
+                                  l.first, &beta, y, l.second, y, l.second, &p.algo, nullptr, 0,
+                                  stream));
 }
 
 std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,

@@ -32,8 +32,8 @@ class Gemm {
   // w in the HF layout [out, in]. in: BF16 (x and w) or F32 (x and w);
   // out: F32, or BF16 with BF16 inputs. Accumulation and scaling in f32
   // (CUBLAS_COMPUTE_32F: no TF32 for f32 inputs). Pointers 16-byte aligned.
-  void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
-           int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream);
+  void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int64_t m,
+           int64_t n, int64_t k, DType in, DType out, cudaStream_t stream);
 
   // A short description of the algorithm fixed for a shape class (for logs).
   std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,

@@ -150,8 +150,8 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, i
 }  // namespace
 
 template <class T>
-void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows,
-             int64_t cols, float eps, cudaStream_t stream) {
+void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows, int64_t cols,
+             float eps, cudaStream_t stream) {
   if (rows == 0) return;
   rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
       x, ldx, w, y, ldy, static_cast<int>(cols), eps);
@@ -190,8 +190,8 @@ void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
 
 template <class T>
 void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
-                  const float* norm_w, float eps, const int32_t* positions,
-                  const RopeParams& rope, cudaStream_t stream) {
+                  const float* norm_w, float eps, const int32_t* positions, const RopeParams& rope,
+                  cudaStream_t stream) {
   if (head_dim > kMaxHeadDim || rope.rotary_dim > head_dim || rope.rotary_dim % 2 != 0)
     fail_message("qk_norm_rope: head_dim " + std::to_string(head_dim) + " (at most " +
                  std::to_string(kMaxHeadDim) + ") with rotary_dim " +
@@ -204,16 +204,16 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
   QTK_CUDA_CHECK_LAUNCH();
 }
 
-#define QTK_INSTANTIATE(T)                                                                   \
-  template void rmsnorm<T>(const T*, int64_t, const float*, T*, int64_t, int64_t, int64_t,   \
-                           float, cudaStream_t);                                             \
-  template void add_rmsnorm<T>(T*, int64_t, const T*, int64_t, const float*, T*, int64_t,    \
-                               int64_t, int64_t, float, cudaStream_t);                       \
-  template void gated_rmsnorm<T>(const T*, int64_t, const T*, int64_t, const float*, T*,     \
-                                 int64_t, int64_t, int64_t, int64_t, float, cudaStream_t);   \
-  template void l2norm_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, float, float,        \
-                                cudaStream_t);                                               \
-  template void qk_norm_rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const float*, float, \
+#define QTK_INSTANTIATE(T)                                                                         \
+  template void rmsnorm<T>(const T*, int64_t, const float*, T*, int64_t, int64_t, int64_t, float,  \
+                           cudaStream_t);                                                          \
+  template void add_rmsnorm<T>(T*, int64_t, const T*, int64_t, const float*, T*, int64_t, int64_t, \
+                               int64_t, float, cudaStream_t);                                      \
+  template void gated_rmsnorm<T>(const T*, int64_t, const T*, int64_t, const float*, T*, int64_t,  \
+                                 int64_t, int64_t, int64_t, float, cudaStream_t);                  \
+  template void l2norm_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, float, float,              \
+                                cudaStream_t);                                                     \
+  template void qk_norm_rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const float*, float,       \
                                 const int32_t*, const RopeParams&, cudaStream_t);
 QTK_INSTANTIATE(float)
 QTK_INSTANTIATE(bf16)

@@ -29,8 +29,8 @@ enum class CudaPrecision {
 // the logits, without copying [seqs, vocab] floats to the host.
 class CudaModel : public Model {
  public:
-  virtual void forward_greedy(const StepBatch& batch, KvCache& kv, StatePool& states,
-                              int32_t* ids, float* margins) = 0;
+  virtual void forward_greedy(const StepBatch& batch, KvCache& kv, StatePool& states, int32_t* ids,
+                              float* margins) = 0;
 };
 
 // "f32" or "bf16"; throws qtk::Error naming the flag for anything else.

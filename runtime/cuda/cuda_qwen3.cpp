@@ -15,8 +15,8 @@
 #include "loaders/error.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_models.h"
-#include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/decode_graphs.h"
+#include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
@@ -58,7 +58,8 @@ class CudaQwen3 final : public CudaModel {
       const std::string p = "layers." + std::to_string(i) + ".";
       Qwen3DeviceLayer l;
       l.input_layernorm = upload_vector(pack, p + "input_layernorm", H);
-      l.qkv_proj = upload_matrix<Act>(pack, p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), H);
+      l.qkv_proj =
+          upload_matrix<Act>(pack, p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), H);
       l.q_norm = upload_vector(pack, p + "self_attn.q_norm", D);
       l.k_norm = upload_vector(pack, p + "self_attn.k_norm", D);
       l.o_proj = upload_matrix<Act>(pack, p + "self_attn.o_proj", H, c.q_dim());
@@ -139,8 +140,8 @@ class CudaQwen3 final : public CudaModel {
       float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
       cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
                         dev_margins, stream_);
-      QTK_CUDA_CHECK(cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                     stream_));
+      QTK_CUDA_CHECK(
+          cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
       QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
     }
@@ -197,9 +198,8 @@ class CudaQwen3 final : public CudaModel {
       gemm_.run(act_.as(), I, l.down_proj.as(), I, h, H, T, H, I, dt, dt, stream_);
       // x += MLP output; h = the next layer's input norm of x (the final norm
       // after the last layer).
-      const float* next_norm = li + 1 < c.num_layers
-                                   ? layers_[li + 1].input_layernorm.as<float>()
-                                   : norm_.as<float>();
+      const float* next_norm =
+          li + 1 < c.num_layers ? layers_[li + 1].input_layernorm.as<float>() : norm_.as<float>();
       cuda::add_rmsnorm<T_>(x, H, h, H, next_norm, h, H, T, H, eps, stream_);
     }
     // Logits only for the last row of each sequence that samples: gather the
@@ -332,9 +332,10 @@ std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision preci
       return make_cuda_qwen3(pack, precision);
     case Arch::kQwen3_5:
       if (c.norm_adds_one && !pack.has_transform("norm_plus_one_folded"))
-        fail("{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
-             "computes x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
-             pack.path());
+        fail(
+            "{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
+            "computes x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
+            pack.path());
       return make_cuda_qwen3_5(pack, precision);
   }
   fail("{}: unsupported architecture '{}'", pack.path(), c.hf_architecture);

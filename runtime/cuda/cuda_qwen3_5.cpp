@@ -36,15 +36,15 @@ struct Qwen3_5DeviceLayer {
   DeviceMemory gate_up_proj;              // Act [2*intermediate, hidden]: rows gate, up
   DeviceMemory down_proj;                 // Act [hidden, intermediate]
   // Full attention.
-  DeviceMemory qkv_proj;                  // Act [(2*Hq + 2*Hkv)*D, hidden]: query, gate, k, v
-  DeviceMemory q_norm, k_norm;            // f32 [D] (1+w folded)
-  DeviceMemory o_proj;                    // Act [hidden, Hq*D]
+  DeviceMemory qkv_proj;        // Act [(2*Hq + 2*Hkv)*D, hidden]: query, gate, k, v
+  DeviceMemory q_norm, k_norm;  // f32 [D] (1+w folded)
+  DeviceMemory o_proj;          // Act [hidden, Hq*D]
   // Gated DeltaNet.
-  DeviceMemory in_proj;                   // Act [conv_dim + Hv*Dv + 2*Hv, hidden]: qkv, z, b, a
-  DeviceMemory conv1d;                    // f32 [conv_dim, K]
-  DeviceMemory dt_bias, A;                // f32 [Hv] (A = -exp(A_log))
-  DeviceMemory norm;                      // f32 [Dv] plain w
-  DeviceMemory out_proj;                  // Act [hidden, Hv*Dv]
+  DeviceMemory in_proj;     // Act [conv_dim + Hv*Dv + 2*Hv, hidden]: qkv, z, b, a
+  DeviceMemory conv1d;      // f32 [conv_dim, K]
+  DeviceMemory dt_bias, A;  // f32 [Hv] (A = -exp(A_log))
+  DeviceMemory norm;        // f32 [Dv] plain w
+  DeviceMemory out_proj;    // Act [hidden, Hv*Dv]
 };
 
 DeviceMemory upload_conv(const Pack& pack, const std::string& name, int64_t c, int64_t k) {
@@ -84,16 +84,16 @@ class CudaQwen3_5 final : public CudaModel {
       l.gate_up_proj = upload_matrix<Act>(pack, p + "mlp.gate_up_proj", 2 * I, H);
       l.down_proj = upload_matrix<Act>(pack, p + "mlp.down_proj", H, I);
       if (l.kind == LayerKind::kFull) {
-        l.qkv_proj = upload_matrix<Act>(pack, p + "self_attn.qkv_proj",
-                                        2 * c.q_dim() + 2 * c.kv_dim(), H);
+        l.qkv_proj =
+            upload_matrix<Act>(pack, p + "self_attn.qkv_proj", 2 * c.q_dim() + 2 * c.kv_dim(), H);
         l.q_norm = upload_vector(pack, p + "self_attn.q_norm", D);
         l.k_norm = upload_vector(pack, p + "self_attn.k_norm", D);
         l.o_proj = upload_matrix<Act>(pack, p + "self_attn.o_proj", H, c.q_dim());
         l.kind_index = attn_layers_++;
       } else {
         l.in_proj = upload_matrix<Act>(pack, p + "linear_attn.in_proj", in_proj_rows(c), H);
-        l.conv1d = upload_conv(pack, p + "linear_attn.conv1d", c.linear_conv_dim(),
-                               c.linear_conv_kernel);
+        l.conv1d =
+            upload_conv(pack, p + "linear_attn.conv1d", c.linear_conv_dim(), c.linear_conv_kernel);
         l.dt_bias = upload_vector(pack, p + "linear_attn.dt_bias", Hv);
         l.A = upload_vector(pack, p + "linear_attn.A", Hv);
         l.norm = upload_vector(pack, p + "linear_attn.norm", Dv);
@@ -200,8 +200,8 @@ class CudaQwen3_5 final : public CudaModel {
       float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
       cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
                         dev_margins, stream_);
-      QTK_CUDA_CHECK(cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                     stream_));
+      QTK_CUDA_CHECK(
+          cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
       QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
     }
@@ -223,16 +223,17 @@ class CudaQwen3_5 final : public CudaModel {
     cuda::rmsnorm<Act>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Qwen3_5DeviceLayer& l = layers_[li];
-      if (l.kind == LayerKind::kFull) full_attention(l, b, max_seq_len, h, mix);
-      else linear_attention(l, b, h, mix);
-      cuda::add_rmsnorm<Act>(x, H, mix, H, l.post_attention_layernorm.as<float>(), h, H, T, H,
-                             eps, stream_);
+      if (l.kind == LayerKind::kFull)
+        full_attention(l, b, max_seq_len, h, mix);
+      else
+        linear_attention(l, b, h, mix);
+      cuda::add_rmsnorm<Act>(x, H, mix, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps,
+                             stream_);
       gemm_.run(h, H, l.gate_up_proj.as(), H, gate_up_.as(), 2 * I, T, 2 * I, H, dt, dt, stream_);
       cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
       gemm_.run(act_.as(), I, l.down_proj.as(), I, mix, H, T, H, I, dt, dt, stream_);
-      const float* next_norm = li + 1 < c.num_layers
-                                   ? layers_[li + 1].input_layernorm.as<float>()
-                                   : norm_.as<float>();
+      const float* next_norm =
+          li + 1 < c.num_layers ? layers_[li + 1].input_layernorm.as<float>() : norm_.as<float>();
       cuda::add_rmsnorm<Act>(x, H, mix, H, next_norm, h, H, T, H, eps, stream_);
     }
     const int64_t r = static_cast<int64_t>(logit_rows_.size());
@@ -298,20 +299,20 @@ class CudaQwen3_5 final : public CudaModel {
     // "virtual slot" s * gdn_layers + gi of a pool with per-layer stride.
     const int32_t* vslot = layer_slots_ + l.kind_index * S;
     Act* conv = conv_.as<Act>();
-    cuda::causal_conv1d<Act>(proj, ld, conv, C, C, l.conv1d.as<float>(), K,
-                             conv_state_.as<float>(), vslot, q_start_, S, T, true, stream_);
+    cuda::causal_conv1d<Act>(proj, ld, conv, C, C, l.conv1d.as<float>(), K, conv_state_.as<float>(),
+                             vslot, q_start_, S, T, true, stream_);
     Act* q = conv;
     Act* k = conv + Hk * Dk;
     const Act* v = conv + 2 * Hk * Dk;
     cuda::l2norm_heads<Act>(q, C, T, Hk, Dk, 1e-6f,
                             static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk))), stream_);
     cuda::l2norm_heads<Act>(k, C, T, Hk, Dk, 1e-6f, 1.0f, stream_);
-    cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(),
-                         g_.as<float>(), beta_.as<float>(), T, Hv, stream_);
+    cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(), g_.as<float>(),
+                         beta_.as<float>(), T, Hv, stream_);
     Act* core = core_.as<Act>();
     cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
-                                rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv,
-                                Dk, Dv, stream_);
+                                rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv, Dk,
+                                Dv, stream_);
     cuda::gated_rmsnorm<Act>(core, Vd, z, ld, l.norm.as<float>(), core, Vd, T, Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), stream_);
     gemm_.run(core, Vd, l.out_proj.as(), Vd, out, H, T, H, Vd, dt, dt, stream_);
@@ -411,7 +412,7 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory act_;          // Act [T, intermediate]
   DeviceMemory last_;         // Act [seqs, hidden]
   DeviceMemory logits_;       // f32 [seqs, vocab]
-  DeviceMemory greedy_;   // int32 ids then f32 margins [seqs] (forward_greedy)
+  DeviceMemory greedy_;       // int32 ids then f32 margins [seqs] (forward_greedy)
   DeviceMemory step_;         // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   const int64_t* slot_mapping_ = nullptr;

@@ -28,7 +28,9 @@ class DeviceMemory {
     return *this;
   }
   template <class T = void>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -59,8 +59,10 @@ DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t ro
       fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
            dtype_name(v.dtype));
     }
-    if constexpr (std::is_same_v<T, float>) host[i] = f;
-    else host[i] = __float2bfloat16_rn(f);
+    if constexpr (std::is_same_v<T, float>)
+      host[i] = f;
+    else
+      host[i] = __float2bfloat16_rn(f);
   }
   QTK_CUDA_CHECK(cudaMemcpy(d.as(), host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   return d;

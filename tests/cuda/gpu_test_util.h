@@ -22,8 +22,10 @@ inline float to_float(float x) { return x; }
 inline float to_float(bf16 x) { return __bfloat162float(x); }
 template <class T>
 T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return __float2bfloat16_rn(x);
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
 }
 
 // Device memory of n elements; poisoned with 0xFF bytes (NaN for f32 and bf16)
@@ -37,7 +39,9 @@ class DeviceBuffer {
     QTK_CUDA_CHECK(cudaMemset(p_, 0xFF, std::max<size_t>(n, 1) * sizeof(T)));
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-  ~DeviceBuffer() { if (p_) cudaFree(p_); }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
   DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(p_, o.p_);

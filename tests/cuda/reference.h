@@ -95,8 +95,9 @@ inline Vec attention_ref(const Vec& q, const Vec& kc, const Vec& vc, const HostB
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t kvh = h / (hq / hkv);
         auto row = [&](const Vec& cache, int64_t j) {
-          const int64_t slot = int64_t(b.block_table[s * b.max_blocks + j / b.block_size]) *
-                                   b.block_size + j % b.block_size;
+          const int64_t slot =
+              int64_t(b.block_table[s * b.max_blocks + j / b.block_size]) * b.block_size +
+              j % b.block_size;
           return &cache[(slot * hkv + kvh) * d];
         };
         Vec sc(n_keys);

@@ -24,8 +24,8 @@ struct Shape {
 
 template <class T>
 struct AttnRun {
-  std::vector<T> out;      // [T, Hq, D]
-  Vec ref;                 // float64 reference
+  std::vector<T> out;  // [T, Hq, D]
+  Vec ref;             // float64 reference
   std::vector<int32_t> q_start;
 };
 
@@ -70,8 +70,7 @@ AttnRun<T> run_attention(const std::vector<SeqSpec>& seqs, int64_t block_size, c
     const auto Q = to_device_type<T>(seq_rows(sp.seed, sp.seq_len, qw, 3));
     for (int64_t p = 0; p < sp.seq_len; ++p) {
       const int64_t slot =
-          int64_t(hb.block_table[s * hb.max_blocks + p / block_size]) * block_size +
-          p % block_size;
+          int64_t(hb.block_table[s * hb.max_blocks + p / block_size]) * block_size + p % block_size;
       for (int64_t e = 0; e < kvw; ++e) {
         kcd[slot * kvw + e] = to_float(K[p * kvw + e]);
         vcd[slot * kvw + e] = to_float(V[p * kvw + e]);
@@ -94,8 +93,8 @@ AttnRun<T> run_attention(const std::vector<SeqSpec>& seqs, int64_t block_size, c
   DeviceBuffer<T> kcache(kc), vcache(vc), qd(q), kd(knew), vd(vnew), out(tokens * qw);
   DeviceBuffer<int64_t> slotd(slots);
   DeviceBuffer<int32_t> qs(hb.q_start), sl(hb.seq_len), bt(hb.block_table);
-  kv_cache_write<T>(kd.get(), ldkv, vd.get(), ldkv, tokens, sh.hkv, sh.d, slotd.get(),
-                    kcache.get(), vcache.get(), nullptr);
+  kv_cache_write<T>(kd.get(), ldkv, vd.get(), ldkv, tokens, sh.hkv, sh.d, slotd.get(), kcache.get(),
+                    vcache.get(), nullptr);
   AttentionBatch b;
   b.num_seqs = static_cast<int64_t>(seqs.size());
   b.q_start = qs.get();
@@ -153,8 +152,8 @@ TYPED_TEST(AttentionTest, RowsIdenticalAcrossBatchAndBlockLayout) {
     const SeqSpec probe{130, 40, 7}, dec{211, 1, 8};
     const auto alone = run_attention<T>({probe}, 16, sh, 1);
     const auto dec_alone = run_attention<T>({dec}, 16, sh, 1);
-    const auto mixed = run_attention<T>({{64, 1, 9}, dec, {33, 33, 10}, probe, {500, 1, 11}},
-                                        16, sh, 2);
+    const auto mixed =
+        run_attention<T>({{64, 1, 9}, dec, {33, 33, 10}, probe, {500, 1, 11}}, 16, sh, 2);
     const auto other_blocks = run_attention<T>({probe, {12, 12, 12}, dec}, 3, sh, 3);
     const auto a = rows_of(alone, 0, w), da = rows_of(dec_alone, 0, w);
     const auto m = rows_of(mixed, 3, w), dm = rows_of(mixed, 1, w);
@@ -189,13 +188,13 @@ TEST(AttentionErrors, RejectsUnsupportedShapes) {
   AttentionBatch b;
   b.total_tokens = 1;
   b.max_seq_len = 10;
-  EXPECT_THROW(paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 3, 128,
-                                      1.0f, nullptr),
-               std::exception);
+  EXPECT_THROW(
+      paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 3, 128, 1.0f, nullptr),
+      std::exception);
   b.max_seq_len = paged_attention_max_context() + 1;
-  EXPECT_THROW(paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 2, 128,
-                                      1.0f, nullptr),
-               std::exception);
+  EXPECT_THROW(
+      paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 2, 128, 1.0f, nullptr),
+      std::exception);
 }
 
 }  // namespace

@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -104,7 +104,8 @@ std::vector<Generated> generate(CudaModel& m, const std::vector<Case>& cases, in
           int32_t v = p;
           if (!c.mrope.empty()) {
             int32_t mx = 0;
-            for (const auto& axis : c.mrope) mx = std::max(mx, *std::max_element(axis.begin(), axis.end()));
+            for (const auto& axis : c.mrope)
+              mx = std::max(mx, *std::max_element(axis.begin(), axis.end()));
             const int32_t np = static_cast<int32_t>(c.prompt.size());
             v = p < np ? c.mrope[a][p] : mx + 1 + (p - np);
           }
@@ -119,7 +120,8 @@ std::vector<Generated> generate(CudaModel& m, const std::vector<Case>& cases, in
     if (active.empty()) break;
     const int64_t T = static_cast<int64_t>(ids.size()), S = static_cast<int64_t>(active.size());
     std::vector<int32_t> positions(3 * T), bt(S * mb), st(S);
-    for (int a = 0; a < 3; ++a) std::copy(pos_axes[a].begin(), pos_axes[a].end(), positions.begin() + a * T);
+    for (int a = 0; a < 3; ++a)
+      std::copy(pos_axes[a].begin(), pos_axes[a].end(), positions.begin() + a * T);
     for (int64_t i = 0; i < S; ++i) {
       std::copy(&block_table[active[i] * mb], &block_table[active[i] * mb] + mb, &bt[i * mb]);
       st[i] = static_cast<int32_t>(active[i]);

@@ -35,8 +35,8 @@ TYPED_TEST(GdnTest, Conv1dVarlenMatchesReferenceAndUpdatesState) {
                    tokens, true, nullptr);
   Vec yref, sref(st.begin(), st.end());
   for (size_t s = 0; s < q_len.size(); ++s) {
-    Vec xs, state_s(sref.begin() + slot[s] * C * (K - 1),
-                    sref.begin() + (slot[s] + 1) * C * (K - 1));
+    Vec xs,
+        state_s(sref.begin() + slot[s] * C * (K - 1), sref.begin() + (slot[s] + 1) * C * (K - 1));
     for (int64_t t = q_start[s]; t < q_start[s + 1]; ++t)
       for (int64_t c = 0; c < C; ++c) xs.push_back(to_float(xh[t * ld + c]));
     const Vec ys = conv1d_ref(xs, q_len[s], C, Vec(w.begin(), w.end()), K, state_s, true);
@@ -87,7 +87,8 @@ struct GdnInputs {
   std::vector<float> q, k, v, g, beta;  // q, k l2-normalised (q scaled)
 };
 
-GdnInputs random_gdn(int64_t tokens, int64_t hk, int64_t hv, int64_t dk, int64_t dv, uint32_t seed) {
+GdnInputs random_gdn(int64_t tokens, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
+                     uint32_t seed) {
   GdnInputs in{hk, hv, dk, dv, {}, {}, {}, {}, {}};
   const auto qr = random_floats(tokens * hk * dk, -1, 1, seed);
   const auto kr = random_floats(tokens * hk * dk, -1, 1, seed + 1);
@@ -103,9 +104,11 @@ GdnInputs random_gdn(int64_t tokens, int64_t hk, int64_t hv, int64_t dk, int64_t
 
 TYPED_TEST(GdnTest, RecurrentVarlenMatchesReference) {
   using T = TypeParam;
-  struct Dims { int64_t hk, hv, dk, dv; };
-  for (const Dims d : {Dims{2, 4, 32, 24}, Dims{2, 4, 16, 16}, Dims{1, 2, 128, 128},
-                       Dims{2, 2, 64, 40}}) {
+  struct Dims {
+    int64_t hk, hv, dk, dv;
+  };
+  for (const Dims d :
+       {Dims{2, 4, 32, 24}, Dims{2, 4, 16, 16}, Dims{1, 2, 128, 128}, Dims{2, 2, 64, 40}}) {
     const std::vector<int32_t> q_len = {1, 9, 33}, slot = {3, 0, 1};
     std::vector<int32_t> q_start = {0};
     for (auto n : q_len) q_start.push_back(q_start.back() + n);
@@ -128,10 +131,10 @@ TYPED_TEST(GdnTest, RecurrentVarlenMatchesReference) {
         return Vec(a.begin() + t0 * width, a.begin() + (t0 + n) * width);
       };
       Vec S(sref.begin() + slot[s] * ss, sref.begin() + (slot[s] + 1) * ss);
-      const Vec o = gdn_ref(slice(qd, d.hk * d.dk), slice(kd, d.hk * d.dk), slice(vd, d.hv * d.dv),
-                            slice(Vec(in.g.begin(), in.g.end()), d.hv),
-                            slice(Vec(in.beta.begin(), in.beta.end()), d.hv), S, n, d.hk, d.hv,
-                            d.dk, d.dv);
+      const Vec o =
+          gdn_ref(slice(qd, d.hk * d.dk), slice(kd, d.hk * d.dk), slice(vd, d.hv * d.dv),
+                  slice(Vec(in.g.begin(), in.g.end()), d.hv),
+                  slice(Vec(in.beta.begin(), in.beta.end()), d.hv), S, n, d.hk, d.hv, d.dk, d.dv);
       oref.insert(oref.end(), o.begin(), o.end());
       std::copy(S.begin(), S.end(), sref.begin() + slot[s] * ss);
     }
@@ -234,8 +237,8 @@ TEST(GdnFixture, MatchesTransformersFloat64Reference) {
 TEST(GdnFixture, ChunkedPromptIsBitIdentical) {
   const Fixture f = load_fixture();
   const auto whole = run_fixture(f, {150});
-  for (const auto& chunks : std::vector<std::vector<int32_t>>{{1, 37, 112}, {64, 64, 22},
-                                                              {149, 1}}) {
+  for (const auto& chunks :
+       std::vector<std::vector<int32_t>>{{1, 37, 112}, {64, 64, 22}, {149, 1}}) {
     const auto split = run_fixture(f, chunks);
     EXPECT_TRUE(bitwise_equal(whole.out.data(), split.out.data(), whole.out.size()));
     EXPECT_TRUE(bitwise_equal(whole.state.data(), split.state.data(), whole.state.size()));

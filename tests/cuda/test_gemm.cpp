@@ -33,8 +33,8 @@ void check_gemm(Gemm& gemm, int64_t N, int64_t K, DType in, DType out) {
     // rounding to bf16, relative 2^-9, when out is BF16).
     EXPECT_LT(rel_error(got, ref), out == DType::BF16 ? 1e-2 : 1e-5) << "M " << M;
     EXPECT_TRUE(bitwise_equal(got.data(), one.data(), M * N))
-        << "M " << M << ": rows differ from 1-row products (" << gemm.describe(N, K, K, K, N, in, out)
-        << ")";
+        << "M " << M << ": rows differ from 1-row products ("
+        << gemm.describe(N, K, K, K, N, in, out) << ")";
   }
 }
 
@@ -58,15 +58,15 @@ TEST(Gemm, F32InF32OutMatchesReferenceAndIsBatchInvariant) {
 TEST(Gemm, RejectsBadArguments) {
   Gemm gemm;
   DeviceBuffer<float> a(64);
-  EXPECT_THROW(gemm.run(a.get(), 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::F32, DType::BF16,
-                        nullptr),
-               std::exception);
-  EXPECT_THROW(gemm.run(a.get() + 1, 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::F32, DType::F32,
-                        nullptr),
-               std::exception);
-  EXPECT_THROW(gemm.run(a.get(), 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::I32, DType::F32,
-                        nullptr),
-               std::exception);
+  EXPECT_THROW(
+      gemm.run(a.get(), 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::F32, DType::BF16, nullptr),
+      std::exception);
+  EXPECT_THROW(
+      gemm.run(a.get() + 1, 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::F32, DType::F32, nullptr),
+      std::exception);
+  EXPECT_THROW(
+      gemm.run(a.get(), 8, a.get(), 8, a.get(), 8, 1, 8, 8, DType::I32, DType::F32, nullptr),
+      std::exception);
 }
 
 }  // namespace

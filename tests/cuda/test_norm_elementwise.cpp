@@ -35,8 +35,7 @@ TYPED_TEST(NormTest, AddRmsNormUpdatesResidualAndNorms) {
   const auto w = random_floats(cols, 0.5f, 1.5f, 5);
   DeviceBuffer<T> r(rh), x(xh), y(rows * cols);
   DeviceBuffer<float> wd(w);
-  add_rmsnorm<T>(r.get(), cols, x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f,
-                 nullptr);
+  add_rmsnorm<T>(r.get(), cols, x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f, nullptr);
   Vec sum(rows * cols);
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = to_float(rh[i]) + to_float(xh[i]);
   EXPECT_LT(rel_error(r.download(), sum), tolerance<T>());
@@ -93,13 +92,17 @@ TYPED_TEST(NormTest, QkNormRopePlainPartialAndMrope) {
   RopeParams mrope;  // Qwen3.5-0.8B: head 256, partial 0.25, sections [11, 11, 10] interleaved
   mrope.rotary_dim = 64;
   mrope.theta = 1e7;
-  mrope.sections[0] = 11; mrope.sections[1] = 11; mrope.sections[2] = 10;
+  mrope.sections[0] = 11;
+  mrope.sections[1] = 11;
+  mrope.sections[2] = 10;
   mrope.n_sections = 3;
   mrope.interleaved = true;
   cases.push_back({256, 64, mrope, true});
   RopeParams tiny = mrope;  // qwen3.5-tiny: head 32, rotary 8, sections [2, 1, 1]
   tiny.rotary_dim = 8;
-  tiny.sections[0] = 2; tiny.sections[1] = 1; tiny.sections[2] = 1;
+  tiny.sections[0] = 2;
+  tiny.sections[1] = 1;
+  tiny.sections[2] = 1;
   cases.push_back({32, 8, tiny, false});
   RopeParams contiguous = tiny;
   contiguous.interleaved = false;
@@ -118,14 +121,14 @@ TYPED_TEST(NormTest, QkNormRopePlainPartialAndMrope) {
     DeviceBuffer<T> x(xh);
     DeviceBuffer<float> wd(w);
     DeviceBuffer<int32_t> pd(pos);
-    qk_norm_rope<T>(x.get(), ld, tokens, heads, c.dim, c.norm ? wd.get() : nullptr, 1e-6f,
-                    pd.get(), c.p, nullptr);
+    qk_norm_rope<T>(x.get(), ld, tokens, heads, c.dim, c.norm ? wd.get() : nullptr, 1e-6f, pd.get(),
+                    c.p, nullptr);
     Vec xs;
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t i = 0; i < heads * c.dim; ++i) xs.push_back(to_float(xh[t * ld + i]));
     const Vec wv(w.begin(), w.end());
-    const Vec ref = qk_norm_rope_ref(xs, tokens, heads, c.dim, c.norm ? &wv : nullptr, 1e-6, pos,
-                                     c.p);
+    const Vec ref =
+        qk_norm_rope_ref(xs, tokens, heads, c.dim, c.norm ? &wv : nullptr, 1e-6, pos, c.p);
     const auto out = x.download();
     std::vector<T> got;
     for (int64_t t = 0; t < tokens; ++t)
@@ -147,8 +150,8 @@ TYPED_TEST(NormTest, SwigluSigmoidMulAndGates) {
   Vec ref(tokens * inter);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t i = 0; i < inter; ++i)
-      ref[t * inter + i] = silu_d(to_float(gu[t * 2 * inter + i])) *
-                           to_float(gu[t * 2 * inter + inter + i]);
+      ref[t * inter + i] =
+          silu_d(to_float(gu[t * 2 * inter + i])) * to_float(gu[t * 2 * inter + inter + i]);
   EXPECT_LT(rel_error(out.download(), ref), tolerance<T>());
 
   // sigmoid_mul on the gate half (stride 2*inter) into the up half.
@@ -203,14 +206,14 @@ TYPED_TEST(NormTest, EmbeddingLookupIsExact) {
     const auto o = out.download();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < hidden; ++c) {
-        const float src = use_bf16 ? to_float(table_b[ids[i] * hidden + c])
-                                   : table_f[ids[i] * hidden + c];
+        const float src =
+            use_bf16 ? to_float(table_b[ids[i] * hidden + c]) : table_f[ids[i] * hidden + c];
         ASSERT_EQ(to_float(o[i * hidden + c]), to_float(from_float<T>(src)));
       }
   }
-  EXPECT_THROW(embedding_lookup<T>(nullptr, DType::I32, hidden, idd.get(), n, nullptr, hidden,
-                                   nullptr),
-               std::exception);
+  EXPECT_THROW(
+      embedding_lookup<T>(nullptr, DType::I32, hidden, idd.get(), n, nullptr, hidden, nullptr),
+      std::exception);
 }
 
 TEST(Argmax, LowestIdOnTiesAndExactMargin) {
