@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -174,9 +175,31 @@ int run(int argc, char** argv) {
   std::vector<std::string> lines;
   std::vector<std::string> outputs;
   size_t first_line_number = 1;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < lines.size();) {
+      outputs[i] = process_line(tokenizer, decode, lines[i], first_line_number + i);
+    }
+  };
+  // note: the workers live for the whole run (each keeps its warm word
+  // cache); two barriers per block hand them the block and collect it. The
+  // main thread reads, works as one of the workers, and writes.
+  const auto workers = static_cast<std::ptrdiff_t>(threads);
+  std::barrier start(workers), finish(workers);
+  bool stop = false;
+  std::vector<std::thread> pool;
+  for (std::ptrdiff_t t = 1; t < workers; ++t) {
+    pool.emplace_back([&] {
+      for (;;) {
+        start.arrive_and_wait();
+        if (stop) return;
+        work();
+        finish.arrive_and_wait();
+      }
+    });
+  }
   std::string line;
-  bool more = true;
-  while (more) {
+  for (bool more = true; more;) {
     lines.clear();
     while (lines.size() < kBlockLines && (more = static_cast<bool>(std::getline(std::cin, line)))) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -184,16 +207,10 @@ int run(int argc, char** argv) {
     }
     if (lines.empty()) break;
     outputs.assign(lines.size(), std::string());
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < lines.size();) {
-        outputs[i] = process_line(tokenizer, decode, lines[i], first_line_number + i);
-      }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < std::min(threads, lines.size()); ++t) pool.emplace_back(work);
+    next.store(0);
+    start.arrive_and_wait();
     work();
-    for (std::thread& t : pool) t.join();
+    finish.arrive_and_wait();
     std::string block;
     for (const std::string& o : outputs) {
       block += o;
@@ -202,6 +219,9 @@ int run(int argc, char** argv) {
     std::fwrite(block.data(), 1, block.size(), stdout);
     first_line_number += lines.size();
   }
+  stop = true;
+  start.arrive_and_wait();
+  for (std::thread& t : pool) t.join();
   std::fflush(stdout);
   return 0;
 }
