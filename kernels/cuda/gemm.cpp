@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,19 @@ struct Gemm::Plan {
   }
 };
 
-Gemm::Gemm(int64_t ref_m) : ref_m_(ref_m) {
+namespace {
+int64_t default_ref_m() {
+  const char* v = std::getenv("QTK_GEMM_REF_M");
+  if (v == nullptr || *v == '\0') return 128;
+  char* end = nullptr;
+  const long long m = std::strtoll(v, &end, 10);
+  if (*end != '\0' || m < 1 || m > 65536)
+    fail("QTK_GEMM_REF_M: expected an integer in 1..65536, found \"{}\"", v);
+  return m;
+}
+}  // namespace
+
+Gemm::Gemm(int64_t ref_m) : ref_m_(ref_m > 0 ? ref_m : default_ref_m()) {
   cublasLtHandle_t h = nullptr;
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;

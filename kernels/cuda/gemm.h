@@ -23,7 +23,8 @@ class Gemm {
   // workspace is given, so no algorithm can split the K reduction across
   // blocks. Each output element is then reduced over K in the same order in
   // a 1-row call and in an M-row call (tested bit for bit in tests/cuda).
-  explicit Gemm(int64_t ref_m = 128);
+  // ref_m = 0: the QTK_GEMM_REF_M environment variable, else 128.
+  explicit Gemm(int64_t ref_m = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;

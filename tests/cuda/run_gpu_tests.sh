@@ -73,6 +73,15 @@ if [ "$mode" = full ]; then
     "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no \
       >"$OUT/model_tests.log" 2>&1
     model_rc=$?
+    if [ -n "${QTK_GPU_ALT_REF_M:-}" ]; then
+      # The same model tests with the GEMM algorithms fixed from another M's heuristic.
+      QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no \
+        >"$OUT/model_tests_alt.log" 2>&1 || model_rc=1
+      QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M "$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
+        --gtest_filter='Gemm*' >>"$OUT/model_tests_alt.log" 2>&1 || model_rc=1
+      echo "model + GEMM tests with QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M:"
+      grep -E "^\[  (FAILED|PASSED) |Failure" "$OUT/model_tests_alt.log" | head -10
+    fi
     grep -E "^\[  (FAILED|PASSED) |^\[ golden|Failure|Expected|Which is|diverged|differ|^\[==========\]|what\(\)" \
       "$OUT/model_tests.log" | head -60
   else
@@ -114,6 +123,12 @@ if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
       timeout 240 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --precision "$prec" \
         --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
     done
+    if [ -n "${QTK_GPU_ALT_REF_M:-}" ]; then
+      echo "-- qtk cuda $name bf16, QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M" | tee -a "$OUT/e2e.log"
+      QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M timeout 120 "$BUILD/bin/cuda_model_bench" \
+        --pack "$work/model.pack" --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 \
+        | tee -a "$OUT/e2e.log" || e2e_rc=1
+    fi
     if [ -n "${QTK_GPU_E2E_HOST:-}" ]; then
       echo "-- qtk cuda $name bf16, logits to the host + host argmax" | tee -a "$OUT/e2e.log"
       timeout 120 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --host-logits \
