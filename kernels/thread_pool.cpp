@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <exception>
 
 namespace qtk {
@@ -60,10 +61,31 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_piece(int tid) {
-  int64_t begin = job_n_ * tid / threads_;
-  int64_t end = job_n_ * (tid + 1) / threads_;
-  if (begin < end) (*job_)(begin, end, tid);
+void ThreadPool::run_pieces(uint32_t generation, int tid) {
+  for (;;) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    int64_t piece = 0, pieces = 0;
+    for (;;) {
+      if (static_cast<uint32_t>(c >> 32) != generation) return;
+      piece = static_cast<int64_t>(c & 0xFFFFFFFFu);
+      pieces = job_pieces_.load(std::memory_order_relaxed);
+      if (piece >= pieces) return;
+      // note: success means claim_ still held (generation, piece), so the
+      // job fields read here and below belong to that job.
+      if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        break;
+      }
+    }
+    const int64_t n = job_n_.load(std::memory_order_relaxed);
+    try {
+      (*job_.load(std::memory_order_relaxed))(n * piece / pieces, n * (piece + 1) / pieces, tid);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 void ThreadPool::worker_loop(int tid) {
@@ -86,8 +108,7 @@ void ThreadPool::worker_loop(int tid) {
     }
     if (stop_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
-    run_piece(tid);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    run_pieces(static_cast<uint32_t>(seen), tid);
   }
 }
 
@@ -98,30 +119,34 @@ void ThreadPool::parallel_for_tid(int64_t n,
     fn(0, n, 0);
     return;
   }
-  job_ = &fn;
-  job_n_ = n;
-  pending_.store(threads_ - 1, std::memory_order_relaxed);
+  const int64_t pieces = std::min<int64_t>(n, kPiecesPerThread * threads_);
+  // Only this thread writes the job fields and generation_; no piece of the
+  // previous job can still be claimed (all were done before it returned).
+  const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  job_.store(&fn, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  job_pieces_.store(pieces, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store((generation & 0xFFFFFFFFu) << 32, std::memory_order_release);
   {
     // The lock orders the bump with a worker that is about to sleep.
     std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.store(generation, std::memory_order_release);
   }
   start_cv_.notify_all();
-  // note: kernels do not throw inside parallel regions; if the caller's own
-  // piece throws anyway, wait for the others before rethrowing so that no
-  // worker still runs fn when the caller's frame is gone.
-  std::exception_ptr error;
-  try {
-    run_piece(0);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+  run_pieces(static_cast<uint32_t>(generation), 0);
+  // Only pieces already claimed by another worker can be outstanding here.
+  for (int i = 0; done_.load(std::memory_order_acquire) < pieces; ++i) {
     if (i < kSpinIterations) {
       cpu_relax();
     } else {
       std::this_thread::yield();
     }
+  }
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::swap(error, error_);
   }
   if (error) std::rethrow_exception(error);
 }

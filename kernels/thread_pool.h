@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -13,11 +14,19 @@ namespace qtk {
 
 // note: batch invariance rests on one rule: threads split only over
 // independent outputs (rows, columns, heads), never over a reduction. The pool
-// therefore only offers a contiguous split of an index range: worker i of n
-// gets [i*len/n, (i+1)*len/n). Which worker computes an output changes with
-// the thread count; how it is computed never does.
+// therefore only offers a split of an index range into contiguous pieces:
+// [0, n) is cut into pieces(n) = min(n, kPiecesPerThread * threads) pieces,
+// piece c = [c*n/pieces, (c+1)*n/pieces), and the workers (the caller
+// included) claim pieces in order until none is left. Which worker computes
+// an output changes from call to call; how it is computed never does.
+// note: pieces are claimed, not assigned, because this runs on shared,
+// oversubscribed machines: with a fixed split a descheduled worker stalls the
+// whole call for a scheduler time slice, with claiming the caller takes its
+// pieces and waits only for a piece already under way.
 class ThreadPool {
  public:
+  static constexpr int64_t kPiecesPerThread = 4;
+
   // threads >= 1; the calling thread is worker 0, so threads - 1 are spawned.
   // With pin = true, worker i is pinned to the i-th CPU of the process's
   // affinity mask (best effort: failures are ignored).
@@ -28,19 +37,21 @@ class ThreadPool {
 
   int size() const { return threads_; }
 
-  // Calls fn(begin, end) on contiguous pieces of [0, n), one per worker (empty
-  // pieces are skipped), and returns when all are done. Not re-entrant: fn
-  // must not call parallel_for on the same pool.
+  // Calls fn(begin, end) on the pieces of [0, n) (see above), and returns
+  // when all are done. Not re-entrant: fn must not call parallel_for on the
+  // same pool.
   void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
-  // Same split, also passing the worker index (0 <= tid < size()) so that fn
-  // can use per-worker scratch memory.
+  // Same, also passing the index of the worker running the piece (0 <= tid <
+  // size()); one worker runs its pieces one after another, so fn can use
+  // per-worker scratch memory.
   void parallel_for_tid(int64_t n,
                         const std::function<void(int64_t begin, int64_t end, int tid)>& fn);
 
  private:
   void worker_loop(int tid);
-  void run_piece(int tid);
+  // Claims and runs pieces of job `generation` until none is left.
+  void run_pieces(uint32_t generation, int tid);
 
   int threads_;
   std::vector<std::thread> workers_;
@@ -49,11 +60,19 @@ class ThreadPool {
   // calls and a futex wake-up per call would cost more than the work.
   std::mutex mutex_;
   std::condition_variable start_cv_;
-  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
-  int64_t job_n_ = 0;
+  // The current job. Written by the caller only while no piece of the
+  // previous job can still be claimed.
+  std::atomic<const std::function<void(int64_t, int64_t, int)>*> job_{nullptr};
+  std::atomic<int64_t> job_n_{0};
+  std::atomic<int64_t> job_pieces_{0};
+  // (job generation << 32) | next unclaimed piece: one compare-and-swap
+  // claims a piece of exactly that job, so a worker that wakes up late can
+  // never run a piece of a job that has finished.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};  // pieces of the current job finished
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  std::exception_ptr error_;  // first exception thrown by a piece (under mutex_)
 };
 
 // Runs fn over [0, n) on the pool, or inline (one piece) when pool is null.

@@ -73,6 +73,7 @@ struct Seq {
 std::vector<float> run_paged(const std::vector<Seq>& seqs, const Shape& sh, int64_t bs,
                              ThreadPool* pool, float scale) {
   const int64_t n = static_cast<int64_t>(seqs.size());
+  if (n == 0 || n > 1000) return {};  // (also bounds n for GCC's -Walloc-size-larger-than)
   int64_t max_blocks = 1, total_blocks = 2, rows = 0, max_ctx = 0;
   for (const Seq& s : seqs) {
     max_blocks = std::max(max_blocks, (s.ctx + bs - 1) / bs);
@@ -85,8 +86,8 @@ std::vector<float> run_paged(const std::vector<Seq>& seqs, const Shape& sh, int6
   std::shuffle(physical.begin(), physical.end(), std::mt19937(5));
   const int64_t width = sh.Hkv * sh.D;
   std::vector<float> kc(total_blocks * bs * width, NAN), vc(total_blocks * bs * width, NAN);
-  std::vector<int32_t> table(seqs.size() * static_cast<size_t>(max_blocks), -1);
-  std::vector<int32_t> q_start(seqs.size() + 1, 0), seq_len(seqs.size());
+  std::vector<int32_t> table(n * max_blocks, -1), q_start(n + 1, 0);
+  std::vector<int32_t> seq_len(q_start.size() - 1);
   std::vector<float> q(rows * sh.Hq * sh.D);
   int64_t next = 0;
   for (int64_t i = 0; i < n; ++i) {

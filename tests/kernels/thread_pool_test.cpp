@@ -2,37 +2,56 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 namespace qtk {
 namespace {
 
-TEST(ThreadPool, CoversEveryIndexOnceWithContiguousPieces) {
+TEST(ThreadPool, CoversEveryIndexOnceWithTheDocumentedPieces) {
   for (int threads : {1, 2, 3, 5}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.size(), threads);
     for (int64_t n : {1, 2, 3, 7, 64, 1001}) {
       std::vector<std::atomic<int>> hits(n);
-      std::vector<int64_t> piece_begin(threads, -1), piece_end(threads, -1);
+      std::mutex m;
+      std::set<std::pair<int64_t, int64_t>> got;
       pool.parallel_for_tid(n, [&](int64_t b, int64_t e, int tid) {
-        piece_begin[tid] = b;
-        piece_end[tid] = e;
+        EXPECT_GE(tid, 0);
+        EXPECT_LT(tid, threads);
         for (int64_t i = b; i < e; ++i) hits[i]++;
+        std::lock_guard<std::mutex> lock(m);
+        got.insert({b, e});
       });
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
-      // The split is the documented static one.
-      for (int t = 0; t < threads; ++t) {
-        int64_t b = n * t / threads, e = n * (t + 1) / threads;
-        if (b < e) {
-          EXPECT_EQ(piece_begin[t], b);
-          EXPECT_EQ(piece_end[t], e);
-        } else {
-          EXPECT_EQ(piece_begin[t], -1);
-        }
-      }
+      // The pieces are the documented ones (one piece when single-threaded).
+      std::set<std::pair<int64_t, int64_t>> want;
+      const int64_t pieces = threads == 1 ? 1 : std::min<int64_t>(n, ThreadPool::kPiecesPerThread * threads);
+      for (int64_t c = 0; c < pieces; ++c) want.insert({n * c / pieces, n * (c + 1) / pieces});
+      EXPECT_EQ(got, want) << "threads=" << threads << " n=" << n;
     }
   }
+}
+
+TEST(ThreadPool, AStalledWorkerHoldsUpOnlyThePieceItClaimed) {
+  // Worker 1 stalls in the first piece it runs (as if descheduled); the
+  // caller must take every other piece instead of waiting for it. With a
+  // fixed split worker 1 would own half of the range.
+  ThreadPool pool(2);
+  std::atomic<int64_t> by_worker{0};
+  std::atomic<bool> stalled{false};
+  pool.parallel_for_tid(64, [&](int64_t b, int64_t e, int tid) {
+    if (tid == 1) {
+      by_worker += e - b;
+      if (!stalled.exchange(true)) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  EXPECT_LE(by_worker.load(), 64 / (ThreadPool::kPiecesPerThread * 2));
 }
 
 TEST(ThreadPool, ManySmallJobsInARow) {
