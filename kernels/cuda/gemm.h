@@ -24,6 +24,12 @@ class Gemm {
   // blocks. Each output element is then reduced over K in the same order in
   // a 1-row call and in an M-row call (tested bit for bit in tests/cuda).
   // ref_m = 0: the QTK_GEMM_REF_M environment variable, else 128.
+  // note: the algorithm is checked (cublasLtMatmulAlgoCheck) at M = 1 and
+  // M = ref_m only. With ref_m = 128 every product of the tests (M up to
+  // 512) and of the H100 end-to-end runs (M up to 8192) ran. ref_m = 1 is for
+  // experiments: on the H100 its f32 algorithm refused M > 1 (status 15),
+  // and for bf16 it was 9% faster at M = 1 but 22% slower at batch 128 and
+  // 18% slower in prefill (bench/cuda/NOTES.md, run 6).
   explicit Gemm(int64_t ref_m = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
