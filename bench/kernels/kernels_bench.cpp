@@ -3,6 +3,7 @@
 // Matmul reports bytes of weights streamed (GB/s) and FLOP/s; compare with
 // BM_ReadBandwidth, the machine's single-pass read bandwidth in this run.
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -66,6 +67,38 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n * 4));
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
+
+// f32 multiply-add ceiling of this machine now: 12 independent chains of
+// 16-lane FMAs per thread (no memory traffic). Matmul GFLOP/s compare to it.
+__attribute__((target("avx512f,fma"))) float fma_chains(int64_t iters) {
+  __m512 a[12];
+  for (int j = 0; j < 12; ++j) a[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+  for (int64_t i = 0; i < iters; ++i) {
+    for (int j = 0; j < 12; ++j) a[j] = _mm512_fmadd_ps(a[j], m, c);
+  }
+  __m512 s = a[0];
+  for (int j = 1; j < 12; ++j) s = _mm512_add_ps(s, a[j]);
+  return _mm512_reduce_add_ps(s);
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  if (!cpu_path_supported(CpuPath::kAvx512)) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  const int threads = static_cast<int>(state.range(0));
+  const int64_t iters = 1 << 20;
+  ThreadPool* pool = pool_for(threads);
+  std::vector<float> sink(threads);
+  for (auto _ : state) {
+    parallel_for_tid(pool, threads, [&](int64_t, int64_t, int tid) { sink[tid] += fma_chains(iters); });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * threads * iters * 12 * 32,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_FmaPeak)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.3);
 
 // args: M, N, K, threads, path (0 scalar, 1 avx2, 2 avx512)
 void BM_MatmulBf16(benchmark::State& state) {

@@ -45,11 +45,41 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
-inline float weight_at(const void* w, int wtype, int64_t i) {
-  switch (wtype) {
-    case kWeightBf16: return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    case kWeightF16: return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    default: return static_cast<const float*>(w)[i];
+template <int WT>
+inline float weight_at(const void* w, int64_t i) {
+  if constexpr (WT == kWeightBf16) {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else if constexpr (WT == kWeightF16) {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return static_cast<const float*>(w)[i];
+  }
+}
+
+template <int WT>
+void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M, int64_t K,
+          int64_t n_begin, int64_t n_end) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int64_t wrow = n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      // Lane l sums k = l, l + 8, l + 16, ... in increasing k.
+      // note: separate multiply and add (the portable path has no FMA);
+      // -ffp-contract=off keeps the compiler from fusing them. Whole groups
+      // of 8 are written as one loop so that the compiler can keep the lanes
+      // in vector registers; that changes no rounding.
+      float lane[kLanes] = {};
+      int64_t k = 0;
+      for (; k + kLanes <= K; k += kLanes) {
+        for (int l = 0; l < kLanes; ++l) lane[l] += xr[k + l] * weight_at<WT>(w, wrow + k + l);
+      }
+      for (int l = 0; k < K; ++k, ++l) lane[l] += xr[k] * weight_at<WT>(w, wrow + k);
+      // Fixed tree, the same shape as the vector paths' reduction.
+      float s4[4], s2[2];
+      for (int i = 0; i < 4; ++i) s4[i] = lane[i] + lane[i + 4];
+      for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+      y[m * ldy + n] = s2[0] + s2[1];
+    }
   }
 }
 
@@ -57,22 +87,10 @@ inline float weight_at(const void* w, int wtype, int64_t i) {
 
 void matmul_cols_scalar(const float* x, int64_t ldx, const void* w, int wtype, float* y,
                         int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    int64_t wrow = n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xr = x + m * ldx;
-      float lane[kLanes] = {};
-      for (int64_t k = 0; k < K; ++k) {
-        // note: separate multiply and add (the portable path has no FMA);
-        // -ffp-contract=off keeps the compiler from fusing them.
-        lane[k % kLanes] += xr[k] * weight_at(w, wtype, wrow + k);
-      }
-      // Fixed tree, the same shape as the vector paths' reduction.
-      float s4[4], s2[2];
-      for (int i = 0; i < 4; ++i) s4[i] = lane[i] + lane[i + 4];
-      for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
-      y[m * ldy + n] = s2[0] + s2[1];
-    }
+  switch (wtype) {
+    case kWeightBf16: cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    case kWeightF16: cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    default: cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
   }
 }
 
