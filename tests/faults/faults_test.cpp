@@ -8,6 +8,8 @@
 //   GenerateKilled: SIGKILL `generate` at random moments; the results file
 //                   holds only complete lines, a prefix of an uninterrupted
 //                   run, and `generate --resume` completes it byte for byte.
+//   FullDiskFailsCleanlyAndResumes: `ulimit -f` for generate: one clear
+//                   line, then --resume completes the file byte for byte.
 //   KvCacheTooSmall: a tiny --kv-cache-blocks gives the same tokens
 //                   (preemption happened), and a prompt that can never fit is
 //                   refused by id.
@@ -259,6 +261,27 @@ TEST_F(GenerateFaults, ResumeRefusesResultsOfAnotherRun) {
   const RunResult r = run_program(argv);
   expect_clean_failure(r, "generate", {"margins"});
   EXPECT_EQ(read_file(t / "out.jsonl"), before);
+}
+
+TEST_F(GenerateFaults, FullDiskFailsCleanlyAndResumes) {
+  // note: as for convert, `ulimit -f` (512-byte blocks in dash) turns a
+  // full disk into EFBIG plus a SIGXFSZ whose default action kills; generate
+  // must report it as one line, and --resume must finish the file after
+  // space is back.
+  TempDir t;
+  ASSERT_EQ(run_program(generate_argv(t / "ref.jsonl")).exit_code, 0);
+  const std::string ref = read_file(t / "ref.jsonl");
+  for (const char* limit : {"1", "6"}) {
+    SCOPED_TRACE(std::string("ulimit -f ") + limit);
+    const std::string out = t / (std::string("out") + limit + ".jsonl");
+    const RunResult r = run_program(generate_argv(out), "", 120, std::string("ulimit -f ") + limit + ";");
+    expect_clean_failure(r, "generate", {std::string("out") + limit + ".jsonl"});
+    for (const std::string& f : list_dir(t.path()))
+      EXPECT_EQ(f.find(".tmp"), std::string::npos) << "temporary file left behind: " << f;
+    const RunResult res = run_program(generate_argv(out, {"--resume"}));
+    ASSERT_EQ(res.exit_code, 0) << res.err;
+    EXPECT_EQ(read_file(out), ref) << "resumed results differ from the uninterrupted run";
+  }
 }
 
 TEST_F(GenerateFaults, TinyKvCacheGivesIdenticalTokensOrRefusesByName) {
