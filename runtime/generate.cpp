@@ -30,6 +30,10 @@
 #include "runtime/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
+#ifdef QTK_HAVE_CUDA
+#include "runtime/cuda/cuda_model.h"
+#endif
+
 namespace qtk {
 
 namespace {
@@ -127,6 +131,53 @@ int64_t pack_max_new_tokens(const Pack& pack) {
   return 256;
 }
 
+// The device and precision a run uses, resolved from the flags (before any
+// file is opened, so that a bad combination fails up front).
+struct DeviceChoice {
+  std::string device;     // cpu | cuda
+  std::string precision;  // f32 | bf16
+};
+
+DeviceChoice resolve_device(const GenerateOptions& o) {
+  if (!o.precision.empty() && o.precision != "f32" && o.precision != "bf16") {
+    fail("--precision: expected f32 or bf16, found '{}'", o.precision);
+  }
+  if (o.device == "cpu") {
+    if (o.precision == "bf16") {
+      fail("--precision bf16: the cpu device computes in float32 only (expected f32 or no "
+           "--precision; bf16 runs with --device cuda)");
+    }
+    return {"cpu", "f32"};
+  }
+  if (o.device == "cuda") {
+#ifdef QTK_HAVE_CUDA
+    const std::string p = o.precision.empty() ? "bf16" : o.precision;
+    if (!cuda_device_available()) {
+      fail("--device cuda: no CUDA device is available (no NVIDIA GPU, or no driver, on this machine)");
+    }
+    return {"cuda", p};
+#else
+    fail("--device cuda: this build has no CUDA backend (expected a build configured with "
+         "-DQTK_CUDA=ON where nvcc exists; this one runs --device cpu only)");
+#endif
+  }
+  fail("--device: expected cpu or cuda, found '{}'", o.device);
+}
+
+// The run header's description of the arithmetic.
+std::string precision_text(const DeviceChoice& d, const Pack& pack) {
+  if (d.device == "cpu") {
+    return fmt::format("float32 activations, float32 KV cache and state, {} weights, float32 accumulation",
+                       weight_dtypes(pack));
+  }
+  if (d.precision == "f32") {
+    return fmt::format("CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
+                       "float32 accumulation", weight_dtypes(pack));
+  }
+  return fmt::format("CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
+                     "accumulation, norms and GDN state", weight_dtypes(pack));
+}
+
 class Progress {
  public:
   Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
@@ -154,9 +205,7 @@ class Progress {
 }  // namespace
 
 void run_generate(const GenerateOptions& o) {
-  if (o.device != "cpu") {
-    fail("--device {}: not available in this build (expected cpu)", o.device);
-  }
+  const DeviceChoice dev = resolve_device(o);
   if (o.block_size < 1) fail("--block-size: expected a positive integer, found {}", o.block_size);
   if (o.max_num_seqs < 1) fail("--max-num-seqs: expected a positive integer, found {}", o.max_num_seqs);
   if (o.max_batched_tokens < 1) {
@@ -174,8 +223,20 @@ void run_generate(const GenerateOptions& o) {
     tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
   }
   const int threads = o.threads > 0 ? o.threads : default_threads();
-  ThreadPool pool(threads);
-  auto model = load_model(*pack, &pool);
+  // note: the pool outlives the model that holds a pointer to it.
+  std::optional<ThreadPool> pool;
+  std::unique_ptr<Model> model;
+  std::string device_name = "cpu";
+#ifdef QTK_HAVE_CUDA
+  if (dev.device == "cuda") {
+    model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
+    device_name = cuda_device_name();
+  }
+#endif
+  if (!model) {
+    pool.emplace(threads);
+    model = load_model(*pack, &*pool);
+  }
   const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
 
   // Parse every input line first: ids are needed for --resume, and sizes for the cache.
@@ -237,13 +298,13 @@ void run_generate(const GenerateOptions& o) {
       {"margins", o.margins}, {"max_num_seqs", o.max_num_seqs},
       {"max_batched_tokens", o.max_batched_tokens}, {"block_size", o.block_size},
       {"kv_cache_blocks", so.num_blocks}, {"kv_cache_blocks_flag", o.kv_cache_blocks},
-      {"threads", threads}, {"device", o.device}};
+      {"threads", threads}, {"device", dev.device}, {"precision", dev.precision}};
   nlohmann::json meta = {
       {"tool", "qtk generate"}, {"tool_version", QTK_VERSION},
       {"pack", {{"path", o.model}, {"digest", pack->digest()}, {"architecture", cfg.hf_architecture}}},
       {"batch", o.batch},
-      {"precision", fmt::format("float32 activations, float32 KV cache and state, {} weights, "
-                                "float32 accumulation", weight_dtypes(*pack))},
+      {"device", device_name},
+      {"precision", precision_text(dev, *pack)},
       {"settings", settings}};
 
   size_t skip = 0;
@@ -258,7 +319,8 @@ void run_generate(const GenerateOptions& o) {
       fail("{}: cannot resume: the results were made with pack digest {}, this pack has {}", meta_path,
            old.value("/pack/digest"_json_pointer, nlohmann::json()).dump(), pack->digest());
     }
-    for (const char* key : {"max_tokens_default", "ignore_eos", "margins"}) {
+    // note: device and precision change the arithmetic, hence the results.
+    for (const char* key : {"max_tokens_default", "ignore_eos", "margins", "device", "precision"}) {
       const auto was = old.value(nlohmann::json::json_pointer(std::string("/settings/") + key), nlohmann::json());
       if (!same(was, settings[key])) {
         fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", meta_path, key,

@@ -13,7 +13,8 @@ struct GenerateOptions {
   std::string model;               // X.pack
   std::string batch;               // prompts.jsonl
   std::string out;                 // results.jsonl (meta: out + ".meta.json")
-  std::string device = "cpu";
+  std::string device = "cpu";       // cpu or cuda
+  std::string precision;           // f32 or bf16; empty: f32 on cpu (its only one), bf16 on cuda
   int threads = 0;                 // 0: all CPUs this process may use
   int64_t max_tokens = 0;          // 0: the pack's max_new_tokens, else 256
   bool ignore_eos = false;

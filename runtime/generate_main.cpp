@@ -1,4 +1,5 @@
 // generate --model X.pack --batch prompts.jsonl --out results.jsonl [options]
+#include <csignal>
 #include <cstdio>
 #include <string>
 
@@ -9,6 +10,10 @@
 #include "runtime/generate.h"
 
 int main(int argc, char** argv) {
+  // note: over a file-size limit (ulimit -f) the kernel would kill us with
+  // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
+  // one error line, leaving only complete result lines for --resume.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
     qtk::GenerateOptions o;
@@ -16,7 +21,10 @@ int main(int argc, char** argv) {
         ("model", "the .pack file", cxxopts::value<std::string>())
         ("batch", "prompts, one JSON object per line", cxxopts::value<std::string>())
         ("out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())
-        ("device", "cpu (cuda: later)", cxxopts::value<std::string>()->default_value("cpu"))
+        ("device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
+         cxxopts::value<std::string>()->default_value("cpu"))
+        ("precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
+         cxxopts::value<std::string>()->default_value(""))
         ("threads", "worker threads (default: all CPUs available)", cxxopts::value<int>()->default_value("0"))
         ("max-tokens", "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
          cxxopts::value<int64_t>()->default_value("0"))
@@ -47,6 +55,7 @@ int main(int argc, char** argv) {
     o.batch = args["batch"].as<std::string>();
     o.out = args["out"].as<std::string>();
     o.device = args["device"].as<std::string>();
+    o.precision = args["precision"].as<std::string>();
     o.threads = args["threads"].as<int>();
     o.max_tokens = args["max-tokens"].as<int64_t>();
     o.ignore_eos = args.count("ignore-eos") > 0;

@@ -68,6 +68,16 @@ class Model {
   // Runs one step. K/V of every token are written to `kv`, recurrent state
   // is read and updated in `states`. logits: [batch.num_logits, vocab].
   virtual void forward(const StepBatch& batch, KvCache& kv, StatePool& states, float* logits) = 0;
+  // Runs one step and picks the greedy tokens where the logits live (the
+  // GPU), without copying [num_logits, vocab] floats to the host: ids[r] is
+  // the argmax of logits row r (ties to the lowest id) and margins[r] its
+  // top1 - top2 logit, the values kernels/argmax.h computes from forward's
+  // logits. Returns false, having done nothing, when the model has no such
+  // path; the scheduler then calls forward and picks on the host.
+  virtual bool forward_greedy(const StepBatch& /*batch*/, KvCache& /*kv*/, StatePool& /*states*/,
+                              int32_t* /*ids*/, float* /*margins*/) {
+    return false;
+  }
   void set_layer_hook(LayerHook hook) { hook_ = std::move(hook); }
 
  protected:

@@ -205,10 +205,15 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     any_prefill = any_prefill || !decode;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward(b, kv_, states_, logits_.data());
-  if (num_logits > 0) {
-    argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),
-                margins_.data());
+  // note: a model that picks the greedy tokens itself (the GPU) returns the
+  // same ids and margins argmax_rows would compute from its logits; the CPU
+  // models take the host path, unchanged.
+  if (!model_.forward_greedy(b, kv_, states_, argmax_.data(), margins_.data())) {
+    model_.forward(b, kv_, states_, logits_.data());
+    if (num_logits > 0) {
+      argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),
+                  margins_.data());
+    }
   }
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += sec;

@@ -3,9 +3,9 @@
 // description and the outputs are the CPU runtime's; only the kernels and the
 // memory change.
 //
-// Hook for generate (runtime helper): with `--device cuda`,
-//   auto model = qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(o.precision));
-// instead of load_model(*pack, &pool); everything else stays as it is.
+// generate --device cuda loads it with
+//   qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(precision))
+// instead of load_model(*pack, &pool); the scheduler uses forward_greedy.
 #pragma once
 
 #include <memory>
@@ -22,22 +22,23 @@ enum class CudaPrecision {
   kBF16,  // bf16 weights, activations and K/V cache; f32 accumulation, norms, GDN state
 };
 
-// A model on the GPU. Besides Model::forward (logits to the host), it can
-// pick the greedy tokens on the device: forward_greedy writes, per sequence
-// with want_logits, the argmax id (ties to the lowest id) and the top-1
-// margin (top1 - top2 logit), the same values the scheduler computes from
-// the logits, without copying [seqs, vocab] floats to the host.
-class CudaModel : public Model {
- public:
-  virtual void forward_greedy(const StepBatch& batch, KvCache& kv, StatePool& states, int32_t* ids,
-                              float* margins) = 0;
-};
+// A model on the GPU. Besides Model::forward (logits to the host), it picks
+// the greedy tokens on the device: forward_greedy (Model's hook, always
+// implemented here, returns true) writes, per sequence with want_logits, the
+// argmax id (ties to the lowest id) and the top-1 margin (top1 - top2 logit),
+// the same values the scheduler computes from the logits, without copying
+// [seqs, vocab] floats to the host.
+class CudaModel : public Model {};
 
 // "f32" or "bf16"; throws qtk::Error naming the flag for anything else.
 CudaPrecision parse_cuda_precision(const std::string& text);
 
 // True when a CUDA device can be used (driver and device present).
 bool cuda_device_available();
+
+// The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3
+// (sm_90)", for run headers (results are bit-reproducible per GPU type).
+std::string cuda_device_name();
 
 // Uploads the pack's weights once (converted to the precision's dtype) and
 // returns the model. Throws qtk::Error for an architecture the CUDA backend

@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "loaders/error.h"
@@ -103,9 +105,10 @@ class CudaQwen3 final : public CudaModel {
     run_step(step, kv, logits, nullptr, nullptr);
   }
 
-  void forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
+  bool forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
                       float* margins) override {
     run_step(step, kv, nullptr, ids, margins);
+    return true;
   }
 
   // One step; logits to the host, or the greedy ids and margins.
@@ -317,6 +320,14 @@ CudaPrecision parse_cuda_precision(const std::string& text) {
 bool cuda_device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_name() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+    return "unknown CUDA device";
+  return fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
 }
 
 std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision precision) {

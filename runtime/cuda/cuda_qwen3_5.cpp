@@ -162,9 +162,10 @@ class CudaQwen3_5 final : public CudaModel {
     run_step(step, kv, logits, nullptr, nullptr);
   }
 
-  void forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
+  bool forward_greedy(const StepBatch& step, KvCache& kv, StatePool& /*states*/, int32_t* ids,
                       float* margins) override {
     run_step(step, kv, nullptr, ids, margins);
+    return true;
   }
 
   // One step; logits to the host, or the greedy ids and margins.

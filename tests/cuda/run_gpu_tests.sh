@@ -5,6 +5,7 @@
 #
 #   bash tests/cuda/run_gpu_tests.sh            # tests + benchmarks
 #   QTK_GPU_SKIP_BENCH=1 bash tests/cuda/run_gpu_tests.sh
+#   QTK_GPU_SKIP_GENERATE=1 ...   # without the generate --device cuda tests
 #
 # A GPU machine without this project's Debian packages: run
 # tests/cuda/make_device_bundle.sh on a Debian 12 machine first and ship the
@@ -93,6 +94,24 @@ else
   echo "== model tests: not built (GPU-only build)"
 fi
 
+gen_rc=0
+if [ "$mode" = full ] && [ -z "${QTK_GPU_SKIP_GENERATE:-}" ]; then
+  # generate --device cuda through the real programs: fixture goldens (f32),
+  # bf16 vs the CPU on the samples, batch invariance of the results files.
+  echo "== generate --device cuda (convert -> generate -> compare)"
+  if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_generate_tests generate compare convert \
+       >>"$OUT/build.log" 2>&1; then
+    "$BUILD/bin/qtk_cuda_generate_tests" --gtest_color=no >"$OUT/generate_tests.log" 2>&1
+    gen_rc=$?
+    grep -E "^\[  (FAILED|PASSED) |^\[ cuda|^compare:|Failure|Expected|Which is|differs|agree|^\[==========\]" \
+      "$OUT/generate_tests.log" | head -60
+  else
+    grep -E "error" "$OUT/build.log" | tail -20
+    echo "FAILED: building qtk_cuda_generate_tests"
+    gen_rc=1
+  fi
+fi
+
 bench_rc=0
 if [ -z "${QTK_GPU_SKIP_BENCH:-}" ]; then
   echo "== benchmarks"
@@ -149,6 +168,7 @@ if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
 fi
 
 echo "== summary"
-echo "build: $mode; kernel tests rc $test_rc; model tests rc $model_rc; bench rc $bench_rc; e2e rc $e2e_rc"
+echo "build: $mode; kernel tests rc $test_rc; model tests rc $model_rc; generate tests rc $gen_rc;" \
+  "bench rc $bench_rc; e2e rc $e2e_rc"
 grep -E "tests? ran|PASSED|FAILED" "$OUT/tests.log" | tail -4
-[ $test_rc -eq 0 ] && [ $model_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $test_rc -eq 0 ] && [ $model_rc -eq 0 ] && [ $gen_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1,0 +1,211 @@
+// `generate --device cuda` through the real programs (convert -> generate ->
+// compare), on a machine with an NVIDIA GPU:
+//  - f32 on the four fixture models against their golden.json, by the
+//    fixtures rule (compare's exit status);
+//  - bf16 on the two sample models against a CPU run of the same prompts
+//    (bf16 is not exact: agreement is reported and bounded, see below);
+//  - batch invariance through generate: each sequence alone, all batched,
+//    and chunked prefill (--max-batched-tokens 7), plus a preempting cache:
+//    byte-identical results files, with f32 and with bf16.
+#include <random>
+
+#include "tests/runtime/test_util.h"
+
+namespace qtk::rt_test {
+namespace {
+
+std::string name_of(const std::string& dir) {
+  std::string n = dir.substr(dir.rfind('/') + 1);
+  for (char& ch : n)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGolden, F32MatchesReference) {
+  const std::string dir = GetParam();
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto golden = load_json(src(dir + "/golden.json"));
+  const std::string prompts = fmt::format("{}/{}.golden.jsonl", work_dir(), name_of(dir));
+  const std::string out = fmt::format("{}/{}.cuda_f32.jsonl", work_dir(), name_of(dir));
+  write_text(prompts, golden_prompts(golden));
+  RunResult g = generate(pack, prompts, out, "--device cuda --precision f32 --ignore-eos --margins");
+  ASSERT_EQ(g.status, 0) << g.err;
+  const auto meta = load_json(out + ".meta.json");
+  EXPECT_EQ(meta["settings"]["device"], "cuda") << meta.dump(2);
+  EXPECT_EQ(meta["settings"]["precision"], "f32") << meta.dump(2);
+  RunResult c = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, src(dir + "/golden.json"), out));
+  EXPECT_EQ(c.status, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find(fmt::format("compare: {} cases", golden["cases"].size())), std::string::npos)
+      << c.out;
+  std::printf("[ cuda f32 ] %s: %s", name_of(dir).c_str(), c.out.c_str());
+  // note: 1.5e-2 absolute, looser than the CPU's 2e-3: on the H100 the f32
+  // path's margins on qwen3-tiny (bf16 weights, cases up to 65 tokens) were
+  // off the float64 reference by up to 8.7e-3 (run of 2026-11-22; the other
+  // three models stayed within 2e-3). The tokens still follow the fixtures
+  // rule (compare above); where the extra error comes from is not found yet.
+  const auto results = read_jsonl(out);
+  ASSERT_EQ(results.size(), golden["cases"].size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& exp = golden["cases"][i];
+    const auto& got = results[i];
+    for (size_t k = 0; k < exp["top1_margin"].size(); ++k) {
+      if (exp["top1_margin"][k].get<double>() < 1e-3) break;
+      if (got["output_token_ids"][k] != exp["output_token_ids"][k]) break;
+      EXPECT_NEAR(got["top1_margin"][k].get<double>(), exp["top1_margin"][k].get<double>(), 1.5e-2)
+          << exp["id"] << " step " << k;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
+                         ::testing::Values("tests/data/models/qwen3-tiny",
+                                           "tests/data/models/qwen3-tiny-sharded-f32",
+                                           "tests/data/models/qwen3.5-tiny",
+                                           "tests/data/models/qwen3.5-tiny-vlm"),
+                         [](const auto& info) { return name_of(info.param); });
+
+// bf16 on the sample models against the CPU (float32) run of the same text
+// prompts. note: bf16 weights, activations and K/V move logits by ~1e-2 on
+// these models, so a bf16 run may leave the CPU's path only where the CPU's
+// own top-1 margin is small: each case must equal the CPU's tokens up to
+// the first step whose CPU margin is below 0.5 (the sample models' margins
+// are mostly wide). The share of tokens that agree is printed for the report.
+class CudaBf16 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaBf16, AgreesWithCpu) {
+  const std::string dir = GetParam();
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto golden = load_json(src(dir + "/golden.json"));
+  std::string lines;
+  for (const auto& c : golden["cases"])
+    lines += nlohmann::json{{"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}
+                 .dump() +
+             "\n";
+  const std::string prompts = fmt::format("{}/{}.text.jsonl", work_dir(), name_of(dir));
+  write_text(prompts, lines);
+  const std::string cpu = fmt::format("{}/{}.cpu.jsonl", work_dir(), name_of(dir));
+  const std::string gpu = fmt::format("{}/{}.cuda_bf16.jsonl", work_dir(), name_of(dir));
+  RunResult rc = generate(pack, prompts, cpu, "--device cpu --ignore-eos --margins");
+  ASSERT_EQ(rc.status, 0) << rc.err;
+  // bf16 is the default precision on cuda.
+  RunResult rg = generate(pack, prompts, gpu, "--device cuda --ignore-eos --margins");
+  ASSERT_EQ(rg.status, 0) << rg.err;
+  EXPECT_EQ(load_json(gpu + ".meta.json")["settings"]["precision"], "bf16");
+  const auto a = read_jsonl(cpu), b = read_jsonl(gpu);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), golden["cases"].size());
+  int64_t agree = 0, total = 0, identical = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& ta = a[i]["output_token_ids"];
+    const auto& tb = b[i]["output_token_ids"];
+    ASSERT_EQ(ta.size(), tb.size()) << a[i]["id"];
+    size_t k = 0;
+    while (k < ta.size() && ta[k] == tb[k]) ++k;
+    agree += static_cast<int64_t>(k);
+    total += static_cast<int64_t>(ta.size());
+    identical += k == ta.size();
+    if (k == ta.size()) continue;
+    double min_margin = 1e30;
+    for (size_t j = 0; j <= k; ++j) min_margin = std::min(min_margin, a[i]["top1_margin"][j].get<double>());
+    EXPECT_LT(min_margin, 0.5) << a[i]["id"] << ": bf16 left the CPU's tokens at step " << k
+                               << " although every CPU margin up to it is >= 0.5";
+  }
+  std::printf("[ cuda bf16] %s: %lld of %lld tokens agree with the CPU before divergence; %lld of %zu "
+              "cases identical\n",
+              name_of(dir).c_str(), static_cast<long long>(agree), static_cast<long long>(total),
+              static_cast<long long>(identical), a.size());
+  // note: a sanity floor far under what bf16 gave on these models (about
+  // 80-90% vs the goldens, bench/cuda/NOTES.md): a broken bf16 path agrees
+  // on a few tokens only.
+  EXPECT_GE(agree * 2, total) << "fewer than half of the tokens agree with the CPU";
+}
+
+INSTANTIATE_TEST_SUITE_P(Samples, CudaBf16,
+                         ::testing::Values("samples/qwen3-sample", "samples/qwen3.5-sample"),
+                         [](const auto& info) { return name_of(info.param); });
+
+// 48 prompts of mixed lengths (1..160 tokens) and budgets (1..12 tokens),
+// some with M-RoPE positions on models that take them.
+std::string make_prompts(int64_t vocab, bool mrope, int64_t* longest) {
+  std::mt19937 rng(4321);
+  std::string s;
+  *longest = 0;
+  for (int i = 0; i < 48; ++i) {
+    const int len = i % 9 == 0 ? 100 + static_cast<int>(rng() % 60) : 1 + static_cast<int>(rng() % 40);
+    const int max_tokens = 1 + static_cast<int>(rng() % 12);
+    std::vector<int> ids(len);
+    for (int& t : ids) t = static_cast<int>(rng() % vocab);
+    nlohmann::json j = {{"id", fmt::format("p{}", i)}, {"prompt_token_ids", ids}, {"max_tokens", max_tokens}};
+    if (mrope && i % 5 == 1) {
+      std::vector<int> t(len), h(len), w(len);
+      for (int k = 0; k < len; ++k) {
+        t[k] = k < 3 ? k : 3;
+        h[k] = k < 3 ? k : 3 + (k - 3) / 4;
+        w[k] = k < 3 ? k : 3 + (k - 3) % 4;
+      }
+      j["mrope_position_ids"] = {t, h, w};
+    }
+    *longest = std::max<int64_t>(*longest, len + max_tokens);
+    s += j.dump() + "\n";
+  }
+  return s;
+}
+
+struct InvarianceCase {
+  const char* dir;
+  bool mrope;
+};
+
+class CudaInvariance : public ::testing::TestWithParam<InvarianceCase> {};
+
+TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
+  const std::string dir = GetParam().dir;
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto config = load_json(src(dir + "/config.json"));
+  const int64_t vocab = config.contains("text_config") ? config["text_config"]["vocab_size"].get<int64_t>()
+                                                       : config["vocab_size"].get<int64_t>();
+  int64_t longest = 0;
+  const std::string prompts = fmt::format("{}/{}.inv.jsonl", work_dir(), name_of(dir));
+  write_text(prompts, make_prompts(vocab, GetParam().mrope, &longest));
+  for (const char* precision : {"f32", "bf16"}) {
+    auto run_with = [&](const std::string& tag, const std::string& flags) {
+      const std::string out = fmt::format("{}/{}.inv.{}.{}.jsonl", work_dir(), name_of(dir), precision, tag);
+      RunResult r = generate(pack, prompts, out,
+                             fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
+      EXPECT_EQ(r.status, 0) << precision << " " << tag << ": " << r.err;
+      return out;
+    };
+    // One sequence at a time: decode steps of batch 1 (graph bucket 1).
+    const std::string alone = read_text(run_with("alone", "--max-num-seqs 1"));
+    ASSERT_EQ(std::count(alone.begin(), alone.end(), '\n'), 48) << precision;
+    ASSERT_EQ(alone.find("\"error\""), std::string::npos) << alone;
+    EXPECT_EQ(read_text(run_with("batched", "")), alone) << precision << ": batched differs from alone";
+    EXPECT_EQ(read_text(run_with("mbt7", "--max-batched-tokens 7")), alone)
+        << precision << ": --max-batched-tokens 7 differs from alone";
+    EXPECT_EQ(read_text(run_with("bs5", "--block-size 5 --max-num-seqs 7")), alone)
+        << precision << ": --block-size 5 --max-num-seqs 7 differs from alone";
+    // A cache that holds one longest sequence only: preemption and recompute.
+    const std::string pre = run_with("preempt", fmt::format("--block-size 5 --kv-cache-blocks {} "
+                                                            "--max-batched-tokens 23",
+                                                            (longest + 4) / 5));
+    EXPECT_EQ(read_text(pre), alone) << precision << ": preemption changed the results";
+    EXPECT_GT(load_json(pre + ".meta.json")["stats"]["preemptions"].get<int64_t>(), 0) << precision;
+    std::printf("[ cuda inv ] %s %s: alone, batched, mbt7, bs5, preempt byte-identical: %s\n",
+                name_of(dir).c_str(), precision, ::testing::Test::HasFailure() ? "NO" : "yes");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
+                         ::testing::Values(InvarianceCase{"tests/data/models/qwen3-tiny", false},
+                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true},
+                                           InvarianceCase{"samples/qwen3-sample", false},
+                                           InvarianceCase{"samples/qwen3.5-sample", false}),
+                         [](const auto& info) { return name_of(info.param.dir); });
+
+}  // namespace
+}  // namespace qtk::rt_test
