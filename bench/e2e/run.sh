@@ -31,6 +31,7 @@ CKPT=$WORK/$NAME-ckpt; PACK=$WORK/$NAME.pack
 [[ -f $PACK ]] || "$BIN/convert" "$CKPT" "$PACK" >&2
 
 "$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw.json"
+cut -d' ' -f1-3 /proc/loadavg > "$WORK/load_before.txt"
 
 # prompts: random token ids (seeded) of the given length.
 make_prompts() {  # N LEN FILE
@@ -45,27 +46,42 @@ with open(path, "w") as f:
 PY
 }
 
+# note: generate runs under /usr/bin/time so that its CPU seconds (user+sys)
+# are recorded next to the wall-clock figures: on a shared machine the ratio
+# shows how much of the wall time the process actually had the CPUs.
 run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
   local name=$1 prompts=$2 max=$3; shift 3
-  "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
+  /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S}' -o "$WORK/$name.time.json" \
+    "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
     --max-tokens "$max" --ignore-eos "$@" >&2
   cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
 }
 
 if ((QUICK)); then SEQS="1 8"; else SEQS="1 8 32 64"; fi
 make_prompts 2 512 "$WORK/prefill.jsonl"
-run_case prefill "$WORK/prefill.jsonl" 1 --max-batched-tokens 512
+# note: --max-num-seqs 2 sizes the KV cache for these two prompts (the default
+# of 64 sequences would allocate and zero ~4 GB of cache first).
+run_case prefill "$WORK/prefill.jsonl" 1 --max-batched-tokens 512 --max-num-seqs 2
 for n in $SEQS; do
   make_prompts "$n" 128 "$WORK/decode$n.jsonl"
   run_case "decode$n" "$WORK/decode$n.jsonl" 64 --max-num-seqs "$n"
 done
 
+cut -d' ' -f1-3 /proc/loadavg > "$WORK/load_after.txt"
+"$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw_after.json"
+
 python3 - "$WORK" "$PACK" "$CONFIG" "$THREADS" $SEQS <<'PY'
 import json, os, sys
 work, pack, cfg_path, threads, seqs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 bw = json.load(open(f"{work}/membw.json"))["read_gbps"]
-bw_t = bw[str(threads)]
+bw_after = json.load(open(f"{work}/membw_after.json"))["read_gbps"]
+# note: the floor uses the better of the two bandwidth probes (before and
+# after the runs): on a shared machine a low probe would flatter the ratio.
+bw_t = max(bw[str(threads)], bw_after[str(threads)])
 def meta(name): return json.load(open(f"{work}/{name}.meta.json"))["stats"]
+def cpu(name):
+  t = json.load(open(f"{work}/{name}.time.json"))
+  return {"process_wall_s": t["wall_s"], "process_cpu_s": t["user_s"] + t["sys_s"], "process_sys_s": t["sys_s"]}
 # Weight bytes read per decode step: every matrix except the embedding table
 # (only one row per token is read), lm_head counted once.
 cfg = json.load(open(cfg_path)); tc = cfg.get("text_config", cfg)
@@ -77,11 +93,14 @@ flops_per_token = 2 * (step_bytes / 2 - tc["vocab_size"] * tc["hidden_size"])  #
 p = meta("prefill")
 out = {
   "model": os.path.basename(cfg_path), "threads": threads, "read_bandwidth_gbps": bw,
+  "read_bandwidth_gbps_after": bw_after, "bandwidth_used_for_floor_gbps": bw_t,
+  "load_average_before": open(f"{work}/load_before.txt").read().strip(),
+  "load_average_after": open(f"{work}/load_after.txt").read().strip(),
   "weights_bytes_per_step": step_bytes,
   "prefill": {"tokens": p["prompt_tokens_computed"], "seconds": p["prefill_seconds"],
               "tok_per_s": p["prompt_tokens_computed"] / p["prefill_seconds"],
               "gflop_per_s": p["prompt_tokens_computed"] * flops_per_token / p["prefill_seconds"] / 1e9,
-              "peak_rss_mb": p["peak_rss_bytes"] / 2**20},
+              "peak_rss_mb": p["peak_rss_bytes"] / 2**20, **cpu("prefill")},
   "decode": {},
   "cpu_path": p.get("cpu_path"),
 }
@@ -93,7 +112,7 @@ for n in seqs:
   out["decode"][n] = {"tok_per_s": tps, "gen_tok_per_s_incl_prefill": int(n) * 64 / (m["prefill_seconds"] + m["decode_seconds"]),
                       "achieved_weight_gbps": steps_per_s * step_bytes / 1e9,
                       "fraction_of_bandwidth_floor": steps_per_s / floor,
-                      "peak_rss_mb": m["peak_rss_bytes"] / 2**20}
+                      "peak_rss_mb": m["peak_rss_bytes"] / 2**20, **cpu(f"decode{n}")}
 out["decode_floor_tok_per_s_batch1"] = floor
 print(json.dumps(out, indent=2))
 PY

@@ -161,3 +161,26 @@ TEST(Matmul, ReportsSupportedPaths) {
 
 }  // namespace
 }  // namespace qtk
+
+namespace qtk {
+namespace {
+
+TEST(Matmul, LongRowsWithManyRowTilesMatchRowsAlone) {
+  // K large enough that a converted weight panel holds fewer than the usual
+  // 96 columns, and several row tiles: each row must equal the row alone.
+  ThreadPool pool2(2);
+  const int64_t N = 100, K = 2900, M = 9;
+  for (CpuPath path : supported_cpu_paths()) {
+    Weights w = make_weights(DType::BF16, N, K, 7);
+    auto x = test::random_floats(M * K, 8);
+    std::vector<float> full(M * N), alone(N);
+    matmul_on_path(path, x.data(), K, w.data(), DType::BF16, full.data(), N, M, N, K, &pool2);
+    for (int64_t m = 0; m < M; ++m) {
+      matmul_on_path(path, x.data() + m * K, K, w.data(), DType::BF16, alone.data(), N, 1, N, K, nullptr);
+      ASSERT_TRUE(test::bit_equal(full.data() + m * N, alone.data(), N)) << label(path, DType::BF16, M, N, K) << " row " << m;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qtk
