@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "loaders/error.h"
+#include "loaders/strict_json.h"
 #include "runtime/pack_checksum.h"
 #include "runtime/pack_zip.h"
 
@@ -68,7 +69,7 @@ const nlohmann::json& field(const nlohmann::json& obj, const char* key, const st
 
 std::string string_field(const nlohmann::json& obj, const char* key, const std::string& where) {
   const auto& v = field(obj, key, where);
-  if (!v.is_string()) fail("{}: field \"{}\" must be a string, found {}", where, key, v.dump());
+  if (!v.is_string()) fail("{}: field \"{}\" must be a string, found a JSON {}", where, key, v.type_name());
   return v.get<std::string>();
 }
 
@@ -206,11 +207,9 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   const std::string mwhere = path + ": manifest.json";
   const auto manifest_bytes = pack->entry("manifest.json");
   if (!manifest_bytes) fail("{}: has no manifest.json entry; not a pack", path);
-  try {
-    pack->manifest_ = nlohmann::json::parse(manifest_bytes->begin(), manifest_bytes->end());
-  } catch (const nlohmann::json::exception& ex) {
-    fail("{}: not valid JSON ({})", mwhere, ex.what());
-  }
+  // note: the strict parser validates UTF-8, rejects duplicate keys and caps
+  // nesting depth, so no later message can recurse through a hostile value.
+  pack->manifest_ = parse_json_strict(*manifest_bytes, mwhere);
   const nlohmann::json& m = pack->manifest_;
   if (!m.is_object()) fail("{}: expected a JSON object", mwhere);
   const std::string format = string_field(m, "format", mwhere);
