@@ -112,8 +112,7 @@ void ThreadPool::worker_loop(int tid) {
   }
 }
 
-void ThreadPool::parallel_for_tid(int64_t n,
-                                  const std::function<void(int64_t, int64_t, int)>& fn) {
+void ThreadPool::parallel_for_tid(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;
   if (threads_ == 1) {
     fn(0, n, 0);

@@ -105,7 +105,8 @@ QTK_INLINE void qk_flush(const Tile& t, const float* const* kt, int64_t kstride,
   }
   int c = 0;
   if constexpr (NC > 2) {
-    for (; c + 2 <= pending; c += 2) qk_full<NQ, 2>(t, kt + c, kstride, j0 + c, D, scale, scores, ss);
+    for (; c + 2 <= pending; c += 2)
+      qk_full<NQ, 2>(t, kt + c, kstride, j0 + c, D, scale, scores, ss);
   }
   for (; c < pending; ++c) qk_full<NQ, 1>(t, kt + c, kstride, j0 + c, D, scale, scores, ss);
 }

@@ -93,8 +93,10 @@ std::vector<float> run_paged(const std::vector<Seq>& seqs, const Shape& sh, int6
   for (int64_t i = 0; i < n; ++i) {
     const Seq& s = seqs[i];
     std::vector<int64_t> slots(s.ctx);
-    for (int64_t b = 0; b < (s.ctx + bs - 1) / bs; ++b) table[i * max_blocks + b] = physical[next++];
-    for (int64_t p = 0; p < s.ctx; ++p) slots[p] = int64_t{table[i * max_blocks + p / bs]} * bs + p % bs;
+    for (int64_t b = 0; b < (s.ctx + bs - 1) / bs; ++b)
+      table[i * max_blocks + b] = physical[next++];
+    for (int64_t p = 0; p < s.ctx; ++p)
+      slots[p] = int64_t{table[i * max_blocks + p / bs]} * bs + p % bs;
     kv_cache_write(s.k.data(), width, s.v.data(), width, s.ctx, sh.Hkv, sh.D, slots.data(), bs,
                    kc.data(), vc.data());
     seq_len[i] = static_cast<int32_t>(s.ctx);
@@ -117,7 +119,8 @@ TEST(AttentionOrder, BitIdenticalToDocumentedOrder) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(sh.D));
     // (ctx, q_len): a prompt, a later chunk, decode steps of several lengths.
     std::vector<Seq> seqs;
-    for (auto [ctx, q_len] : {std::pair<int64_t, int64_t>{37, 37}, {70, 9}, {33, 1}, {16, 1}, {1, 1}}) {
+    for (auto [ctx, q_len] :
+         {std::pair<int64_t, int64_t>{37, 37}, {70, 9}, {33, 1}, {16, 1}, {1, 1}}) {
       seqs.push_back({ctx, q_len, test::random_floats(ctx * sh.Hkv * sh.D, seed),
                       test::random_floats(ctx * sh.Hkv * sh.D, seed + 1),
                       test::random_floats(q_len * sh.Hq * sh.D, seed + 2)});

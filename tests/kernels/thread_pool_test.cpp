@@ -31,7 +31,8 @@ TEST(ThreadPool, CoversEveryIndexOnceWithTheDocumentedPieces) {
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
       // The pieces are the documented ones (one piece when single-threaded).
       std::set<std::pair<int64_t, int64_t>> want;
-      const int64_t pieces = threads == 1 ? 1 : std::min<int64_t>(n, ThreadPool::kPiecesPerThread * threads);
+      const int64_t pieces =
+          threads == 1 ? 1 : std::min<int64_t>(n, ThreadPool::kPiecesPerThread * threads);
       for (int64_t c = 0; c < pieces; ++c) want.insert({n * c / pieces, n * (c + 1) / pieces});
       EXPECT_EQ(got, want) << "threads=" << threads << " n=" << n;
     }
