@@ -61,13 +61,16 @@ struct RopeParams {
   int sections[3] = {0, 0, 0};  // M-RoPE sections (t, h, w) in frequency pairs
   int n_sections = 0;           // 0: plain RoPE (positions axis 0 only)
   bool interleaved = false;     // Qwen3.5 layout (j%3 picks the axis) vs contiguous
+  bool inv_freq_bf16 = false;   // round inv_freq to bf16 (transformers does for bf16 checkpoints)
 };
 
 // In place on x [tokens, heads, head_dim] (token stride ld): optional per-head
 // RMSNorm with weight norm_w f32 [head_dim] (nullptr: no norm), then RoPE.
 // positions int32 [3][tokens] (axis-major; plain RoPE reads axis 0 only).
-// note: angles are pos * inv_freq computed in double, then sin/cos in double
-// and rounded to float, as the CPU kernel does.
+// note: exactly the CPU kernel's arithmetic (kernels/rope.h): inv_freq and the
+// angle in float32 as transformers computes them (inv_freq optionally rounded
+// to bf16), cos/sin of that angle in double rounded to float, the rotation in
+// double with one rounding per output.
 template <class T>
 void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
                   const float* norm_w, float eps, const int32_t* positions, const RopeParams& rope,

@@ -135,14 +135,20 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, i
   const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
   for (int j = lane; j < half; j += 32) {
     const int axis = rope_axis(j, rope);
-    const double pos = static_cast<double>(positions[axis * tokens + t]);
-    const double inv_freq = pow(rope.theta, -2.0 * j / static_cast<double>(rd));
+    const float pos = static_cast<float>(positions[axis * tokens + t]);
+    // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
+    const float p = static_cast<float>(pow(static_cast<double>(static_cast<float>(rope.theta)),
+                                           static_cast<double>(exponent)));
+    float inv_freq = 1.0f / p;
+    if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
+    const float angle = __fmul_rn(inv_freq, pos);  // float32 product, as the reference
     double s, c;
-    sincos(pos * inv_freq, &s, &c);
-    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
-    const float a = v[j], b = v[j + half];
-    xr[j] = from_f<T>(a * cf - b * sf);
-    xr[j + half] = from_f<T>(b * cf + a * sf);
+    sincos(static_cast<double>(angle), &s, &c);
+    const double cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const double a = v[j], b = v[j + half];
+    xr[j] = from_f<T>(static_cast<float>(a * cf - b * sf));
+    xr[j + half] = from_f<T>(static_cast<float>(b * cf + a * sf));
   }
   for (int c = rd + lane; c < dim; c += 32) xr[c] = from_f<T>(v[c]);
 }

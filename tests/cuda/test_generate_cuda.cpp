@@ -7,6 +7,7 @@
 //  - batch invariance through generate: each sequence alone, all batched,
 //    and chunked prefill (--max-batched-tokens 7), plus a preempting cache:
 //    byte-identical results files, with f32 and with bf16.
+#include <cmath>
 #include <random>
 
 #include "tests/runtime/test_util.h"
@@ -41,23 +42,26 @@ TEST_P(CudaGolden, F32MatchesReference) {
   EXPECT_NE(c.out.find(fmt::format("compare: {} cases", golden["cases"].size())), std::string::npos)
       << c.out;
   std::printf("[ cuda f32 ] %s: %s", name_of(dir).c_str(), c.out.c_str());
-  // note: 1.5e-2 absolute, looser than the CPU's 2e-3: on the H100 the f32
-  // path's margins on qwen3-tiny (bf16 weights, cases up to 65 tokens) were
-  // off the float64 reference by up to 8.7e-3 (run of 2026-11-22; the other
-  // three models stayed within 2e-3). The tokens still follow the fixtures
-  // rule (compare above); where the extra error comes from is not found yet.
+  // note: 2e-3 absolute, as on the CPU. The f32 path once drifted up to
+  // 8.7e-3 on qwen3-tiny: its RoPE used double-precision frequencies where
+  // transformers uses float32 ones rounded to bf16 for bf16 checkpoints; the
+  // kernel now computes them as the CPU does (kernels/rope.h).
   const auto results = read_jsonl(out);
   ASSERT_EQ(results.size(), golden["cases"].size());
+  double worst = 0.0;
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& exp = golden["cases"][i];
     const auto& got = results[i];
     for (size_t k = 0; k < exp["top1_margin"].size(); ++k) {
       if (exp["top1_margin"][k].get<double>() < 1e-3) break;
       if (got["output_token_ids"][k] != exp["output_token_ids"][k]) break;
-      EXPECT_NEAR(got["top1_margin"][k].get<double>(), exp["top1_margin"][k].get<double>(), 1.5e-2)
-          << exp["id"] << " step " << k;
+      const double d = std::abs(got["top1_margin"][k].get<double>() - exp["top1_margin"][k].get<double>());
+      worst = std::max(worst, d);
+      EXPECT_LE(d, 2e-3) << exp["id"] << " step " << k;
     }
   }
+  std::printf("[ cuda f32 ] %s: largest margin deviation from the float64 reference %.3g\n",
+              name_of(dir).c_str(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
