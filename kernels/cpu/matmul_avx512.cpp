@@ -26,6 +26,9 @@ constexpr int64_t kColumnBlock = 96;
 // per call whatever M is (decode at M = 1..64 is bandwidth-bound on W).
 
 template <int WT>
+constexpr int64_t kWeightBytes = WT == kWeightF32 ? 4 : 2;
+
+template <int WT>
 inline __m512 load_w(const void* w, int64_t i) {
   if constexpr (WT == kWeightBf16) {
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
@@ -72,8 +75,22 @@ void tile(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   const int64_t w0 = n * K;
+  // note: at one row of x (decode) the tile only streams weights. With
+  // short weight rows (<= 2 KiB, e.g. K = 1024 in bf16: the q/k/v, gate/up
+  // and lm_head matrices of the 0.6-0.8B models) each tile is NR streams of
+  // at most 32 cache lines, too short for the hardware prefetcher to ramp
+  // up, so the next tile's rows (contiguous after these) are prefetched
+  // while this one computes. Measured on Zen 4 (CPU time, 1 thread):
+  // N=3072 K=1024 +15-30 %, but K=3072 -5-15 %, hence the limit.
+  // Prefetches change no arithmetic.
+  const bool prefetch_next = MR == 1 && K * kWeightBytes<WT> <= 2048;
+  const char* next = reinterpret_cast<const char*>(w) + (w0 + NR * K) * kWeightBytes<WT>;
+  constexpr int64_t kNextBytesPerStep = NR * kLanes * kWeightBytes<WT>;
   int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
+  for (; k + kLanes <= K; k += kLanes, next += kNextBytesPerStep) {
+    if (prefetch_next) {
+      for (int64_t b = 0; b < kNextBytesPerStep; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    }
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w<WT>(w, w0 + j * K + k);
