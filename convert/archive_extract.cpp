@@ -33,12 +33,18 @@ struct Fd {
 
 const char* kind_name(mode_t type) {
   switch (type) {
-    case AE_IFLNK: return "a symbolic link";
-    case AE_IFCHR: return "a character device";
-    case AE_IFBLK: return "a block device";
-    case AE_IFIFO: return "a FIFO";
-    case AE_IFSOCK: return "a socket";
-    default: return "not a regular file or directory";
+    case AE_IFLNK:
+      return "a symbolic link";
+    case AE_IFCHR:
+      return "a character device";
+    case AE_IFBLK:
+      return "a block device";
+    case AE_IFIFO:
+      return "a FIFO";
+    case AE_IFSOCK:
+      return "a socket";
+    default:
+      return "not a regular file or directory";
   }
 }
 
@@ -80,7 +86,8 @@ ExtractedArchive::ExtractedArchive(const std::string& archive_path, const std::s
                                    const ArchiveLimits& limits) {
   std::string templ = parent_dir + "/.qtk-extract.XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr)
-    fail_errno(fmt::format("{}: cannot create a temporary directory in {}", archive_path, parent_dir));
+    fail_errno(
+        fmt::format("{}: cannot create a temporary directory in {}", archive_path, parent_dir));
   temp_dir_ = templ;
   try {
     extract(archive_path, limits);
@@ -115,18 +122,23 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
     if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
       if (entries_ == 0)
         fail("{}: not a readable tar or zip archive: {}", path, archive_error_string(a.get()));
-      fail("{}: archive is damaged after {} entries: {}", path, entries_, archive_error_string(a.get()));
+      fail("{}: archive is damaged after {} entries: {}", path, entries_,
+           archive_error_string(a.get()));
     }
     const char* raw = archive_entry_pathname(e);
     const std::string name = raw ? raw : "";
     const std::string where = fmt::format("{}: entry \"{}\"", path, name);
     if (++entries_ > limits.max_entries)
-      fail("{}: holds more than {} entries (the limit; see --max-entries)", path, limits.max_entries);
+      fail("{}: holds more than {} entries (the limit; see --max-entries)", path,
+           limits.max_entries);
     const auto parts = safe_components(where, name);
-    if (archive_entry_hardlink(e) != nullptr) fail("{}: is a hard link; links are not accepted", where);
-    if (archive_entry_symlink(e) != nullptr) fail("{}: is a symbolic link; links are not accepted", where);
+    if (archive_entry_hardlink(e) != nullptr)
+      fail("{}: is a hard link; links are not accepted", where);
+    if (archive_entry_symlink(e) != nullptr)
+      fail("{}: is a symbolic link; links are not accepted", where);
     const mode_t type = archive_entry_filetype(e);
-    if (type != AE_IFREG && type != AE_IFDIR) fail("{}: is {}; only files and directories are accepted", where, kind_name(type));
+    if (type != AE_IFREG && type != AE_IFDIR)
+      fail("{}: is {}; only files and directories are accepted", where, kind_name(type));
     if (archive_entry_sparse_count(e) > 0) fail("{}: is a sparse file; not accepted", where);
     std::string key;
     for (const auto& p : parts) key += "/" + p;
@@ -144,8 +156,10 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
     const bool sized = archive_entry_size_is_set(e);
     const uint64_t declared = sized ? static_cast<uint64_t>(archive_entry_size(e)) : 0;
     if (sized && declared > limits.max_bytes - std::min(bytes_, limits.max_bytes))
-      fail("{}: unpacking its {} bytes would exceed the limit of {} bytes in total (see --max-unpacked-bytes)",
-           where, declared, limits.max_bytes);
+      fail(
+          "{}: unpacking its {} bytes would exceed the limit of {} bytes in total (see "
+          "--max-unpacked-bytes)",
+          where, declared, limits.max_bytes);
 
     Fd out;
     const std::string dest = temp_dir_ + key;
@@ -165,8 +179,8 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
       if (offset < 0 || static_cast<uint64_t>(offset) != written)
         fail("{}: data has holes (offset {} after {} bytes); not accepted", where, offset, written);
       if (len > limits.max_bytes - std::min(bytes_ + written, limits.max_bytes))
-        fail("{}: unpacking exceeds the limit of {} bytes in total (see --max-unpacked-bytes)", where,
-             limits.max_bytes);
+        fail("{}: unpacking exceeds the limit of {} bytes in total (see --max-unpacked-bytes)",
+             where, limits.max_bytes);
       const auto* p = static_cast<const uint8_t*>(buf);
       size_t done = 0;
       while (done < len) {
@@ -183,7 +197,8 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
       written += len;
     }
     if (sized && written != declared)
-      fail("{}: header says {} bytes but the archive holds {} (truncated archive?)", where, declared, written);
+      fail("{}: header says {} bytes but the archive holds {} (truncated archive?)", where,
+           declared, written);
     bytes_ += written;
   }
 
@@ -194,7 +209,8 @@ void ExtractedArchive::extract(const std::string& path, const ArchiveLimits& lim
     return;
   }
   std::vector<std::string> top;
-  for (const auto& d : std::filesystem::directory_iterator(temp_dir_)) top.push_back(d.path().filename().string());
+  for (const auto& d : std::filesystem::directory_iterator(temp_dir_))
+    top.push_back(d.path().filename().string());
   if (top.size() == 1 && std::filesystem::is_directory(temp_dir_ + "/" + top[0]) &&
       ::stat((temp_dir_ + "/" + top[0] + "/config.json").c_str(), &st) == 0) {
     checkpoint_dir_ = temp_dir_ + "/" + top[0];

@@ -35,15 +35,16 @@ AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
   }
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
-    const std::string name = fmt::format("{}/.{}.tmp.{}.{:08x}", dir_, basename_of(path),
-                                         ::getpid(), rd());
+    const std::string name =
+        fmt::format("{}/.{}.tmp.{}.{:08x}", dir_, basename_of(path), ::getpid(), rd());
     fd_ = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ >= 0) {
       temp_path_ = name;
       register_emergency_unlink(temp_path_);
       return;
     }
-    if (errno != EEXIST) fail_errno(fmt::format("{}: cannot create a temporary file in {}", path, dir_));
+    if (errno != EEXIST)
+      fail_errno(fmt::format("{}: cannot create a temporary file in {}", path, dir_));
   }
   fail("{}: cannot find a free temporary file name in {}", path, dir_);
 }
@@ -69,11 +70,13 @@ void AtomicOutput::commit() {
     // note: RENAME_NOREPLACE closes the window between the existence check in
     // the constructor and now; file systems without it get a plain check.
     if (::renameat2(AT_FDCWD, temp_path_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0) {
-      if (errno == EEXIST) fail("{}: appeared while converting; not replacing it (pass --force)", path_);
+      if (errno == EEXIST)
+        fail("{}: appeared while converting; not replacing it (pass --force)", path_);
       if (errno != EINVAL && errno != ENOSYS)
         fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
       struct stat st {};
-      if (::stat(path_.c_str(), &st) == 0) fail("{}: appeared while converting; not replacing it (pass --force)", path_);
+      if (::stat(path_.c_str(), &st) == 0)
+        fail("{}: appeared while converting; not replacing it (pass --force)", path_);
       if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
         fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
     }

@@ -76,7 +76,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   AtomicOutput out(opt.output, opt.force);
 
   struct stat st {};
-  if (::stat(opt.input.c_str(), &st) != 0) fail_errno(fmt::format("{}: cannot read the input", opt.input));
+  if (::stat(opt.input.c_str(), &st) != 0)
+    fail_errno(fmt::format("{}: cannot read the input", opt.input));
   std::unique_ptr<ExtractedArchive> extracted;
   std::string dir = opt.input;
   if (S_ISREG(st.st_mode)) {
@@ -136,8 +137,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   });
   if (opt.progress) {
     writer.set_progress([&](uint64_t done, uint64_t total) {
-      opt.progress(fmt::format("convert: {:.0f} / {:.0f} MB ({:.0f}%)", done / 1e6, total / 1e6,
-                               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0));
+      opt.progress(fmt::format(
+          "convert: {:.0f} / {:.0f} MB ({:.0f}%)", done / 1e6, total / 1e6,
+          total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0));
     });
   }
   std::vector<WrittenEntry> written;

@@ -11,8 +11,8 @@
 namespace qtk {
 
 struct ConvertOptions {
-  std::string input;   // checkpoint directory or archive file
-  std::string output;  // the .pack to create
+  std::string input;         // checkpoint directory or archive file
+  std::string output;        // the .pack to create
   MatrixDType matrix_dtype;  // nullopt: keep the source dtype
   bool force = false;        // replace an existing output
   ArchiveLimits limits;

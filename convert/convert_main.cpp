@@ -31,11 +31,16 @@ uint64_t parse_size(const std::string& flag, const std::string& text) {
   }
   const std::string suffix = text.substr(pos);
   int shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (suffix == "T" || suffix == "t") shift = 40;
-  else if (!suffix.empty()) qtk::fail("{}: unknown size suffix \"{}\" in \"{}\"", flag, suffix, text);
+  if (suffix == "K" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g")
+    shift = 30;
+  else if (suffix == "T" || suffix == "t")
+    shift = 40;
+  else if (!suffix.empty())
+    qtk::fail("{}: unknown size suffix \"{}\" in \"{}\"", flag, suffix, text);
   if (shift && v > (~0ull >> shift)) qtk::fail("{}: \"{}\" is too large", flag, text);
   return static_cast<uint64_t>(v) << shift;
 }
@@ -47,19 +52,19 @@ int main(int argc, char** argv) {
   {
     qtk::InterruptScope interrupts;
     try {
-      cxxopts::Options options("convert", "Convert a Qwen3 / Qwen3.5 Hugging Face checkpoint into one .pack file");
+      cxxopts::Options options(
+          "convert", "Convert a Qwen3 / Qwen3.5 Hugging Face checkpoint into one .pack file");
       options.positional_help("INPUT OUT.pack");
-      options.add_options()
-        ("dtype", "matrix dtype: keep, bf16, f16 or f32", cxxopts::value<std::string>()->default_value("keep"))
-        ("force", "replace OUT.pack if it exists")
-        ("progress", "print progress on stderr")
-        ("max-unpacked-bytes", "archive input: cap on unpacked bytes (K/M/G/T suffixes)",
-         cxxopts::value<std::string>()->default_value("256G"))
-        ("max-entries", "archive input: cap on the number of entries",
-         cxxopts::value<std::string>()->default_value("100000"))
-        ("input", "checkpoint directory or .tar/.tar.gz/.tar.zst/.zip", cxxopts::value<std::string>())
-        ("output", "the .pack to write", cxxopts::value<std::string>())
-        ("h,help", "show this help");
+      options.add_options()("dtype", "matrix dtype: keep, bf16, f16 or f32",
+                            cxxopts::value<std::string>()->default_value("keep"))(
+          "force", "replace OUT.pack if it exists")("progress", "print progress on stderr")(
+          "max-unpacked-bytes", "archive input: cap on unpacked bytes (K/M/G/T suffixes)",
+          cxxopts::value<std::string>()->default_value("256G"))(
+          "max-entries", "archive input: cap on the number of entries",
+          cxxopts::value<std::string>()->default_value("100000"))(
+          "input", "checkpoint directory or .tar/.tar.gz/.tar.zst/.zip",
+          cxxopts::value<std::string>())("output", "the .pack to write",
+                                         cxxopts::value<std::string>())("h,help", "show this help");
       options.parse_positional({"input", "output"});
       const auto args = options.parse(argc, argv);
       if (args.count("help")) {
@@ -67,21 +72,24 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!args.count("input") || !args.count("output"))
-        qtk::fail("usage: convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress]");
-      if (!args.unmatched().empty()) qtk::fail("unexpected argument \"{}\"", args.unmatched().front());
+        qtk::fail(
+            "usage: convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress]");
+      if (!args.unmatched().empty())
+        qtk::fail("unexpected argument \"{}\"", args.unmatched().front());
       qtk::ConvertOptions opt;
       opt.input = args["input"].as<std::string>();
       opt.output = args["output"].as<std::string>();
       opt.matrix_dtype = qtk::parse_matrix_dtype(args["dtype"].as<std::string>());
       opt.force = args.count("force") > 0;
-      opt.limits.max_bytes = parse_size("--max-unpacked-bytes", args["max-unpacked-bytes"].as<std::string>());
+      opt.limits.max_bytes =
+          parse_size("--max-unpacked-bytes", args["max-unpacked-bytes"].as<std::string>());
       opt.limits.max_entries = parse_size("--max-entries", args["max-entries"].as<std::string>());
       if (args.count("progress"))
         opt.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
       const auto r = qtk::convert_checkpoint(opt);
       if (args.count("progress"))
-        std::fprintf(stderr, "convert: wrote %s: %zu tensors, %.1f MB\n", opt.output.c_str(), r.tensors,
-                     static_cast<double>(r.pack_bytes) / 1e6);
+        std::fprintf(stderr, "convert: wrote %s: %zu tensors, %.1f MB\n", opt.output.c_str(),
+                     r.tensors, static_cast<double>(r.pack_bytes) / 1e6);
     } catch (const qtk::Error& e) {
       print_error(e.what());
       status = 1;

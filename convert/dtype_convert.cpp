@@ -79,7 +79,8 @@ bool is_pack_float(DType t) { return t == DType::BF16 || t == DType::F16 || t ==
 namespace {
 
 template <typename Load, typename Store>
-void convert_loop(const uint8_t* s, size_t ss, uint8_t* d, size_t ds, size_t n, Load load, Store store) {
+void convert_loop(const uint8_t* s, size_t ss, uint8_t* d, size_t ds, size_t n, Load load,
+                  Store store) {
   for (size_t i = 0; i < n; ++i) store(d + i * ds, load(s + i * ss));
 }
 
@@ -115,15 +116,28 @@ void convert_elements(const void* src, DType st, void* dst, DType dt, size_t n) 
   // note: the two hot cases get their own loops so the compiler can
   // vectorise them; the rest go through the generic per-element path.
   if (st == DType::BF16 && dt == DType::F32) {
-    convert_loop(s, 2, d, 4, n,
-                 [](const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return static_cast<uint32_t>(h) << 16; },
-                 [](uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); });
+    convert_loop(
+        s, 2, d, 4, n,
+        [](const uint8_t* p) {
+          uint16_t h;
+          std::memcpy(&h, p, 2);
+          return static_cast<uint32_t>(h) << 16;
+        },
+        [](uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); });
     return;
   }
   if (st == DType::F32 && dt == DType::BF16) {
-    convert_loop(s, 4, d, 2, n,
-                 [](const uint8_t* p) { float f; std::memcpy(&f, p, 4); return f; },
-                 [](uint8_t* p, float f) { const uint16_t h = f32_to_bf16(f); std::memcpy(p, &h, 2); });
+    convert_loop(
+        s, 4, d, 2, n,
+        [](const uint8_t* p) {
+          float f;
+          std::memcpy(&f, p, 4);
+          return f;
+        },
+        [](uint8_t* p, float f) {
+          const uint16_t h = f32_to_bf16(f);
+          std::memcpy(p, &h, 2);
+        });
     return;
   }
   const size_t ss = static_cast<size_t>(dtype_size(st)), ds = static_cast<size_t>(dtype_size(dt));

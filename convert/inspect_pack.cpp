@@ -19,19 +19,22 @@ int inspect_pack(const std::string& path, bool verify) {
     out += '\n';
   };
   line(fmt::format("pack:          {}", path));
-  line(fmt::format("format:        {} {} (written by {})", m.value("format", "?"), m.value("version", "?"),
-       m.value("tool_version", "?")));
+  line(fmt::format("format:        {} {} (written by {})", m.value("format", "?"),
+                   m.value("version", "?"), m.value("tool_version", "?")));
   line(fmt::format("architecture:  {} ({})", c.hf_architecture, c.model_type));
   line(fmt::format("layers:        {}  plan {}", c.num_layers, c.plan_string()));
-  line(fmt::format("sizes:         hidden {}, intermediate {}, vocab {}, heads {}/{} x {}", c.hidden_size,
-       c.intermediate_size, c.vocab_size, c.num_attention_heads, c.num_kv_heads, c.head_dim));
+  line(fmt::format("sizes:         hidden {}, intermediate {}, vocab {}, heads {}/{} x {}",
+                   c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads,
+                   c.num_kv_heads, c.head_dim));
   if (c.linear_num_value_heads > 0)
-    line(fmt::format("linear attn:   key heads {} x {}, value heads {} x {}, conv kernel {}", c.linear_num_key_heads,
-         c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel));
-  line(fmt::format("rope:          theta {}, rotary dim {}, mrope section [{}]{}", c.rope.theta, c.rope.rotary_dim,
-       fmt::join(c.rope.mrope_section, ", "), c.rope.mrope_interleaved ? " interleaved" : ""));
+    line(fmt::format("linear attn:   key heads {} x {}, value heads {} x {}, conv kernel {}",
+                     c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
+                     c.linear_value_head_dim, c.linear_conv_kernel));
+  line(fmt::format("rope:          theta {}, rotary dim {}, mrope section [{}]{}", c.rope.theta,
+                   c.rope.rotary_dim, fmt::join(c.rope.mrope_section, ", "),
+                   c.rope.mrope_interleaved ? " interleaved" : ""));
   line(fmt::format("eos ids:       [{}]  tied embeddings: {}", fmt::join(c.eos_token_ids, ", "),
-       c.tie_word_embeddings ? "yes" : "no"));
+                   c.tie_word_embeddings ? "yes" : "no"));
 
   std::map<std::string, std::pair<size_t, uint64_t>> per_dtype;
   uint64_t total = 0;
@@ -41,13 +44,15 @@ int inspect_pack(const std::string& path, bool verify) {
     d.second += static_cast<uint64_t>(t.view.nbytes());
     total += static_cast<uint64_t>(t.view.nbytes());
   }
-  line(fmt::format("tensors:       {} ({:.2f} MB)", pack->tensors().size(), static_cast<double>(total) / 1e6));
+  line(fmt::format("tensors:       {} ({:.2f} MB)", pack->tensors().size(),
+                   static_cast<double>(total) / 1e6));
   for (const auto& [name, d] : per_dtype)
     line(fmt::format("  {:<5} {:>5} tensors {:>14} bytes", name, d.first, d.second));
   std::string transforms;
   if (m.contains("transforms") && m["transforms"].is_array())
     for (const auto& t : m["transforms"])
-      if (t.is_object() && t.contains("name")) transforms += (transforms.empty() ? "" : ", ") + t["name"].get<std::string>();
+      if (t.is_object() && t.contains("name"))
+        transforms += (transforms.empty() ? "" : ", ") + t["name"].get<std::string>();
   line(fmt::format("transforms:    {}", transforms.empty() ? "none" : transforms));
   line(fmt::format("tokenizer:     {}", pack->entry("tokenizer.json") ? "present" : "absent"));
   line(fmt::format("digest:        {}", pack->digest()));

@@ -15,7 +15,8 @@ std::string build_manifest(const ManifestInputs& in) {
   const ModelConfig& c = *in.config;
   const auto& written = *in.written;
   const auto& tensors = in.plan->tensors;
-  if (written.size() < tensors.size()) fail("internal error: manifest has fewer entries than tensors");
+  if (written.size() < tensors.size())
+    fail("internal error: manifest has fewer entries than tensors");
 
   json m = json::object();
   m["format"] = kPackFormatName;
@@ -39,7 +40,7 @@ std::string build_manifest(const ManifestInputs& in) {
                {"mrope_section", c.rope.mrope_section},
                {"mrope_interleaved", c.rope.mrope_interleaved},
                {"text_positions", c.rope.mrope_section.empty() ? "one position per token"
-                                                              : "equal on all three axes"}};
+                                                               : "equal on all three axes"}};
   m["eos_token_ids"] = c.eos_token_ids;
   m["bos_token_id"] = c.bos_token_id >= 0 ? json(c.bos_token_id) : json(nullptr);
   json gen = json::object();
@@ -51,8 +52,8 @@ std::string build_manifest(const ManifestInputs& in) {
     const auto& t = tensors[i];
     const auto& w = written[i];
     if (w.name != tensor_entry_name(t.name) || w.size != t.nbytes())
-      fail("internal error: entry {} is \"{}\" ({} bytes), expected tensor \"{}\" ({} bytes)", i, w.name,
-           w.size, t.name, t.nbytes());
+      fail("internal error: entry {} is \"{}\" ({} bytes), expected tensor \"{}\" ({} bytes)", i,
+           w.name, w.size, t.name, t.nbytes());
     tt.push_back({{"name", t.name},
                   {"dtype", std::string(dtype_name(t.dtype))},
                   {"shape", t.shape},
@@ -63,7 +64,9 @@ std::string build_manifest(const ManifestInputs& in) {
   m["tensors"] = tt;
   json ff = json::array();
   for (size_t i = tensors.size(); i < written.size(); ++i)
-    ff.push_back({{"entry", written[i].name}, {"bytes", written[i].size}, {"checksum", checksum_hex(written[i].checksum)}});
+    ff.push_back({{"entry", written[i].name},
+                  {"bytes", written[i].size},
+                  {"checksum", checksum_hex(written[i].checksum)}});
   m["files"] = ff;
 
   json tr = json::array();

@@ -67,8 +67,8 @@ struct Sink {
   void flush() {
     size_t done = 0;
     while (done < buf.size()) {
-      const ssize_t n = ::pwrite(fd, buf.data() + done, buf.size() - done,
-                                 static_cast<off_t>(buf_start + done));
+      const ssize_t n =
+          ::pwrite(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(buf_start + done));
       if (n < 0) {
         if (errno == EINTR) {
           check_interrupted(state->path);
@@ -232,8 +232,10 @@ zip_int64_t entry_callback(void* userdata, void* data, zip_uint64_t len, zip_sou
 // (mirrors _zip_dirent_write of libzip 1.7 for STORED entries of known size).
 uint64_t local_header_base(const std::string& name, uint64_t size) {
   uint64_t n = kLocalHeaderSize + name.size();
-  if (size > 0xFFFFFFFFull) n += 4 + 16;
-  else if (size == 0xFFFFFFFFull) n += 4;
+  if (size > 0xFFFFFFFFull)
+    n += 4 + 16;
+  else if (size == 0xFFFFFFFFull)
+    n += 4;
   return n;
 }
 
@@ -243,7 +245,8 @@ std::unique_ptr<EntrySource> make_bytes_source(std::string bytes) {
   return std::make_unique<BytesSource>(std::move(bytes));
 }
 
-PackWriter::PackWriter(int fd, std::string display_path) : fd_(fd), path_(std::move(display_path)) {}
+PackWriter::PackWriter(int fd, std::string display_path)
+    : fd_(fd), path_(std::move(display_path)) {}
 
 void PackWriter::add(std::string name, std::unique_ptr<EntrySource> source) {
   pending_.push_back({std::move(name), std::move(source)});

@@ -38,13 +38,15 @@ double load_as_double(const void* base, DType t, int64_t i) {
 
 class Planner {
  public:
-  Planner(const ModelConfig& c, const TensorLookup& lookup, MatrixDType md, const std::string& source)
+  Planner(const ModelConfig& c, const TensorLookup& lookup, MatrixDType md,
+          const std::string& source)
       : c_(c), lookup_(lookup), matrix_dtype_(md), source_(source) {}
 
   // The source tensor `name`, checked against `shape`.
   const TensorView& need(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorView* v = lookup_(name);
-    if (v == nullptr) fail("{}: tensor \"{}\" is missing (expected shape {})", source_, name, shape_str(shape));
+    if (v == nullptr)
+      fail("{}: tensor \"{}\" is missing (expected shape {})", source_, name, shape_str(shape));
     if (!is_pack_float(v->dtype))
       fail("{}: tensor \"{}\" has dtype {}; convert reads BF16, F16 and F32", source_, name,
            dtype_name(v->dtype));
@@ -59,7 +61,8 @@ class Planner {
   // Rows [r0, r0 + n) of a row-major matrix.
   static Piece rows(const TensorView& v, int64_t r0, int64_t n) {
     const int64_t cols = v.numel() / std::max<int64_t>(v.shape[0], 1);
-    return {static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype, n * cols};
+    return {static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype,
+            n * cols};
   }
   static Piece whole(const TensorView& v) { return {v.data, v.dtype, v.numel()}; }
 
@@ -98,7 +101,8 @@ class Planner {
     } else {
       auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(v.numel()));
       for (int64_t i = 0; i < v.numel(); ++i)
-        (*values)[static_cast<size_t>(i)] = static_cast<float>(fn(load_as_double(v.data, v.dtype, i)));
+        (*values)[static_cast<size_t>(i)] =
+            static_cast<float>(fn(load_as_double(v.data, v.dtype, i)));
       t.pieces.push_back({values->data(), DType::F32, v.numel(), false});
       t.computed = std::move(values);
     }
@@ -129,8 +133,10 @@ class Planner {
       const std::string pk = fmt::format("layers.{}.", i);
       norm(pk + "input_layernorm", hf + "input_layernorm.weight", H);
       const LayerKind kind = c_.layer_plan.at(static_cast<size_t>(i));
-      if (kind == LayerKind::kFull) full_attention(hf, pk);
-      else linear_attention(hf, pk);
+      if (kind == LayerKind::kFull)
+        full_attention(hf, pk);
+      else
+        linear_attention(hf, pk);
       norm(pk + "post_attention_layernorm", hf + "post_attention_layernorm.weight", H);
       const TensorView& gate = need(hf + "mlp.gate_proj.weight", {I, H});
       const TensorView& up = need(hf + "mlp.up_proj.weight", {I, H});
@@ -167,10 +173,12 @@ class Planner {
     pieces.push_back(whole(v));
     const int64_t rows_total = Hq * D * (gated ? 2 : 1) + 2 * Hkv * D;
     if (gated)
-      matrix(pk + "self_attn.qkv_proj", {rows_total, H}, std::move(pieces), {"fuse_qkv", "split_q_gate"});
+      matrix(pk + "self_attn.qkv_proj", {rows_total, H}, std::move(pieces),
+             {"fuse_qkv", "split_q_gate"});
     else
       matrix(pk + "self_attn.qkv_proj", {rows_total, H}, std::move(pieces), {"fuse_qkv"});
-    matrix(pk + "self_attn.o_proj", {H, Hq * D}, {whole(need(hf + "self_attn.o_proj.weight", {H, Hq * D}))});
+    matrix(pk + "self_attn.o_proj", {H, Hq * D},
+           {whole(need(hf + "self_attn.o_proj.weight", {H, Hq * D}))});
     norm(pk + "self_attn.q_norm", hf + "self_attn.q_norm.weight", D);
     norm(pk + "self_attn.k_norm", hf + "self_attn.k_norm.weight", D);
   }
@@ -182,19 +190,20 @@ class Planner {
     const TensorView& z = need(hf + "linear_attn.in_proj_z.weight", {VD, H});
     const TensorView& b = need(hf + "linear_attn.in_proj_b.weight", {Hv, H});
     const TensorView& a = need(hf + "linear_attn.in_proj_a.weight", {Hv, H});
-    matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H}, {whole(qkv), whole(z), whole(b), whole(a)},
-           {"fuse_gdn_in_proj"});
+    matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H},
+           {whole(qkv), whole(z), whole(b), whole(a)}, {"fuse_gdn_in_proj"});
     // note: [C, 1, K] and [C, K] hold the same bytes in the same order; only
     // the recorded shape changes.
-    small(pk + "linear_attn.conv1d", {C, K}, need(hf + "linear_attn.conv1d.weight", {C, 1, K}), nullptr,
-          {"conv1d_squeeze"});
+    small(pk + "linear_attn.conv1d", {C, K}, need(hf + "linear_attn.conv1d.weight", {C, 1, K}),
+          nullptr, {"conv1d_squeeze"});
     small(pk + "linear_attn.dt_bias", {Hv}, need(hf + "linear_attn.dt_bias", {Hv}), nullptr);
     // note: exp in double, one rounding to f32 at the end.
     small(pk + "linear_attn.A", {Hv}, need(hf + "linear_attn.A_log", {Hv}),
           [](double x) { return -std::exp(x); }, {"A_neg_exp"});
     // note: the gated GDN norm computes w * x: not folded.
     small(pk + "linear_attn.norm", {Dv}, need(hf + "linear_attn.norm.weight", {Dv}), nullptr);
-    matrix(pk + "linear_attn.out_proj", {H, VD}, {whole(need(hf + "linear_attn.out_proj.weight", {H, VD}))});
+    matrix(pk + "linear_attn.out_proj", {H, VD},
+           {whole(need(hf + "linear_attn.out_proj.weight", {H, VD}))});
   }
 
   TensorPlan finish(const std::vector<std::string>& all_names) {
@@ -205,16 +214,22 @@ class Planner {
     plan.tensors = std::move(out_);
     static const std::pair<const char*, const char*> kDescriptions[] = {
         {"fuse_gate_up", "mlp.gate_up_proj = rows of mlp.gate_proj, then rows of mlp.up_proj"},
-        {"fuse_qkv", "self_attn.qkv_proj = rows of q_proj (queries[, gates]), then k_proj, then v_proj"},
+        {"fuse_qkv",
+         "self_attn.qkv_proj = rows of q_proj (queries[, gates]), then k_proj, then v_proj"},
         {"split_q_gate",
-         "q_proj rows per head [query D; gate D] de-interleaved into all queries (Hq*D rows), then all gates (Hq*D rows)"},
-        {"fuse_gdn_in_proj", "linear_attn.in_proj = rows of in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"},
+         "q_proj rows per head [query D; gate D] de-interleaved into all queries (Hq*D rows), then "
+         "all gates (Hq*D rows)"},
+        {"fuse_gdn_in_proj",
+         "linear_attn.in_proj = rows of in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"},
         {"conv1d_squeeze", "linear_attn.conv1d.weight [C, 1, K] stored as [C, K]"},
         {"A_neg_exp", "linear_attn.A = -exp(A_log), computed in float64, rounded once to float32"},
         {"norm_plus_one_folded",
-         "RMSNorm weights (input/post_attention_layernorm, norm, q_norm, k_norm) stored as 1 + w, computed in float64, rounded to float32; linear_attn.norm is not folded"},
-        {"small_tensors_f32", "norm weights, conv1d, dt_bias and A stored as float32 (exact widening)"},
-        {"cast_matrices", "matrices converted to the requested dtype (round to nearest even when narrowing)"},
+         "RMSNorm weights (input/post_attention_layernorm, norm, q_norm, k_norm) stored as 1 + w, "
+         "computed in float64, rounded to float32; linear_attn.norm is not folded"},
+        {"small_tensors_f32",
+         "norm weights, conv1d, dt_bias and A stored as float32 (exact widening)"},
+        {"cast_matrices",
+         "matrices converted to the requested dtype (round to nearest even when narrowing)"},
     };
     for (const auto& [name, desc] : kDescriptions) {
       auto it = transforms_.find(name);
@@ -254,7 +269,8 @@ constexpr int64_t kReleaseStep = 32 << 20;
 
 class TensorSource final : public EntrySource {
  public:
-  explicit TensorSource(const PlannedTensor& t) : t_(t), esize_(static_cast<size_t>(dtype_size(t.dtype))) {}
+  explicit TensorSource(const PlannedTensor& t)
+      : t_(t), esize_(static_cast<size_t>(dtype_size(t.dtype))) {}
   uint64_t size() const override { return t_.nbytes(); }
   void rewind() override {
     piece_ = 0;

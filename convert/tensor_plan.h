@@ -44,10 +44,10 @@ struct Piece {
 };
 
 struct PlannedTensor {
-  std::string name;             // pack canonical name
-  DType dtype = DType::F32;     // stored dtype
+  std::string name;          // pack canonical name
+  DType dtype = DType::F32;  // stored dtype
   std::vector<int64_t> shape;
-  std::vector<Piece> pieces;    // concatenated in order; sum of counts == numel
+  std::vector<Piece> pieces;                     // concatenated in order; sum of counts == numel
   std::shared_ptr<std::vector<float>> computed;  // owns computed pieces' data
   int64_t numel() const;
   uint64_t nbytes() const { return static_cast<uint64_t>(numel() * dtype_size(dtype)); }

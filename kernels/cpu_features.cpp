@@ -62,9 +62,12 @@ const CpuFeatures& cpu_features() {
 
 std::string_view cpu_path_name(CpuPath path) {
   switch (path) {
-    case CpuPath::kScalar: return "scalar";
-    case CpuPath::kAvx2: return "avx2";
-    case CpuPath::kAvx512: return "avx512";
+    case CpuPath::kScalar:
+      return "scalar";
+    case CpuPath::kAvx2:
+      return "avx2";
+    case CpuPath::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -72,9 +75,12 @@ std::string_view cpu_path_name(CpuPath path) {
 bool cpu_path_supported(CpuPath path) {
   const CpuFeatures& f = cpu_features();
   switch (path) {
-    case CpuPath::kScalar: return true;
-    case CpuPath::kAvx2: return f.avx2 && f.fma && f.f16c;
-    case CpuPath::kAvx512: return f.avx512f && f.avx512bw && f.avx512vl && f.fma && f.f16c;
+    case CpuPath::kScalar:
+      return true;
+    case CpuPath::kAvx2:
+      return f.avx2 && f.fma && f.f16c;
+    case CpuPath::kAvx512:
+      return f.avx512f && f.avx512bw && f.avx512vl && f.fma && f.f16c;
   }
   return false;
 }
@@ -98,8 +104,10 @@ CpuPath choose_path() {
   for (CpuPath p : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
     if (want == cpu_path_name(p)) {
       if (!cpu_path_supported(p)) {
-        fail("environment variable QTK_CPU_PATH: this CPU cannot run path '{}'; "
-             "unset it or use one of the supported paths", want);
+        fail(
+            "environment variable QTK_CPU_PATH: this CPU cannot run path '{}'; "
+            "unset it or use one of the supported paths",
+            want);
       }
       return p;
     }

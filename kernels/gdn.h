@@ -52,8 +52,8 @@ void gated_delta_rule(const float* q, int64_t ldq, const float* k, int64_t ldk, 
 void gated_delta_rule_varlen(const float* q, int64_t ldq, const float* k, int64_t ldk,
                              const float* v, int64_t ldv, const float* g, const float* beta,
                              int64_t ldg, int64_t num_seqs, const int32_t* q_start,
-                             float* const* states, float* out, int64_t ldo, int64_t Hk,
-                             int64_t Hv, int64_t Dk, int64_t Dv, ThreadPool* pool);
+                             float* const* states, float* out, int64_t ldo, int64_t Hk, int64_t Hv,
+                             int64_t Dk, int64_t Dv, ThreadPool* pool);
 
 // g[t, h] = A[h] * softplus(a[t, h] + dt_bias[h]), beta[t, h] = sigmoid(b[t, h])
 //   a, b: f32 [T, Hv] row stride lda (e.g. columns of a projection output);

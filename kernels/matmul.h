@@ -28,7 +28,7 @@ void matmul(const float* x, int64_t ldx, const void* w, DType wtype, float* y, i
 
 // The same on an explicit path (tests run every supported path). Throws
 // qtk::Error when the CPU cannot run it.
-void matmul_on_path(CpuPath path, const float* x, int64_t ldx, const void* w, DType wtype,
-                    float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool);
+void matmul_on_path(CpuPath path, const float* x, int64_t ldx, const void* w, DType wtype, float* y,
+                    int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool);
 
 }  // namespace qtk

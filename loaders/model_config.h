@@ -17,8 +17,8 @@ enum class LayerKind : char { kFull = 'F', kLinear = 'L' };
 
 struct RopeConfig {
   double theta = 10000.0;
-  double partial_factor = 1.0;       // rotary_dim = head_dim * partial_factor
-  int64_t rotary_dim = 0;            // even, <= head_dim
+  double partial_factor = 1.0;         // rotary_dim = head_dim * partial_factor
+  int64_t rotary_dim = 0;              // even, <= head_dim
   std::vector<int64_t> mrope_section;  // empty for plain RoPE; sums to rotary_dim / 2
   bool mrope_interleaved = false;
 };

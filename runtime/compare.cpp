@@ -26,7 +26,8 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
     return c;
   }
   auto out = j.find("output_token_ids");
-  if (out == j.end() || !out->is_array()) fail("{}: field 'output_token_ids': expected an array", where);
+  if (out == j.end() || !out->is_array())
+    fail("{}: field 'output_token_ids': expected an array", where);
   for (const auto& t : *out) {
     if (!t.is_number_integer()) {
       fail("{}: field 'output_token_ids': expected integers, found {}", where,
@@ -110,20 +111,21 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
         ++rep.identical;
       } else {
         r.step = static_cast<int64_t>(k);
-        std::string what =
-            k < a.size() && k < x.size()
-                ? fmt::format("expected {}, got {}", x[k], a[k])
-                : fmt::format("expected {} tokens, got {}", x.size(), a.size());
+        std::string what = k < a.size() && k < x.size()
+                               ? fmt::format("expected {}, got {}", x[k], a[k])
+                               : fmt::format("expected {} tokens, got {}", x.size(), a.size());
         if (r.near_tie_step >= 0 && r.near_tie_step <= r.step) {
           r.verdict = CaseVerdict::kNearTie;
-          r.detail = fmt::format("near-tie: diverged at step {} ({}) after a near-tie at step {} "
-                                 "(expected margin {:.3g} < {:g})",
-                                 k, what, r.near_tie_step, e.margins[r.near_tie_step], near_tie);
+          r.detail = fmt::format(
+              "near-tie: diverged at step {} ({}) after a near-tie at step {} "
+              "(expected margin {:.3g} < {:g})",
+              k, what, r.near_tie_step, e.margins[r.near_tie_step], near_tie);
           ++rep.near_tie;
         } else {
           r.verdict = CaseVerdict::kDiverged;
           r.detail = fmt::format("DIVERGED at step {}: {}", k, what);
-          if (k < e.margins.size()) r.detail += fmt::format(" (expected margin {:.3g})", e.margins[k]);
+          if (k < e.margins.size())
+            r.detail += fmt::format(" (expected margin {:.3g})", e.margins[k]);
           ++rep.diverged;
         }
       }

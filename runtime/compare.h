@@ -11,10 +11,10 @@
 namespace qtk {
 
 struct CompareCase {
-  std::string id;                   // JSON text of the id ("\"len1\"", "3")
+  std::string id;  // JSON text of the id ("\"len1\"", "3")
   std::vector<int32_t> tokens;
-  std::vector<double> margins;      // may be empty (no margins recorded)
-  std::string error;                // an {"id","error"} line in the results
+  std::vector<double> margins;  // may be empty (no margins recorded)
+  std::string error;            // an {"id","error"} line in the results
 };
 
 // Reads generate's results (JSONL) or a fixtures golden.json ({"cases": [...]}).
@@ -26,13 +26,13 @@ enum class CaseVerdict { kIdentical, kNearTie, kDiverged, kMissing, kError };
 struct CaseReport {
   std::string id;
   CaseVerdict verdict = CaseVerdict::kIdentical;
-  int64_t step = -1;         // first differing step (diverged / near-tie)
+  int64_t step = -1;           // first differing step (diverged / near-tie)
   int64_t near_tie_step = -1;  // first step with expected margin < threshold
-  std::string detail;        // one short human-readable line
+  std::string detail;          // one short human-readable line
 };
 
 struct CompareReport {
-  std::vector<CaseReport> cases;  // in the expected file's order
+  std::vector<CaseReport> cases;       // in the expected file's order
   std::vector<std::string> extra_ids;  // ids only in the actual file
   int64_t identical = 0, near_tie = 0, diverged = 0, missing = 0, errors = 0;
   bool ok() const { return diverged == 0 && missing == 0 && errors == 0; }

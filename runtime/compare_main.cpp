@@ -14,13 +14,13 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("compare",
                           "Compare generate results against expected results (JSONL or a fixtures "
                           "golden.json), matching cases by id.");
-    opts.add_options()
-        ("expected", "expected results (JSONL, or golden.json with \"cases\")", cxxopts::value<std::string>())
-        ("actual", "actual results (generate's JSONL)", cxxopts::value<std::string>())
-        ("near-tie", "a divergence at or after a step whose expected top1_margin is below this is a near-tie",
-         cxxopts::value<double>()->default_value("1e-3"))
-        ("v,verbose", "also list identical cases")
-        ("h,help", "show this help");
+    opts.add_options()("expected", "expected results (JSONL, or golden.json with \"cases\")",
+                       cxxopts::value<std::string>())("actual", "actual results (generate's JSONL)",
+                                                      cxxopts::value<std::string>())(
+        "near-tie",
+        "a divergence at or after a step whose expected top1_margin is below this is a near-tie",
+        cxxopts::value<double>()->default_value("1e-3"))("v,verbose", "also list identical cases")(
+        "h,help", "show this help");
     opts.parse_positional({"expected", "actual"});
     opts.positional_help("EXPECTED ACTUAL");
     auto args = opts.parse(argc, argv);
@@ -41,12 +41,13 @@ int main(int argc, char** argv) {
       fmt::print("{}: {}\n", c.id, c.detail);
     }
     if (!rep.extra_ids.empty()) {
-      fmt::print("note: {} case(s) only in the actual file (ignored), first: {}\n", rep.extra_ids.size(),
-                 rep.extra_ids.front());
+      fmt::print("note: {} case(s) only in the actual file (ignored), first: {}\n",
+                 rep.extra_ids.size(), rep.extra_ids.front());
     }
-    fmt::print("compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors -> {}\n",
-               rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
-               rep.ok() ? "OK" : "FAIL");
+    fmt::print(
+        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors -> {}\n",
+        rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
+        rep.ok() ? "OK" : "FAIL");
     return rep.ok() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compare: %s\n", e.what());

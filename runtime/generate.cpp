@@ -124,7 +124,8 @@ std::string weight_dtypes(const Pack& pack) {
 int64_t pack_max_new_tokens(const Pack& pack) {
   const auto& m = pack.manifest();
   if (auto g = m.find("generation"); g != m.end() && g->is_object()) {
-    if (auto t = g->find("max_new_tokens"); t != g->end() && t->is_number_integer() && t->get<int64_t>() > 0) {
+    if (auto t = g->find("max_new_tokens");
+        t != g->end() && t->is_number_integer() && t->get<int64_t>() > 0) {
       return t->get<int64_t>();
     }
   }
@@ -144,8 +145,9 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
   }
   if (o.device == "cpu") {
     if (o.precision == "bf16") {
-      fail("--precision bf16: the cpu device computes in float32 only (expected f32 or no "
-           "--precision; bf16 runs with --device cuda)");
+      fail(
+          "--precision bf16: the cpu device computes in float32 only (expected f32 or no "
+          "--precision; bf16 runs with --device cuda)");
     }
     return {"cpu", "f32"};
   }
@@ -153,12 +155,15 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
 #ifdef QTK_HAVE_CUDA
     const std::string p = o.precision.empty() ? "bf16" : o.precision;
     if (!cuda_device_available()) {
-      fail("--device cuda: no CUDA device is available (no NVIDIA GPU, or no driver, on this machine)");
+      fail(
+          "--device cuda: no CUDA device is available (no NVIDIA GPU, or no driver, on this "
+          "machine)");
     }
     return {"cuda", p};
 #else
-    fail("--device cuda: this build has no CUDA backend (expected a build configured with "
-         "-DQTK_CUDA=ON where nvcc exists; this one runs --device cpu only)");
+    fail(
+        "--device cuda: this build has no CUDA backend (expected a build configured with "
+        "-DQTK_CUDA=ON where nvcc exists; this one runs --device cpu only)");
 #endif
   }
   fail("--device: expected cpu or cuda, found '{}'", o.device);
@@ -167,15 +172,20 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
 // The run header's description of the arithmetic.
 std::string precision_text(const DeviceChoice& d, const Pack& pack) {
   if (d.device == "cpu") {
-    return fmt::format("float32 activations, float32 KV cache and state, {} weights, float32 accumulation",
-                       weight_dtypes(pack));
+    return fmt::format(
+        "float32 activations, float32 KV cache and state, {} weights, float32 accumulation",
+        weight_dtypes(pack));
   }
   if (d.precision == "f32") {
-    return fmt::format("CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
-                       "float32 accumulation", weight_dtypes(pack));
+    return fmt::format(
+        "CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
+        "float32 accumulation",
+        weight_dtypes(pack));
   }
-  return fmt::format("CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
-                     "accumulation, norms and GDN state", weight_dtypes(pack));
+  return fmt::format(
+      "CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
+      "accumulation, norms and GDN state",
+      weight_dtypes(pack));
 }
 
 class Progress {
@@ -187,12 +197,14 @@ class Progress {
     if (!final && now - last_ < std::chrono::milliseconds(200)) return;
     last_ = now;
     const double sec = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
-    const double eta = done > 0 ? sec * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0;
+    const double eta =
+        done > 0 ? sec * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0;
     const std::string eta_text = done > 0 ? fmt::format("{:.0f}s", eta) : std::string("?");
-    std::fprintf(stderr, "\rgenerate: %lld/%lld done | prompt %.0f tok/s | gen %.0f tok/s | ETA %s   %s",
-                 static_cast<long long>(done), static_cast<long long>(total_),
-                 static_cast<double>(st.prompt_tokens) / sec,
-                 static_cast<double>(st.generated_tokens) / sec, eta_text.c_str(), final ? "\n" : "");
+    std::fprintf(
+        stderr, "\rgenerate: %lld/%lld done | prompt %.0f tok/s | gen %.0f tok/s | ETA %s   %s",
+        static_cast<long long>(done), static_cast<long long>(total_),
+        static_cast<double>(st.prompt_tokens) / sec, static_cast<double>(st.generated_tokens) / sec,
+        eta_text.c_str(), final ? "\n" : "");
     std::fflush(stderr);
   }
 
@@ -207,11 +219,13 @@ class Progress {
 void run_generate(const GenerateOptions& o) {
   const DeviceChoice dev = resolve_device(o);
   if (o.block_size < 1) fail("--block-size: expected a positive integer, found {}", o.block_size);
-  if (o.max_num_seqs < 1) fail("--max-num-seqs: expected a positive integer, found {}", o.max_num_seqs);
+  if (o.max_num_seqs < 1)
+    fail("--max-num-seqs: expected a positive integer, found {}", o.max_num_seqs);
   if (o.max_batched_tokens < 1) {
     fail("--max-batched-tokens: expected a positive integer, found {}", o.max_batched_tokens);
   }
-  if (o.kv_cache_blocks < 0) fail("--kv-cache-blocks: expected a positive integer, found {}", o.kv_cache_blocks);
+  if (o.kv_cache_blocks < 0)
+    fail("--kv-cache-blocks: expected a positive integer, found {}", o.kv_cache_blocks);
   if (o.max_tokens < 0) fail("--max-tokens: expected a positive integer, found {}", o.max_tokens);
   if (o.threads < 0) fail("--threads: expected a positive integer, found {}", o.threads);
 
@@ -279,8 +293,8 @@ void run_generate(const GenerateOptions& o) {
     so.num_blocks = o.kv_cache_blocks;
   } else {
     const int64_t bb = std::max<int64_t>(1, KvCache::block_bytes(spec, o.block_size));
-    so.num_blocks = std::max(blocks_per_seq,
-                             std::min(o.kv_cache_bytes / bb, blocks_per_seq * o.max_num_seqs));
+    so.num_blocks =
+        std::max(blocks_per_seq, std::min(o.kv_cache_bytes / bb, blocks_per_seq * o.max_num_seqs));
   }
   // note: the per-sequence block table never needs more than the longest request.
   so.max_context = std::min<int64_t>(so.max_context, std::max<int64_t>(longest, 2));
@@ -293,15 +307,22 @@ void run_generate(const GenerateOptions& o) {
 
   // Output: fresh, or resumed after the complete lines already written.
   const std::string meta_path = o.out + ".meta.json";
-  nlohmann::json settings = {
-      {"max_tokens_default", defaults.max_tokens}, {"ignore_eos", o.ignore_eos},
-      {"margins", o.margins}, {"max_num_seqs", o.max_num_seqs},
-      {"max_batched_tokens", o.max_batched_tokens}, {"block_size", o.block_size},
-      {"kv_cache_blocks", so.num_blocks}, {"kv_cache_blocks_flag", o.kv_cache_blocks},
-      {"threads", threads}, {"device", dev.device}, {"precision", dev.precision}};
+  nlohmann::json settings = {{"max_tokens_default", defaults.max_tokens},
+                             {"ignore_eos", o.ignore_eos},
+                             {"margins", o.margins},
+                             {"max_num_seqs", o.max_num_seqs},
+                             {"max_batched_tokens", o.max_batched_tokens},
+                             {"block_size", o.block_size},
+                             {"kv_cache_blocks", so.num_blocks},
+                             {"kv_cache_blocks_flag", o.kv_cache_blocks},
+                             {"threads", threads},
+                             {"device", dev.device},
+                             {"precision", dev.precision}};
   nlohmann::json meta = {
-      {"tool", "qtk generate"}, {"tool_version", QTK_VERSION},
-      {"pack", {{"path", o.model}, {"digest", pack->digest()}, {"architecture", cfg.hf_architecture}}},
+      {"tool", "qtk generate"},
+      {"tool_version", QTK_VERSION},
+      {"pack",
+       {{"path", o.model}, {"digest", pack->digest()}, {"architecture", cfg.hf_architecture}}},
       {"batch", o.batch},
       {"device", device_name},
       {"precision", precision_text(dev, *pack)},
@@ -310,29 +331,32 @@ void run_generate(const GenerateOptions& o) {
   size_t skip = 0;
   int fd = -1;
   if (o.resume && ::access(o.out.c_str(), F_OK) == 0) {
-    nlohmann::json old = nlohmann::json::parse(read_file(meta_path, "the run header"), nullptr, false);
+    nlohmann::json old =
+        nlohmann::json::parse(read_file(meta_path, "the run header"), nullptr, false);
     if (old.is_discarded() || !old.is_object()) {
       fail("{}: cannot resume: the run header is missing or malformed", meta_path);
     }
     auto same = [&](const nlohmann::json& a, const nlohmann::json& b) { return a == b; };
     if (!same(old.value("/pack/digest"_json_pointer, nlohmann::json()), meta["pack"]["digest"])) {
-      fail("{}: cannot resume: the results were made with pack digest {}, this pack has {}", meta_path,
-           old.value("/pack/digest"_json_pointer, nlohmann::json()).dump(), pack->digest());
+      fail("{}: cannot resume: the results were made with pack digest {}, this pack has {}",
+           meta_path, old.value("/pack/digest"_json_pointer, nlohmann::json()).dump(),
+           pack->digest());
     }
     // note: device and precision change the arithmetic, hence the results.
     for (const char* key : {"max_tokens_default", "ignore_eos", "margins", "device", "precision"}) {
-      const auto was = old.value(nlohmann::json::json_pointer(std::string("/settings/") + key), nlohmann::json());
+      const auto was = old.value(nlohmann::json::json_pointer(std::string("/settings/") + key),
+                                 nlohmann::json());
       if (!same(was, settings[key])) {
-        fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", meta_path, key,
-             was.dump(), settings[key].dump());
+        fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", meta_path,
+             key, was.dump(), settings[key].dump());
       }
     }
     const std::string existing = read_file(o.out, "the results");
     const size_t keep = existing.rfind('\n') == std::string::npos ? 0 : existing.rfind('\n') + 1;
     const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
     if (done_lines.size() > lines.size()) {
-      fail("{}: cannot resume: it has {} lines but {} has only {}", o.out, done_lines.size(), o.batch,
-           lines.size());
+      fail("{}: cannot resume: it has {} lines but {} has only {}", o.out, done_lines.size(),
+           o.batch, lines.size());
     }
     for (size_t i = 0; i < done_lines.size(); ++i) {
       nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
@@ -369,7 +393,8 @@ void run_generate(const GenerateOptions& o) {
   for (size_t i = skip; i < lines.size(); ++i) {
     if (!lines[i].error.empty()) continue;
     const int64_t h = sched.add(lines[i].request);
-    if (h != static_cast<int64_t>(line_of.size())) fail("generate: internal error: unexpected handle {}", h);
+    if (h != static_cast<int64_t>(line_of.size()))
+      fail("generate: internal error: unexpected handle {}", h);
     line_of.push_back(static_cast<int64_t>(i));
   }
   std::vector<std::optional<SequenceResult>> results(lines.size());
@@ -395,8 +420,9 @@ void run_generate(const GenerateOptions& o) {
         line = result_line(l.id, l.request.prompt, r.output, r.stopped, tokenizer ? &text : nullptr,
                            o.margins ? &r.margins : nullptr);
         if (o.show) {
-          const std::string prompt_text =
-              tokenizer ? tokenizer->decode(l.request.prompt) : fmt::format("{}", fmt::join(l.request.prompt, " "));
+          const std::string prompt_text = tokenizer
+                                              ? tokenizer->decode(l.request.prompt)
+                                              : fmt::format("{}", fmt::join(l.request.prompt, " "));
           const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
           // The continuation in bold on a terminal.
           const bool tty = ::isatty(1);
@@ -433,13 +459,19 @@ void run_generate(const GenerateOptions& o) {
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto& st = sched.stats();
   meta["status"] = "complete";
-  meta["stats"] = {{"lines", lines.size()}, {"resumed_after_lines", skip},
-                   {"steps", st.steps}, {"preemptions", st.preemptions},
-                   {"prompt_tokens", st.prompt_tokens}, {"generated_tokens", st.generated_tokens},
-                   {"recomputed_tokens", st.recomputed_tokens}, {"seconds", sec},
+  meta["stats"] = {{"lines", lines.size()},
+                   {"resumed_after_lines", skip},
+                   {"steps", st.steps},
+                   {"preemptions", st.preemptions},
+                   {"prompt_tokens", st.prompt_tokens},
+                   {"generated_tokens", st.generated_tokens},
+                   {"recomputed_tokens", st.recomputed_tokens},
+                   {"seconds", sec},
                    {"prompt_tokens_computed", st.prompt_tokens_computed},
-                   {"decode_tokens", st.decode_tokens}, {"prefill_seconds", st.prefill_seconds},
-                   {"decode_seconds", st.decode_seconds}, {"load_seconds", load_seconds},
+                   {"decode_tokens", st.decode_tokens},
+                   {"prefill_seconds", st.prefill_seconds},
+                   {"decode_seconds", st.decode_seconds},
+                   {"load_seconds", load_seconds},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
   write_file_atomic(meta_path, meta.dump(2) + "\n");

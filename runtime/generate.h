@@ -10,18 +10,18 @@
 namespace qtk {
 
 struct GenerateOptions {
-  std::string model;               // X.pack
-  std::string batch;               // prompts.jsonl
-  std::string out;                 // results.jsonl (meta: out + ".meta.json")
-  std::string device = "cpu";       // cpu or cuda
-  std::string precision;           // f32 or bf16; empty: f32 on cpu (its only one), bf16 on cuda
-  int threads = 0;                 // 0: all CPUs this process may use
-  int64_t max_tokens = 0;          // 0: the pack's max_new_tokens, else 256
+  std::string model;           // X.pack
+  std::string batch;           // prompts.jsonl
+  std::string out;             // results.jsonl (meta: out + ".meta.json")
+  std::string device = "cpu";  // cpu or cuda
+  std::string precision;       // f32 or bf16; empty: f32 on cpu (its only one), bf16 on cuda
+  int threads = 0;             // 0: all CPUs this process may use
+  int64_t max_tokens = 0;      // 0: the pack's max_new_tokens, else 256
   bool ignore_eos = false;
   int64_t max_num_seqs = 64;
   int64_t max_batched_tokens = 512;
   int64_t block_size = 16;
-  int64_t kv_cache_blocks = 0;     // 0: sized from the prompts and a memory budget
+  int64_t kv_cache_blocks = 0;                // 0: sized from the prompts and a memory budget
   int64_t kv_cache_bytes = int64_t{4} << 30;  // budget used when kv_cache_blocks == 0
   bool margins = false;
   bool progress = false;

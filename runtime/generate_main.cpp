@@ -17,29 +17,30 @@ int main(int argc, char** argv) {
   try {
     cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
     qtk::GenerateOptions o;
-    opts.add_options()
-        ("model", "the .pack file", cxxopts::value<std::string>())
-        ("batch", "prompts, one JSON object per line", cxxopts::value<std::string>())
-        ("out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())
-        ("device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
-         cxxopts::value<std::string>()->default_value("cpu"))
-        ("precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
-         cxxopts::value<std::string>()->default_value(""))
-        ("threads", "worker threads (default: all CPUs available)", cxxopts::value<int>()->default_value("0"))
-        ("max-tokens", "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
-         cxxopts::value<int64_t>()->default_value("0"))
-        ("ignore-eos", "do not stop at the model's EOS tokens")
-        ("max-num-seqs", "most sequences running at once", cxxopts::value<int64_t>()->default_value("64"))
-        ("max-batched-tokens", "most tokens computed per step (prefill chunks + decode)",
-         cxxopts::value<int64_t>()->default_value("512"))
-        ("block-size", "tokens per KV-cache block", cxxopts::value<int64_t>()->default_value("16"))
-        ("kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
-         cxxopts::value<int64_t>()->default_value("0"))
-        ("margins", "write top1_margin (logit(top1) - logit(top2)) per step")
-        ("progress", "show a progress line on stderr")
-        ("show", "print each prompt and its continuation to stdout")
-        ("resume", "continue an interrupted run into the same --out")
-        ("h,help", "show this help");
+    opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line", cxxopts::value<std::string>())(
+        "out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())(
+        "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
+        cxxopts::value<std::string>()->default_value("cpu"))(
+        "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
+        cxxopts::value<std::string>()->default_value(""))(
+        "threads", "worker threads (default: all CPUs available)",
+        cxxopts::value<int>()->default_value("0"))(
+        "max-tokens",
+        "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
+        cxxopts::value<int64_t>()->default_value("0"))("ignore-eos",
+                                                       "do not stop at the model's EOS tokens")(
+        "max-num-seqs", "most sequences running at once",
+        cxxopts::value<int64_t>()->default_value("64"))(
+        "max-batched-tokens", "most tokens computed per step (prefill chunks + decode)",
+        cxxopts::value<int64_t>()->default_value("512"))(
+        "block-size", "tokens per KV-cache block", cxxopts::value<int64_t>()->default_value("16"))(
+        "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
+        cxxopts::value<int64_t>()->default_value("0"))(
+        "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
+        "progress", "show a progress line on stderr")(
+        "show", "print each prompt and its continuation to stdout")(
+        "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
       if (!args.count(req)) throw qtk::Error(fmt::format("missing --{} (see --help)", req));
     }
     if (!args.unmatched().empty()) {
-      throw qtk::Error(fmt::format("unexpected argument '{}' (see --help)", args.unmatched().front()));
+      throw qtk::Error(
+          fmt::format("unexpected argument '{}' (see --help)", args.unmatched().front()));
     }
     o.model = args["model"].as<std::string>();
     o.batch = args["batch"].as<std::string>();

@@ -24,30 +24,30 @@ class StatePool;
 struct StepBatch {
   int64_t num_seqs = 0;
   int64_t num_tokens = 0;
-  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* token_ids = nullptr;  // [num_tokens]
   // note: three rows (temporal, height, width) for M-RoPE; plain-RoPE models
   // read row 0 only. Text tokens carry the same value in all three rows.
-  const int32_t* positions = nullptr;     // [3][num_tokens], row stride num_tokens
-  const int32_t* q_start = nullptr;       // [num_seqs + 1] token offsets of each sequence
-  const int32_t* seq_len = nullptr;       // [num_seqs] tokens in cache after this step
-  const int32_t* block_table = nullptr;   // [num_seqs][max_blocks] physical block ids
+  const int32_t* positions = nullptr;    // [3][num_tokens], row stride num_tokens
+  const int32_t* q_start = nullptr;      // [num_seqs + 1] token offsets of each sequence
+  const int32_t* seq_len = nullptr;      // [num_seqs] tokens in cache after this step
+  const int32_t* block_table = nullptr;  // [num_seqs][max_blocks] physical block ids
   int64_t max_blocks = 0;
   const int64_t* slot_mapping = nullptr;  // [num_tokens] block * block_size + offset
   const int32_t* state_slot = nullptr;    // [num_seqs] recurrent-state slot (StatePool)
   // Sequences whose last token in this step needs logits (the chunk reaches
   // the end of what is known about the sequence). Logits rows are written in
   // the order of these sequences.
-  const uint8_t* want_logits = nullptr;   // [num_seqs] 0/1
-  int64_t num_logits = 0;                 // count of want_logits[s] == 1
+  const uint8_t* want_logits = nullptr;  // [num_seqs] 0/1
+  int64_t num_logits = 0;                // count of want_logits[s] == 1
 };
 
 // Sizes of the per-sequence caches a model needs (what the scheduler
 // allocates before the first step).
 struct CacheSpec {
-  int64_t attention_layers = 0;   // layers with a paged K/V cache
+  int64_t attention_layers = 0;  // layers with a paged K/V cache
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t state_floats = 0;       // recurrent state per sequence slot (0: none)
+  int64_t state_floats = 0;  // recurrent state per sequence slot (0: none)
 };
 
 // Debug hook: called after decoder layer `layer` (0-based) with its output

@@ -52,7 +52,8 @@ void apply_zip64_extra(const std::string& where, const uint8_t* extra, size_t ex
   }
   if (pos != extra_len) fail("{}: extra field block has {} trailing bytes", where, extra_len - pos);
   for (uint64_t* v : {usize, csize, offset})
-    if (v != nullptr && *v == 0xFFFFFFFFu) fail("{}: size or offset is 0xFFFFFFFF but there is no zip64 extra field", where);
+    if (v != nullptr && *v == 0xFFFFFFFFu)
+      fail("{}: size or offset is 0xFFFFFFFF but there is no zip64 extra field", where);
 }
 
 DType parse_pack_dtype(const std::string& where, const std::string& name) {
@@ -69,7 +70,8 @@ const nlohmann::json& field(const nlohmann::json& obj, const char* key, const st
 
 std::string string_field(const nlohmann::json& obj, const char* key, const std::string& where) {
   const auto& v = field(obj, key, where);
-  if (!v.is_string()) fail("{}: field \"{}\" must be a string, found a JSON {}", where, key, v.type_name());
+  if (!v.is_string())
+    fail("{}: field \"{}\" must be a string, found a JSON {}", where, key, v.type_name());
   return v.get<std::string>();
 }
 
@@ -108,12 +110,15 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   if (eocd >= kZip64LocatorSize && le32(base + eocd - kZip64LocatorSize) == kZip64LocatorSig) {
     const uint8_t* loc = base + eocd - kZip64LocatorSize;
     const uint64_t rec = le64(loc + 8);
-    if (le32(loc + 4) != 0 || le32(loc + 16) != 1) fail("{}: multi-disk zip64 archives are not supported", path);
+    if (le32(loc + 4) != 0 || le32(loc + 16) != 1)
+      fail("{}: multi-disk zip64 archives are not supported", path);
     if (rec > eocd - kZip64LocatorSize || eocd - kZip64LocatorSize - rec < kZip64EocdSize)
       fail("{}: zip64 end-of-central-directory offset {} is out of bounds", path, rec);
     const uint8_t* z = base + rec;
-    if (le32(z) != kZip64EocdSig) fail("{}: zip64 end-of-central-directory record has a bad signature", path);
-    if (le32(z + 16) != 0 || le32(z + 20) != 0) fail("{}: multi-disk zip64 archives are not supported", path);
+    if (le32(z) != kZip64EocdSig)
+      fail("{}: zip64 end-of-central-directory record has a bad signature", path);
+    if (le32(z + 16) != 0 || le32(z + 20) != 0)
+      fail("{}: multi-disk zip64 archives are not supported", path);
     const uint64_t z_entries = le64(z + 32);
     if (le64(z + 24) != z_entries) fail("{}: zip64 entry counts disagree", path);
     auto pick = [&](uint64_t narrow, uint64_t wide, uint64_t all_ones, const char* what) {
@@ -129,8 +134,9 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     fail("{}: end-of-central-directory record needs zip64 records, which are missing", path);
   }
   if (cd_offset > cd_limit || cd_size != cd_limit - cd_offset)
-    fail("{}: central directory (offset {}, {} bytes) does not end where the end records start ({})",
-         path, cd_offset, cd_size, cd_limit);
+    fail(
+        "{}: central directory (offset {}, {} bytes) does not end where the end records start ({})",
+        path, cd_offset, cd_size, cd_limit);
 
   // --- central directory and local headers -----------------------------------
   struct Span {
@@ -150,7 +156,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     uint64_t csize = le32(c + 20), usize = le32(c + 24);
     const uint16_t name_len = le16(c + 28), extra_len = le16(c + 30), comment_len = le16(c + 32);
     uint64_t local = le32(c + 42);
-    if (cd_offset + cd_size - pos - kCentralHeaderSize < uint64_t{name_len} + extra_len + comment_len)
+    if (cd_offset + cd_size - pos - kCentralHeaderSize <
+        uint64_t{name_len} + extra_len + comment_len)
       fail("{}: central directory entry {} runs past the central directory", path, i);
     std::string name(reinterpret_cast<const char*>(c + kCentralHeaderSize), name_len);
     const std::string where = fmt::format("{}: entry \"{}\"", path, name);
@@ -159,9 +166,12 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     apply_zip64_extra(where + " (central directory)", c + kCentralHeaderSize + name_len, extra_len,
                       &usize, &csize, &local);
     if (flags & (kFlagEncrypted | kFlagStrongEncryption)) fail("{}: is encrypted", where);
-    if (flags & kFlagDataDescriptor) fail("{}: uses a data descriptor (a pack entry must not)", where);
-    if (method != 0) fail("{}: is compressed (method {}); every pack entry must be STORED", where, method);
-    if (csize != usize) fail("{}: compressed size {} != size {} for a STORED entry", where, csize, usize);
+    if (flags & kFlagDataDescriptor)
+      fail("{}: uses a data descriptor (a pack entry must not)", where);
+    if (method != 0)
+      fail("{}: is compressed (method {}); every pack entry must be STORED", where, method);
+    if (csize != usize)
+      fail("{}: compressed size {} != size {} for a STORED entry", where, csize, usize);
     if (!names.insert(name).second) fail("{}: appears twice in the central directory", where);
 
     // Local header.
@@ -170,7 +180,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     const uint8_t* l = base + local;
     if (le32(l) != kLocalSig) fail("{}: local header has a bad signature", where);
     const uint16_t l_flags = le16(l + 6);
-    if (l_flags & (kFlagEncrypted | kFlagStrongEncryption)) fail("{}: local header says encrypted", where);
+    if (l_flags & (kFlagEncrypted | kFlagStrongEncryption))
+      fail("{}: local header says encrypted", where);
     if (l_flags & kFlagDataDescriptor) fail("{}: local header uses a data descriptor", where);
     if (le16(l + 8) != 0) fail("{}: local header says compressed (method {})", where, le16(l + 8));
     const uint16_t l_name_len = le16(l + 26), l_extra_len = le16(l + 28);
@@ -196,9 +207,10 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     pos += kCentralHeaderSize + name_len + extra_len + comment_len;
   }
   if (pos != cd_offset + cd_size)
-    fail("{}: central directory holds {} bytes after its {} entries", path, cd_offset + cd_size - pos,
-         n_entries);
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    fail("{}: central directory holds {} bytes after its {} entries", path,
+         cd_offset + cd_size - pos, n_entries);
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)
       fail("{}: entries \"{}\" and \"{}\" overlap", path, spans[i - 1].name, spans[i].name);
@@ -220,7 +232,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   {
     const size_t dot = version.find('.');
     auto all_digits = [](std::string_view s) {
-      return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      return !s.empty() && s.size() < 6 &&
+             std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
     };
     if (dot == std::string::npos || !all_digits(std::string_view(version).substr(0, dot)) ||
         !all_digits(std::string_view(version).substr(dot + 1)))
@@ -258,7 +271,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
         fail("{}: field \"shape\" holds {}, expected sizes >= 0", where, d.dump());
       const int64_t v = d.get<int64_t>();
-      if (v != 0 && numel > INT64_MAX / 8 / v) fail("{}: shape {} is too large", where, shape.dump());
+      if (v != 0 && numel > INT64_MAX / 8 / v)
+        fail("{}: shape {} is too large", where, shape.dump());
       numel *= v;
       dims.push_back(v);
     }
@@ -275,7 +289,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     auto it = by_name.find(info.entry);
     if (it == by_name.end()) fail("{}: entry \"{}\" is not in the zip", where, info.entry);
     if (it->second->size != static_cast<uint64_t>(expect))
-      fail("{}: entry \"{}\" holds {} bytes, expected {}", where, info.entry, it->second->size, expect);
+      fail("{}: entry \"{}\" holds {} bytes, expected {}", where, info.entry, it->second->size,
+           expect);
     info.view = TensorView(base + it->second->offset, dtype, std::span<const int64_t>(dims));
     pack->tensors_.push_back(std::move(info));
   }
@@ -315,7 +330,8 @@ bool Pack::has_transform(std::string_view name) const {
   auto it = manifest_.find("transforms");
   if (it == manifest_.end() || !it->is_array()) return false;
   for (const auto& t : *it)
-    if (t.is_object() && t.contains("name") && t["name"].is_string() && t["name"].get<std::string>() == name)
+    if (t.is_object() && t.contains("name") && t["name"].is_string() &&
+        t["name"].get<std::string>() == name)
       return true;
   return false;
 }
@@ -341,7 +357,8 @@ size_t Pack::verify() const {
       if (!bytes) fail("{}: listed in the manifest but missing from the zip", where);
       uint64_t want = 0;
       const std::string sum = string_field(f, "checksum", where);
-      if (!parse_checksum_hex(sum, &want)) fail("{}: checksum \"{}\" is not 16 hex digits", where, sum);
+      if (!parse_checksum_hex(sum, &want))
+        fail("{}: checksum \"{}\" is not 16 hex digits", where, sum);
       const uint64_t got = xxh64(bytes->data(), bytes->size());
       if (got != want)
         fail("{}: checksum {} does not match the manifest's {}", where, checksum_hex(got), sum);

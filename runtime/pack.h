@@ -28,10 +28,10 @@ inline constexpr int kPackFormatMajor = 1;
 inline constexpr int kPackFormatMinor = 0;
 
 struct PackTensorInfo {
-  std::string name;        // canonical name, e.g. "layers.3.self_attn.qkv_proj"
-  std::string entry;       // zip entry name
-  TensorView view;         // points into the mapping
-  uint64_t checksum = 0;   // as recorded in the manifest
+  std::string name;       // canonical name, e.g. "layers.3.self_attn.qkv_proj"
+  std::string entry;      // zip entry name
+  TensorView view;        // points into the mapping
+  uint64_t checksum = 0;  // as recorded in the manifest
 };
 
 class Pack {

@@ -47,7 +47,10 @@ size_t consume_stripes(uint64_t acc[4], const uint8_t* p, size_t size) {
     a2 = xxh_round(a2, read64(p + i + 16));
     a3 = xxh_round(a3, read64(p + i + 24));
   }
-  acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;
+  acc[0] = a0;
+  acc[1] = a1;
+  acc[2] = a2;
+  acc[3] = a3;
   return n;
 }
 
@@ -144,9 +147,12 @@ bool parse_checksum_hex(std::string_view text, uint64_t* value) {
   uint64_t v = 0;
   for (char c : text) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = (v << 4) | static_cast<uint64_t>(d);
   }
   *value = v;

@@ -31,7 +31,8 @@ std::string describe(const nlohmann::json& j) {
 // Reads an integer token id list; returns an error message or "".
 std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
                      std::vector<int32_t>& out) {
-  if (!j.is_array()) return fmt::format("field '{}': expected an array of token ids, found {}", field, type_name(j));
+  if (!j.is_array())
+    return fmt::format("field '{}': expected an array of token ids, found {}", field, type_name(j));
   out.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
@@ -41,8 +42,8 @@ std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
     }
     const int64_t v = e.get<int64_t>();
     if (v < 0 || v >= vocab) {
-      return fmt::format("field '{}'[{}]: unknown token id {} (the vocabulary has ids 0..{})", field,
-                         i, v, vocab - 1);
+      return fmt::format("field '{}'[{}]: unknown token id {} (the vocabulary has ids 0..{})",
+                         field, i, v, vocab - 1);
     }
     out.push_back(static_cast<int32_t>(v));
   }
@@ -59,7 +60,8 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
   }
   if (has_text) {
     const auto& p = doc["prompt"];
-    if (!p.is_string()) return fmt::format("field 'prompt': expected a string, found {}", type_name(p));
+    if (!p.is_string())
+      return fmt::format("field 'prompt': expected a string, found {}", type_name(p));
     if (d.tokenizer == nullptr) {
       return "field 'prompt': this pack has no tokenizer.json; give 'prompt_token_ids' instead";
     }
@@ -70,32 +72,39 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
     }
     for (int32_t id : r.prompt) {
       if (id < 0 || id >= d.vocab_size) {
-        return fmt::format("field 'prompt': the tokenizer produced id {} outside the model's "
-                           "vocabulary of {}", id, d.vocab_size);
+        return fmt::format(
+            "field 'prompt': the tokenizer produced id {} outside the model's "
+            "vocabulary of {}",
+            id, d.vocab_size);
       }
     }
   } else {
-    if (auto e = read_ids(doc["prompt_token_ids"], "prompt_token_ids", d.vocab_size, r.prompt); !e.empty()) {
+    if (auto e = read_ids(doc["prompt_token_ids"], "prompt_token_ids", d.vocab_size, r.prompt);
+        !e.empty()) {
       return e;
     }
   }
   if (r.prompt.empty()) return "empty prompt: expected at least one token";
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   if (n + 1 > d.max_context) {
-    return fmt::format("prompt has {} tokens; over the context length of {} (prompt plus one "
-                       "generated token must fit)", n, d.max_context);
+    return fmt::format(
+        "prompt has {} tokens; over the context length of {} (prompt plus one "
+        "generated token must fit)",
+        n, d.max_context);
   }
 
   r.max_tokens = d.max_tokens;
   if (auto it = doc.find("max_tokens"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-      return fmt::format("field 'max_tokens': expected a positive integer, found {}", describe(*it));
+      return fmt::format("field 'max_tokens': expected a positive integer, found {}",
+                         describe(*it));
     }
     r.max_tokens = it->get<int64_t>();
   }
   bool ignore_eos = d.ignore_eos;
   if (auto it = doc.find("ignore_eos"); it != doc.end()) {
-    if (!it->is_boolean()) return fmt::format("field 'ignore_eos': expected true or false, found {}", describe(*it));
+    if (!it->is_boolean())
+      return fmt::format("field 'ignore_eos': expected true or false, found {}", describe(*it));
     ignore_eos = ignore_eos || it->get<bool>();
   }
   if (!ignore_eos) r.stop_ids = d.eos_ids;
@@ -108,21 +117,25 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
     if (!d.allow_mrope) return "field 'mrope_position_ids': this model does not use M-RoPE";
     const auto& m = *it;
     if (!m.is_array() || m.size() != 3) {
-      return fmt::format("field 'mrope_position_ids': expected 3 arrays (temporal, height, width), "
-                         "found {}", m.is_array() ? std::to_string(m.size()) + " entries" : type_name(m));
+      return fmt::format(
+          "field 'mrope_position_ids': expected 3 arrays (temporal, height, width), "
+          "found {}",
+          m.is_array() ? std::to_string(m.size()) + " entries" : type_name(m));
     }
     r.mrope_positions.resize(3 * n);
     for (size_t a = 0; a < 3; ++a) {
       if (!m[a].is_array() || static_cast<int64_t>(m[a].size()) != n) {
-        return fmt::format("field 'mrope_position_ids'[{}]: expected {} positions (one per prompt "
-                           "token), found {}", a, n,
-                           m[a].is_array() ? std::to_string(m[a].size()) : type_name(m[a]));
+        return fmt::format(
+            "field 'mrope_position_ids'[{}]: expected {} positions (one per prompt "
+            "token), found {}",
+            a, n, m[a].is_array() ? std::to_string(m[a].size()) : type_name(m[a]));
       }
       for (int64_t i = 0; i < n; ++i) {
         const auto& e = m[a][i];
         if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= d.max_context) {
-          return fmt::format("field 'mrope_position_ids'[{}][{}]: expected an integer in 0..{}, found {}",
-                             a, i, d.max_context - 1, describe(e));
+          return fmt::format(
+              "field 'mrope_position_ids'[{}][{}]: expected an integer in 0..{}, found {}", a, i,
+              d.max_context - 1, describe(e));
         }
         r.mrope_positions[a * n + i] = static_cast<int32_t>(e.get<int64_t>());
       }
@@ -152,7 +165,8 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   }
   if (auto it = doc.find("id"); it != doc.end()) {
     if (!it->is_string() && !it->is_number_integer()) {
-      out.error = fmt::format("field 'id': expected a string or an integer, found {}", type_name(*it));
+      out.error =
+          fmt::format("field 'id': expected a string or an integer, found {}", type_name(*it));
       return out;
     }
     out.id = *it;
@@ -164,10 +178,10 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
 std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
                         const std::vector<float>* margins) {
-  std::string s = fmt::format("{{\"id\": {}, \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], "
-                              "\"finish_reason\": \"{}\"",
-                              id.dump(), fmt::join(prompt, ", "), fmt::join(output, ", "),
-                              stopped ? "stop" : "length");
+  std::string s = fmt::format(
+      "{{\"id\": {}, \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], "
+      "\"finish_reason\": \"{}\"",
+      id.dump(), fmt::join(prompt, ", "), fmt::join(output, ", "), stopped ? "stop" : "length");
   if (text != nullptr) {
     // note: replace, not throw, on invalid UTF-8 (a decode may cut a
     // character in half at the length limit; the tokenizer already maps
@@ -190,8 +204,9 @@ std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& pr
 }
 
 std::string error_line(const nlohmann::json& id, const std::string& error) {
-  return fmt::format("{{\"id\": {}, \"error\": {}}}", id.dump(),
-                     nlohmann::json(error).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return fmt::format(
+      "{{\"id\": {}, \"error\": {}}}", id.dump(),
+      nlohmann::json(error).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 }  // namespace qtk

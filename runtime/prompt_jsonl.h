@@ -19,17 +19,17 @@ class Tokenizer;
 struct PromptDefaults {
   int64_t max_tokens = 256;
   bool ignore_eos = false;
-  std::vector<int32_t> eos_ids;     // the model's EOS ids (stop unless ignore_eos)
-  int64_t vocab_size = 0;           // valid token ids are [0, vocab_size)
-  int64_t max_context = 0;          // prompt + 1 must fit
-  bool allow_mrope = false;         // the model uses M-RoPE positions
+  std::vector<int32_t> eos_ids;          // the model's EOS ids (stop unless ignore_eos)
+  int64_t vocab_size = 0;                // valid token ids are [0, vocab_size)
+  int64_t max_context = 0;               // prompt + 1 must fit
+  bool allow_mrope = false;              // the model uses M-RoPE positions
   const Tokenizer* tokenizer = nullptr;  // for "prompt"; nullptr: pack has none
 };
 
 struct PromptLine {
-  int64_t line_no = 0;               // 1-based
-  nlohmann::json id;                 // as given, or the line number
-  std::string error;                 // non-empty: the line is rejected
+  int64_t line_no = 0;  // 1-based
+  nlohmann::json id;    // as given, or the line number
+  std::string error;    // non-empty: the line is rejected
   SequenceRequest request;
 };
 

@@ -69,8 +69,9 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
   // bf16 (convert --dtype keep), so that is our signal.
   rope_inv_freq_bf16_ = w_.embed_tokens.dtype == DType::BF16;
   w_.norm = pack_vector(pack, "norm", H);
-  w_.lm_head = pack.find_tensor("lm_head") != nullptr ? pack_matrix(pack, "lm_head", c.vocab_size, H)
-                                                      : w_.embed_tokens;
+  w_.lm_head = pack.find_tensor("lm_head") != nullptr
+                   ? pack_matrix(pack, "lm_head", c.vocab_size, H)
+                   : w_.embed_tokens;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     Qwen3LayerWeights l;
@@ -139,8 +140,10 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
     matmul(h, H, l.qkv_proj.data, l.qkv_proj.dtype, qkv, qkv_ld, T, qkv_ld, H, pool_);
     rmsnorm_heads(q, qkv_ld, l.q_norm.as<float>(), q, qkv_ld, T, Hq, D, eps);
     rmsnorm_heads(k, qkv_ld, l.k_norm.as<float>(), k, qkv_ld, T, Hkv, D, eps);
-    rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false, rope_inv_freq_bf16_);
-    rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false, rope_inv_freq_bf16_);
+    rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
+               rope_inv_freq_bf16_);
+    rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
+               rope_inv_freq_bf16_);
     kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(li),
                    kv.v(li));
     paged_attention(q, qkv_ld, kv.k(li), kv.v(li), attn_.data(), c.q_dim(), ab, Hq, Hkv, D, scale,
@@ -149,7 +152,8 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
     add_inplace(x, h, T * H);
     // MLP block.
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
+    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H,
+           pool_);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
     matmul(act_.data(), I, l.down_proj.data, l.down_proj.dtype, h, H, T, H, I, pool_);
     add_inplace(x, h, T * H);

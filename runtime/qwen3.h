@@ -24,10 +24,10 @@ struct Qwen3LayerWeights {
 };
 
 struct Qwen3Weights {
-  TensorView embed_tokens;              // mat [vocab, hidden]
+  TensorView embed_tokens;  // mat [vocab, hidden]
   std::vector<Qwen3LayerWeights> layers;
-  TensorView norm;                      // f32 [hidden]
-  TensorView lm_head;                   // mat [vocab, hidden] (embed_tokens when tied)
+  TensorView norm;     // f32 [hidden]
+  TensorView lm_head;  // mat [vocab, hidden] (embed_tokens when tied)
 };
 
 // Looks up a pack tensor and checks its dtype class and shape; throws

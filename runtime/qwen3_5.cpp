@@ -31,13 +31,15 @@ int64_t in_proj_rows(const ModelConfig& c) {
 
 Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(pool) {
   const ModelConfig& c = cfg_;
-  if (c.arch != Arch::kQwen3_5) fail("{}: Qwen3.5 model built from a non-Qwen3.5 pack", pack.path());
+  if (c.arch != Arch::kQwen3_5)
+    fail("{}: Qwen3.5 model built from a non-Qwen3.5 pack", pack.path());
   if (static_cast<int64_t>(c.layer_plan.size()) != c.num_layers) {
     fail("{}: config layer_plan has {} entries; expected num_layers = {}", pack.path(),
          c.layer_plan.size(), c.num_layers);
   }
   if (!c.rope.mrope_section.empty() && c.rope.mrope_section.size() != 3) {
-    fail("{}: config rope mrope_section has {} entries; expected 3", pack.path(), c.rope.mrope_section.size());
+    fail("{}: config rope mrope_section has {} entries; expected 3", pack.path(),
+         c.rope.mrope_section.size());
   }
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t Hv = c.linear_num_value_heads, Dv = c.linear_value_head_dim;
@@ -48,8 +50,9 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
   // bf16 (convert --dtype keep), so that is our signal.
   rope_inv_freq_bf16_ = w_.embed_tokens.dtype == DType::BF16;
   w_.norm = pack_vector(pack, "norm", H);
-  w_.lm_head = pack.find_tensor("lm_head") != nullptr ? pack_matrix(pack, "lm_head", c.vocab_size, H)
-                                                      : w_.embed_tokens;
+  w_.lm_head = pack.find_tensor("lm_head") != nullptr
+                   ? pack_matrix(pack, "lm_head", c.vocab_size, H)
+                   : w_.embed_tokens;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     Qwen3_5LayerWeights l;
@@ -59,7 +62,8 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
     l.gate_up_proj = pack_matrix(pack, p + "mlp.gate_up_proj", 2 * I, H);
     l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
     if (l.kind == LayerKind::kFull) {
-      l.attn.qkv_proj = pack_matrix(pack, p + "self_attn.qkv_proj", 2 * c.q_dim() + 2 * c.kv_dim(), H);
+      l.attn.qkv_proj =
+          pack_matrix(pack, p + "self_attn.qkv_proj", 2 * c.q_dim() + 2 * c.kv_dim(), H);
       l.attn.q_norm = pack_vector(pack, p + "self_attn.q_norm", D);
       l.attn.k_norm = pack_vector(pack, p + "self_attn.k_norm", D);
       l.attn.o_proj = pack_matrix(pack, p + "self_attn.o_proj", H, c.q_dim());
@@ -69,8 +73,9 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
       const TensorView& conv = pack.tensor(p + "linear_attn.conv1d");
       if (conv.dtype != DType::F32 || conv.ndim != 2 || conv.shape[0] != c.linear_conv_dim() ||
           conv.shape[1] != c.linear_conv_kernel) {
-        fail("{}: tensor '{}' is {} {}; expected F32 [{}, {}]", pack.path(), p + "linear_attn.conv1d",
-             dtype_name(conv.dtype), conv.shape_string(), c.linear_conv_dim(), c.linear_conv_kernel);
+        fail("{}: tensor '{}' is {} {}; expected F32 [{}, {}]", pack.path(),
+             p + "linear_attn.conv1d", dtype_name(conv.dtype), conv.shape_string(),
+             c.linear_conv_dim(), c.linear_conv_kernel);
       }
       l.gdn.conv1d = conv;
       l.gdn.dt_bias = pack_vector(pack, p + "linear_attn.dt_bias", Hv);
@@ -132,8 +137,9 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
   const int64_t rotary = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
   rope_apply(q, T, Hq, D, ld, b.positions, rotary, c.rope.theta, sec.empty() ? nullptr : sec.data(),
              static_cast<int>(sec.size()), c.rope.mrope_interleaved, rope_inv_freq_bf16_);
-  rope_apply(k, T, Hkv, D, ld, b.positions, rotary, c.rope.theta, sec.empty() ? nullptr : sec.data(),
-             static_cast<int>(sec.size()), c.rope.mrope_interleaved, rope_inv_freq_bf16_);
+  rope_apply(k, T, Hkv, D, ld, b.positions, rotary, c.rope.theta,
+             sec.empty() ? nullptr : sec.data(), static_cast<int>(sec.size()),
+             c.rope.mrope_interleaved, rope_inv_freq_bf16_);
   kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(ai), kv.v(ai));
   AttentionBatch ab;
   ab.num_seqs = b.num_seqs;
@@ -180,14 +186,15 @@ void Qwen3_5::linear_attention(const Qwen3_5LinearAttention& w, int64_t gi, cons
   const float* v = conv + 2 * Hk * Dk;
   // note: q and k are L2-normalised per head (eps 1e-6) and q is scaled by
   // Dk^-1/2, as transformers does before the delta rule.
-  l2norm_heads(q, C, T, Hk, Dk, 1e-6f, static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk))));
+  l2norm_heads(q, C, T, Hk, Dk, 1e-6f,
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk))));
   l2norm_heads(k, C, T, Hk, Dk, 1e-6f, 1.0f);
   gdn_gates(acol, bcol, ld, w.A.as<float>(), w.dt_bias.as<float>(), g_.data(), beta_.data(), T, Hv);
   float* core = core_.data();
   gated_delta_rule_varlen(q, C, k, C, v, C, g_.data(), beta_.data(), Hv, b.num_seqs, b.q_start,
                           rec_states_.data(), core, c.linear_value_dim(), Hk, Hv, Dk, Dv, pool_);
-  gated_rmsnorm(core, c.linear_value_dim(), z, ld, w.norm.as<float>(), core, c.linear_value_dim(), T,
-                Hv, Dv, static_cast<float>(c.rms_norm_eps));
+  gated_rmsnorm(core, c.linear_value_dim(), z, ld, w.norm.as<float>(), core, c.linear_value_dim(),
+                T, Hv, Dv, static_cast<float>(c.rms_norm_eps));
   matmul(core, c.linear_value_dim(), w.out_proj.data, w.out_proj.dtype, out, H, T, H,
          c.linear_value_dim(), pool_);
 }
@@ -212,7 +219,8 @@ void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float*
     }
     add_inplace(x, mix, T * H);
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
+    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H,
+           pool_);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
     matmul(act_.data(), I, l.down_proj.data, l.down_proj.dtype, mix, H, T, H, I, pool_);
     add_inplace(x, mix, T * H);

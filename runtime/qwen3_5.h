@@ -41,10 +41,10 @@ struct Qwen3_5LayerWeights {
 };
 
 struct Qwen3_5Weights {
-  TensorView embed_tokens;              // mat [vocab, hidden]
+  TensorView embed_tokens;  // mat [vocab, hidden]
   std::vector<Qwen3_5LayerWeights> layers;
-  TensorView norm;                      // f32 [hidden] (1+w)
-  TensorView lm_head;                   // mat [vocab, hidden] (embed_tokens when tied)
+  TensorView norm;     // f32 [hidden] (1+w)
+  TensorView lm_head;  // mat [vocab, hidden] (embed_tokens when tied)
 };
 
 class Qwen3_5 : public Model {
@@ -75,16 +75,16 @@ class Qwen3_5 : public Model {
   int64_t conv_state_floats_ = 0, rec_state_floats_ = 0;
 
   // Scratch, sized by reserve(); T = max tokens per step.
-  std::vector<float> x_;        // f32 [T, hidden] residual stream
-  std::vector<float> h_;        // f32 [T, hidden]
-  std::vector<float> mix_;      // f32 [T, hidden] attention / GDN block output
-  std::vector<float> proj_;     // f32 [T, max(qkv width, in_proj width)]
-  std::vector<float> conv_;     // f32 [T, conv_dim]
-  std::vector<float> core_;     // f32 [T, max(Hq*D, Hv*Dv)]
-  std::vector<float> g_, beta_; // f32 [T, Hv]
-  std::vector<float> gate_up_;  // f32 [T, 2*intermediate]
-  std::vector<float> act_;      // f32 [T, intermediate]
-  std::vector<float> last_;     // f32 [max_seqs, hidden]
+  std::vector<float> x_;         // f32 [T, hidden] residual stream
+  std::vector<float> h_;         // f32 [T, hidden]
+  std::vector<float> mix_;       // f32 [T, hidden] attention / GDN block output
+  std::vector<float> proj_;      // f32 [T, max(qkv width, in_proj width)]
+  std::vector<float> conv_;      // f32 [T, conv_dim]
+  std::vector<float> core_;      // f32 [T, max(Hq*D, Hv*Dv)]
+  std::vector<float> g_, beta_;  // f32 [T, Hv]
+  std::vector<float> gate_up_;   // f32 [T, 2*intermediate]
+  std::vector<float> act_;       // f32 [T, intermediate]
+  std::vector<float> last_;      // f32 [max_seqs, hidden]
   std::vector<float> attn_scratch_;
   std::vector<float*> conv_states_, rec_states_;  // [max_seqs] per-step pointers
 };

@@ -17,11 +17,13 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
       spec_(model.cache_spec()),
       kv_(spec_, options.num_blocks, options.block_size),
       states_(spec_.state_floats, options.max_num_seqs) {
-  if (opt_.max_num_seqs < 1) fail("--max-num-seqs: expected at least 1, found {}", opt_.max_num_seqs);
+  if (opt_.max_num_seqs < 1)
+    fail("--max-num-seqs: expected at least 1, found {}", opt_.max_num_seqs);
   if (opt_.max_batched_tokens < 1) {
     fail("--max-batched-tokens: expected at least 1, found {}", opt_.max_batched_tokens);
   }
-  if (opt_.max_context < 1) fail("scheduler: max_context must be positive, found {}", opt_.max_context);
+  if (opt_.max_context < 1)
+    fail("scheduler: max_context must be positive, found {}", opt_.max_context);
   max_blocks_per_seq_ = std::min(opt_.num_blocks, blocks_for(opt_.max_context));
   const int64_t T = opt_.max_batched_tokens;
   const int64_t S = opt_.max_num_seqs;
@@ -43,17 +45,19 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
 std::string Scheduler::check_fits(const SequenceRequest& r) const {
   const int64_t p = static_cast<int64_t>(r.prompt.size());
   if (p + 1 > opt_.max_context) {
-    return fmt::format("prompt has {} tokens; the context length is {} (prompt plus at least one "
-                       "generated token must fit)",
-                       p, opt_.max_context);
+    return fmt::format(
+        "prompt has {} tokens; the context length is {} (prompt plus at least one "
+        "generated token must fit)",
+        p, opt_.max_context);
   }
   // note: the last generated token is never fed back, so a sequence caches at
   // most prompt + max_tokens - 1 tokens.
   const int64_t longest = std::min(p + r.max_tokens, opt_.max_context) - 1;
   if (blocks_for(longest) > opt_.num_blocks) {
-    return fmt::format("prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "
-                       "cache has only {} (raise --kv-cache-blocks)",
-                       p, r.max_tokens, blocks_for(longest), opt_.block_size, opt_.num_blocks);
+    return fmt::format(
+        "prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "
+        "cache has only {} (raise --kv-cache-blocks)",
+        p, r.max_tokens, blocks_for(longest), opt_.block_size, opt_.num_blocks);
   }
   return {};
 }
@@ -241,7 +245,8 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     s.result.margins.push_back(margin);
     s.tokens.push_back(tok);
     ++stats_.generated_tokens;
-    const bool stop = std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
+    const bool stop =
+        std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
     const bool length = static_cast<int64_t>(s.result.output.size()) >= s.req.max_tokens ||
                         static_cast<int64_t>(s.tokens.size()) >= opt_.max_context;
     if (stop || length) {

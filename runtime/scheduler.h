@@ -25,8 +25,8 @@ struct SequenceRequest {
   // [3][prompt.size()] M-RoPE positions (temporal, height, width); empty for
   // text, where every axis uses the token index.
   std::vector<int32_t> mrope_positions;
-  int64_t max_tokens = 0;             // >= 1
-  std::vector<int32_t> stop_ids;      // generation stops after emitting one of these
+  int64_t max_tokens = 0;         // >= 1
+  std::vector<int32_t> stop_ids;  // generation stops after emitting one of these
 };
 
 struct SequenceResult {
@@ -39,20 +39,20 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 64;
   int64_t max_batched_tokens = 512;
   int64_t block_size = 16;
-  int64_t num_blocks = 0;          // K/V blocks in the cache
-  int64_t max_context = 0;         // longest sequence (prompt + generated) allowed
+  int64_t num_blocks = 0;   // K/V blocks in the cache
+  int64_t max_context = 0;  // longest sequence (prompt + generated) allowed
 };
 
 struct SchedulerStats {
   int64_t steps = 0;
   int64_t preemptions = 0;
-  int64_t prompt_tokens = 0;       // prompt tokens computed the first time
+  int64_t prompt_tokens = 0;  // prompt tokens computed the first time
   int64_t generated_tokens = 0;
-  int64_t recomputed_tokens = 0;   // tokens computed again after a preemption
+  int64_t recomputed_tokens = 0;       // tokens computed again after a preemption
   int64_t prompt_tokens_computed = 0;  // tokens computed in prefill chunks (incl. replays)
-  int64_t decode_tokens = 0;       // tokens computed as one new token of a sequence
-  double prefill_seconds = 0;      // wall time of steps with any prefill token
-  double decode_seconds = 0;       // wall time of steps with decode tokens only
+  int64_t decode_tokens = 0;           // tokens computed as one new token of a sequence
+  double prefill_seconds = 0;          // wall time of steps with any prefill token
+  double decode_seconds = 0;           // wall time of steps with decode tokens only
 };
 
 class Scheduler {
@@ -76,15 +76,17 @@ class Scheduler {
  private:
   struct Seq {
     SequenceRequest req;
-    std::vector<int32_t> tokens;     // prompt then generated tokens
+    std::vector<int32_t> tokens;  // prompt then generated tokens
     SequenceResult result;
-    int64_t computed = 0;            // tokens whose K/V and state are cached
-    int64_t high_water = 0;          // most tokens ever computed (recompute accounting)
+    int64_t computed = 0;    // tokens whose K/V and state are cached
+    int64_t high_water = 0;  // most tokens ever computed (recompute accounting)
     std::vector<int32_t> blocks;
     int32_t state_slot = -1;
     bool done = false;
   };
-  int64_t blocks_for(int64_t tokens) const { return (tokens + opt_.block_size - 1) / opt_.block_size; }
+  int64_t blocks_for(int64_t tokens) const {
+    return (tokens + opt_.block_size - 1) / opt_.block_size;
+  }
   int32_t position(const Seq& s, int64_t axis, int64_t n) const;
   void preempt(int64_t handle);
   void release(Seq& s);
@@ -97,7 +99,7 @@ class Scheduler {
   StatePool states_;
   std::vector<Seq> seqs_;
   std::deque<int64_t> waiting_;
-  std::vector<int64_t> running_;     // in admission order
+  std::vector<int64_t> running_;  // in admission order
   SchedulerStats stats_;
   int64_t max_blocks_per_seq_ = 0;
 

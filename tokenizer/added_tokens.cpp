@@ -32,7 +32,8 @@ bool AddedTokenMatcher::find(std::string_view text, size_t from, Match& match) c
       i = static_cast<size_t>(static_cast<const unsigned char*>(hit) - s);
     }
     for (const Candidate& c : by_first_byte_[s[i]]) {
-      if (c.content.size() <= n - i && std::memcmp(s + i, c.content.data(), c.content.size()) == 0) {
+      if (c.content.size() <= n - i &&
+          std::memcmp(s + i, c.content.data(), c.content.size()) == 0) {
         match = Match{i, c.content.size(), c.id};
         return true;
       }

@@ -187,7 +187,8 @@ uint64_t WordCache::hash_bytes(const unsigned char* w, size_t n) {
   return h ^ (h >> 32);
 }
 
-bool WordCache::lookup(uint64_t hash, const unsigned char* w, size_t n, std::vector<int32_t>& out) const {
+bool WordCache::lookup(uint64_t hash, const unsigned char* w, size_t n,
+                       std::vector<int32_t>& out) const {
   size_t slot = hash & (kSlots - 1);
   for (;;) {
     const Slot& s = slots_[slot];
@@ -200,7 +201,8 @@ bool WordCache::lookup(uint64_t hash, const unsigned char* w, size_t n, std::vec
   }
 }
 
-void WordCache::insert(uint64_t hash, const unsigned char* w, size_t n, const int32_t* ids, size_t count) {
+void WordCache::insert(uint64_t hash, const unsigned char* w, size_t n, const int32_t* ids,
+                       size_t count) {
   if (n == 0 || n > kMaxWordBytes) return;
   if (entries_ >= kMaxEntries || keys_.size() + n > kMaxArenaBytes) clear();
   size_t slot = hash & (kSlots - 1);

@@ -37,14 +37,18 @@ class MergeTable {
     }
   }
   size_t size() const { return size_; }
-  void prefetch(int32_t left, int32_t right) const { __builtin_prefetch(&slots_[hash(make_key(left, right))]); }
+  void prefetch(int32_t left, int32_t right) const {
+    __builtin_prefetch(&slots_[hash(make_key(left, right))]);
+  }
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};
   static uint64_t make_key(int32_t left, int32_t right) {
     return (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
   }
-  size_t hash(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_); }
+  size_t hash(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
   void grow();
 
   std::vector<Entry> slots_;

@@ -106,10 +106,14 @@ uint32_t JsonReader::read_hex4() {
     if (pos_ >= text_.size()) fail_here("4 hex digits after \\u");
     const char c = text_[pos_];
     uint32_t d;
-    if (c >= '0' && c <= '9') d = static_cast<uint32_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<uint32_t>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') d = static_cast<uint32_t>(c - 'A' + 10);
-    else fail_here("4 hex digits after \\u");
+    if (c >= '0' && c <= '9')
+      d = static_cast<uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<uint32_t>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<uint32_t>(c - 'A' + 10);
+    else
+      fail_here("4 hex digits after \\u");
     v = v * 16 + d;
     ++pos_;
   }
@@ -129,9 +133,11 @@ void JsonReader::read_string(std::string& out, std::string_view what) {
     while (run < n) {
       const unsigned char c = static_cast<unsigned char>(s[run]);
       if (c >= 0x80) {
-        const size_t len = unicode::utf8_sequence_length(reinterpret_cast<const unsigned char*>(s) + run, n - run);
+        const size_t len =
+            unicode::utf8_sequence_length(reinterpret_cast<const unsigned char*>(s) + run, n - run);
         if (len == 0) {
-          fail("{}: invalid JSON: byte {} is not valid UTF-8 (found byte 0x{:02X})", source_, run, c);
+          fail("{}: invalid JSON: byte {} is not valid UTF-8 (found byte 0x{:02X})", source_, run,
+               c);
         }
         run += len;
         continue;
@@ -147,19 +153,36 @@ void JsonReader::read_string(std::string& out, std::string_view what) {
       ++pos_;
       return;
     }
-    if (c != '\\') fail_here("an escaped control character (raw control bytes are not allowed in strings)");
+    if (c != '\\')
+      fail_here("an escaped control character (raw control bytes are not allowed in strings)");
     ++pos_;
     if (pos_ >= n) fail_here("an escape character");
     const char e = s[pos_++];
     switch (e) {
-      case '"': out.push_back('"'); break;
-      case '\\': out.push_back('\\'); break;
-      case '/': out.push_back('/'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '/':
+        out.push_back('/');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
       case 'u': {
         uint32_t cp = read_hex4();
         if (cp >= 0xDC00 && cp <= 0xDFFF) fail_here("a high surrogate before a low surrogate");
@@ -219,10 +242,17 @@ nlohmann::json JsonReader::read_value(int depth) {
       read_string(s, "a value");
       return s;
     }
-    case 't': read_literal("true"); return true;
-    case 'f': read_literal("false"); return false;
-    case 'n': read_literal("null"); return nullptr;
-    default: break;
+    case 't':
+      read_literal("true");
+      return true;
+    case 'f':
+      read_literal("false");
+      return false;
+    case 'n':
+      read_literal("null");
+      return nullptr;
+    default:
+      break;
   }
   // A number: integers stay integers, anything else is parsed as double.
   const size_t start = pos_;
@@ -255,7 +285,8 @@ nlohmann::json JsonReader::read_value(int depth) {
 }
 
 void JsonReader::expect_end() {
-  if (peek() != '\0' || pos_ < text_.size()) fail_here("the end of the file after the top-level object");
+  if (peek() != '\0' || pos_ < text_.size())
+    fail_here("the end of the file after the top-level object");
 }
 
 }  // namespace qtk

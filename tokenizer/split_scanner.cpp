@@ -14,10 +14,14 @@ constexpr std::array<CharClass, 128> make_ascii_classes() {
   std::array<CharClass, 128> t{};
   for (int c = 0; c < 128; ++c) {
     CharClass k = CharClass::kOther;
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) k = CharClass::kLetter;
-    else if (c >= '0' && c <= '9') k = CharClass::kNumber;
-    else if (c == '\r' || c == '\n') k = CharClass::kNewline;
-    else if (c == ' ' || c == '\t' || c == 0x0B || c == 0x0C) k = CharClass::kSpace;
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+      k = CharClass::kLetter;
+    else if (c >= '0' && c <= '9')
+      k = CharClass::kNumber;
+    else if (c == '\r' || c == '\n')
+      k = CharClass::kNewline;
+    else if (c == ' ' || c == '\t' || c == 0x0B || c == 0x0C)
+      k = CharClass::kSpace;
     t[static_cast<size_t>(c)] = k;
   }
   return t;

@@ -46,9 +46,11 @@ std::string read_pack_entry(const std::string& path, const char* entry) {
   std::string data;
   try {
     const zip_int64_t index = zip_name_locate(archive, entry, 0);
-    if (index < 0) fail("{}: pack has no entry '{}' (expected the model's tokenizer.json)", path, entry);
+    if (index < 0)
+      fail("{}: pack has no entry '{}' (expected the model's tokenizer.json)", path, entry);
     zip_stat_t stat;
-    if (zip_stat_index(archive, static_cast<zip_uint64_t>(index), 0, &stat) != 0 || !(stat.valid & ZIP_STAT_SIZE)) {
+    if (zip_stat_index(archive, static_cast<zip_uint64_t>(index), 0, &stat) != 0 ||
+        !(stat.valid & ZIP_STAT_SIZE)) {
       fail("{}: cannot stat pack entry '{}': {}", path, entry, zip_strerror(archive));
     }
     zip_file_t* file = zip_fopen_index(archive, static_cast<zip_uint64_t>(index), 0);
@@ -57,7 +59,8 @@ std::string read_pack_entry(const std::string& path, const char* entry) {
     const zip_int64_t got = zip_fread(file, data.data(), stat.size);
     zip_fclose(file);
     if (got < 0 || static_cast<zip_uint64_t>(got) != stat.size) {
-      fail("{}: pack entry '{}' is truncated (expected {} bytes, read {})", path, entry, stat.size, got);
+      fail("{}: pack entry '{}' is truncated (expected {} bytes, read {})", path, entry, stat.size,
+           got);
     }
   } catch (...) {
     zip_discard(archive);
@@ -75,14 +78,17 @@ qtk::Tokenizer load_tokenizer(const std::string& path) {
     if (!fs::exists(json_path, ec)) fail("{}: model directory has no tokenizer.json", path);
     return qtk::Tokenizer::from_file(json_path);
   }
-  if (!fs::exists(path, ec)) fail("{}: no such file or directory (expected a tokenizer.json, model directory or .pack)", path);
+  if (!fs::exists(path, ec))
+    fail("{}: no such file or directory (expected a tokenizer.json, model directory or .pack)",
+         path);
   char magic[4] = {};
   {
     std::ifstream in(path, std::ios::binary);
     in.read(magic, 4);
   }
   if (std::string_view(magic, 4) == std::string_view("PK\x03\x04", 4)) {
-    return qtk::Tokenizer::from_json_text(read_pack_entry(path, "tokenizer.json"), path + ":tokenizer.json");
+    return qtk::Tokenizer::from_json_text(read_pack_entry(path, "tokenizer.json"),
+                                          path + ":tokenizer.json");
   }
   return qtk::Tokenizer::from_file(path);
 }
@@ -121,8 +127,8 @@ class LineReader {
 };
 
 std::string error_line(size_t line_number, const std::string& message) {
-  return nlohmann::json{{"line", line_number}, {"error", message}}.dump(-1, ' ', false,
-                                                                         nlohmann::json::error_handler_t::replace);
+  return nlohmann::json{{"line", line_number}, {"error", message}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
@@ -135,8 +141,8 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
   }
   try {
     if (!input.is_object()) {
-      fail("line {}: expected a JSON object with \"{}\", found {}", line_number, decode ? "ids" : "text",
-           input.type_name());
+      fail("line {}: expected a JSON object with \"{}\", found {}", line_number,
+           decode ? "ids" : "text", input.type_name());
     }
     if (!decode) {
       const auto text = input.find("text");
@@ -173,16 +179,20 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
 int run(int argc, char** argv) {
   cxxopts::Options options(
       "tokenize",
-      "Encode JSONL {\"text\": ...} lines from stdin to {\"ids\": [...]} lines on stdout, or decode\n"
-      "{\"ids\": [...]} to {\"text\": ...} with --decode. Encoding adds no special tokens; decoding\n"
-      "keeps them. A bad input line gives {\"line\": N, \"error\": \"...\"} and the other lines still\n"
+      "Encode JSONL {\"text\": ...} lines from stdin to {\"ids\": [...]} lines on stdout, or "
+      "decode\n"
+      "{\"ids\": [...]} to {\"text\": ...} with --decode. Encoding adds no special tokens; "
+      "decoding\n"
+      "keeps them. A bad input line gives {\"line\": N, \"error\": \"...\"} and the other lines "
+      "still\n"
       "come out, in input order. Exit status 0 once the tokenizer loads (even with bad lines),\n"
       "1 for bad flags or an unusable tokenizer.");
-  options.add_options()
-      ("tokenizer", "tokenizer.json, a model directory holding one, or a .pack file", cxxopts::value<std::string>())
-      ("decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")
-      ("threads", "worker threads (0 = all cores)", cxxopts::value<int>()->default_value("1"))
-      ("h,help", "print this help");
+  options.add_options()("tokenizer",
+                        "tokenizer.json, a model directory holding one, or a .pack file",
+                        cxxopts::value<std::string>())(
+      "decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")(
+      "threads", "worker threads (0 = all cores)", cxxopts::value<int>()->default_value("1"))(
+      "h,help", "print this help");
   cxxopts::ParseResult args;
   try {
     args = options.parse(argc, argv);
@@ -199,8 +209,8 @@ int run(int argc, char** argv) {
   if (threads_flag < 0) fail("--threads must be >= 0, found {}", threads_flag);
   const bool decode = args.count("decode") > 0;
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
-  const size_t threads =
-      threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency()) : static_cast<size_t>(threads_flag);
+  const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())
+                                           : static_cast<size_t>(threads_flag);
 
   // note: lines are processed in blocks so memory stays bounded on huge inputs
   // while threads share the work; output keeps the input order.

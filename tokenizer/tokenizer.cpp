@@ -117,7 +117,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   if (size < 0) fail("{}: cannot read tokenizer file (is it a directory?)", path);
   text.resize(static_cast<size_t>(size));
   in.seekg(0, std::ios::beg);
-  if (!in.read(text.data(), size)) fail("{}: cannot read tokenizer file: {}", path, std::strerror(errno));
+  if (!in.read(text.data(), size))
+    fail("{}: cannot read tokenizer file: {}", path, std::strerror(errno));
   return from_json_text(text, path);
 }
 
@@ -135,7 +136,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   size_t pos = 0;
   AddedTokenMatcher::Match match;
   while (m.raw_added.find(text, pos, match)) {
-    if (match.begin > pos) encode_segment(m, cache, text.substr(pos, match.begin - pos), buffer, out);
+    if (match.begin > pos)
+      encode_segment(m, cache, text.substr(pos, match.begin - pos), buffer, out);
     out.push_back(match.id);
     pos = match.begin + match.size;
   }
@@ -152,7 +154,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
            m.vocab_size - 1);
     }
     const auto i = static_cast<size_t>(id);
-    bytes.append(m.decode_bytes, m.decode_offsets[i], m.decode_offsets[i + 1] - m.decode_offsets[i]);
+    bytes.append(m.decode_bytes, m.decode_offsets[i],
+                 m.decode_offsets[i + 1] - m.decode_offsets[i]);
   }
   std::string text;
   byte_level::append_utf8_lossy(text, bytes);
@@ -162,7 +165,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::string> texts,
                                                           int threads) const {
   std::vector<std::vector<int32_t>> results(texts.size());
-  size_t workers = threads > 0 ? static_cast<size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  size_t workers = threads > 0 ? static_cast<size_t>(threads)
+                               : std::max(1u, std::thread::hardware_concurrency());
   workers = std::min(workers, texts.size());
   if (workers <= 1) {
     for (size_t i = 0; i < texts.size(); ++i) results[i] = encode(texts[i]);

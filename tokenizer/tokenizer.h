@@ -37,7 +37,8 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids) const;
 
   // encode() of every text on up to `threads` threads (<= 0: all cores).
-  std::vector<std::vector<int32_t>> encode_batch(std::span<const std::string> texts, int threads) const;
+  std::vector<std::vector<int32_t>> encode_batch(std::span<const std::string> texts,
+                                                 int threads) const;
 
   // Max id + 1 over the vocabulary and the added tokens.
   int64_t vocab_size() const;

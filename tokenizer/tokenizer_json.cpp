@@ -49,7 +49,8 @@ std::string component_type(const json& v, const std::string& source, std::string
 void require_bool(const json& obj, std::string_view name, bool required, bool absent_value,
                   const std::string& source, std::string_view field) {
   const auto it = obj.find(std::string(name));
-  const bool value = it == obj.end() || it->is_null() ? absent_value : it->is_boolean() && it->get<bool>();
+  const bool value =
+      it == obj.end() || it->is_null() ? absent_value : it->is_boolean() && it->get<bool>();
   if (it != obj.end() && !it->is_null() && !it->is_boolean()) {
     fail("{}: {}.{} must be a boolean, found {}", source, field, name, json_kind(*it));
   }
@@ -78,37 +79,49 @@ void check_pre_tokenizer(const json& v, const std::string& source) {
   const auto list = v.find("pretokenizers");
   if (list == v.end() || !list->is_array() || list->size() != 2) {
     fail("{}: pre_tokenizer.pretokenizers must be an array of 2 (expected {}), found {}", source,
-         kExpected, list == v.end() ? "nothing" : list->is_array() ? fmt::format("{} items", list->size()) : json_kind(*list));
+         kExpected,
+         list == v.end()    ? "nothing"
+         : list->is_array() ? fmt::format("{} items", list->size())
+                            : json_kind(*list));
   }
   const json& split = (*list)[0];
-  const std::string split_type = component_type(split, source, "pre_tokenizer.pretokenizers[0]", "Split");
+  const std::string split_type =
+      component_type(split, source, "pre_tokenizer.pretokenizers[0]", "Split");
   if (split_type != "Split") {
-    fail("{}: pre_tokenizer.pretokenizers[0] type '{}' is not supported (expected Split)", source, split_type);
+    fail("{}: pre_tokenizer.pretokenizers[0] type '{}' is not supported (expected Split)", source,
+         split_type);
   }
   const auto pattern = split.find("pattern");
   if (pattern == split.end() || !pattern->is_object() || !pattern->contains("Regex") ||
       !(*pattern)["Regex"].is_string()) {
-    fail("{}: pre_tokenizer.pretokenizers[0].pattern must be {{\"Regex\": ...}} with Qwen's split pattern, found {}",
-         source, pattern == split.end() ? "nothing" : pattern->dump());
+    fail(
+        "{}: pre_tokenizer.pretokenizers[0].pattern must be {{\"Regex\": ...}} with Qwen's split "
+        "pattern, found {}",
+        source, pattern == split.end() ? "nothing" : pattern->dump());
   }
   const std::string regex = (*pattern)["Regex"].get<std::string>();
   if (regex != kQwenSplitPattern) {
-    fail("{}: pre_tokenizer.pretokenizers[0].pattern.Regex is not supported (expected Qwen's pattern {}, found {})",
-         source, kQwenSplitPattern, shorten(regex, 200));
+    fail(
+        "{}: pre_tokenizer.pretokenizers[0].pattern.Regex is not supported (expected Qwen's "
+        "pattern {}, found {})",
+        source, kQwenSplitPattern, shorten(regex, 200));
   }
   const auto behavior = split.find("behavior");
   if (behavior == split.end() || *behavior != "Isolated") {
-    fail("{}: pre_tokenizer.pretokenizers[0].behavior {} is not supported (expected \"Isolated\")", source,
-         behavior == split.end() ? "(missing)" : json_kind(*behavior));
+    fail("{}: pre_tokenizer.pretokenizers[0].behavior {} is not supported (expected \"Isolated\")",
+         source, behavior == split.end() ? "(missing)" : json_kind(*behavior));
   }
   require_bool(split, "invert", false, false, source, "pre_tokenizer.pretokenizers[0]");
 
   const json& byte_level = (*list)[1];
-  const std::string bl_type = component_type(byte_level, source, "pre_tokenizer.pretokenizers[1]", "ByteLevel");
+  const std::string bl_type =
+      component_type(byte_level, source, "pre_tokenizer.pretokenizers[1]", "ByteLevel");
   if (bl_type != "ByteLevel") {
-    fail("{}: pre_tokenizer.pretokenizers[1] type '{}' is not supported (expected ByteLevel)", source, bl_type);
+    fail("{}: pre_tokenizer.pretokenizers[1] type '{}' is not supported (expected ByteLevel)",
+         source, bl_type);
   }
-  require_bool(byte_level, "add_prefix_space", false, true, source, "pre_tokenizer.pretokenizers[1]");
+  require_bool(byte_level, "add_prefix_space", false, true, source,
+               "pre_tokenizer.pretokenizers[1]");
   require_bool(byte_level, "use_regex", false, true, source, "pre_tokenizer.pretokenizers[1]");
 }
 
@@ -117,7 +130,8 @@ void check_post_processor(const json& v, const std::string& source) {
   // note: ByteLevel post-processing only trims offsets; ids are unchanged.
   const std::string type = component_type(v, source, "post_processor", "ByteLevel or null");
   if (type != "ByteLevel") {
-    fail("{}: post_processor type '{}' is not supported (expected ByteLevel or null)", source, type);
+    fail("{}: post_processor type '{}' is not supported (expected ByteLevel or null)", source,
+         type);
   }
 }
 
@@ -148,7 +162,8 @@ class VocabIndex {
     mask_ = capacity - 1;
   }
   static uint64_t hash(std::string_view key) {
-    return bpe::WordCache::hash_bytes(reinterpret_cast<const unsigned char*>(key.data()), key.size());
+    return bpe::WordCache::hash_bytes(reinterpret_cast<const unsigned char*>(key.data()),
+                                      key.size());
   }
   void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
   // Returns the id already stored under the same string, or -1 after inserting.
@@ -171,7 +186,8 @@ class VocabIndex {
     for (size_t slot = h & mask_;; slot = (slot + 1) & mask_) {
       const Slot& s = slots_[slot];
       if (s.id < 0) return std::nullopt;
-      if (s.tag == tag && s.size == key.size() && std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0) {
+      if (s.tag == tag && s.size == key.size() &&
+          std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0) {
         return s.id;
       }
     }
@@ -207,7 +223,9 @@ Span append(std::string& arena, std::string_view s) {
   return span;
 }
 
-std::string_view view(const std::string& arena, Span s) { return std::string_view(arena).substr(s.offset, s.size); }
+std::string_view view(const std::string& arena, Span s) {
+  return std::string_view(arena).substr(s.offset, s.size);
+}
 
 void read_model(JsonReader& r, RawModel& m) {
   const std::string& source = r.source();
@@ -217,7 +235,8 @@ void read_model(JsonReader& r, RawModel& m) {
     if (key == "type") {
       value.clear();
       r.read_string(value, "model.type");
-      if (value != "BPE") fail("{}: model type '{}' is not supported (expected BPE)", source, value);
+      if (value != "BPE")
+        fail("{}: model type '{}' is not supported (expected BPE)", source, value);
     } else if (key == "vocab") {
       m.saw_vocab = true;
       r.begin_object("model.vocab");
@@ -225,7 +244,8 @@ void read_model(JsonReader& r, RawModel& m) {
       while (r.next_member(token)) {
         const int64_t id = r.read_integer("the id of a model.vocab token");
         if (id < 0 || id > INT32_MAX) {
-          fail("{}: model.vocab token \"{}\" has id {} (expected 0..{})", source, shorten(token), id, INT32_MAX);
+          fail("{}: model.vocab token \"{}\" has id {} (expected 0..{})", source, shorten(token),
+               id, INT32_MAX);
         }
         m.vocab.emplace_back(append(m.arena, token), static_cast<int32_t>(id));
       }
@@ -239,19 +259,22 @@ void read_model(JsonReader& r, RawModel& m) {
         b.clear();
         if (r.peek() == '[') {
           r.begin_array("a merge");
-          if (!r.next_element()) fail("{}: model.merges[{}] must hold 2 strings, found 0", source, index);
+          if (!r.next_element())
+            fail("{}: model.merges[{}] must hold 2 strings, found 0", source, index);
           r.read_string(a, "the left half of a merge");
-          if (!r.next_element()) fail("{}: model.merges[{}] must hold 2 strings, found 1", source, index);
+          if (!r.next_element())
+            fail("{}: model.merges[{}] must hold 2 strings, found 1", source, index);
           r.read_string(b, "the right half of a merge");
-          if (r.next_element()) fail("{}: model.merges[{}] must hold 2 strings, found more", source, index);
+          if (r.next_element())
+            fail("{}: model.merges[{}] must hold 2 strings, found more", source, index);
         } else if (r.peek() == '"') {
           // note: the older "a b" form; HF splits on ' ' and needs exactly 2 parts.
           std::string line;
           r.read_string(line, "a merge");
           const size_t space = line.find(' ');
           if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-            fail("{}: model.merges[{}] \"{}\" must be two tokens separated by one space", source, index,
-                 shorten(line));
+            fail("{}: model.merges[{}] \"{}\" must be two tokens separated by one space", source,
+                 index, shorten(line));
           }
           a = line.substr(0, space);
           b = line.substr(space + 1);
@@ -264,15 +287,18 @@ void read_model(JsonReader& r, RawModel& m) {
       }
     } else if (key == "dropout") {
       const json v = r.read_value();
-      if (!v.is_null()) fail("{}: model.dropout = {} is not supported (expected null)", source, json_kind(v));
+      if (!v.is_null())
+        fail("{}: model.dropout = {} is not supported (expected null)", source, json_kind(v));
     } else if (key == "continuing_subword_prefix" || key == "end_of_word_suffix") {
       const json v = r.read_value();
       if (!v.is_null() && v != "") {
-        fail("{}: model.{} = {} is not supported (expected null or \"\")", source, key, json_kind(v));
+        fail("{}: model.{} = {} is not supported (expected null or \"\")", source, key,
+             json_kind(v));
       }
     } else if (key == "ignore_merges") {
       const json v = r.read_value();
-      if (!v.is_boolean()) fail("{}: model.ignore_merges must be a boolean, found {}", source, json_kind(v));
+      if (!v.is_boolean())
+        fail("{}: model.ignore_merges must be a boolean, found {}", source, json_kind(v));
       m.ignore_merges = v.get<bool>();
     } else {
       // unk_token, fuse_unk, byte_fallback: never used, since every byte has
@@ -299,7 +325,8 @@ std::vector<AddedToken> read_added_tokens(const json& v, const std::string& sour
     const std::string field = fmt::format("added_tokens[{}]", i);
     if (!t.is_object()) fail("{}: {} must be an object, found {}", source, field, json_kind(t));
     const auto id = t.find("id");
-    if (id == t.end() || !id->is_number_integer() || id->get<int64_t>() < 0 || id->get<int64_t>() > INT32_MAX) {
+    if (id == t.end() || !id->is_number_integer() || id->get<int64_t>() < 0 ||
+        id->get<int64_t>() > INT32_MAX) {
       fail("{}: {}.id must be an integer in 0..{}, found {}", source, field, INT32_MAX,
            id == t.end() ? "nothing" : json_kind(*id));
     }
@@ -315,7 +342,8 @@ std::vector<AddedToken> read_added_tokens(const json& v, const std::string& sour
     if (normalized != t.end() && !normalized->is_boolean()) {
       fail("{}: {}.normalized must be a boolean, found {}", source, field, json_kind(*normalized));
     }
-    tokens.push_back(AddedToken{content->get<std::string>(), static_cast<int32_t>(id->get<int64_t>()),
+    tokens.push_back(AddedToken{content->get<std::string>(),
+                                static_cast<int32_t>(id->get<int64_t>()),
                                 normalized != t.end() && normalized->get<bool>()});
   }
   return tokens;
@@ -349,7 +377,8 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
       added_tokens = r.read_value();
     } else if (key == "truncation" || key == "padding") {
       const json v = r.read_value();
-      if (!v.is_null()) fail("{}: {} is not supported (expected null), found {}", source, key, json_kind(v));
+      if (!v.is_null())
+        fail("{}: {} is not supported (expected null), found {}", source, key, json_kind(v));
     } else {
       r.read_value();  // "version" and fields HF ignores
     }
@@ -373,7 +402,8 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
   model.vocab_size = max_id + 1;
   std::vector<Span> token_of_id(static_cast<size_t>(model.vocab_size), Span{0, UINT32_MAX});
   std::vector<uint64_t> hashes(raw.vocab.size());
-  for (size_t i = 0; i < raw.vocab.size(); ++i) hashes[i] = VocabIndex::hash(view(raw.arena, raw.vocab[i].first));
+  for (size_t i = 0; i < raw.vocab.size(); ++i)
+    hashes[i] = VocabIndex::hash(view(raw.arena, raw.vocab[i].first));
   for (size_t i = 0; i < raw.vocab.size(); ++i) {
     if (i + kPrefetchDistance < raw.vocab.size()) index.prefetch(hashes[i + kPrefetchDistance]);
     const auto& [span, id] = raw.vocab[i];
@@ -382,8 +412,8 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     }
     Span& owner = token_of_id[static_cast<size_t>(id)];
     if (owner.size != UINT32_MAX) {
-      fail("{}: model.vocab gives id {} to both \"{}\" and \"{}\" (expected unique ids)", source, id,
-           shorten(view(raw.arena, owner)), shorten(view(raw.arena, span)));
+      fail("{}: model.vocab gives id {} to both \"{}\" and \"{}\" (expected unique ids)", source,
+           id, shorten(view(raw.arena, owner)), shorten(view(raw.arena, span)));
     }
     owner = span;
   }
@@ -394,8 +424,10 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     unicode::append_utf8(ch, byte_level::byte_to_char(static_cast<uint8_t>(b)));
     const std::optional<int32_t> id = index.find(ch);
     if (!id) {
-      fail("{}: model.vocab has no token \"{}\" for byte 0x{:02X} (expected the full 256-character "
-           "ByteLevel alphabet)", source, ch, b);
+      fail(
+          "{}: model.vocab has no token \"{}\" for byte 0x{:02X} (expected the full 256-character "
+          "ByteLevel alphabet)",
+          source, ch, b);
     }
     model.byte_ids[b] = *id;
   }
@@ -431,7 +463,8 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
       fail("{}: model.merges[{}] uses \"{}\", which is not in model.vocab", source, k,
            shorten(view(raw.arena, left ? b : a)));
     }
-    const std::optional<int32_t> merged = index.find(view(joined_arena, joined[k]), merge_hashes[3 * k + 2]);
+    const std::optional<int32_t> merged =
+        index.find(view(joined_arena, joined[k]), merge_hashes[3 * k + 2]);
     if (!merged) {
       fail("{}: model.merges[{}] makes \"{}\", which is not in model.vocab", source, k,
            shorten(view(joined_arena, joined[k])));
@@ -444,7 +477,8 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
       const ResolvedMerge& ahead = resolved[k + kPrefetchDistance];
       model.merges.prefetch(ahead.left, ahead.right);
     }
-    model.merges.insert(resolved[k].left, resolved[k].right, static_cast<uint32_t>(k), resolved[k].merged);
+    model.merges.insert(resolved[k].left, resolved[k].right, static_cast<uint32_t>(k),
+                        resolved[k].merged);
   }
 
   // Added tokens. note: HF ignores the "id" written in the file and assigns the
@@ -458,9 +492,10 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     const std::optional<int32_t> in_vocab = index.find(t.content);
     const int64_t hf_id = in_vocab ? *in_vocab : next_id++;
     if (hf_id != t.id) {
-      fail("{}: added_tokens[{}] \"{}\" has id {}, but HF tokenizers would give it id {} (expected "
-           "the model.vocab id of the same string, or the next id after the vocabulary)",
-           source, i, shorten(t.content), t.id, hf_id);
+      fail(
+          "{}: added_tokens[{}] \"{}\" has id {}, but HF tokenizers would give it id {} (expected "
+          "the model.vocab id of the same string, or the next id after the vocabulary)",
+          source, i, shorten(t.content), t.id, hf_id);
     }
     if (is_added[static_cast<size_t>(t.id)]) {
       fail("{}: added_tokens[{}] \"{}\" repeats id {}", source, i, shorten(t.content), t.id);
@@ -493,14 +528,16 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     model.id_known[id] = 1;
     byte_level::append_token_bytes(model.decode_bytes, text);
   }
-  model.decode_offsets[static_cast<size_t>(model.vocab_size)] = static_cast<uint32_t>(model.decode_bytes.size());
+  model.decode_offsets[static_cast<size_t>(model.vocab_size)] =
+      static_cast<uint32_t>(model.decode_bytes.size());
 
   if (model.ignore_merges) {
     model.bytes_to_id.reserve(raw.vocab.size());
     for (const auto& [span, id] : raw.vocab) {
       // Only tokens spelled in the ByteLevel alphabet can equal a pre-token.
       std::string bytes = byte_level::token_bytes(view(raw.arena, span));
-      if (byte_level::to_token_string(bytes) == view(raw.arena, span)) model.bytes_to_id.emplace(std::move(bytes), id);
+      if (byte_level::to_token_string(bytes) == view(raw.arena, span))
+        model.bytes_to_id.emplace(std::move(bytes), id);
     }
   }
   model.instance = g_next_instance.fetch_add(1);

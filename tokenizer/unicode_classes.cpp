@@ -63,9 +63,10 @@ std::unique_ptr<uint8_t[]> build_table() {
     if (!has_canonical_decomposition(p)) continue;
     utf8proc_int32_t parts[8];
     int last_boundclass = 0;
-    const utf8proc_ssize_t n = utf8proc_decompose_char(
-        static_cast<utf8proc_int32_t>(cp), parts, 8, UTF8PROC_DECOMPOSE, &last_boundclass);
-    for (utf8proc_ssize_t k = 1; k < n && k < 8; ++k) is_second[static_cast<uint32_t>(parts[k])] = true;
+    const utf8proc_ssize_t n = utf8proc_decompose_char(static_cast<utf8proc_int32_t>(cp), parts, 8,
+                                                       UTF8PROC_DECOMPOSE, &last_boundclass);
+    for (utf8proc_ssize_t k = 1; k < n && k < 8; ++k)
+      is_second[static_cast<uint32_t>(parts[k])] = true;
   }
   // note: Hangul syllables compose algorithmically (L+V, LV+T), outside the
   // decomposition table, so the vowel and trailing jamo are seconds too.
@@ -74,9 +75,10 @@ std::unique_ptr<uint8_t[]> build_table() {
   for (uint32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
     const bool surrogate = cp >= 0xD800 && cp <= 0xDFFF;
-    const bool inert = !surrogate && p->combining_class == 0 && !has_canonical_decomposition(p) &&
-                       !is_second[cp];
-    table[cp] = static_cast<uint8_t>(static_cast<uint8_t>(compute_class(cp)) | (inert ? kInertBit : 0));
+    const bool inert =
+        !surrogate && p->combining_class == 0 && !has_canonical_decomposition(p) && !is_second[cp];
+    table[cp] =
+        static_cast<uint8_t>(static_cast<uint8_t>(compute_class(cp)) | (inert ? kInertBit : 0));
   }
   return table;
 }
@@ -209,7 +211,7 @@ std::string_view nfc(std::string_view text, std::string& buffer) {
   // the stretches from the inert character before a non-inert run to the
   // next inert character go through utf8proc; the rest is copied.
   const uint8_t* t = table();
-  size_t copied = 0;                        // text[0, copied) is in buffer
+  size_t copied = 0;                           // text[0, copied) is in buffer
   size_t last_inert = std::string_view::npos;  // start of the latest inert code point
   bool changed_path = false;
   // s[i] >= 0xCC is a lead byte: continuation bytes are 0x80..0xBF. Find the
@@ -231,7 +233,8 @@ std::string_view nfc(std::string_view text, std::string& buffer) {
       buffer.clear();
       changed_path = true;
     }
-    const size_t begin = last_inert != std::string_view::npos && last_inert >= copied ? last_inert : copied;
+    const size_t begin =
+        last_inert != std::string_view::npos && last_inert >= copied ? last_inert : copied;
     size_t end = i + len;
     while (end < n) {
       const size_t l = decode_utf8(s, end, cp);

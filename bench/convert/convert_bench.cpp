@@ -37,7 +37,8 @@ struct Spec {
 
 std::vector<Spec> qwen3_tensors(const json& c) {
   const int64_t H = c["hidden_size"], I = c["intermediate_size"], V = c["vocab_size"],
-                L = c["num_hidden_layers"], Hq = c["num_attention_heads"], Hkv = c["num_key_value_heads"];
+                L = c["num_hidden_layers"], Hq = c["num_attention_heads"],
+                Hkv = c["num_key_value_heads"];
   const int64_t D = c.value("head_dim", H / Hq);
   std::vector<Spec> s{{"model.embed_tokens.weight", {V, H}}};
   for (int64_t i = 0; i < L; ++i) {
@@ -80,9 +81,12 @@ uint64_t write_random_safetensors(const std::string& path, const std::vector<Spe
   for (uint64_t done = 0; done < off;) {
     const uint64_t n = std::min<uint64_t>(buf.size(), (off - done) / 2);
     for (uint64_t i = 0; i < n; ++i) {
-      x ^= x << 13; x ^= x >> 7; x ^= x << 17;  // xorshift64
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;  // xorshift64
       // sign, exponent 2^-4..2^-11 (0x3D80 >> 7 region), random mantissa
-      buf[i] = static_cast<uint16_t>(((x >> 63) << 15) | ((0x7B + (x >> 40) % 8) << 7) | (x & 0x7F));
+      buf[i] =
+          static_cast<uint16_t>(((x >> 63) << 15) | ((0x7B + (x >> 40) % 8) << 7) | (x & 0x7F));
     }
     out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(2 * n));
     done += 2 * n;
@@ -124,14 +128,18 @@ Run run_convert(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   cxxopts::Options options("convert_bench", "Times convert on a Qwen3-0.6B-size random checkpoint");
-  options.add_options()
-    ("config", "config.json to synthesise from", cxxopts::value<std::string>()->default_value(std::string(QTK_SOURCE_DIR) + "/tests/data/configs/qwen3-0.6b.json"))
-    ("work", "scratch directory (checkpoint and packs)", cxxopts::value<std::string>()->default_value("/tmp/qtk-convert-bench"))
-    ("model", "use this checkpoint directory instead of synthesising", cxxopts::value<std::string>())
-    ("repeats", "timed runs per dtype", cxxopts::value<std::string>()->default_value("3"))
-    ("pack-dir", "write the packs here instead of --work (e.g. a tmpfs, to take the disk out)", cxxopts::value<std::string>())
-    ("convert-bin", "the convert program to time", cxxopts::value<std::string>()->default_value(QTK_CONVERT_BIN))
-    ("out", "also write the JSON here", cxxopts::value<std::string>());
+  options.add_options()("config", "config.json to synthesise from",
+                        cxxopts::value<std::string>()->default_value(
+                            std::string(QTK_SOURCE_DIR) + "/tests/data/configs/qwen3-0.6b.json"))(
+      "work", "scratch directory (checkpoint and packs)",
+      cxxopts::value<std::string>()->default_value("/tmp/qtk-convert-bench"))(
+      "model", "use this checkpoint directory instead of synthesising",
+      cxxopts::value<std::string>())("repeats", "timed runs per dtype",
+                                     cxxopts::value<std::string>()->default_value("3"))(
+      "pack-dir", "write the packs here instead of --work (e.g. a tmpfs, to take the disk out)",
+      cxxopts::value<std::string>())("convert-bin", "the convert program to time",
+                                     cxxopts::value<std::string>()->default_value(QTK_CONVERT_BIN))(
+      "out", "also write the JSON here", cxxopts::value<std::string>());
   const auto args = options.parse(argc, argv);
   const std::string work = args["work"].as<std::string>();
   std::filesystem::create_directories(work);
@@ -149,41 +157,55 @@ int main(int argc, char** argv) {
     std::filesystem::copy_file(args["config"].as<std::string>(), model + "/config.json",
                                std::filesystem::copy_options::overwrite_existing);
     tensor_bytes = write_random_safetensors(st, specs);
-    std::fprintf(stderr, "convert_bench: wrote %s (%.1f MB of bf16 tensors)\n", st.c_str(), tensor_bytes / 1e6);
+    std::fprintf(stderr, "convert_bench: wrote %s (%.1f MB of bf16 tensors)\n", st.c_str(),
+                 tensor_bytes / 1e6);
   }
   uint64_t source_bytes = 0;
   for (const auto& e : std::filesystem::directory_iterator(model))
     if (e.is_regular_file()) source_bytes += e.file_size();
 
-  json result = {{"benchmark", "convert"}, {"model", model}, {"source_bytes", source_bytes},
-                 {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)}, {"runs", json::array()}};
-  const std::string pack = args.count("pack-dir") ? args["pack-dir"].as<std::string>() + "/bench.pack" : work + "/bench.pack";
+  json result = {{"benchmark", "convert"},
+                 {"model", model},
+                 {"source_bytes", source_bytes},
+                 {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)},
+                 {"runs", json::array()}};
+  const std::string pack = args.count("pack-dir")
+                               ? args["pack-dir"].as<std::string>() + "/bench.pack"
+                               : work + "/bench.pack";
   for (const std::string dtype : {"keep", "f32"}) {
-    const std::vector<std::string> cmd = {args["convert-bin"].as<std::string>(), model, pack, "--dtype", dtype, "--force"};
+    const std::vector<std::string> cmd = {
+        args["convert-bin"].as<std::string>(), model, pack, "--dtype", dtype, "--force"};
     const Run warm = run_convert(cmd);  // page cache warm-up
     if (warm.status != 0) {
       std::fprintf(stderr, "convert_bench: convert failed (status %d)\n", warm.status);
       return 1;
     }
     std::vector<Run> runs;
-    for (int i = 0; i < std::stoi(args["repeats"].as<std::string>()); ++i) runs.push_back(run_convert(cmd));
-    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
+    for (int i = 0; i < std::stoi(args["repeats"].as<std::string>()); ++i)
+      runs.push_back(run_convert(cmd));
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
     const Run& med = runs[runs.size() / 2];
     long rss = 0;
     for (const auto& r : runs) rss = std::max(rss, r.max_rss_kb);
     const uint64_t pack_bytes = std::filesystem::file_size(pack);
-    result["runs"].push_back({{"dtype", dtype},
-                              {"median_seconds", med.seconds},
-                              {"source_MBps", source_bytes / 1e6 / med.seconds},
-                              {"pack_MBps", pack_bytes / 1e6 / med.seconds},
-                              {"pack_bytes", pack_bytes},
-                              {"peak_rss_MB", rss / 1024.0},
-                              // note: on a shared machine wall time includes waiting for a
-                              // core; CPU seconds show what the conversion itself costs.
-                              {"median_cpu_seconds", med.cpu_seconds},
-                              {"source_MB_per_cpu_second", source_bytes / 1e6 / med.cpu_seconds},
-                              {"peak_rss_fraction_of_source", rss * 1024.0 / static_cast<double>(source_bytes)},
-                              {"all_seconds", [&] { json a = json::array(); for (auto& r : runs) a.push_back(r.seconds); return a; }()}});
+    result["runs"].push_back(
+        {{"dtype", dtype},
+         {"median_seconds", med.seconds},
+         {"source_MBps", source_bytes / 1e6 / med.seconds},
+         {"pack_MBps", pack_bytes / 1e6 / med.seconds},
+         {"pack_bytes", pack_bytes},
+         {"peak_rss_MB", rss / 1024.0},
+         // note: on a shared machine wall time includes waiting for a
+         // core; CPU seconds show what the conversion itself costs.
+         {"median_cpu_seconds", med.cpu_seconds},
+         {"source_MB_per_cpu_second", source_bytes / 1e6 / med.cpu_seconds},
+         {"peak_rss_fraction_of_source", rss * 1024.0 / static_cast<double>(source_bytes)},
+         {"all_seconds", [&] {
+            json a = json::array();
+            for (auto& r : runs) a.push_back(r.seconds);
+            return a;
+          }()}});
     std::filesystem::remove(pack);
   }
   const std::string text = result.dump(2);

@@ -54,9 +54,12 @@ int main(int argc, char** argv) {
   int max_threads = static_cast<int>(std::thread::hardware_concurrency());
   int repeats = 5;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--mb") && i + 1 < argc) mb = std::strtoull(argv[++i], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) max_threads = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--mb") && i + 1 < argc)
+      mb = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      max_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc)
+      repeats = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: membw [--mb N] [--threads N] [--repeats N]\n");
       return 1;

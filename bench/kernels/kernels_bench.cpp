@@ -94,11 +94,13 @@ void BM_FmaPeak(benchmark::State& state) {
   ThreadPool* pool = pool_for(threads);
   std::vector<float> sink(threads);
   for (auto _ : state) {
-    parallel_for_tid(pool, threads, [&](int64_t, int64_t, int tid) { sink[tid] += fma_chains(iters, sink[tid]); });
+    parallel_for_tid(pool, threads,
+                     [&](int64_t, int64_t, int tid) { sink[tid] += fma_chains(iters, sink[tid]); });
     benchmark::DoNotOptimize(sink.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * threads * iters * 12 * 32,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * threads * iters * 12 * 32,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_FmaPeak)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.3);
 
@@ -126,9 +128,11 @@ void BM_MatmulBf16(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * N * K * 2);
-  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * M * N * K,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * M, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * M * N * K,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["rows/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * M, benchmark::Counter::kIsRate);
 }
 void MatmulArgs(benchmark::internal::Benchmark* b) {
   for (int path : {2, 1}) {
@@ -155,26 +159,33 @@ void BM_PagedAttention(benchmark::State& state) {
   auto v = random_vec(seqs * blocks_per * bs * Hkv * D, 2);
   auto q = random_vec(seqs * q_len * Hq * D, 3);
   std::vector<float> out(q.size());
-  std::vector<int32_t> table(seqs * blocks_per), q_start(seqs + 1), seq_len(seqs, static_cast<int32_t>(ctx));
+  std::vector<int32_t> table(seqs * blocks_per), q_start(seqs + 1),
+      seq_len(seqs, static_cast<int32_t>(ctx));
   for (int64_t i = 0; i < seqs * blocks_per; ++i) table[i] = static_cast<int32_t>(i);
   for (int64_t s = 0; s <= seqs; ++s) q_start[s] = static_cast<int32_t>(s * q_len);
   AttentionBatch b{seqs, q_start.data(), seq_len.data(), table.data(), blocks_per, bs};
   std::vector<float> scratch(paged_attention_scratch_floats(ctx, threads));
   ThreadPool* pool = pool_for(threads);
   for (auto _ : state) {
-    paged_attention(q.data(), Hq * D, k.data(), v.data(), out.data(), Hq * D, b, Hq, Hkv, D,
-                    0.088f, scratch.data(), pool);
+    paged_attention(q.data(), Hq * D, k.data(), v.data(), out.data(), Hq * D, b, Hq, Hkv, D, 0.088f,
+                    scratch.data(), pool);
   }
   // FLOPs: QK and PV, 2*D each per (query, key); causal prefill sees ~half.
   double keys = 0;
   for (int64_t i = 0; i < q_len; ++i) keys += ctx - q_len + i + 1;
-  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * seqs * Hq * keys * 4.0 * D,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * seqs * q_len, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * seqs * Hq * keys * 4.0 * D,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * seqs * q_len, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PagedAttention)
-    ->Args({1, 1, 512, 1})->Args({32, 1, 192, 2})->Args({1, 512, 512, 2})->Args({1, 512, 512, 1})
-    ->UseRealTime()->MinTime(0.3);
+    ->Args({1, 1, 512, 1})
+    ->Args({32, 1, 192, 2})
+    ->Args({1, 512, 512, 2})
+    ->Args({1, 512, 512, 1})
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 // Gated delta rule, recurrent form: args T (tokens of one sequence), threads.
 // Qwen3.5-0.8B: Hk = Hv = 16, Dk = Dv = 128.
@@ -188,15 +199,23 @@ void BM_GatedDeltaRule(benchmark::State& state) {
   std::vector<float> st(Hv * Dk * Dv, 0.0f);
   ThreadPool* pool = pool_for(threads);
   for (auto _ : state) {
-    gated_delta_rule(q.data(), Hk * Dk, k.data(), Hk * Dk, v.data(), Hv * Dv, g.data(), beta.data(), Hv,
-                     st.data(), out.data(), Hv * Dv, T, Hk, Hv, Dk, Dv, pool);
+    gated_delta_rule(q.data(), Hk * Dk, k.data(), Hk * Dk, v.data(), Hv * Dv, g.data(), beta.data(),
+                     Hv, st.data(), out.data(), Hv * Dv, T, Hk, Hv, Dk, Dv, pool);
   }
   // ~8 flops per state element per token (decay, 3 multiply-adds).
-  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T * Hv * Dk * Dv * 7.0,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * T * Hv * Dk * Dv * 7.0,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_GatedDeltaRule)->Args({1, 1})->Args({64, 1})->Args({512, 1})->Args({512, 2})->UseRealTime()->MinTime(0.3);
+BENCHMARK(BM_GatedDeltaRule)
+    ->Args({1, 1})
+    ->Args({64, 1})
+    ->Args({512, 1})
+    ->Args({512, 2})
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 // note: a lower bound on the chunked (WY/UT) form of the gated delta rule:
 // only its eight GEMMs per chunk and head, with our f32 matmul, for chunk
@@ -213,8 +232,8 @@ void BM_GdnChunkedGemmLowerBound(benchmark::State& state) {
   auto a = random_vec(std::max(C, D) * std::max(C, D), 1);
   auto b = random_vec(std::max(C, D) * std::max(C, D), 2);
   std::vector<float> y(std::max(C, D) * std::max(C, D));
-  const int64_t shapes[][3] = {{C, C, D}, {C, C, D}, {C, D, C}, {C, D, C}, {C, D, C},
-                               {C, D, D}, {C, D, D}, {D, D, C}};  // M, N, K
+  const int64_t shapes[][3] = {{C, C, D}, {C, C, D}, {C, D, C}, {C, D, C},
+                               {C, D, C}, {C, D, D}, {C, D, D}, {D, D, C}};  // M, N, K
   double flops = 0;
   for (auto& s : shapes) flops += 2.0 * s[0] * s[1] * s[2];
   for (auto _ : state) {
@@ -225,9 +244,11 @@ void BM_GdnChunkedGemmLowerBound(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * heads * flops,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * C, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * heads * flops,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * C, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_GdnChunkedGemmLowerBound)->Arg(32)->Arg(64)->UseRealTime()->MinTime(0.3);
 
@@ -237,7 +258,8 @@ void BM_CausalConv1d(benchmark::State& state) {
   auto x = random_vec(T * C, 1), w = random_vec(C * K, 2);
   std::vector<float> st(C * (K - 1), 0.0f), y(T * C);
   for (auto _ : state) causal_conv1d(x.data(), C, T, C, w.data(), K, st.data(), y.data(), C, true);
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * T, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CausalConv1d)->Arg(1)->Arg(512)->UseRealTime();
 

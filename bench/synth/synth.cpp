@@ -45,11 +45,18 @@ struct Rng {
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t next() {
     const uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
     return r;
   }
   // Uniform in [-1, 1).
-  float uniform() { return static_cast<float>(static_cast<int64_t>(next() >> 11) * 0x1.0p-52 - 1.0); }
+  float uniform() {
+    return static_cast<float>(static_cast<int64_t>(next() >> 11) * 0x1.0p-52 - 1.0);
+  }
 };
 
 uint16_t to_bf16(float f) {
@@ -70,7 +77,10 @@ struct Init {
 };
 
 Init init_for(const std::string& name, const ModelConfig& c) {
-  auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+  auto ends = [&](const char* s) {
+    return name.size() >= std::strlen(s) &&
+           name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
+  };
   if (ends("A_log")) return {0, 0, true};
   if (ends("dt_bias")) return {0.5f, 0.5f};
   if (ends("conv1d.weight")) return {0, 0.3f};
@@ -108,7 +118,9 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
   int64_t offset = 0;
   for (const auto& t : tensors) {
     const int64_t bytes = t.numel() * esize;
-    header[t.hf_name] = {{"dtype", bf16 ? "BF16" : "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.hf_name] = {{"dtype", bf16 ? "BF16" : "F32"},
+                         {"shape", t.shape},
+                         {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -144,14 +156,14 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
 }
 
 int run(int argc, char** argv) {
-  cxxopts::Options opts("synth", "Write a random-weight HF checkpoint (safetensors) for a config.json");
-  opts.add_options()
-      ("config", "config.json of the model shape", cxxopts::value<std::string>())
-      ("out", "output directory (created)", cxxopts::value<std::string>())
-      ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
-      ("dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))
-      ("shard-mb", "start a new shard after this many MB (0: one file)", cxxopts::value<int64_t>()->default_value("0"))
-      ("h,help", "show this help");
+  cxxopts::Options opts("synth",
+                        "Write a random-weight HF checkpoint (safetensors) for a config.json");
+  opts.add_options()("config", "config.json of the model shape", cxxopts::value<std::string>())(
+      "out", "output directory (created)", cxxopts::value<std::string>())(
+      "seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))(
+      "dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))(
+      "shard-mb", "start a new shard after this many MB (0: one file)",
+      cxxopts::value<int64_t>()->default_value("0"))("h,help", "show this help");
   opts.parse_positional({"config", "out"});
   opts.positional_help("CONFIG.json OUT_DIR");
   auto args = opts.parse(argc, argv);
@@ -162,22 +174,28 @@ int run(int argc, char** argv) {
   const std::string config_path = args["config"].as<std::string>();
   const std::string out = args["out"].as<std::string>();
   const std::string dtype = args["dtype"].as<std::string>();
-  if (dtype != "bf16" && dtype != "f32") fail("synth: --dtype: expected bf16 or f32, found \"{}\"", dtype);
+  if (dtype != "bf16" && dtype != "f32")
+    fail("synth: --dtype: expected bf16 or f32, found \"{}\"", dtype);
   const ModelConfig c = load_hf_config(config_path);
   const bool multimodal = c.hf_architecture == "Qwen3_5ForConditionalGeneration";
 
   std::vector<Tensor> all;
   for (const auto& e : expected_tensors(c)) {
     Tensor t;
-    t.hf_name = e.name == "lm_head.weight" ? e.name : (multimodal ? "model.language_model." : "model.") + e.name;
+    t.hf_name = e.name == "lm_head.weight"
+                    ? e.name
+                    : (multimodal ? "model.language_model." : "model.") + e.name;
     t.shape = e.shape;
     t.init = init_for(e.name, c);
     all.push_back(std::move(t));
   }
   std::filesystem::create_directories(out);
-  std::filesystem::copy_file(config_path, out + "/config.json", std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::permissions(out + "/config.json", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
-                                                         std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  std::filesystem::copy_file(config_path, out + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::permissions(out + "/config.json", std::filesystem::perms::owner_read |
+                                                         std::filesystem::perms::owner_write |
+                                                         std::filesystem::perms::group_read |
+                                                         std::filesystem::perms::others_read);
 
   Rng rng(args["seed"].as<uint64_t>());
   const bool bf16 = dtype == "bf16";
@@ -199,7 +217,8 @@ int run(int argc, char** argv) {
     nlohmann::ordered_json index;
     int64_t total = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
-      const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+      const std::string name =
+          fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
       write_shard(out + "/" + name, shards[s], bf16, rng);
       for (const auto& t : shards[s]) {
         index["weight_map"][t.hf_name] = name;
@@ -211,8 +230,8 @@ int run(int argc, char** argv) {
   }
   int64_t params = 0;
   for (const auto& t : all) params += t.numel();
-  std::fprintf(stderr, "synth: wrote %s (%zu tensors, %.3f B parameters, %s, %zu file(s))\n", out.c_str(),
-               all.size(), params / 1e9, dtype.c_str(), shards.size());
+  std::fprintf(stderr, "synth: wrote %s (%zu tensors, %.3f B parameters, %s, %zu file(s))\n",
+               out.c_str(), all.size(), params / 1e9, dtype.c_str(), shards.size());
   return 0;
 }
 

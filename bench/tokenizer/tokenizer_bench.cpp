@@ -52,12 +52,15 @@ std::string vary(const std::string& text, std::mt19937& rng) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     out.push_back(c);
-    const bool word_end = ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) &&
-                          (i + 1 == text.size() || text[i + 1] == ' ' || text[i + 1] == '.' || text[i + 1] == ',');
+    const bool word_end =
+        ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) &&
+        (i + 1 == text.size() || text[i + 1] == ' ' || text[i + 1] == '.' || text[i + 1] == ',');
     if (!word_end) continue;
     const int roll = coin(rng);
-    if (roll < 8) out += kSuffixes[roll % 10];
-    else if (roll < 10) out += std::to_string(number(rng));
+    if (roll < 8)
+      out += kSuffixes[roll % 10];
+    else if (roll < 10)
+      out += std::to_string(number(rng));
   }
   return out;
 }
@@ -73,17 +76,23 @@ const std::vector<std::string>& mixed_documents() {
       if (!line.empty()) seeds.push_back(nlohmann::json::parse(line)["text"].get<std::string>());
     }
     for (const char* sample : {"qwen3-sample", "qwen3.5-sample"}) {
-      const auto golden = nlohmann::json::parse(read_text(source_dir() + "/samples/" + sample + "/golden.json"));
+      const auto golden =
+          nlohmann::json::parse(read_text(source_dir() + "/samples/" + sample + "/golden.json"));
       for (const auto& c : golden["cases"]) {
         seeds.push_back(c["prompt"].get<std::string>() + c["output_text"].get<std::string>());
       }
     }
     seeds.push_back(
-        "The committee met on Tuesday to review the budget for the coming year. After a long discussion "
-        "about priorities, the members agreed that maintenance of the existing roads should come first, "
-        "followed by the new library wing and, if funds allow, the riverside park. Several residents spoke "
-        "in favour of the park; others worried about the cost of upkeep. The chair promised a written "
-        "summary within two weeks, and the vote was scheduled for the first meeting of next month.\n\n");
+        "The committee met on Tuesday to review the budget for the coming year. After a long "
+        "discussion "
+        "about priorities, the members agreed that maintenance of the existing roads should come "
+        "first, "
+        "followed by the new library wing and, if funds allow, the riverside park. Several "
+        "residents spoke "
+        "in favour of the park; others worried about the cost of upkeep. The chair promised a "
+        "written "
+        "summary within two weeks, and the vote was scheduled for the first meeting of next "
+        "month.\n\n");
     std::mt19937 rng(2024);
     std::vector<std::string> out;
     size_t bytes = 0;
@@ -106,7 +115,10 @@ void BM_LoadQwen3TokenizerJson(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
 }
-BENCHMARK(BM_LoadQwen3TokenizerJson)->Unit(benchmark::kMillisecond)->Iterations(5)->Repetitions(3)
+BENCHMARK(BM_LoadQwen3TokenizerJson)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5)
+    ->Repetitions(3)
     ->ReportAggregatesOnly(false);
 
 void BM_LoadQwen3FromFile(benchmark::State& state) {
@@ -133,10 +145,10 @@ void BM_EncodeMixedOneThread(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * tokens);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * tokens),
-                                                      benchmark::Counter::kIsRate);
-  state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * bytes) / 1e6,
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
+  state.counters["MB_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * bytes) / 1e6, benchmark::Counter::kIsRate);
   state.counters["input_MB"] = static_cast<double>(bytes) / 1e6;
   state.counters["tokens"] = static_cast<double>(tokens);
 }
@@ -147,8 +159,9 @@ BENCHMARK(BM_EncodeMixedOneThread)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 // the BPE merging itself (the worst case for the cache).
 const std::string& unique_words_text() {
   static const std::string text = [] {
-    static const char* kSyllables[] = {"ka", "lo", "mi", "tra", "ven", "sho", "qu", "ber", "ist", "ond", "ex",
-                                       "pli", "ga", "rum", "zel", "ph", "ai", "oo", "nt", "str", "ic", "al"};
+    static const char* kSyllables[] = {"ka",  "lo",  "mi", "tra", "ven", "sho", "qu",  "ber",
+                                       "ist", "ond", "ex", "pli", "ga",  "rum", "zel", "ph",
+                                       "ai",  "oo",  "nt", "str", "ic",  "al"};
     std::mt19937 rng(77);
     std::uniform_int_distribution<int> syllables(1, 5), pick(0, 21), roll(0, 99), number(0, 999999);
     std::string out;
@@ -183,10 +196,10 @@ void BM_EncodeUniqueWordsOneThread(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * tokens);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * tokens),
-                                                      benchmark::Counter::kIsRate);
-  state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * text.size()) / 1e6,
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
+  state.counters["MB_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * text.size()) / 1e6, benchmark::Counter::kIsRate);
   state.counters["input_MB"] = static_cast<double>(text.size()) / 1e6;
   state.counters["tokens"] = static_cast<double>(tokens);
 }
@@ -204,12 +217,18 @@ void BM_EncodeBatch(benchmark::State& state) {
     tokens = 0;
     for (const auto& v : ids) tokens += static_cast<int64_t>(v.size());
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * tokens),
-                                                      benchmark::Counter::kIsRate);
-  state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * bytes) / 1e6,
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
+  state.counters["MB_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * bytes) / 1e6, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_EncodeBatch)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_EncodeBatch)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
 
 void BM_DecodeMixed(benchmark::State& state) {
   const qtk::Tokenizer& tok = qwen3();
@@ -225,8 +244,8 @@ void BM_DecodeMixed(benchmark::State& state) {
       benchmark::DoNotOptimize(text.data());
     }
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * tokens),
-                                                      benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DecodeMixed)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 

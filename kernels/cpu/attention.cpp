@@ -256,14 +256,30 @@ QTK_INLINE void attend(const Tile& t, const KvView& kv, float scale, float* scor
 QTK_CLONES void attend_tile(const Tile& t, int nq, const KvView& kv, float scale, float* scores,
                             int64_t ss) {
   switch (nq) {
-    case 1: attend<1>(t, kv, scale, scores, ss); break;
-    case 2: attend<2>(t, kv, scale, scores, ss); break;
-    case 3: attend<3>(t, kv, scale, scores, ss); break;
-    case 4: attend<4>(t, kv, scale, scores, ss); break;
-    case 5: attend<5>(t, kv, scale, scores, ss); break;
-    case 6: attend<6>(t, kv, scale, scores, ss); break;
-    case 7: attend<7>(t, kv, scale, scores, ss); break;
-    default: attend<8>(t, kv, scale, scores, ss); break;
+    case 1:
+      attend<1>(t, kv, scale, scores, ss);
+      break;
+    case 2:
+      attend<2>(t, kv, scale, scores, ss);
+      break;
+    case 3:
+      attend<3>(t, kv, scale, scores, ss);
+      break;
+    case 4:
+      attend<4>(t, kv, scale, scores, ss);
+      break;
+    case 5:
+      attend<5>(t, kv, scale, scores, ss);
+      break;
+    case 6:
+      attend<6>(t, kv, scale, scores, ss);
+      break;
+    case 7:
+      attend<7>(t, kv, scale, scores, ss);
+      break;
+    default:
+      attend<8>(t, kv, scale, scores, ss);
+      break;
   }
 }
 
@@ -315,7 +331,10 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
       int64_t lo = 0, hi = b.num_seqs - 1;
       while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
-        if (b.q_start[mid] <= row) lo = mid; else hi = mid - 1;
+        if (b.q_start[mid] <= row)
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       const int64_t seq = lo;
       const int64_t local = row - b.q_start[seq];

@@ -38,7 +38,8 @@ void embedding_lookup(const void* table, DType t, int64_t hidden, const int32_t*
               m <<= 1;
               ++shift;
             }
-            bits = sign | (static_cast<uint32_t>(127 - 15 + 1 - shift) << 23) | ((m & 0x3FFu) << 13);
+            bits =
+                sign | (static_cast<uint32_t>(127 - 15 + 1 - shift) << 23) | ((m & 0x3FFu) << 13);
           }
         } else if (e == 31) {
           bits = sign | 0x7F800000u | (m << 13);

@@ -136,8 +136,7 @@ void causal_conv1d_varlen(const float* x, int64_t ldx, int64_t num_seqs, const i
       int64_t r0 = q_start[s];
       int64_t T = q_start[s + 1] - r0;
       if (T <= 0) continue;
-      conv_channels(x + r0 * ldx, ldx, T, c0, c1, w, K, states[s], y + r0 * ldy, ldy,
-                    apply_silu);
+      conv_channels(x + r0 * ldx, ldx, T, c0, c1, w, K, states[s], y + r0 * ldy, ldy, apply_silu);
     }
   });
 }
@@ -155,8 +154,8 @@ void gated_delta_rule(const float* q, int64_t ldq, const float* k, int64_t ldk, 
 void gated_delta_rule_varlen(const float* q, int64_t ldq, const float* k, int64_t ldk,
                              const float* v, int64_t ldv, const float* g, const float* beta,
                              int64_t ldg, int64_t num_seqs, const int32_t* q_start,
-                             float* const* states, float* out, int64_t ldo, int64_t Hk,
-                             int64_t Hv, int64_t Dk, int64_t Dv, ThreadPool* pool) {
+                             float* const* states, float* out, int64_t ldo, int64_t Hk, int64_t Hv,
+                             int64_t Dk, int64_t Dv, ThreadPool* pool) {
   const int64_t ratio = Hv / Hk;
   parallel_for(pool, num_seqs * Hv, [&](int64_t begin, int64_t end) {
     float* scratch = delta_scratch(Dv);

@@ -13,10 +13,14 @@ constexpr int64_t kColumnUnit = 16;
 
 int weight_code(DType t) {
   switch (t) {
-    case DType::BF16: return cpu::kWeightBf16;
-    case DType::F16: return cpu::kWeightF16;
-    case DType::F32: return cpu::kWeightF32;
-    default: break;
+    case DType::BF16:
+      return cpu::kWeightBf16;
+    case DType::F16:
+      return cpu::kWeightF16;
+    case DType::F32:
+      return cpu::kWeightF32;
+    default:
+      break;
   }
   fail("matmul: weight dtype: expected BF16, F16 or F32, found {}", dtype_name(t));
 }
@@ -26,17 +30,20 @@ cpu::MatmulColsFn path_function(CpuPath path) {
     fail("matmul: CPU path '{}' is not supported on this machine", cpu_path_name(path));
   }
   switch (path) {
-    case CpuPath::kScalar: return cpu::matmul_cols_scalar;
-    case CpuPath::kAvx2: return cpu::matmul_cols_avx2;
-    case CpuPath::kAvx512: return cpu::matmul_cols_avx512;
+    case CpuPath::kScalar:
+      return cpu::matmul_cols_scalar;
+    case CpuPath::kAvx2:
+      return cpu::matmul_cols_avx2;
+    case CpuPath::kAvx512:
+      return cpu::matmul_cols_avx512;
   }
   return cpu::matmul_cols_scalar;
 }
 
 }  // namespace
 
-void matmul_on_path(CpuPath path, const float* x, int64_t ldx, const void* w, DType wtype,
-                    float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
+void matmul_on_path(CpuPath path, const float* x, int64_t ldx, const void* w, DType wtype, float* y,
+                    int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
   int code = weight_code(wtype);
   cpu::MatmulColsFn fn = path_function(path);
   if (M <= 0 || N <= 0) return;

@@ -23,10 +23,12 @@ constexpr int64_t kColumnBlock = 96;
 template <int WT>
 inline __m256 load_w(const void* w, int64_t i) {
   if constexpr (WT == kWeightBf16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else if constexpr (WT == kWeightF16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
     return _mm256_cvtph_ps(h);
   } else {
     return _mm256_loadu_ps(static_cast<const float*>(w) + i);
@@ -64,8 +66,7 @@ inline float reduce8(__m256 v) {
 }
 
 template <int WT, int MR, int NR>
-void tile(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t K,
-          int64_t n) {
+void tile(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t K, int64_t n) {
   __m256 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -110,25 +111,32 @@ using TileFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int
 template <int WT, int MR>
 constexpr TileFn tile_for_cols(int nr) {
   switch (nr) {
-    case 1: return tile<WT, MR, 1>;
-    case 2: return tile<WT, MR, 2>;
-    default: return tile<WT, MR, 3>;
+    case 1:
+      return tile<WT, MR, 1>;
+    case 2:
+      return tile<WT, MR, 2>;
+    default:
+      return tile<WT, MR, 3>;
   }
 }
 
 template <int WT>
 TileFn tile_for(int mr, int nr) {
   switch (mr) {
-    case 1: return tile_for_cols<WT, 1>(nr);
-    case 2: return tile_for_cols<WT, 2>(nr);
-    case 3: return tile_for_cols<WT, 3>(nr);
-    default: return tile_for_cols<WT, 4>(nr);
+    case 1:
+      return tile_for_cols<WT, 1>(nr);
+    case 2:
+      return tile_for_cols<WT, 2>(nr);
+    case 3:
+      return tile_for_cols<WT, 3>(nr);
+    default:
+      return tile_for_cols<WT, 4>(nr);
   }
 }
 
 template <int WT>
-void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M,
-          int64_t K, int64_t n_begin, int64_t n_end) {
+void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M, int64_t K,
+          int64_t n_begin, int64_t n_end) {
   for (int64_t nb = n_begin; nb < n_end; nb += kColumnBlock) {
     int64_t ne = nb + kColumnBlock < n_end ? nb + kColumnBlock : n_end;
     for (int64_t m = 0; m < M; m += kMaxRows) {
@@ -145,12 +153,18 @@ void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int
 
 }  // namespace
 
-void matmul_cols_avx2(const float* x, int64_t ldx, const void* w, int wtype, float* y,
-                      int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
+void matmul_cols_avx2(const float* x, int64_t ldx, const void* w, int wtype, float* y, int64_t ldy,
+                      int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
   switch (wtype) {
-    case kWeightBf16: cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
-    case kWeightF16: cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
-    default: cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    case kWeightBf16:
+      cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
+    case kWeightF16:
+      cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
+    default:
+      cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
   }
 }
 

@@ -20,8 +20,8 @@ using MatmulColsFn = void (*)(const float* x, int64_t ldx, const void* w, int wt
 
 void matmul_cols_scalar(const float* x, int64_t ldx, const void* w, int wtype, float* y,
                         int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
-void matmul_cols_avx2(const float* x, int64_t ldx, const void* w, int wtype, float* y,
-                      int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
+void matmul_cols_avx2(const float* x, int64_t ldx, const void* w, int wtype, float* y, int64_t ldy,
+                      int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
 void matmul_cols_avx512(const float* x, int64_t ldx, const void* w, int wtype, float* y,
                         int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
 

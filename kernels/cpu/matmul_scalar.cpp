@@ -88,9 +88,15 @@ void cols(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int
 void matmul_cols_scalar(const float* x, int64_t ldx, const void* w, int wtype, float* y,
                         int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
   switch (wtype) {
-    case kWeightBf16: cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
-    case kWeightF16: cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
-    default: cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end); break;
+    case kWeightBf16:
+      cols<kWeightBf16>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
+    case kWeightF16:
+      cols<kWeightF16>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
+    default:
+      cols<kWeightF32>(x, ldx, w, y, ldy, M, K, n_begin, n_end);
+      break;
   }
 }
 

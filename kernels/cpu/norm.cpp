@@ -81,8 +81,8 @@ void gated_rmsnorm(const float* x, int64_t ldx, const float* z, int64_t ldz, con
   }
 }
 
-void l2norm_heads(float* x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
-                  float eps, float scale) {
+void l2norm_heads(float* x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim, float eps,
+                  float scale) {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       float* xr = x + t * ldx + h * head_dim;

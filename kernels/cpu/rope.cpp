@@ -48,7 +48,7 @@ struct RopeTable {
   double theta = 0.0;
   int64_t rotary_dim = 0;
   bool bf16 = false;
-  int64_t positions = 0;   // rows filled
+  int64_t positions = 0;        // rows filled
   std::vector<float> inv_freq;  // f32 [half]
   std::vector<float> cos_sin;   // f32 [positions][half][2]
 
@@ -65,7 +65,8 @@ struct RopeTable {
       // float32 like transformers: arange(0, dim, 2).float() / dim, then
       // base ** that (float pow), then 1 / that.
       float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
-      float p = static_cast<float>(std::pow(static_cast<double>(theta_f), static_cast<double>(exponent)));
+      float p =
+          static_cast<float>(std::pow(static_cast<double>(theta_f), static_cast<double>(exponent)));
       inv_freq[j] = 1.0f / p;
       if (round_bf16) inv_freq[j] = round_to_bf16(inv_freq[j]);
     }
@@ -104,7 +105,8 @@ void rope_apply(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t
   const int n_axes = mrope_section != nullptr ? 3 : 1;
   int64_t max_pos = 0;
   for (int a = 0; a < n_axes; ++a)
-    for (int64_t t = 0; t < rows; ++t) max_pos = std::max<int64_t>(max_pos, positions[a * rows + t]);
+    for (int64_t t = 0; t < rows; ++t)
+      max_pos = std::max<int64_t>(max_pos, positions[a * rows + t]);
   table.grow_to(max_pos);
   for (int64_t j = 0; j < half; ++j) {
     axis_of[j] = rope_axis_of_frequency(j, mrope_section, n_sections, interleaved);

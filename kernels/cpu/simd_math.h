@@ -51,8 +51,6 @@ __attribute__((always_inline)) inline float sigmoid_poly(float x) {
   return 1.0f / (1.0f + exp_poly(-x));
 }
 
-__attribute__((always_inline)) inline float silu_poly(float x) {
-  return x / (1.0f + exp_poly(-x));
-}
+__attribute__((always_inline)) inline float silu_poly(float x) { return x / (1.0f + exp_poly(-x)); }
 
 }  // namespace qtk::cpu

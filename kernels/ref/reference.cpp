@@ -36,8 +36,10 @@ double weight_value(const void* w, DType t, int64_t index) {
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case DType::F16: return half_to_double(static_cast<const uint16_t*>(w)[index]);
-    default: return static_cast<const float*>(w)[index];
+    case DType::F16:
+      return half_to_double(static_cast<const uint16_t*>(w)[index]);
+    default:
+      return static_cast<const float*>(w)[index];
   }
 }
 
@@ -46,19 +48,21 @@ void matmul_ref(const float* x, int64_t ldx, const void* w, DType wtype, float* 
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       double s = 0.0;
-      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[m * ldx + k]) * weight_value(w, wtype, n * K + k);
+      for (int64_t k = 0; k < K; ++k)
+        s += static_cast<double>(x[m * ldx + k]) * weight_value(w, wtype, n * K + k);
       y[m * ldy + n] = static_cast<float>(s);
     }
   }
 }
 
-void rmsnorm_ref(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy,
-                 int64_t rows, int64_t cols, float eps) {
+void rmsnorm_ref(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows,
+                 int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0.0;
     for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(x[r * ldx + c]) * x[r * ldx + c];
     double inv = 1.0 / std::sqrt(ss / cols + eps);
-    for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = static_cast<float>(x[r * ldx + c] * inv * w[c]);
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * ldy + c] = static_cast<float>(x[r * ldx + c] * inv * w[c]);
   }
 }
 
@@ -142,7 +146,8 @@ void attention_ref(const float* q, const float* k, const float* v, float* out, i
       double mx = -INFINITY;
       for (int64_t j = 0; j <= pos; ++j) {
         double s = 0.0;
-        for (int64_t d = 0; d < D; ++d) s += static_cast<double>(qr[d]) * k[(j * Hkv + kvh) * D + d];
+        for (int64_t d = 0; d < D; ++d)
+          s += static_cast<double>(qr[d]) * k[(j * Hkv + kvh) * D + d];
         p[j] = s * scale;
         mx = std::max(mx, p[j]);
       }
@@ -172,8 +177,8 @@ void sigmoid_mul_ref(float* x, const float* gate, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(x[i] * sigmoid(gate[i]));
 }
 
-void embedding_lookup_ref(const void* table, DType t, int64_t hidden, const int32_t* ids,
-                          int64_t n, float* out) {
+void embedding_lookup_ref(const void* table, DType t, int64_t hidden, const int32_t* ids, int64_t n,
+                          float* out) {
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < hidden; ++j) {
       out[i * hidden + j] = static_cast<float>(weight_value(table, t, ids[i] * hidden + j));
@@ -198,8 +203,8 @@ void argmax_rows_ref(const float* logits, int64_t rows, int64_t vocab, int32_t* 
   }
 }
 
-void causal_conv1d_ref(const float* x, int64_t ldx, int64_t T, int64_t C, const float* w,
-                       int64_t K, float* state, float* y, int64_t ldy, bool apply_silu) {
+void causal_conv1d_ref(const float* x, int64_t ldx, int64_t T, int64_t C, const float* w, int64_t K,
+                       float* state, float* y, int64_t ldy, bool apply_silu) {
   const int64_t S = K - 1;
   std::vector<double> pad(S + T);
   for (int64_t c = 0; c < C; ++c) {
@@ -245,8 +250,8 @@ void gated_delta_rule_ref(const float* q, const float* k, const float* v, const 
   }
 }
 
-void gdn_gates_ref(const float* a, const float* b, const float* A, const float* dt_bias,
-                   float* g, float* beta, int64_t T, int64_t Hv) {
+void gdn_gates_ref(const float* a, const float* b, const float* A, const float* dt_bias, float* g,
+                   float* beta, int64_t T, int64_t Hv) {
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < Hv; ++h) {
       double x = static_cast<double>(a[t * Hv + h]) + dt_bias[h];
