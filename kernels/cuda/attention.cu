@@ -3,7 +3,9 @@
 #include <mutex>
 
 #include <string>
+#include <type_traits>
 
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -186,6 +188,13 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
                      int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
                      float scale, cudaStream_t stream) {
   if (b.total_tokens == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    // note: bf16 activations go to the tensor-core kernel (attention_mma.cu)
+    // whenever the model's shapes allow it; the choice never depends on the
+    // batch, so every row of a model goes through the same kernel.
+    if (attention_mma_supported(q, ldq, out, ldo, hq, hkv, d))
+      return paged_attention_mma(q, ldq, k_cache, v_cache, out, ldo, b, hq, hkv, d, scale, stream);
+  }
   if (d > kMaxHeadDim || d % 8 != 0 || hkv <= 0 || hq % hkv != 0)
     fail_message("paged_attention: head_dim " + std::to_string(d) + " (at most " +
                  std::to_string(kMaxHeadDim) + ", a multiple of 8) with " + std::to_string(hq) +

@@ -6,6 +6,7 @@
 #   bash tests/cuda/run_gpu_tests.sh            # tests + benchmarks
 #   QTK_GPU_SKIP_BENCH=1 bash tests/cuda/run_gpu_tests.sh
 #   QTK_GPU_SKIP_GENERATE=1 ...   # without the generate --device cuda tests
+#   QTK_GPU_BENCH_FILTER=Attention ...   # only the benchmarks matching a regex
 #
 # A GPU machine without this project's Debian packages: run
 # tests/cuda/make_device_bundle.sh on a Debian 12 machine first and ship the
@@ -116,6 +117,7 @@ bench_rc=0
 if [ -z "${QTK_GPU_SKIP_BENCH:-}" ]; then
   echo "== benchmarks"
   "$BUILD/bin/qtk_cuda_bench" --benchmark_min_time=${QTK_GPU_BENCH_MIN_TIME:-0.05} \
+    --benchmark_filter="${QTK_GPU_BENCH_FILTER:-.}" \
     --benchmark_out="$OUT/bench.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true >"$OUT/bench.log" 2>&1
   bench_rc=$?
