@@ -39,6 +39,12 @@ struct StepBatch {
   // the order of these sequences.
   const uint8_t* want_logits = nullptr;  // [num_seqs] 0/1
   int64_t num_logits = 0;                // count of want_logits[s] == 1
+  // Leading tokens of each sequence's run that are prompt tokens in full
+  // chunks aligned to Model::prefill_alignment() (a multiple of it, the run
+  // starting at a multiple of it; 0 for every other run). nullptr: none. A
+  // model with an alignment > 1 may compute these tokens in its chunked form;
+  // every other token goes the token-by-token way.
+  const int32_t* aligned_tokens = nullptr;  // [num_seqs]
 };
 
 // Sizes of the per-sequence caches a model needs (what the scheduler
@@ -78,6 +84,13 @@ class Model {
                               int32_t* /*ids*/, float* /*margins*/) {
     return false;
   }
+  // note: prefill alignment A. A prompt's first A*floor(L/A) tokens may be
+  // computed in A-token chunks anchored at positions 0, A, 2A, ... (the
+  // chunked GDN form on the GPU, bf16), so the scheduler never ends a prefill
+  // chunk inside one of them: a prompt's result then never depends on how it
+  // was split. 1 (any split) for every model whose arithmetic is the same
+  // token by token.
+  virtual int64_t prefill_alignment() const { return 1; }
   void set_layer_hook(LayerHook hook) { hook_ = std::move(hook); }
 
  protected:

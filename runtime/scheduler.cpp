@@ -25,7 +25,13 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   if (opt_.max_context < 1)
     fail("scheduler: max_context must be positive, found {}", opt_.max_context);
   max_blocks_per_seq_ = std::min(opt_.num_blocks, blocks_for(opt_.max_context));
-  const int64_t T = opt_.max_batched_tokens;
+  align_ = model.prefill_alignment();
+  if (align_ < 1) fail("scheduler: model prefill alignment must be positive, found {}", align_);
+  // note: a budget below the alignment is raised to it for a sequence in its
+  // aligned prefix, after up to budget - 1 other tokens of the same step.
+  step_capacity_ = opt_.max_batched_tokens < align_ ? opt_.max_batched_tokens + align_ - 1
+                                                    : opt_.max_batched_tokens;
+  const int64_t T = step_capacity_;
   const int64_t S = opt_.max_num_seqs;
   token_ids_.resize(T);
   positions_.resize(3 * T);
@@ -33,6 +39,7 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   q_start_.resize(S + 1);
   seq_len_.resize(S);
   state_slot_.resize(S);
+  aligned_tokens_.resize(S);
   want_logits_.resize(S);
   block_table_.resize(S * max_blocks_per_seq_);
   logits_.resize(S * model.config().vocab_size);
@@ -108,6 +115,24 @@ void Scheduler::preempt(int64_t handle) {
   ++stats_.preemptions;
 }
 
+int64_t Scheduler::aligned_end(const Seq& s) const {
+  if (align_ <= 1) return 0;
+  return static_cast<int64_t>(s.req.prompt.size()) / align_ * align_;
+}
+
+int64_t Scheduler::chunk_tokens(const Seq& s, int64_t avail) const {
+  const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.computed;
+  int64_t n = std::min(left, avail);
+  const int64_t end = aligned_end(s);
+  if (s.computed >= end) return n;  // the tail and generated tokens: any split
+  // note: here s.computed is a multiple of align_ (every earlier chunk ended
+  // at one), and at least align_ tokens are left (end <= prompt <= tokens).
+  if (opt_.max_batched_tokens < align_) n = std::min(left, std::max(avail, align_));
+  const int64_t e = s.computed + n;
+  if (e >= end) return n;
+  return e / align_ * align_ - s.computed;  // 0: wait for a step with more room
+}
+
 bool Scheduler::grow(Seq& s, int64_t tokens) {
   const int64_t need = blocks_for(tokens) - static_cast<int64_t>(s.blocks.size());
   if (need > kv_.free_blocks()) return false;
@@ -123,7 +148,11 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t h = running_[i];
     Seq& s = seqs_[h];
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    const int64_t n = chunk_tokens(s, budget);
+    if (n == 0) {  // its next aligned chunk does not fit what is left: next step
+      ++i;
+      continue;
+    }
     bool self_preempted = false;
     while (!grow(s, s.computed + n)) {
       const int64_t victim = running_.back();
@@ -144,8 +173,8 @@ void Scheduler::step(std::vector<int64_t>& finished) {
          static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     const int64_t h = waiting_.front();
     Seq& s = seqs_[h];
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), budget);
-    if (!grow(s, n)) break;
+    const int64_t n = chunk_tokens(s, budget);
+    if (n == 0 || !grow(s, n)) break;
     if (spec_.state_floats > 0) {
       s.state_slot = states_.acquire();
       assert(s.state_slot >= 0);  // one slot per possible running sequence
@@ -181,6 +210,9 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     seq_len_[i] = static_cast<int32_t>(s.computed + n);
     std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + i * max_blocks_per_seq_);
     state_slot_[i] = s.state_slot;
+    const int64_t end = aligned_end(s);
+    aligned_tokens_[i] =
+        static_cast<int32_t>(s.computed < end ? std::min(s.computed + n, end) - s.computed : 0);
     want_logits_[i] = s.computed + n == static_cast<int64_t>(s.tokens.size());
     num_logits += want_logits_[i];
   }
@@ -199,6 +231,7 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   b.state_slot = state_slot_.data();
   b.want_logits = want_logits_.data();
   b.num_logits = num_logits;
+  b.aligned_tokens = align_ > 1 ? aligned_tokens_.data() : nullptr;
   bool any_prefill = false;
   for (int64_t i = 0; i < S; ++i) {
     const auto [h, n] = scheduled_[i];

@@ -37,6 +37,10 @@ struct SequenceResult {
 
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;
+  // note: with a model whose prefill alignment A > 1 (Model::prefill_alignment),
+  // a prefill chunk inside the prompt's first A*floor(L/A) tokens ends only
+  // at a multiple of A; when this budget is below A, a sequence there gets A
+  // tokens anyway, so one step holds up to max_batched_tokens + A - 1 tokens.
   int64_t max_batched_tokens = 512;
   int64_t block_size = 16;
   int64_t num_blocks = 0;   // K/V blocks in the cache
@@ -87,6 +91,12 @@ class Scheduler {
   int64_t blocks_for(int64_t tokens) const {
     return (tokens + opt_.block_size - 1) / opt_.block_size;
   }
+  // End of the prompt's full aligned chunks: align_ * floor(prompt / align_)
+  // (0 when align_ is 1: no alignment).
+  int64_t aligned_end(const Seq& s) const;
+  // Tokens of `s` to compute this step with `avail` of the budget left
+  // (0: the sequence waits for a step with more room), by the alignment rule.
+  int64_t chunk_tokens(const Seq& s, int64_t avail) const;
   int32_t position(const Seq& s, int64_t axis, int64_t n) const;
   void preempt(int64_t handle);
   void release(Seq& s);
@@ -102,9 +112,12 @@ class Scheduler {
   std::vector<int64_t> running_;  // in admission order
   SchedulerStats stats_;
   int64_t max_blocks_per_seq_ = 0;
+  int64_t align_ = 1;          // model_.prefill_alignment()
+  int64_t step_capacity_ = 0;  // most tokens in one step (see the constructor)
 
   // Step buffers, sized once.
-  std::vector<int32_t> token_ids_, positions_, q_start_, seq_len_, block_table_, state_slot_;
+  std::vector<int32_t> token_ids_, positions_, q_start_, seq_len_, block_table_, state_slot_,
+      aligned_tokens_;
   std::vector<int64_t> slot_mapping_;
   std::vector<uint8_t> want_logits_;
   std::vector<float> logits_, margins_;

@@ -98,9 +98,9 @@ TEST(Scheduler, NewSequenceJoinsWhenOneFinishes) {
   o.num_blocks = 64;
   o.max_context = 200;
   Scheduler s(m, o);
-  s.add(req(3, 2));   // finishes after 2 steps
+  s.add(req(3, 2));  // finishes after 2 steps
   s.add(req(3, 10));
-  s.add(req(3, 2));   // joins in step 3
+  s.add(req(3, 2));  // joins in step 3
   std::vector<int64_t> fin;
   s.step(fin);  // prefill 0 and 1
   EXPECT_EQ(m.steps.back(), (std::pair<int64_t, int64_t>(2, 6)));
@@ -133,6 +133,192 @@ TEST(Scheduler, PreemptsWhenBlocksRunOutAndRecomputes) {
   }
   // A prompt that can never fit is refused up front.
   EXPECT_NE(s.check_fits(req(20, 5)).find("KV blocks"), std::string::npos);
+}
+
+// ---- prefill alignment ------------------------------------------------------
+
+// A model with a prefill alignment. Token ids encode (sequence, position):
+// sequence i's prompt token at position j is i*500 + j, and the next token is
+// last + 1, so every token id of sequence i is i*500 + its position. Records
+// each sequence's run per step: [first position, end) and aligned_tokens.
+class AlignedFakeModel : public Model {
+ public:
+  explicit AlignedFakeModel(int64_t align) : align_(align) {
+    cfg_.vocab_size = 4096;
+    cfg_.num_layers = 1;
+    cfg_.max_position_embeddings = 4096;
+  }
+  const ModelConfig& config() const override { return cfg_; }
+  CacheSpec cache_spec() const override { return CacheSpec{1, 1, 1, 0}; }
+  int64_t prefill_alignment() const override { return align_; }
+  void reserve(int64_t max_tokens, int64_t, int64_t) override { reserved_tokens = max_tokens; }
+  void forward(const StepBatch& b, KvCache&, StatePool&, float* logits) override {
+    steps.push_back(b.num_tokens);
+    if (align_ > 1) {
+      EXPECT_NE(b.aligned_tokens, nullptr);
+    } else {
+      EXPECT_EQ(b.aligned_tokens, nullptr);
+    }
+    int64_t r = 0;
+    for (int64_t s = 0; s < b.num_seqs; ++s) {
+      Run run;
+      const int32_t first = b.token_ids[b.q_start[s]];
+      run.seq = first / 500;
+      run.begin = b.seq_len[s] - (b.q_start[s + 1] - b.q_start[s]);
+      run.end = b.seq_len[s];
+      run.aligned = b.aligned_tokens ? b.aligned_tokens[s] : 0;
+      for (int32_t t = b.q_start[s]; t < b.q_start[s + 1]; ++t)
+        EXPECT_EQ(b.token_ids[t], run.seq * 500 + run.begin + (t - b.q_start[s]));
+      runs.push_back(run);
+      if (!b.want_logits[s]) continue;
+      float* row = logits + r++ * cfg_.vocab_size;
+      std::fill(row, row + cfg_.vocab_size, 0.0f);
+      row[(b.token_ids[b.q_start[s + 1] - 1] + 1) % cfg_.vocab_size] = 1.0f;
+    }
+  }
+  struct Run {
+    int64_t seq, begin, end, aligned;
+  };
+  std::vector<Run> runs;
+  std::vector<int64_t> steps;  // tokens per step
+  int64_t reserved_tokens = 0;
+
+ private:
+  int64_t align_;
+  ModelConfig cfg_;
+};
+
+SequenceRequest aligned_req(int seq, int len, int max_tokens) {
+  SequenceRequest r;
+  for (int j = 0; j < len; ++j) r.prompt.push_back(seq * 500 + j);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// Checks every recorded run against the rule: a run that starts inside the
+// prompt's full aligned chunks starts at a multiple of A and ends at one or
+// at/after A*floor(L/A); aligned_tokens is exactly its part below that bound.
+void expect_aligned_runs(const AlignedFakeModel& m, const std::vector<int>& lens, int64_t A) {
+  for (const auto& r : m.runs) {
+    ASSERT_LT(r.seq, static_cast<int64_t>(lens.size()));
+    const int64_t end = lens[r.seq] / A * A;
+    if (r.begin < end) {
+      EXPECT_EQ(r.begin % A, 0) << "seq " << r.seq << " run [" << r.begin << ", " << r.end << ")";
+      EXPECT_TRUE(r.end % A == 0 || r.end >= end)
+          << "seq " << r.seq << " run [" << r.begin << ", " << r.end << ") splits an aligned chunk";
+      EXPECT_EQ(r.aligned, std::min(r.end, end) - r.begin) << "seq " << r.seq;
+    } else {
+      EXPECT_EQ(r.aligned, 0) << "seq " << r.seq << " run [" << r.begin << ", " << r.end << ")";
+    }
+  }
+}
+
+void expect_outputs(const std::vector<SequenceResult>& res, const std::vector<int>& lens,
+                    int max_tokens) {
+  for (size_t i = 0; i < lens.size(); ++i) {
+    ASSERT_EQ(res[i].output.size(), static_cast<size_t>(max_tokens)) << i;
+    for (int k = 0; k < max_tokens; ++k)
+      EXPECT_EQ(res[i].output[k], static_cast<int>(i) * 500 + lens[i] + k) << i;
+  }
+}
+
+TEST(SchedulerAlignment, PrefillChunksEndOnAlignedPositions) {
+  const int64_t A = 8;
+  AlignedFakeModel m(A);
+  SchedulerOptions o;
+  o.max_num_seqs = 3;
+  o.max_batched_tokens = 20;
+  o.block_size = 4;
+  o.num_blocks = 256;
+  o.max_context = 400;
+  Scheduler s(m, o);
+  const std::vector<int> lens = {3, 8, 17, 40, 64, 5, 23, 9};
+  for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 6));
+  expect_outputs(run_all(s, static_cast<int>(lens.size())), lens, 6);
+  expect_aligned_runs(m, lens, A);
+  for (int64_t t : m.steps) EXPECT_LE(t, 20);
+  EXPECT_EQ(m.reserved_tokens, 20);
+  // The rule had something to do: some run was cut short of the budget.
+  bool cut = false;
+  for (const auto& r : m.runs)
+    cut = cut || (r.aligned > 0 && r.end % A == 0 && r.end < lens[r.seq] / A * A);
+  EXPECT_TRUE(cut);
+}
+
+TEST(SchedulerAlignment, BudgetBelowAlignmentIsRaisedForAlignedChunks) {
+  const int64_t A = 16;
+  AlignedFakeModel m(A);
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 7;
+  o.block_size = 5;
+  o.num_blocks = 256;
+  o.max_context = 400;
+  Scheduler s(m, o);
+  const std::vector<int> lens = {40, 2, 33, 16, 15};
+  for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 5));
+  expect_outputs(run_all(s, static_cast<int>(lens.size())), lens, 5);
+  expect_aligned_runs(m, lens, A);
+  // note: at most budget - 1 other tokens plus one raised chunk of A.
+  for (int64_t t : m.steps) EXPECT_LE(t, 7 + A - 1);
+  EXPECT_EQ(m.reserved_tokens, 7 + A - 1);
+  bool raised = false;
+  for (const auto& r : m.runs) raised = raised || r.aligned == A;
+  EXPECT_TRUE(raised);
+  // Tails and generated tokens still follow the budget of 7.
+  for (const auto& r : m.runs) {
+    if (r.aligned == 0) {
+      EXPECT_LE(r.end - r.begin, 7);
+    }
+  }
+}
+
+TEST(SchedulerAlignment, PreemptionReplaysPromptAlignedAndGeneratedTokensUnaligned) {
+  const int64_t A = 4;
+  AlignedFakeModel m(A);
+  SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batched_tokens = 11;
+  o.block_size = 2;
+  o.num_blocks = 14;  // 28 tokens: one sequence of 10 + 18 fits alone
+  o.max_context = 200;
+  Scheduler s(m, o);
+  const std::vector<int> lens = {10, 9, 6, 13};
+  for (size_t i = 0; i < lens.size(); ++i) {
+    auto r = aligned_req(static_cast<int>(i), lens[i], 14);
+    ASSERT_EQ(s.check_fits(r), "");
+    s.add(r);
+  }
+  expect_outputs(run_all(s, static_cast<int>(lens.size())), lens, 14);
+  EXPECT_GT(s.stats().preemptions, 0);
+  expect_aligned_runs(m, lens, A);
+  // A replay covers generated tokens too; none of them counts as aligned.
+  bool replayed_generated = false;
+  for (const auto& r : m.runs) {
+    if (r.aligned > 0) {
+      EXPECT_LE(r.begin + r.aligned, lens[r.seq]);
+    }
+    replayed_generated = replayed_generated || (r.begin == 0 && r.end > lens[r.seq] + 1);
+  }
+  EXPECT_TRUE(replayed_generated);
+}
+
+TEST(SchedulerAlignment, AlignmentOneLeavesSchedulingUnchanged) {
+  AlignedFakeModel m(1);
+  SchedulerOptions o;
+  o.max_num_seqs = 3;
+  o.max_batched_tokens = 7;
+  o.block_size = 4;
+  o.num_blocks = 64;
+  o.max_context = 200;
+  Scheduler s(m, o);
+  const std::vector<int> lens = {20, 3, 9};
+  for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 4));
+  expect_outputs(run_all(s, 3), lens, 4);
+  // The first step fills the budget of 7 with the first prompt.
+  ASSERT_FALSE(m.runs.empty());
+  EXPECT_EQ(m.runs[0].end - m.runs[0].begin, 7);
+  for (int64_t t : m.steps) EXPECT_LE(t, 7);
 }
 
 }  // namespace
