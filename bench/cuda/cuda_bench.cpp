@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gdn_chunked.h"
 #include "kernels/cuda/gemm.h"
 
 namespace {
@@ -287,6 +288,39 @@ BENCHMARK(BM_GatedDeltaRule)
     ->Args({1, 1})
     ->Args({32, 1})
     ->Args({128, 1})
+    ->Args({1, 512})
+    ->Args({8, 512})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The chunked GDN kernel on the same shapes as BM_GatedDeltaRule (Qwen3.5-0.8B
+// heads): Args sequences, tokens per sequence (a multiple of 64: all chunks full).
+void BM_GatedDeltaRuleChunked(benchmark::State& state) {
+  const int64_t S = state.range(0), n = state.range(1), T = S * n;
+  const int64_t hk = 16, hv = 16, dk = 128, dv = 128;
+  Buf<bf16> q(T * hk * dk, -0.08f, 0.08f), k(T * hk * dk, -0.08f, 0.08f), v(T * hv * dv),
+      out(T * hv * dv);
+  Buf<float> g(T * hv, -0.5f, -0.01f), beta(T * hv, 0.1f, 0.9f), st(S * hv * dk * dv, -0.1f, 0.1f);
+  std::vector<int32_t> first(S), chunks(S, static_cast<int32_t>(n / qc::kGdnChunk)), sl(S);
+  for (int64_t i = 0; i < S; ++i) {
+    first[i] = static_cast<int32_t>(i * n);
+    sl[i] = static_cast<int32_t>(i);
+  }
+  int32_t* d;
+  QTK_CUDA_CHECK(cudaMalloc(&d, 3 * S * 4));
+  cudaMemcpy(d, sl.data(), S * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d + S, first.data(), S * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d + 2 * S, chunks.data(), S * 4, cudaMemcpyHostToDevice);
+  time_kernel(state, [&](cudaStream_t s) {
+    qc::gated_delta_rule_chunked<bf16>(q.p, hk * dk, k.p, hk * dk, v.p, hv * dv, g.p, beta.p, st.p,
+                                       d, d + S, d + 2 * S, S, out.p, hv * dv, hk, hv, dk, dv, s);
+  });
+  set_bytes(state, 2.0 * S * hv * dk * dv * 4 + double(T) * (2 * hk * dk + 2 * hv * dv) * 2);
+  state.counters["tok/s"] =
+      benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(d);
+}
+BENCHMARK(BM_GatedDeltaRuleChunked)
     ->Args({1, 512})
     ->Args({8, 512})
     ->UseManualTime()

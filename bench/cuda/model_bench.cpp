@@ -88,6 +88,13 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
     std::vector<int32_t> positions(3 * T);
     for (int a = 0; a < 3; ++a) std::copy(pos.begin(), pos.end(), positions.begin() + a * T);
     std::vector<uint8_t> want(S, 1);
+    // A prefill step holds whole prompts from position 0: their full aligned
+    // chunks may take the model's chunked path (what the scheduler allows).
+    std::vector<int32_t> aligned(S, 0);
+    const int64_t align = m.prefill_alignment();
+    if (prefill && align > 1)
+      for (int64_t i = 0; i < S; ++i)
+        aligned[i] = static_cast<int32_t>((q_start[i + 1] - q_start[i]) / align * align);
     qtk::StepBatch b;
     b.num_seqs = S;
     b.num_tokens = T;
@@ -101,6 +108,7 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
     b.state_slot = slot.data();
     b.want_logits = want.data();
     b.num_logits = S;
+    b.aligned_tokens = align > 1 ? aligned.data() : nullptr;
     if (host_logits) {
       m.forward(b, kv, states, logits.data());
       for (int64_t i = 0; i < S; ++i) {

@@ -3,10 +3,13 @@
 // kernels; K/V cache and the per-slot conv / recurrent state in device memory.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gdn_chunked.h"
 #include "kernels/cuda/gemm.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_models.h"
@@ -117,6 +120,15 @@ class CudaQwen3_5 final : public CudaModel {
 
   const ModelConfig& config() const override { return cfg_; }
 
+  // note: bf16 computes a prompt's full 64-token chunks (anchored at
+  // position 0) with the chunked GDN kernel, so the scheduler must not split
+  // them; f32 (the exactness mode, goldens) stays token by token everywhere.
+  int64_t prefill_alignment() const override {
+    const int64_t dk = cfg_.linear_key_head_dim;
+    const bool chunked_dk = dk == 16 || dk == 32 || dk == 64 || dk == 128;
+    return std::is_same_v<Act, float> || gdn_layers_ == 0 || !chunked_dk ? 1 : cuda::kGdnChunk;
+  }
+
   CacheSpec cache_spec() const override {
     CacheSpec s;
     s.attention_layers = attn_layers_;
@@ -157,6 +169,13 @@ class CudaQwen3_5 final : public CudaModel {
     grew |= ensure(act_, T * c.intermediate_size * a);
     grew |= ensure(last_, max_seqs * c.hidden_size * a);
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if (prefill_alignment() > 1) {
+      // The compact batch of the tokens the recurrent kernel takes in a step
+      // with chunked tokens: q, k, v rows, g and beta, and its output.
+      grew |= ensure(tail_conv_, T * c.linear_conv_dim() * a);
+      grew |= ensure(tail_core_, T * c.linear_value_dim() * a);
+      grew |= ensure(tail_gb_, 2 * T * c.linear_num_value_heads * sizeof(float));
+    }
     if (grew) graphs_.clear();
   }
 
@@ -186,7 +205,8 @@ class CudaQwen3_5 final : public CudaModel {
     ensure_buffers(b.num_tokens, b.num_seqs);
     ensure_kv(kv);
     const int64_t ctx = graph ? cuda::context_bucket(max_len) : max_len;
-    upload_step(b);
+    // (a decode step has no chunked tokens; its padded copy's array is short)
+    upload_step(b, graph ? nullptr : step.aligned_tokens);
     if (graph) {
       const cuda::DecodeGraphs::Key key{b.num_seqs, b.max_blocks, kv_blocks_, kv_block_size_, ctx};
       graphs_.run(key, stream_, [&] { run_layers(b, ctx); });
@@ -313,9 +333,37 @@ class CudaQwen3_5 final : public CudaModel {
     cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(), g_.as<float>(),
                          beta_.as<float>(), T, Hv, stream_);
     Act* core = core_.as<Act>();
-    cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
-                                rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv, Dk,
-                                Dv, stream_);
+    if (n_items_ == 0) {
+      cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
+                                  rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv,
+                                  Dk, Dv, stream_);
+    } else {
+      // note: prompt tokens in full aligned chunks go through the chunked
+      // form first (they are the leading tokens of each sequence's run), then
+      // the rest of each run (prompt tail, generated tokens) through the
+      // recurrent kernel on a compact copy of those rows, continuing from the
+      // state the chunked kernel left: each token takes the same kernel, with
+      // the same arithmetic, however the prompt was scheduled.
+      cuda::gated_delta_rule_chunked<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
+                                          rec_state_.as<float>(),
+                                          item_slots_ + l.kind_index * n_items_, item_first_,
+                                          item_chunks_, n_items_, core, Vd, Hk, Hv, Dk, Dv, stream_);
+      if (n_tail_ > 0) {
+        Act* tq = tail_conv_.as<Act>();
+        float* tg = tail_gb_.as<float>();
+        float* tb = tg + n_tail_ * Hv;
+        Act* tcore = tail_core_.as<Act>();
+        cuda::copy_rows<Act>(conv, C, tail_rows_, tq, C, nullptr, n_tail_, C, stream_);
+        cuda::copy_rows<float>(g_.as<float>(), Hv, tail_rows_, tg, Hv, nullptr, n_tail_, Hv,
+                               stream_);
+        cuda::copy_rows<float>(beta_.as<float>(), Hv, tail_rows_, tb, Hv, nullptr, n_tail_, Hv,
+                               stream_);
+        cuda::gated_delta_rule<Act>(tq, C, tq + Hk * Dk, C, tq + 2 * Hk * Dk, C, tg, tb,
+                                    rec_state_.as<float>(), vslot, tail_start_, S, n_tail_, tcore,
+                                    Vd, Hk, Hv, Dk, Dv, stream_);
+        cuda::copy_rows<Act>(tcore, Vd, nullptr, core, Vd, tail_rows_, n_tail_, Vd, stream_);
+      }
+    }
     cuda::gated_rmsnorm<Act>(core, Vd, z, ld, l.norm.as<float>(), core, Vd, T, Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), stream_);
     gemm_.run(core, Vd, l.out_proj.as(), Vd, out, H, T, H, Vd, dt, dt, stream_);
@@ -333,13 +381,35 @@ class CudaQwen3_5 final : public CudaModel {
 
   // Step arrays to the device in one copy; zeroes the state of sequences
   // that start at position 0 (new, or recomputed after preemption).
-  void upload_step(const StepBatch& b) {
+  // aligned: StepBatch::aligned_tokens of b (nullptr: none).
+  void upload_step(const StepBatch& b, const int32_t* aligned) {
     const int64_t T = b.num_tokens, S = b.num_seqs, L = gdn_layers_;
     logit_rows_.clear();
     for (int64_t s = 0; s < S; ++s)
       if (b.want_logits[s]) logit_rows_.push_back(b.q_start[s + 1] - 1);
     const int64_t n_rows = static_cast<int64_t>(logit_rows_.size());
-    const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S;
+    // Chunked GDN items (sequences with aligned tokens) and the other rows.
+    items_.clear();
+    tail_rows_host_.clear();
+    tail_start_host_.assign(1, 0);
+    const int64_t A = prefill_alignment();
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
+      const int64_t a = A > 1 && aligned != nullptr ? aligned[s] : 0;
+      if (a < 0 || a > q_len || a % A != 0)
+        fail("CUDA Qwen3.5: sequence {} of the step has {} aligned tokens of {} (expected a "
+             "multiple of {} up to its tokens)",
+             s, a, q_len, A);
+      if (a > 0) items_.push_back(s);
+      for (int64_t t = b.q_start[s] + a; t < b.q_start[s + 1]; ++t)
+        tail_rows_host_.push_back(static_cast<int32_t>(t));
+      tail_start_host_.push_back(static_cast<int32_t>(tail_rows_host_.size()));
+    }
+    n_items_ = static_cast<int64_t>(items_.size());
+    n_tail_ = static_cast<int64_t>(tail_rows_host_.size());
+    const int64_t n_chunk_arrays = n_items_ > 0 ? (L + 2) * n_items_ + n_tail_ + S + 1 : 0;
+    const int64_t n32 =
+        2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S + n_chunk_arrays;
     host_step_.resize(n32);
     int32_t* p = host_step_.data();
     std::memcpy(p, b.slot_mapping, T * sizeof(int64_t));
@@ -359,6 +429,17 @@ class CudaQwen3_5 final : public CudaModel {
     offsets.push_back(p - host_step_.data());
     for (int64_t gi = 0; gi < L; ++gi)
       for (int64_t s = 0; s < S; ++s) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
+    if (n_items_ > 0) {
+      offsets.push_back(p - host_step_.data());  // [7] item slots per GDN layer
+      for (int64_t gi = 0; gi < L; ++gi)
+        for (int32_t s : items_) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
+      offsets.push_back(p - host_step_.data());  // [8] item first rows
+      for (int32_t s : items_) *p++ = b.q_start[s];
+      offsets.push_back(p - host_step_.data());  // [9] item chunk counts
+      for (int32_t s : items_) *p++ = static_cast<int32_t>(aligned[s] / A);
+      put(tail_rows_host_.data(), n_tail_);      // [10]
+      put(tail_start_host_.data(), S + 1);       // [11]
+    }
     if (ensure(step_, n32 * sizeof(int32_t))) graphs_.clear();
     for (int64_t s = 0; s < S; ++s) {
       const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
@@ -382,6 +463,13 @@ class CudaQwen3_5 final : public CudaModel {
     block_table_ = base + offsets[4];
     rows_ = base + offsets[5];
     layer_slots_ = base + offsets[6];
+    if (n_items_ > 0) {
+      item_slots_ = base + offsets[7];
+      item_first_ = base + offsets[8];
+      item_chunks_ = base + offsets[9];
+      tail_rows_ = base + offsets[10];
+      tail_start_ = base + offsets[11];
+    }
   }
 
   ModelConfig cfg_;
@@ -416,8 +504,17 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory last_;         // Act [seqs, hidden]
   DeviceMemory logits_;       // f32 [seqs, vocab]
   DeviceMemory greedy_;       // int32 ids then f32 margins [seqs] (forward_greedy)
+  // bf16 steps with chunked GDN tokens: the recurrent kernel's compact batch.
+  DeviceMemory tail_conv_;  // Act [T, conv_dim]: q, k, v rows
+  DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output
+  DeviceMemory tail_gb_;    // f32 [T, Hv] g, then f32 [T, Hv] beta
   DeviceMemory step_;         // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
+  // This step's chunked GDN items (sequence indices) and the other rows.
+  std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
+  int64_t n_items_ = 0, n_tail_ = 0;
+  const int32_t *item_slots_ = nullptr, *item_first_ = nullptr, *item_chunks_ = nullptr,
+                *tail_rows_ = nullptr, *tail_start_ = nullptr;
   const int64_t* slot_mapping_ = nullptr;
   const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
                 *seq_len_ = nullptr, *block_table_ = nullptr, *rows_ = nullptr,

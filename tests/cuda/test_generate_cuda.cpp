@@ -133,13 +133,18 @@ INSTANTIATE_TEST_SUITE_P(Samples, CudaBf16,
                          [](const auto& info) { return name_of(info.param); });
 
 // 48 prompts of mixed lengths (1..160 tokens) and budgets (1..12 tokens),
-// some with M-RoPE positions on models that take them.
-std::string make_prompts(int64_t vocab, bool mrope, int64_t* longest) {
-  std::mt19937 rng(4321);
+// some with M-RoPE positions on models that take them. long_prompts: every
+// third prompt has 129..320 tokens (2..5 full 64-token chunks, the chunked
+// GDN path of bf16), the others 1..100.
+std::string make_prompts(int64_t vocab, bool mrope, bool long_prompts, int64_t* longest) {
+  std::mt19937 rng(long_prompts ? 8765 : 4321);
   std::string s;
   *longest = 0;
   for (int i = 0; i < 48; ++i) {
-    const int len = i % 9 == 0 ? 100 + static_cast<int>(rng() % 60) : 1 + static_cast<int>(rng() % 40);
+    const int len = long_prompts ? (i % 3 == 0 ? 129 + static_cast<int>(rng() % 192)
+                                               : 1 + static_cast<int>(rng() % 100))
+                    : i % 9 == 0 ? 100 + static_cast<int>(rng() % 60)
+                                 : 1 + static_cast<int>(rng() % 40);
     const int max_tokens = 1 + static_cast<int>(rng() % 12);
     std::vector<int> ids(len);
     for (int& t : ids) t = static_cast<int>(rng() % vocab);
@@ -162,6 +167,7 @@ std::string make_prompts(int64_t vocab, bool mrope, int64_t* longest) {
 struct InvarianceCase {
   const char* dir;
   bool mrope;
+  bool long_prompts = false;
 };
 
 class CudaInvariance : public ::testing::TestWithParam<InvarianceCase> {};
@@ -174,11 +180,13 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
   const int64_t vocab = config.contains("text_config") ? config["text_config"]["vocab_size"].get<int64_t>()
                                                        : config["vocab_size"].get<int64_t>();
   int64_t longest = 0;
-  const std::string prompts = fmt::format("{}/{}.inv.jsonl", work_dir(), name_of(dir));
-  write_text(prompts, make_prompts(vocab, GetParam().mrope, &longest));
+  const std::string set_name = GetParam().long_prompts ? "inv_long" : "inv";
+  const std::string prompts = fmt::format("{}/{}.{}.jsonl", work_dir(), name_of(dir), set_name);
+  write_text(prompts, make_prompts(vocab, GetParam().mrope, GetParam().long_prompts, &longest));
   for (const char* precision : {"f32", "bf16"}) {
     auto run_with = [&](const std::string& tag, const std::string& flags) {
-      const std::string out = fmt::format("{}/{}.inv.{}.{}.jsonl", work_dir(), name_of(dir), precision, tag);
+      const std::string out =
+          fmt::format("{}/{}.{}.{}.{}.jsonl", work_dir(), name_of(dir), set_name, precision, tag);
       RunResult r = generate(pack, prompts, out,
                              fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
       EXPECT_EQ(r.status, 0) << precision << " " << tag << ": " << r.err;
@@ -199,8 +207,9 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
                                                             (longest + 4) / 5));
     EXPECT_EQ(read_text(pre), alone) << precision << ": preemption changed the results";
     EXPECT_GT(load_json(pre + ".meta.json")["stats"]["preemptions"].get<int64_t>(), 0) << precision;
-    std::printf("[ cuda inv ] %s %s: alone, batched, mbt7, bs5, preempt byte-identical: %s\n",
-                name_of(dir).c_str(), precision, ::testing::Test::HasFailure() ? "NO" : "yes");
+    std::printf("[ cuda inv ] %s%s %s: alone, batched, mbt7, bs5, preempt byte-identical: %s\n",
+                name_of(dir).c_str(), GetParam().long_prompts ? " (long prompts)" : "", precision,
+                ::testing::Test::HasFailure() ? "NO" : "yes");
   }
 }
 
@@ -208,8 +217,15 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                          ::testing::Values(InvarianceCase{"tests/data/models/qwen3-tiny", false},
                                            InvarianceCase{"tests/data/models/qwen3.5-tiny", true},
                                            InvarianceCase{"samples/qwen3-sample", false},
-                                           InvarianceCase{"samples/qwen3.5-sample", false}),
-                         [](const auto& info) { return name_of(info.param.dir); });
+                                           InvarianceCase{"samples/qwen3.5-sample", false},
+                                           // note: prompts over 128 tokens, so that bf16 really
+                                           // runs full chunks through the chunked GDN kernel
+                                           // (mbt7 and preempt then split them only at 64s).
+                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true, true},
+                                           InvarianceCase{"samples/qwen3.5-sample", false, true}),
+                         [](const auto& info) {
+                           return name_of(info.param.dir) + (info.param.long_prompts ? "_long" : "");
+                         });
 
 }  // namespace
 }  // namespace qtk::rt_test

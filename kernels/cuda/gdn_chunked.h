@@ -1,0 +1,52 @@
+// Gated delta rule in its chunked (WY, "chunk_gated_delta_rule") form on the
+// GPU, for prompt tokens in full 64-token chunks anchored at absolute
+// positions 0, 64, 128, ... of a prompt (--precision bf16). Every other token
+// (a prompt's tail, decode, replayed generated tokens) goes through the
+// recurrent kernel (gated_delta_rule in kernels/cuda/cuda_kernels.h), which
+// continues from the state this kernel leaves in the pool.
+//
+// Launchers take device pointers, sizes, strides (in elements) and a stream;
+// none allocates or synchronizes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace qtk::cuda {
+
+// Tokens per chunk of the chunked form; the scheduler's prefill alignment.
+constexpr int64_t kGdnChunk = 64;
+
+// Runs `count` items; item i is num_chunks[i] consecutive full chunks of one
+// sequence, token rows first_row[i] .. first_row[i] + 64*num_chunks[i] - 1,
+// continuing from and updating state_pool[slot[i]] in place:
+//   q, k [tokens, Hk*Dk] (l2-normalised, q scaled by Dk^-0.5), v [tokens,
+//   Hv*Dv], strides ldq/ldk/ldv; g, beta f32 [tokens, Hv] contiguous;
+//   state_pool f32 [slots, Hv, Dk, Dv]; out [tokens, Hv*Dv] stride ldo.
+// Value head h uses key head h / (Hv/Hk). Dk in {16, 32, 64, 128}; any Dv >= 1.
+// slot, first_row, num_chunks: int32 [count] in device memory.
+// note: the same per-token recurrence as gated_delta_rule, rearranged per
+// chunk (the math is written at the kernel); f32 arithmetic on CUDA cores and
+// an f32 state. Its rounding differs from the recurrent kernel's (relative
+// ~1e-6 in f32), so a token must always take the same path: the scheduler's
+// alignment rule guarantees that (runtime/scheduler.h). Each output element
+// is reduced in an order fixed by Dk and the chunk alone: bit-identical
+// whatever else is in the batch.
+template <class T>
+void gated_delta_rule_chunked(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
+                              int64_t ldv, const float* g, const float* beta, float* state_pool,
+                              const int32_t* slot, const int32_t* first_row,
+                              const int32_t* num_chunks, int64_t count, T* out, int64_t ldo,
+                              int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream);
+
+// dst[dst_rows[i], 0..cols-1] = src[src_rows[i], 0..cols-1] for i < n
+// (exact copies; rows int32 [n] in device memory, nullptr = i). Gathers the
+// tokens that go through the recurrent kernel into a compact batch and
+// scatters its outputs back.
+template <class T>
+void copy_rows(const T* src, int64_t lds, const int32_t* src_rows, T* dst, int64_t ldd,
+               const int32_t* dst_rows, int64_t n, int64_t cols, cudaStream_t stream);
+
+}  // namespace qtk::cuda
