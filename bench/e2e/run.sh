@@ -4,19 +4,22 @@
 # workloads and prints one JSON object with tok/s, peak RSS, achieved GB/s and
 # GFLOP/s next to the read bandwidth measured in the same run.
 #
-#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]
+#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick] [--seqs "1 8 32"]
+#
+# --quick = --seqs "1 8"; the default is "1 8 32 64".
 #
 # Example: bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json > bench/results/qwen3-0.6b.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${1:?usage: bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]}
 shift
-THREADS=$(nproc); WORK=bench-work; QUICK=0
+THREADS=$(nproc); WORK=bench-work; QUICK=0; SEQS="1 8 32 64"
 while (($#)); do
   case $1 in
     --threads) THREADS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --seqs) SEQS=$2; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 1 ;;
   esac
 done
@@ -57,7 +60,7 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
   cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
 }
 
-if ((QUICK)); then SEQS="1 8"; else SEQS="1 8 32 64"; fi
+if ((QUICK)); then SEQS="1 8"; fi
 make_prompts 2 512 "$WORK/prefill.jsonl"
 # note: --max-num-seqs 2 sizes the KV cache for these two prompts (the default
 # of 64 sequences would allocate and zero ~4 GB of cache first).

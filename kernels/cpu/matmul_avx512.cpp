@@ -76,22 +76,21 @@ void tile(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   const int64_t w0 = n * K;
-  // note: at one row of x (decode) the tile only streams weights. With
-  // short weight rows (<= 2 KiB, e.g. K = 1024 in bf16: the q/k/v, gate/up
-  // and lm_head matrices of the 0.6-0.8B models) each tile is NR streams of
-  // at most 32 cache lines, too short for the hardware prefetcher to ramp
-  // up, so the next tile's rows (contiguous after these) are prefetched
-  // while this one computes. Measured on Zen 4 (CPU time, 1 thread):
-  // N=3072 K=1024 +15-30 %, but K=3072 -5-15 %, hence the limit.
-  // Prefetches change no arithmetic.
-  const bool prefetch_next = MR == 1 && K * kWeightBytes<WT> <= 2048;
+  // note: the tile's NR weight rows are NR short streams (K = 1024 in bf16
+  // is 2 KiB, 32 cache lines), too short for the hardware prefetcher to ramp
+  // up before each ends, so the next tile's rows (contiguous after these)
+  // are prefetched into L2 while this one computes, spread evenly over the
+  // k loop. Into L2, not L1: a tile of K = 3072 rows is 36 KiB, more than
+  // L1 holds. Measured on Zen 4 (1 thread, CPU time, weights streamed from
+  // DRAM; bench/kernels/RESULTS.md): M = 1 13-14 -> 17-18 GB/s (K = 1024
+  // and 3072; membw 22 GB/s), M = 4 8 -> 16 GB/s, M = 32 +7-17 %. When the
+  // next tile is already in L2 (later row tiles of a column block) the
+  // prefetches cost a few issue slots. Prefetches change no arithmetic.
   const char* next = reinterpret_cast<const char*>(w) + (w0 + NR * K) * kWeightBytes<WT>;
   constexpr int64_t kNextBytesPerStep = NR * kLanes * kWeightBytes<WT>;
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes, next += kNextBytesPerStep) {
-    if (prefetch_next) {
-      for (int64_t b = 0; b < kNextBytesPerStep; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
-    }
+    for (int64_t b = 0; b < kNextBytesPerStep; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w<WT>(w, w0 + j * K + k);
