@@ -16,16 +16,19 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kCols = 32;              // value columns per block: one per lane
 constexpr int kRowsPer = kC / kWarps;  // chunk rows per thread in the column products
-constexpr int kLd = kC + 1;            // padded row of the 64 x 64 matrices (banks)
+constexpr int kB = 16;                 // block size of the blocked triangular inverse
+// note: row stride of the 64 x 64 matrices: a multiple of 4 (float4 rows)
+// that shifts each row by 4 banks.
+constexpr int kLd = kC + 4;
 
 // Shared memory of one block, offsets in floats.
 template <int DK>
 struct Smem {
-  static constexpr int ks = 0;                // f32 [64][DK] keys of the chunk
-  static constexpr int qs = ks + kC * DK;     // f32 [64][DK] queries
-  static constexpr int am = qs + kC * DK;     // f32 [64][65] A (strictly lower)
-  static constexpr int pm = am + kC * kLd;    // f32 [64][65] P (lower, with the diagonal)
-  static constexpr int tm = pm + kC * kLd;    // f32 [64][65] T = (I + A)^-1
+  static constexpr int ks = 0;                // f32 [64][DK] keys of the chunk (swizzled)
+  static constexpr int qs = ks + kC * DK;     // f32 [64][DK] queries (swizzled)
+  static constexpr int am = qs + kC * DK;     // f32 [64][68] A (strictly lower)
+  static constexpr int pm = am + kC * kLd;    // f32 [64][68] P (lower with the diagonal, 0 above)
+  static constexpr int tm = pm + kC * kLd;    // f32 [64][68] T = (I + A)^-1 (0 above)
   static constexpr int st = tm + kC * kLd;    // f32 [DK][32] the state tile S
   static constexpr int rs = st + DK * kCols;  // f32 [64][32] r = beta (v - e^gcum K S)
   static constexpr int us = rs + kC * kCols;  // f32 [64][32] new_v = T r
@@ -35,6 +38,15 @@ struct Smem {
   static constexpr int bt = kd + kC;          // f32 [64] beta
   static constexpr int total = bt + kC;
 };
+
+// note: q and k rows live in shared memory as float4 groups whose order is
+// XOR-swizzled by (row / 4): the 4 x 4 tiles of (2) read 8 different rows at
+// the same d at once, and without the swizzle those share one bank group.
+template <int DK>
+__device__ __forceinline__ int swz(int row, int d4) {
+  constexpr int kMask = (DK / 4 < 8 ? DK / 4 : 8) - 1;
+  return row * DK + ((d4 ^ ((row >> 2) & kMask)) << 2);
+}
 
 // note: the math. Per token t the recurrent form is
 //   S_t = e^{g_t} S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),
@@ -60,14 +72,18 @@ struct Smem {
 //
 // Block (item, value head h, tile of 32 value columns), 256 threads. Per
 // chunk: (0) q, k, g, beta of the chunk to shared memory as f32; (1) gcum;
-// (2) A and P, one (i, j) pair per lane; (3) T, column m by 4 lanes; (4) per
-// column (lane) and 8 rows per warp: K S and Q S; r; (5) new_v = T r;
-// (6) O; (7) S' (each thread owns Dk/8 rows of its column). The state tile
-// stays in shared memory across the item's chunks (read and written once).
+// (2) A and P in 4 x 4 register tiles (136 lower tiles, one per thread; the
+// other 120 threads zero the upper tiles); (3) T blockwise: the four 16 x 16
+// diagonal blocks by forward substitution, then the blocks below them by
+// T_rc = -T_rr sum_{c<=k<r} A_rk T_kc, one block diagonal after the other;
+// (4) per column (lane) and 8 rows per warp: K S and Q S, then r; (5) new_v =
+// T r; (6) O; (7) S' (each thread owns Dk/8 rows of its column). The state
+// tile stays in shared memory across the item's chunks (read and written
+// once per launch).
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
-// and the column alone (the dot products over Dk start at d = j mod 32 and
-// wrap, for conflict-free banks; the 4-lane partial sums of (3) are added by
-// an xor butterfly), so the result does not depend on the batch or the grid.
+// and the column alone (ascending index; the zero entries above the diagonal
+// of P and T are added like the others), so the result does not depend on the
+// batch or the grid.
 template <class T, int DK>
 __global__ void __launch_bounds__(kThreads)
     gdn_chunked_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
@@ -78,6 +94,7 @@ __global__ void __launch_bounds__(kThreads)
                        int hk, int hv, int dv) {
   using L = Smem<DK>;
   constexpr int DR = DK / kWarps;  // state rows per thread in (7)
+  constexpr int D4 = DK / 4;       // float4 groups per q/k row
   extern __shared__ float4 smem_f4[];
   float* sm = reinterpret_cast<float*>(smem_f4);
   float* Ks = sm + L::ks;
@@ -105,11 +122,12 @@ __global__ void __launch_bounds__(kThreads)
   const int n_chunks = num_chunks[item];
   for (int c = 0; c < n_chunks; ++c) {
     const int64_t r0 = static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(c) * kC;
-    // (0) The chunk's q, k (f32), g and beta.
+    // (0) The chunk's q, k (f32, swizzled), g and beta.
     for (int e = tid; e < kC * DK; e += kThreads) {
       const int i = e / DK, d = e % DK;
-      Ks[e] = to_f(k[(r0 + i) * ldk + kh * DK + d]);
-      Qs[e] = to_f(q[(r0 + i) * ldq + kh * DK + d]);
+      const int at = swz<DK>(i, d >> 2) + (d & 3);
+      Ks[at] = to_f(k[(r0 + i) * ldk + kh * DK + d]);
+      Qs[at] = to_f(q[(r0 + i) * ldq + kh * DK + d]);
     }
     if (tid < kC) {
       Gc[tid] = g[(r0 + tid) * hv + h];
@@ -129,42 +147,106 @@ __global__ void __launch_bounds__(kThreads)
       Eg[tid] = expf(Gc[tid]);
       Kd[tid] = expf(Gc[kC - 1] - Gc[tid]);
     }
-    // (2) A and P over the lower triangle: 96 warp segments of 32 pairs
-    // (rows 0..31 one each, rows 32..63 two each), spread over the 8 warps.
-    for (int sg = w; sg < 96; sg += kWarps) {
-      const int i = sg < 32 ? sg : 32 + ((sg - 32) >> 1);
-      const int j = (sg < 32 ? 0 : ((sg - 32) & 1) * 32) + lane;
-      if (j <= i) {
-        const float* ki = Ks + i * DK;
-        const float* kj = Ks + j * DK;
-        const float* qi = Qs + i * DK;
-        float kk = 0.0f, qk = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < DK; ++t) {
-          const int d = (t + lane) & (DK - 1);  // DK is a power of two
-          kk += ki[d] * kj[d];
-          qk += qi[d] * kj[d];
+    // (2) A and P in 4 x 4 tiles: thread p < 136 takes lower tile (ti, tj),
+    // tj <= ti, enumerated row by row; the others zero the 120 upper tiles.
+    if (tid < 136) {
+      int ti = 0, p = tid;
+      while (p > ti) p -= ++ti;  // row ti holds tiles 0..ti
+      const int tj = p;
+      float kk[4][4], qk[4][4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int y = 0; y < 4; ++y) kk[x][y] = qk[x][y] = 0.0f;
+#pragma unroll 2
+      for (int d4 = 0; d4 < D4; ++d4) {
+        float4 ki[4], qi[4], kj[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          ki[x] = *reinterpret_cast<const float4*>(Ks + swz<DK>(4 * ti + x, d4));
+          qi[x] = *reinterpret_cast<const float4*>(Qs + swz<DK>(4 * ti + x, d4));
+          kj[x] = *reinterpret_cast<const float4*>(Ks + swz<DK>(4 * tj + x, d4));
         }
-        const float decay = expf(Gc[i] - Gc[j]);
-        Pm[i * kLd + j] = qk * decay;
-        Am[i * kLd + j] = j < i ? Bt[i] * kk * decay : 0.0f;
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+#pragma unroll
+          for (int y = 0; y < 4; ++y) {
+            kk[x][y] += ki[x].x * kj[y].x;
+            kk[x][y] += ki[x].y * kj[y].y;
+            kk[x][y] += ki[x].z * kj[y].z;
+            kk[x][y] += ki[x].w * kj[y].w;
+            qk[x][y] += qi[x].x * kj[y].x;
+            qk[x][y] += qi[x].y * kj[y].y;
+            qk[x][y] += qi[x].z * kj[y].z;
+            qk[x][y] += qi[x].w * kj[y].w;
+          }
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int i = 4 * ti + x;
+        float a4[4], p4[4];
+#pragma unroll
+        for (int y = 0; y < 4; ++y) {
+          const int j = 4 * tj + y;
+          const float decay = j <= i ? expf(Gc[i] - Gc[j]) : 0.0f;
+          p4[y] = j <= i ? qk[x][y] * decay : 0.0f;
+          a4[y] = j < i ? Bt[i] * kk[x][y] * decay : 0.0f;
+        }
+        *reinterpret_cast<float4*>(Pm + i * kLd + 4 * tj) = make_float4(p4[0], p4[1], p4[2], p4[3]);
+        *reinterpret_cast<float4*>(Am + i * kLd + 4 * tj) = make_float4(a4[0], a4[1], a4[2], a4[3]);
+      }
+    } else {
+      int tj = 1, p = tid - 136;  // upper tile (ti, tj), ti < tj, column by column
+      while (p >= tj) p -= tj++;
+      const int ti = p;
+      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        *reinterpret_cast<float4*>(Pm + (4 * ti + x) * kLd + 4 * tj) = z;
+        *reinterpret_cast<float4*>(Am + (4 * ti + x) * kLd + 4 * tj) = z;
+        *reinterpret_cast<float4*>(Tm + (4 * ti + x) * kLd + 4 * tj) = z;
       }
     }
     __syncthreads();
-    // (3) T = (I + A)^-1 by forward substitution, column m by lanes 4m..4m+3
-    // (one warp holds 8 columns): t_i = -sum_{m <= j < i} A_ij t_j for i > m,
-    // each lane summing every 4th j, the 4 partials added by a butterfly.
-    {
-      const int m = tid >> 2, part = tid & 3;
-      for (int i = part; i <= m; i += 4) Tm[i * kLd + m] = i == m ? 1.0f : 0.0f;
-      __syncwarp();
-      for (int i = 1; i < kC; ++i) {
+    // (3a) The diagonal 16 x 16 blocks of T, column m of block b by thread
+    // 16 b + m: t_i = 0 (i < m), 1 (i = m), -sum_{m<=j<i} A_ij t_j (i > m).
+    if (tid < kC) {
+      const int b0 = (tid >> 4) * kB, m = b0 + (tid & (kB - 1));
+      for (int i = b0; i < m; ++i) Tm[i * kLd + m] = 0.0f;
+      Tm[m * kLd + m] = 1.0f;
+      for (int i = m + 1; i < b0 + kB; ++i) {
         float acc = 0.0f;
-        for (int j = m + part; j < i; j += 4) acc += Am[i * kLd + j] * Tm[j * kLd + m];
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (part == 0 && i > m) Tm[i * kLd + m] = -acc;
-        __syncwarp();
+        for (int j = m; j < i; ++j) acc += Am[i * kLd + j] * Tm[j * kLd + m];
+        Tm[i * kLd + m] = -acc;
+      }
+    }
+    __syncthreads();
+    // (3b) Blocks below the diagonal, block diagonal dist = 1, 2, 3:
+    // M = sum_{c<=k<r} A_rk T_kc (ascending k, z), then T_rc = -T_rr M. Thread
+    // (x, y) = (tid / 16, tid % 16) computes element (x, y) of each block.
+    {
+      const int x = tid >> 4, y = tid & (kB - 1);
+      float* Mb = Rs;  // scratch [3][16][16] (r is formed later in (4))
+      for (int dist = 1; dist < kC / kB; ++dist) {
+        for (int cb = 0; cb + dist < kC / kB; ++cb) {
+          const int rb = cb + dist;
+          float acc = 0.0f;
+          for (int kb = cb; kb < rb; ++kb)
+#pragma unroll
+            for (int z = 0; z < kB; ++z)
+              acc += Am[(rb * kB + x) * kLd + kb * kB + z] * Tm[(kb * kB + z) * kLd + cb * kB + y];
+          Mb[(cb * kB + x) * kB + y] = acc;
+        }
+        __syncthreads();
+        for (int cb = 0; cb + dist < kC / kB; ++cb) {
+          const int rb = cb + dist;
+          float acc = 0.0f;
+#pragma unroll
+          for (int z = 0; z < kB; ++z)
+            acc += Tm[(rb * kB + x) * kLd + rb * kB + z] * Mb[(cb * kB + z) * kB + y];
+          Tm[(rb * kB + x) * kLd + cb * kB + y] = -acc;
+        }
+        __syncthreads();
       }
     }
     // (4) K S and Q S for rows i = w + 8 rr of column `lane`; r.
@@ -173,14 +255,15 @@ __global__ void __launch_bounds__(kThreads)
       float ks_acc[kRowsPer];
 #pragma unroll
       for (int rr = 0; rr < kRowsPer; ++rr) ks_acc[rr] = qs_acc[rr] = 0.0f;
-      for (int d = 0; d < DK; d += 4) {
+      for (int d4 = 0; d4 < D4; ++d4) {
+        const int d = 4 * d4;
         const float s0 = St[(d + 0) * kCols + lane], s1 = St[(d + 1) * kCols + lane];
         const float s2 = St[(d + 2) * kCols + lane], s3 = St[(d + 3) * kCols + lane];
 #pragma unroll
         for (int rr = 0; rr < kRowsPer; ++rr) {
           const int i = w + kWarps * rr;
-          const float4 kv = *reinterpret_cast<const float4*>(Ks + i * DK + d);
-          const float4 qv = *reinterpret_cast<const float4*>(Qs + i * DK + d);
+          const float4 kv = *reinterpret_cast<const float4*>(Ks + swz<DK>(i, d4));
+          const float4 qv = *reinterpret_cast<const float4*>(Qs + swz<DK>(i, d4));
           ks_acc[rr] += kv.x * s0;
           ks_acc[rr] += kv.y * s1;
           ks_acc[rr] += kv.z * s2;
@@ -200,23 +283,51 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    // (5) new_v = T r (T unit lower triangular: j < i, then + r_i).
+    // (5) new_v = T r over all 64 j (T is 0 above its unit diagonal).
+    // (6) O = diag(gamma) Q S + P new_v (P is 0 above the diagonal).
+    // Both read rows of T / P as float4 (broadcast) and 4 values of r / new_v.
+    {
+      float acc[kRowsPer];
 #pragma unroll
-    for (int rr = 0; rr < kRowsPer; ++rr) {
-      const int i = w + kWarps * rr;
-      float acc = 0.0f;
-      for (int j = 0; j < i; ++j) acc += Tm[i * kLd + j] * Rs[j * kCols + lane];
-      Us[i * kCols + lane] = acc + Rs[i * kCols + lane];
+      for (int rr = 0; rr < kRowsPer; ++rr) acc[rr] = 0.0f;
+      for (int j = 0; j < kC; j += 4) {
+        const float r_0 = Rs[(j + 0) * kCols + lane], r_1 = Rs[(j + 1) * kCols + lane];
+        const float r_2 = Rs[(j + 2) * kCols + lane], r_3 = Rs[(j + 3) * kCols + lane];
+#pragma unroll
+        for (int rr = 0; rr < kRowsPer; ++rr) {
+          const float4 t4 = *reinterpret_cast<const float4*>(Tm + (w + kWarps * rr) * kLd + j);
+          acc[rr] += t4.x * r_0;
+          acc[rr] += t4.y * r_1;
+          acc[rr] += t4.z * r_2;
+          acc[rr] += t4.w * r_3;
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < kRowsPer; ++rr) Us[(w + kWarps * rr) * kCols + lane] = acc[rr];
     }
     __syncthreads();
-    // (6) O = diag(gamma) Q S + P new_v.
+    {
+      float acc[kRowsPer];
 #pragma unroll
-    for (int rr = 0; rr < kRowsPer; ++rr) {
-      const int i = w + kWarps * rr;
-      float acc = 0.0f;
-      for (int j = 0; j <= i; ++j) acc += Pm[i * kLd + j] * Us[j * kCols + lane];
-      const float o = Eg[i] * qs_acc[rr] + acc;
-      if (active) out[(r0 + i) * ldo + static_cast<int64_t>(h) * dv + col] = from_f<T>(o);
+      for (int rr = 0; rr < kRowsPer; ++rr) acc[rr] = 0.0f;
+      for (int j = 0; j < kC; j += 4) {
+        const float u_0 = Us[(j + 0) * kCols + lane], u_1 = Us[(j + 1) * kCols + lane];
+        const float u_2 = Us[(j + 2) * kCols + lane], u_3 = Us[(j + 3) * kCols + lane];
+#pragma unroll
+        for (int rr = 0; rr < kRowsPer; ++rr) {
+          const float4 p4 = *reinterpret_cast<const float4*>(Pm + (w + kWarps * rr) * kLd + j);
+          acc[rr] += p4.x * u_0;
+          acc[rr] += p4.y * u_1;
+          acc[rr] += p4.z * u_2;
+          acc[rr] += p4.w * u_3;
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < kRowsPer; ++rr) {
+        const int i = w + kWarps * rr;
+        const float o = Eg[i] * qs_acc[rr] + acc[rr];
+        if (active) out[(r0 + i) * ldo + static_cast<int64_t>(h) * dv + col] = from_f<T>(o);
+      }
     }
     // (7) S' = gamma_63 S + sum_j k_j (e^{gcum_63 - gcum_j} new_v_j); this
     // thread owns rows w*DR .. w*DR+DR-1 of column `lane`.
@@ -229,7 +340,7 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (DR % 4 == 0) {
 #pragma unroll
           for (int rr = 0; rr < DR; rr += 4) {
-            const float4 kv = *reinterpret_cast<const float4*>(Ks + j * DK + w * DR + rr);
+            const float4 kv = *reinterpret_cast<const float4*>(Ks + swz<DK>(j, (w * DR + rr) >> 2));
             acc[rr + 0] += kv.x * u;
             acc[rr + 1] += kv.y * u;
             acc[rr + 2] += kv.z * u;
@@ -237,14 +348,17 @@ __global__ void __launch_bounds__(kThreads)
           }
         } else {
 #pragma unroll
-          for (int rr = 0; rr < DR; ++rr) acc[rr] += Ks[j * DK + w * DR + rr] * u;
+          for (int rr = 0; rr < DR; ++rr) {
+            const int d = w * DR + rr;
+            acc[rr] += Ks[swz<DK>(j, d >> 2) + (d & 3)] * u;
+          }
         }
       }
       const float decay = Eg[kC - 1];
 #pragma unroll
       for (int rr = 0; rr < DR; ++rr) {
-        float& s = St[(w * DR + rr) * kCols + lane];
-        s = decay * s + acc[rr];
+        float& s_el = St[(w * DR + rr) * kCols + lane];
+        s_el = decay * s_el + acc[rr];
       }
     }
     __syncthreads();

@@ -3,6 +3,7 @@
 // kernels; K/V cache and the per-slot conv / recurrent state in device memory.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -123,10 +124,13 @@ class CudaQwen3_5 final : public CudaModel {
   // note: bf16 computes a prompt's full 64-token chunks (anchored at
   // position 0) with the chunked GDN kernel, so the scheduler must not split
   // them; f32 (the exactness mode, goldens) stays token by token everywhere.
+  // QTK_GDN_CHUNKED=0 turns the chunked form off (A/B measurements).
   int64_t prefill_alignment() const override {
     const int64_t dk = cfg_.linear_key_head_dim;
     const bool chunked_dk = dk == 16 || dk == 32 || dk == 64 || dk == 128;
-    return std::is_same_v<Act, float> || gdn_layers_ == 0 || !chunked_dk ? 1 : cuda::kGdnChunk;
+    return std::is_same_v<Act, float> || gdn_layers_ == 0 || !chunked_dk || !chunked_enabled_
+               ? 1
+               : cuda::kGdnChunk;
   }
 
   CacheSpec cache_spec() const override {
@@ -473,6 +477,10 @@ class CudaQwen3_5 final : public CudaModel {
   }
 
   ModelConfig cfg_;
+  const bool chunked_enabled_ = [] {
+    const char* e = std::getenv("QTK_GDN_CHUNKED");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
   cudaStream_t stream_ = nullptr;
   cuda::DecodeGraphs graphs_;
   cuda::PaddedDecode pad_;
