@@ -76,6 +76,17 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
                   const float* norm_w, float eps, const int32_t* positions, const RopeParams& rope,
                   cudaStream_t stream);
 
+// The attention input of a fused qkv row [tokens, (hq + 2*hkv) * head_dim]
+// (stride ld), in one launch: qk_norm_rope of the q heads (q_norm_w) and of
+// the k heads (k_norm_w), then kv_cache_write of the k and v heads
+// (slot_mapping int64 [tokens], -1 = write nothing; caches [blocks,
+// block_size, hkv, head_dim]). Bit-identical to the three separate calls.
+template <class T>
+void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv, int64_t head_dim,
+                    const float* q_norm_w, const float* k_norm_w, float eps,
+                    const int32_t* positions, const RopeParams& rope, const int64_t* slot_mapping,
+                    T* k_cache, T* v_cache, cudaStream_t stream);
+
 // ---- elementwise -----------------------------------------------------------
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]; gate_up [T, 2I] stride ld.

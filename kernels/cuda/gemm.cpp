@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,20 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
   int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
+  // Faster algorithms for small or large M, used only once verified bitwise
+  // equal to `algo` (see Gemm::verify_alternates).
+  struct Alt {
+    cublasLtMatmulAlgo_t algo{};
+    int64_t lo = 0, hi = 0;  // the M range it serves
+    int64_t verify_m = 0;    // the M of the equality check
+    int64_t time_m = 0;      // the M the candidates are timed at
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
+    int algo_id = -1, tile = -1, stages = -1;
+    bool usable = false;
+    std::string status = "not verified";
+  };
+  std::vector<Alt> alts;
+  bool alts_checked = false;
   bool ok = true;       // false: no algorithm qualified (why says what was rejected)
   std::string why;
   std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
@@ -67,6 +83,11 @@ struct Gemm::Plan {
 };
 
 namespace {
+bool alternates_enabled() {
+  const char* v = std::getenv("QTK_GEMM_ALTS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 int64_t default_ref_m() {
   const char* v = std::getenv("QTK_GEMM_REF_M");
   if (v == nullptr || *v == '\0') return 128;
@@ -78,7 +99,8 @@ int64_t default_ref_m() {
 }
 }  // namespace
 
-Gemm::Gemm(int64_t ref_m) : ref_m_(ref_m > 0 ? ref_m : default_ref_m()) {
+Gemm::Gemm(int64_t ref_m)
+    : ref_m_(ref_m > 0 ? ref_m : default_ref_m()), alternates_(alternates_enabled()) {
   cublasLtHandle_t h = nullptr;
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
@@ -201,7 +223,183 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
                                        sizeof(p->tile), &written);
   cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &p->stages,
                                        sizeof(p->stages), &written);
+  if (alternates_) find_alternates(*p);
   return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+// note: candidates for M <= 16 (cuBLASLt's heuristic for M = 1) and M >= 512
+// (its heuristic for M = 2048): up to 8 split-K-free, workspace-free
+// algorithms other than the plan's own that run at both ends of the range.
+// None is used before verify_alternates has compared it with the plan's.
+void Gemm::find_alternates(Plan& p) {
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  cublasLtMatmulPreference_t pref = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t no_workspace = 0;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
+  const uint32_t align = 16;
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  struct Range {
+    int64_t probe, lo, hi, verify;
+  };
+  constexpr int kCandidates = 8;
+  for (const Range r : {Range{1, 1, kSmallMaxM, kSmallMaxM},
+                        Range{2048, kLargeMinM, INT64_MAX, kLargeMinM}}) {
+    const auto& probe = p.layouts(r.probe);
+    std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, probe.first, probe.second, probe.second,
+                                       pref, kCandidates, results.data(),
+                                       &found) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    Plan::Alt alt;
+    alt.lo = r.lo;
+    alt.hi = r.hi;
+    alt.verify_m = r.verify;
+    alt.time_m = r.probe;
+    for (int i = 0; i < found; ++i) {
+      cublasLtMatmulAlgo_t algo = results[i].algo;
+      if (std::memcmp(&algo, &p.algo, sizeof(algo)) == 0) continue;
+      const int32_t splitk = 1;
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                           sizeof(splitk));
+      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme));
+      int32_t got_splitk = 1;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
+                                               sizeof(got_splitk), &written) ==
+              CUBLAS_STATUS_SUCCESS &&
+          got_splitk > 1)
+        continue;
+      bool ok = true;
+      for (int64_t m : {r.lo, r.verify, r.probe}) {
+        const auto& l = p.layouts(m);
+        cublasLtMatmulHeuristicResult_t check{};
+        for (const cublasLtMatmulAlgo_t* a : {&algo, &p.algo})
+          if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, a, &check) !=
+                  CUBLAS_STATUS_SUCCESS ||
+              check.workspaceSize != 0)
+            ok = false;
+      }
+      if (ok) alt.candidates.push_back(algo);
+    }
+    if (!alt.candidates.empty()) p.alts.push_back(std::move(alt));
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  p.alts_checked = p.alts.empty();
+}
+
+// note: batch invariance with several algorithms. An alternate serves its M
+// range only after it produced, on this GPU, bit-for-bit the plan
+// algorithm's output for the same inputs: the real weights and verify_m rows
+// of random activations over the full N and K. Two kernels that walk K in
+// the same order with the same instructions agree on every input; any
+// difference in the reduction order shows up in such a check with
+// overwhelming probability (each of the verify_m * N outputs is a K-term
+// sum). Among the candidates that pass, the fastest at time_m rows is kept if
+// it beats the plan's algorithm there by 5%; the rest are dropped for the
+// process. tests/cuda/test_gemm.cpp compares rows of M = 1..1024 products
+// across the ranges. The check needs a synchronous stream, so it runs at the
+// first call outside graph capture; until then the plan algorithm serves
+// every M.
+void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  QTK_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return;
+  p.alts_checked = true;
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  const size_t in_es = p.in_t == CUDA_R_16BF ? 2 : 4, out_es = p.out_t == CUDA_R_16BF ? 2 : 4;
+  for (auto& alt : p.alts) {
+    const int64_t rows = std::max(alt.verify_m, alt.time_m);
+    std::vector<unsigned char> xh(static_cast<size_t>(rows * p.ldx) * in_es, 0);
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    for (int64_t i = 0; i < rows * p.ldx; ++i) {
+      const float f = dist(rng);
+      if (in_es == 4) {
+        std::memcpy(&xh[i * 4], &f, 4);
+      } else {  // round to nearest even bf16
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        const uint16_t h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        std::memcpy(&xh[i * 2], &h, 2);
+      }
+    }
+    const size_t y_bytes = static_cast<size_t>(rows * p.ldy) * out_es;
+    void *xd = nullptr, *y0 = nullptr, *y1 = nullptr;
+    QTK_CUDA_CHECK(cudaMalloc(&xd, xh.size()));
+    QTK_CUDA_CHECK(cudaMalloc(&y0, y_bytes));
+    QTK_CUDA_CHECK(cudaMalloc(&y1, y_bytes));
+    QTK_CUDA_CHECK(cudaMemcpyAsync(xd, xh.data(), xh.size(), cudaMemcpyHostToDevice, stream));
+    cudaEvent_t e0, e1;
+    QTK_CUDA_CHECK(cudaEventCreate(&e0));
+    QTK_CUDA_CHECK(cudaEventCreate(&e1));
+    const float alpha = 1.0f, beta = 0.0f;
+    auto mm = [&](const cublasLtMatmulAlgo_t* algo, int64_t m, void* y) {
+      const auto& l = p.layouts(m);
+      QTK_CUBLAS_CHECK(cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second,
+                                      y, l.second, algo, nullptr, 0, stream));
+    };
+    auto time_of = [&](const cublasLtMatmulAlgo_t* algo) {
+      mm(algo, alt.time_m, y1);  // warm-up
+      QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
+      for (int i = 0; i < 5; ++i) mm(algo, alt.time_m, y1);
+      QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
+      QTK_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      return ms;
+    };
+    std::vector<unsigned char> h0(y_bytes), h1(y_bytes);
+    QTK_CUDA_CHECK(cudaMemsetAsync(y0, 0, y_bytes, stream));
+    mm(&p.algo, alt.verify_m, y0);
+    QTK_CUDA_CHECK(cudaMemcpyAsync(h0.data(), y0, y_bytes, cudaMemcpyDeviceToHost, stream));
+    const float plan_ms = time_of(&p.algo);
+    float best_ms = plan_ms * 0.95f;
+    int verified = 0;
+    for (const auto& cand : alt.candidates) {
+      QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
+      mm(&cand, alt.verify_m, y1);
+      QTK_CUDA_CHECK(cudaMemcpyAsync(h1.data(), y1, y_bytes, cudaMemcpyDeviceToHost, stream));
+      QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      // Only the N columns of each row are outputs (ldy may pad).
+      bool same = true;
+      for (int64_t r = 0; r < alt.verify_m && same; ++r)
+        same = std::memcmp(&h0[r * p.ldy * out_es], &h1[r * p.ldy * out_es], p.n * out_es) == 0;
+      if (!same) continue;
+      ++verified;
+      const float ms = time_of(&cand);
+      if (ms < best_ms) {
+        best_ms = ms;
+        alt.algo = cand;
+        alt.usable = true;
+      }
+    }
+    QTK_CUDA_CHECK(cudaEventDestroy(e0));
+    QTK_CUDA_CHECK(cudaEventDestroy(e1));
+    QTK_CUDA_CHECK(cudaFree(xd));
+    QTK_CUDA_CHECK(cudaFree(y0));
+    QTK_CUDA_CHECK(cudaFree(y1));
+    if (alt.usable) {
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_ID, &alt.algo_id,
+                                           sizeof(alt.algo_id), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &alt.tile,
+                                           sizeof(alt.tile), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                           &alt.stages, sizeof(alt.stages), &written);
+    }
+    alt.status = fmt::format("{} of {} candidates bit-equal; M {}: {:.1f} us vs {:.1f} us", verified,
+                             alt.candidates.size(), alt.time_m,
+                             1000.0f * (alt.usable ? best_ms : plan_ms) / 5, 1000.0f * plan_ms / 5);
+    alt.candidates.clear();
+  }
 }
 
 void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
@@ -225,10 +423,14 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
           stream);
     return;
   }
+  if (!p.alts_checked) verify_alternates(p, w, stream);
+  const cublasLtMatmulAlgo_t* algo = &p.algo;
+  for (const auto& alt : p.alts)
+    if (alt.usable && m >= alt.lo && m <= alt.hi) algo = &alt.algo;
   const auto& l = p.layouts(m);
   const float alpha = 1.0f, beta = 0.0f;
   QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x,
-                                  l.first, &beta, y, l.second, y, l.second, &p.algo, nullptr, 0,
+                                  l.first, &beta, y, l.second, y, l.second, algo, nullptr, 0,
                                   stream));
 }
 
@@ -236,8 +438,16 @@ std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64
                            DType out) {
   const Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
   if (!p.ok) return fmt::format("column blocks of 16384 ({})", p.why.substr(0, 120));
-  return fmt::format("algo {} tile {} stages {} (heuristic of M {})", p.algo_id, p.tile, p.stages,
-                     p.probe_m);
+  std::string d = fmt::format("algo {} tile {} stages {} (heuristic of M {})", p.algo_id, p.tile,
+                              p.stages, p.probe_m);
+  for (const auto& a : p.alts) {
+    const std::string range =
+        fmt::format("M {}..{}", a.lo, a.hi == INT64_MAX ? std::string("") : std::to_string(a.hi));
+    d += a.usable ? fmt::format("; {}: algo {} tile {} stages {} ({})", range, a.algo_id, a.tile,
+                                a.stages, a.status)
+                  : fmt::format("; {}: plan algorithm ({})", range, a.status);
+  }
+  return d;
 }
 
 }  // namespace qtk::cuda

@@ -30,6 +30,10 @@ class Gemm {
   // experiments: on the H100 its f32 algorithm refused M > 1 (status 15),
   // and for bf16 it was 9% faster at M = 1 but 22% slower at batch 128 and
   // 18% slower in prefill (bench/cuda/NOTES.md, run 6).
+  // note: speed without giving that up: a shape class may also hold a faster
+  // algorithm for M <= 16 and one for M >= 512, each used only after it gave
+  // the plan algorithm's output bit for bit on this GPU (gemm.cpp,
+  // verify_alternates). QTK_GEMM_ALTS=0 turns them off.
   explicit Gemm(int64_t ref_m = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -50,8 +54,14 @@ class Gemm {
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
   Plan& plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in, DType out);
+  void find_alternates(Plan& p);
+  void verify_alternates(Plan& p, const void* w, cudaStream_t stream);
+
+  static constexpr int64_t kSmallMaxM = 16;   // M range of the small-M alternate: 1..16
+  static constexpr int64_t kLargeMinM = 512;  // M range of the large-M alternate: 512..
 
   int64_t ref_m_;
+  bool alternates_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

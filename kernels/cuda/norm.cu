@@ -109,18 +109,14 @@ __device__ __forceinline__ int rope_axis(int j, const RopeParams& p) {
   return 2;
 }
 
+// One (token, head) row of head_dim values, by one warp: optional RMSNorm,
+// then RoPE, written back in place. v: the warp's f32 scratch [dim].
 template <class T>
-__global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim,
-                                    const float* __restrict__ norm_w, float eps,
-                                    const int32_t* __restrict__ positions, int64_t tokens,
-                                    RopeParams rope) {
-  __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  if (row >= rows) return;
-  const int64_t t = row / heads;
-  T* xr = x + t * ld + (row % heads) * dim;
-  float* v = buf[warp];
+__device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __restrict__ norm_w,
+                                              float eps, const int32_t* __restrict__ positions,
+                                              int64_t tokens, int64_t t, const RopeParams& rope,
+                                              float* v) {
+  const int lane = threadIdx.x & 31;
   float ss = 0.0f;
   for (int c = lane; c < dim; c += 32) {
     const float a = to_f(xr[c]);
@@ -151,6 +147,52 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, i
     xr[j + half] = from_f<T>(static_cast<float>(b * cf + a * sf));
   }
   for (int c = rd + lane; c < dim; c += 32) xr[c] = from_f<T>(v[c]);
+}
+
+template <class T>
+__global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim,
+                                    const float* __restrict__ norm_w, float eps,
+                                    const int32_t* __restrict__ positions, int64_t tokens,
+                                    RopeParams rope) {
+  __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
+  const int warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int64_t t = row / heads;
+  norm_rope_row(x + t * ld + (row % heads) * dim, dim, norm_w, eps, positions, tokens, t, rope,
+                buf[warp]);
+}
+
+// The fused attention-input step: per token, the hq query heads (q_norm +
+// RoPE in place), the hkv key heads (k_norm + RoPE in place, then copied to
+// the cache) and the hkv value heads (copied to the cache). Each value is
+// computed exactly as by qk_norm_rope and kv_cache_write.
+template <class T>
+__global__ void qkv_rope_cache_kernel(T* qkv, int64_t ld, int64_t rows, int hq, int hkv, int dim,
+                                      const float* __restrict__ q_norm_w,
+                                      const float* __restrict__ k_norm_w, float eps,
+                                      const int32_t* __restrict__ positions, int64_t tokens,
+                                      RopeParams rope, const int64_t* __restrict__ slot_mapping,
+                                      T* k_cache, T* v_cache) {
+  __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const int per_token = hq + 2 * hkv;
+  const int64_t t = row / per_token;
+  const int hh = static_cast<int>(row % per_token);
+  T* xr = qkv + t * ld + static_cast<int64_t>(hh) * dim;
+  if (hh < hq + hkv)
+    norm_rope_row(xr, dim, hh < hq ? q_norm_w : k_norm_w, eps, positions, tokens, t, rope,
+                  buf[warp]);
+  if (hh < hq) return;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0) return;  // a padding row (graph buckets) writes nothing
+  __syncwarp();          // the row's lanes finished writing xr
+  const int kvh = (hh - hq) % hkv;
+  T* dst = (hh < hq + hkv ? k_cache : v_cache) + slot * static_cast<int64_t>(hkv) * dim +
+           static_cast<int64_t>(kvh) * dim;
+  for (int c = lane; c < dim; c += 32) dst[c] = xr[c];
 }
 
 }  // namespace
@@ -210,6 +252,23 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
   QTK_CUDA_CHECK_LAUNCH();
 }
 
+template <class T>
+void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv, int64_t head_dim,
+                    const float* q_norm_w, const float* k_norm_w, float eps,
+                    const int32_t* positions, const RopeParams& rope, const int64_t* slot_mapping,
+                    T* k_cache, T* v_cache, cudaStream_t stream) {
+  if (head_dim > kMaxHeadDim || rope.rotary_dim > head_dim || rope.rotary_dim % 2 != 0)
+    fail_message("qkv_rope_cache: head_dim " + std::to_string(head_dim) + " (at most " +
+                 std::to_string(kMaxHeadDim) + ") with rotary_dim " +
+                 std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
+  const int64_t rows = tokens * (hq + 2 * hkv);
+  if (rows == 0) return;
+  qkv_rope_cache_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      qkv, ld, rows, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(head_dim),
+      q_norm_w, k_norm_w, eps, positions, tokens, rope, slot_mapping, k_cache, v_cache);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
 #define QTK_INSTANTIATE(T)                                                                         \
   template void rmsnorm<T>(const T*, int64_t, const float*, T*, int64_t, int64_t, int64_t, float,  \
                            cudaStream_t);                                                          \
@@ -220,7 +279,10 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
   template void l2norm_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, float, float,              \
                                 cudaStream_t);                                                     \
   template void qk_norm_rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const float*, float,       \
-                                const int32_t*, const RopeParams&, cudaStream_t);
+                                const int32_t*, const RopeParams&, cudaStream_t);            \
+  template void qkv_rope_cache<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*,   \
+                                  const float*, float, const int32_t*, const RopeParams&,          \
+                                  const int64_t*, T*, T*, cudaStream_t);
 QTK_INSTANTIATE(float)
 QTK_INSTANTIATE(bf16)
 #undef QTK_INSTANTIATE

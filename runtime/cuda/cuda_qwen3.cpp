@@ -164,8 +164,6 @@ class CudaQwen3 final : public CudaModel {
     T_* x = x_.as<T_>();
     T_* h = h_.as<T_>();
     T_* q = qkv_.as<T_>();
-    T_* k = q + c.q_dim();
-    T_* v = k + c.kv_dim();
     const DType dt = dtype_of<T_>();
     cuda::AttentionBatch ab;
     ab.num_seqs = S;
@@ -184,12 +182,10 @@ class CudaQwen3 final : public CudaModel {
       const Layer& l = layers_[li];
       // Self-attention block (h holds the normed input).
       gemm_.run(h, H, l.qkv_proj.as(), H, q, qkv_ld, T, qkv_ld, H, dt, dt, stream_);
-      cuda::qk_norm_rope<T_>(q, qkv_ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_,
-                             stream_);
-      cuda::qk_norm_rope<T_>(k, qkv_ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
-                             stream_);
-      cuda::kv_cache_write<T_>(k, qkv_ld, v, qkv_ld, T, Hkv, D, slot_mapping_, kv_k(li), kv_v(li),
-                               stream_);
+      // q/k norms, RoPE and the K/V cache write in one launch.
+      cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(),
+                               l.k_norm.as<float>(), eps, positions_, rope_, slot_mapping_,
+                               kv_k(li), kv_v(li), stream_);
       cuda::paged_attention<T_>(q, qkv_ld, kv_k(li), kv_v(li), attn_.as<T_>(), c.q_dim(), ab, Hq,
                                 Hkv, D, scale, stream_);
       gemm_.run(attn_.as(), c.q_dim(), l.o_proj.as(), c.q_dim(), h, H, T, H, c.q_dim(), dt, dt,

@@ -7,6 +7,7 @@
 #   QTK_GPU_SKIP_BENCH=1 bash tests/cuda/run_gpu_tests.sh
 #   QTK_GPU_SKIP_GENERATE=1 ...   # without the generate --device cuda tests
 #   QTK_GPU_BENCH_FILTER=Attention ...   # only the benchmarks matching a regex
+#   QTK_GPU_E2E="qwen3-0.6b" QTK_GPU_E2E_ALSO="QTK_GEMM_ALTS=0" ...  # e2e, and again under other env
 #
 # A GPU machine without this project's Debian packages: run
 # tests/cuda/make_device_bundle.sh on a Debian 12 machine first and ship the
@@ -65,7 +66,7 @@ ctest --test-dir "$BUILD" -N -L gpu | tail -3
 "$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
   >"$OUT/tests.log" 2>&1
 test_rc=$?
-grep -E "^\[  (FAILED|PASSED) |^device:|Failure|Expected|Which is|rows differ|^\[==========\]" \
+grep -E "^\[  (FAILED|PASSED) |^device:|^\[ gemm|Failure|Expected|Which is|rows differ|^\[==========\]" \
   "$OUT/tests.log" | head -60
 
 model_rc=0
@@ -144,6 +145,12 @@ if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
       timeout 240 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" --precision "$prec" \
         --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
     done
+    if [ -n "${QTK_GPU_E2E_ALSO:-}" ]; then
+      # The same benchmark under other settings, e.g. "QTK_GEMM_ALTS=0".
+      echo "-- qtk cuda $name bf16, ${QTK_GPU_E2E_ALSO}" | tee -a "$OUT/e2e.log"
+      env ${QTK_GPU_E2E_ALSO} timeout 120 "$BUILD/bin/cuda_model_bench" --pack "$work/model.pack" \
+        --batches "${QTK_GPU_E2E_BATCHES:-1,32,128}" 2>&1 | tee -a "$OUT/e2e.log" || e2e_rc=1
+    fi
     if [ -n "${QTK_GPU_ALT_REF_M:-}" ]; then
       echo "-- qtk cuda $name bf16, QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M" | tee -a "$OUT/e2e.log"
       QTK_GEMM_REF_M=$QTK_GPU_ALT_REF_M timeout 120 "$BUILD/bin/cuda_model_bench" \

@@ -1,5 +1,7 @@
 // cuBLASLt GEMM wrapper: against the float64 reference, and batch invariance:
 // row r of an M-row product is bitwise equal to the 1-row product of row r.
+#include <cstdio>
+
 #include "kernels/cuda/gemm.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
@@ -13,7 +15,7 @@ struct GemmCase {
 
 template <class In, class Out>
 void check_gemm(Gemm& gemm, int64_t N, int64_t K, DType in, DType out) {
-  const int64_t max_m = 512;
+  const int64_t max_m = 1024;  // past Gemm's large-M range start (512)
   const auto xf = random_floats(max_m * K, -1, 1, 51), wf = random_floats(N * K, -1, 1, 52);
   const auto xh = to_device_type<In>(xf), wh = to_device_type<In>(wf);
   DeviceBuffer<In> x(xh), w(wh);
@@ -23,7 +25,7 @@ void check_gemm(Gemm& gemm, int64_t N, int64_t K, DType in, DType out) {
     gemm.run(x.get() + r * K, K, w.get(), K, single.get() + r * N, N, 1, N, K, in, out, nullptr);
   const auto one = single.download();
   const Vec xd = to_double(xh), wd = to_double(wh);
-  for (int64_t M : {1, 2, 3, 17, 64, 130, 512}) {
+  for (int64_t M : {1, 2, 3, 16, 17, 64, 130, 511, 512, 1024}) {
     DeviceBuffer<Out> y(M * N);
     gemm.run(x.get(), K, w.get(), K, y.get(), N, M, N, K, in, out, nullptr);
     const auto got = y.download();
@@ -36,6 +38,11 @@ void check_gemm(Gemm& gemm, int64_t N, int64_t K, DType in, DType out) {
         << "M " << M << ": rows differ from 1-row products ("
         << gemm.describe(N, K, K, K, N, in, out) << ")";
   }
+  // Which algorithms served (the small- and large-M alternates, when verified).
+  std::printf("[ gemm     ] N %lld K %lld %s -> %s: %s\n", static_cast<long long>(N),
+              static_cast<long long>(K), std::string(dtype_name(in)).c_str(),
+              std::string(dtype_name(out)).c_str(),
+              gemm.describe(N, K, K, K, N, in, out).c_str());
 }
 
 TEST(Gemm, Bf16InF32OutMatchesReferenceAndIsBatchInvariant) {

@@ -141,6 +141,49 @@ TYPED_TEST(NormTest, QkNormRopePlainPartialAndMrope) {
   }
 }
 
+// The fused attention-input kernel equals qk_norm_rope (q, k) followed by
+// kv_cache_write, bit for bit, including padding rows (slot -1) that write
+// nothing and a shuffled slot mapping.
+TYPED_TEST(NormTest, QkvRopeCacheEqualsSeparateCalls) {
+  using T = TypeParam;
+  RopeParams rope;
+  rope.rotary_dim = 64;
+  rope.theta = 1e6;
+  for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+    const int64_t tokens = 29, hq = 6, hkv = 2, w = (hq + 2 * hkv) * dim, ld = w + 8;
+    const int64_t slots = 64;
+    const auto xh = to_device_type<T>(random_floats(tokens * ld, -2, 2, 31));
+    const auto qw = random_floats(dim, 0.5f, 1.5f, 32), kw = random_floats(dim, 0.5f, 1.5f, 33);
+    std::vector<int32_t> pos(3 * tokens);
+    std::vector<int64_t> slot(tokens);
+    std::mt19937 rng(34);
+    for (auto& v : pos) v = static_cast<int32_t>(rng() % 5000);
+    for (int64_t t = 0; t < tokens; ++t) slot[t] = t % 7 == 3 ? -1 : (t * 37) % slots;
+    const std::vector<T> poison(slots * hkv * dim, from_float<T>(NAN));
+    DeviceBuffer<float> qwd(qw), kwd(kw);
+    DeviceBuffer<int32_t> pd(pos);
+    DeviceBuffer<int64_t> sd(slot);
+    DeviceBuffer<T> a(xh), b(xh), ka(poison), va(poison), kb(poison), vb(poison);
+    qk_norm_rope<T>(a.get(), ld, tokens, hq, dim, qwd.get(), 1e-6f, pd.get(), rope, nullptr);
+    qk_norm_rope<T>(a.get() + hq * dim, ld, tokens, hkv, dim, kwd.get(), 1e-6f, pd.get(), rope,
+                    nullptr);
+    kv_cache_write<T>(a.get() + hq * dim, ld, a.get() + (hq + hkv) * dim, ld, tokens, hkv, dim,
+                      sd.get(), ka.get(), va.get(), nullptr);
+    qkv_rope_cache<T>(b.get(), ld, tokens, hq, hkv, dim, qwd.get(), kwd.get(), 1e-6f, pd.get(),
+                      rope, sd.get(), kb.get(), vb.get(), nullptr);
+    const auto xa = a.download(), xb = b.download();
+    EXPECT_TRUE(bitwise_equal(xa.data(), xb.data(), xa.size())) << "dim " << dim;
+    const auto k1 = ka.download(), k2 = kb.download(), v1 = va.download(), v2 = vb.download();
+    EXPECT_TRUE(bitwise_equal(k1.data(), k2.data(), k1.size())) << "dim " << dim;
+    EXPECT_TRUE(bitwise_equal(v1.data(), v2.data(), v1.size())) << "dim " << dim;
+    // The values really moved: every written slot differs from the poison.
+    int64_t written = 0;
+    for (int64_t t = 0; t < tokens; ++t)
+      if (slot[t] >= 0) written += !std::isnan(to_float(k2[slot[t] * hkv * dim]));
+    EXPECT_EQ(written, tokens - (tokens + 3) / 7);
+  }
+}
+
 TYPED_TEST(NormTest, SwigluSigmoidMulAndGates) {
   using T = TypeParam;
   const int64_t tokens = 21, inter = 333;
