@@ -23,14 +23,18 @@ struct AttentionBatch {
 // cache positions 0..that position.
 //   q: f32 [T, Hq, D] row stride ldq; out: f32 [T, Hq, D] row stride ldo
 //   k_cache: f32 [num_blocks, Hkv, D, block_size]  (keys in the last index)
-//   v_cache: f32 [num_blocks, block_size, Hkv, D]
+//   v_cache: f32 [num_blocks, Hkv, block_size, D]
 //   query head h reads kv head h / (Hq / Hkv).
 //   scratch: paged_attention_scratch_floats(max context, pool threads) floats.
 // note: K is stored transposed inside each block so that 16 keys fill the
 // lanes of a vector: a score is then one straight sum over d (no horizontal
 // reduction), and each K vector loaded serves up to 8 query vectors (query
 // rows x heads of a group). V keeps rows of D so that p_j * v_j is a vector
-// axpy over d.
+// axpy over d. Both are head-major inside a block, so the K and V that one
+// (sequence, kv head) task reads are contiguous runs of block_size * D
+// floats (8 KiB for D = 128, block 16) that the hardware prefetcher
+// streams; token-major V rows (one line per 4 KiB page) made decode
+// attention wait on memory.
 // note: batch invariance: every (query row, head) output is computed by one
 // thread with an exact two-pass softmax in key-position order: all scores
 // (each a D-dot summed in increasing d, separate multiply and add), their

@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -148,15 +149,20 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatmulBf16)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
 
-// Paged attention: args num_seqs, q_len, ctx, threads (Qwen3-0.6B: Hq 16,
-// Hkv 8, D 128).
+// Paged attention: args num_seqs, q_len, ctx, threads, cold (Qwen3-0.6B:
+// Hq 16, Hkv 8, D 128). cold = 1: calls rotate over copies of the cache
+// (> L3 in all), so K and V come from DRAM as in a decode step, where a
+// layer's cache was last touched a whole step (all weights) earlier.
 void BM_PagedAttention(benchmark::State& state) {
   const int64_t seqs = state.range(0), q_len = state.range(1), ctx = state.range(2);
   const int threads = static_cast<int>(state.range(3));
+  const bool cold = state.range(4) != 0;
   const int64_t Hq = 16, Hkv = 8, D = 128, bs = 16;
   const int64_t blocks_per = (ctx + bs - 1) / bs;
-  auto k = random_vec(seqs * blocks_per * bs * Hkv * D, 1);
-  auto v = random_vec(seqs * blocks_per * bs * Hkv * D, 2);
+  const int64_t cache_floats = seqs * blocks_per * bs * Hkv * D;
+  const int64_t copies = cold ? std::max<int64_t>(2, (128ll << 20) / (cache_floats * 8)) : 1;
+  auto k = random_vec(cache_floats * copies, 1);
+  auto v = random_vec(cache_floats * copies, 2);
   auto q = random_vec(seqs * q_len * Hq * D, 3);
   std::vector<float> out(q.size());
   std::vector<int32_t> table(seqs * blocks_per), q_start(seqs + 1),
@@ -166,9 +172,11 @@ void BM_PagedAttention(benchmark::State& state) {
   AttentionBatch b{seqs, q_start.data(), seq_len.data(), table.data(), blocks_per, bs};
   std::vector<float> scratch(paged_attention_scratch_floats(ctx, threads));
   ThreadPool* pool = pool_for(threads);
+  int64_t c = 0;
   for (auto _ : state) {
-    paged_attention(q.data(), Hq * D, k.data(), v.data(), out.data(), Hq * D, b, Hq, Hkv, D, 0.088f,
-                    scratch.data(), pool);
+    paged_attention(q.data(), Hq * D, k.data() + c * cache_floats, v.data() + c * cache_floats,
+                    out.data(), Hq * D, b, Hq, Hkv, D, 0.088f, scratch.data(), pool);
+    c = (c + 1) % copies;
   }
   // FLOPs: QK and PV, 2*D each per (query, key); causal prefill sees ~half.
   double keys = 0;
@@ -180,10 +188,12 @@ void BM_PagedAttention(benchmark::State& state) {
       static_cast<double>(state.iterations()) * seqs * q_len, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PagedAttention)
-    ->Args({1, 1, 512, 1})
-    ->Args({32, 1, 192, 2})
-    ->Args({1, 512, 512, 2})
-    ->Args({1, 512, 512, 1})
+    ->Args({1, 1, 512, 1, 0})
+    ->Args({1, 1, 192, 1, 1})
+    ->Args({32, 1, 192, 2, 0})
+    ->Args({32, 1, 192, 1, 1})
+    ->Args({1, 512, 512, 2, 0})
+    ->Args({1, 512, 512, 1, 0})
     ->UseRealTime()
     ->MinTime(0.3);
 

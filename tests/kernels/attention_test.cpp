@@ -135,21 +135,31 @@ TEST(Attention, BitIdenticalAcrossBlockSizeThreadsBatchAndChunks) {
 }
 
 TEST(Attention, KvCacheWriteLayoutAndNegativeSlots) {
-  // Block size 2: slot 2 is offset 0 of block 1; K is stored [Hkv*D][block]
-  // inside the block, V as rows of Hkv*D.
-  const int64_t Hkv = 1, D = 3, bs = 2;
-  std::vector<float> k = {1, 2, 3, 4, 5, 6}, v = {7, 8, 9, 10, 11, 12};
-  std::vector<float> kc(4 * D, 0.0f), vc(4 * D, 0.0f);
+  // Block size 2: slot 2 is offset 0 of block 1. Inside a block K is stored
+  // [Hkv*D][block] (keys in the last index) and V as [Hkv][block][D].
+  const int64_t Hkv = 2, D = 3, bs = 2, width = Hkv * D;
+  std::vector<float> k = {1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0};
+  std::vector<float> v = {7, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0};
+  std::vector<float> kc(2 * bs * width, 0.0f), vc(2 * bs * width, 0.0f);
   std::vector<int64_t> slots = {2, -1};
-  kv_cache_write(k.data(), D, v.data(), D, 2, Hkv, D, slots.data(), bs, kc.data(), vc.data());
-  EXPECT_EQ(kc[6], 1.0f);
-  EXPECT_EQ(kc[8], 2.0f);
-  EXPECT_EQ(kc[10], 3.0f);
-  for (int i : {0, 1, 2, 3, 4, 5, 7, 9, 11}) EXPECT_EQ(kc[i], 0.0f) << i;
-  EXPECT_EQ(vc[6], 7.0f);
-  EXPECT_EQ(vc[7], 8.0f);
-  EXPECT_EQ(vc[8], 9.0f);
-  for (int i : {0, 1, 2, 3, 4, 5, 9, 10, 11}) EXPECT_EQ(vc[i], 0.0f) << i;
+  kv_cache_write(k.data(), width, v.data(), width, 2, Hkv, D, slots.data(), bs, kc.data(),
+                 vc.data());
+  for (int e = 0; e < width; ++e) EXPECT_EQ(kc[12 + 2 * e], k[e]) << e;
+  for (int i = 0; i < 24; ++i) {
+    if (i < 12 || i % 2 == 1) {
+      EXPECT_EQ(kc[i], 0.0f) << i;
+    }
+  }
+  // head 0 row at block 1 + offset 0; head 1 row one head (bs * D) later.
+  for (int d = 0; d < D; ++d) {
+    EXPECT_EQ(vc[12 + d], v[d]) << d;
+    EXPECT_EQ(vc[12 + bs * D + d], v[D + d]) << d;
+  }
+  for (int i = 0; i < 24; ++i) {
+    if (i < 12 || (i >= 15 && i < 18) || i >= 21) {
+      EXPECT_EQ(vc[i], 0.0f) << i;
+    }
+  }
 }
 
 }  // namespace
