@@ -19,8 +19,21 @@ class KvCache {
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
-  // f32 [num_blocks, block_size, kv_heads, head_dim] of attention layer `i`
-  // (i counts attention layers only, 0-based).
+  // The cache of attention layer `i` (i counts attention layers only, 0-based):
+  //   k(i): f32 [kv_heads, num_blocks, head_dim, block_size]  (keys in the last index)
+  //   v(i): f32 [kv_heads, num_blocks, block_size, head_dim]
+  // note: K is transposed inside each block (head_dim rows of block_size
+  // keys) so that the CPU attention kernel puts 16 consecutive keys in the
+  // lanes of one vector: a score is a plain sum over d in increasing order,
+  // with no horizontal reduction whose shape could depend on the batch, and
+  // each K vector loaded serves every query of the group. V keeps rows of
+  // head_dim (p_j * v_j is a vector axpy over d). Both are kv-head-major:
+  // one attention task (a sequence and a kv head) reads block_size *
+  // head_dim contiguous floats per block, and a sequence's blocks, mostly
+  // allocated together with consecutive ids, follow each other, so the
+  // task streams contiguous memory (8 KiB pieces 64 KiB apart stream at a
+  // third of the sequential bandwidth on Zen 4). kernels/attention.h has
+  // the kernel side; the CUDA backend keeps its own device cache.
   float* k(int64_t i) { return k_.data() + i * layer_floats_; }
   float* v(int64_t i) { return v_.data() + i * layer_floats_; }
   // Bytes of one block over all attention layers (K and V).

@@ -131,6 +131,7 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
   ab.block_table = b.block_table;
   ab.max_blocks = b.max_blocks;
   ab.block_size = kv.block_size();
+  ab.num_blocks = kv.num_blocks();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t rotary = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
 
@@ -147,8 +148,8 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
                rope_inv_freq_bf16_);
     rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
                rope_inv_freq_bf16_);
-    kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(li),
-                   kv.v(li));
+    kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.block_size(),
+                   kv.num_blocks(), kv.k(li), kv.v(li));
     paged_attention(q, qkv_ld, kv.k(li), kv.v(li), attn_.data(), c.q_dim(), ab, Hq, Hkv, D, scale,
                     attn_scratch_.data(), pool_);
     matmul(attn_.data(), c.q_dim(), l.o_proj.data, l.o_proj.dtype, h, H, T, H, c.q_dim(), pool_);

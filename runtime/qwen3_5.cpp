@@ -142,7 +142,8 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
   rope_apply(k, T, Hkv, D, ld, b.positions, rotary, c.rope.theta,
              sec.empty() ? nullptr : sec.data(), static_cast<int>(sec.size()),
              c.rope.mrope_interleaved, rope_inv_freq_bf16_);
-  kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.k(ai), kv.v(ai));
+  kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.num_blocks(),
+                 kv.k(ai), kv.v(ai));
   AttentionBatch ab;
   ab.num_seqs = b.num_seqs;
   ab.q_start = b.q_start;
@@ -150,6 +151,7 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
   ab.block_table = b.block_table;
   ab.max_blocks = b.max_blocks;
   ab.block_size = kv.block_size();
+  ab.num_blocks = kv.num_blocks();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   float* core = core_.data();
   paged_attention(q, ld, kv.k(ai), kv.v(ai), core, c.q_dim(), ab, Hq, Hkv, D, scale,

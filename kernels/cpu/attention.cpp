@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/simd_math.h"
+#include "loaders/error.h"
 
 namespace qtk {
 
@@ -30,13 +31,13 @@ QTK_INLINE void store16(float* p, const V16* v) { __builtin_memcpy(p, v, sizeof(
 
 // Where one (sequence, kv head) reads its cache.
 struct KvView {
-  const float* k_cache;   // f32 [num_blocks, Hkv, D, block_size]
-  const float* v_cache;   // f32 [num_blocks, Hkv, block_size, D]
+  const float* k_cache;   // f32 [Hkv, num_blocks, D, block_size]
+  const float* v_cache;   // f32 [Hkv, num_blocks, block_size, D]
   const int32_t* blocks;  // physical block of each logical block
   int64_t block_size;
-  int64_t block_stride;   // floats per block (block_size * Hkv * D)
-  int64_t k_head_offset;  // kvh * D * block_size
-  int64_t v_head_offset;  // kvh * block_size * D
+  int64_t block_stride;   // floats per block of one head (block_size * D)
+  int64_t k_head_offset;  // kvh * num_blocks * block_size * D
+  int64_t v_head_offset;  // the same
   int64_t token_stride;   // D: V row of the next key of the same head and block
   int64_t D;
 };
@@ -351,7 +352,11 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
   const int64_t head_parts = (group + heads - 1) / heads;
   const int64_t rows = std::max<int64_t>(1, kMaxQ / heads);
   const int64_t per_row = Hkv * head_parts;
-  const int64_t token_floats = Hkv * D;
+  if (b.num_blocks < 1) {
+    fail("paged_attention: AttentionBatch.num_blocks must be the cache's block count, found {}",
+         b.num_blocks);
+  }
+  const int64_t head_floats = b.num_blocks * b.block_size * D;
 
   // Task index = (kv head, head part, row slot); only row slots that start a
   // row tile of their sequence do work. note: kv head outermost so that a
@@ -397,9 +402,9 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
                 v_cache,
                 b.block_table + seq * b.max_blocks,
                 b.block_size,
-                b.block_size * token_floats,
-                kvh * D * b.block_size,
-                kvh * b.block_size * D,
+                b.block_size * D,
+                kvh * head_floats,
+                kvh * head_floats,
                 D,
                 D};
       attend_tile(t, nq, kv, scale, scores, ss);
@@ -409,19 +414,21 @@ void paged_attention(const float* q, int64_t ldq, const float* k_cache, const fl
 
 void kv_cache_write(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t T,
                     int64_t Hkv, int64_t D, const int64_t* slot_mapping, int64_t block_size,
-                    float* k_cache, float* v_cache) {
-  const int64_t width = Hkv * D;
+                    int64_t num_blocks, float* k_cache, float* v_cache) {
+  const int64_t head_floats = num_blocks * block_size * D;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
-    // K: transposed inside its block, [Hkv * D][block_size]; V: [Hkv][block_size][D].
+    // K: [Hkv][num_blocks][D][block_size]; V: [Hkv][num_blocks][block_size][D].
     const int64_t block = slot / block_size, offset = slot % block_size;
-    float* kb = k_cache + block * block_size * width + offset;
     const float* kr = k + t * ldk;
-    for (int64_t e = 0; e < width; ++e) kb[e * block_size] = kr[e];
-    float* vb = v_cache + block * block_size * width + offset * D;
     const float* vr = v + t * ldv;
-    for (int64_t h = 0; h < Hkv; ++h) std::copy(vr + h * D, vr + h * D + D, vb + h * block_size * D);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      float* kb = k_cache + h * head_floats + block * block_size * D + offset;
+      for (int64_t d = 0; d < D; ++d) kb[d * block_size] = kr[h * D + d];
+      float* vb = v_cache + h * head_floats + (block * block_size + offset) * D;
+      std::copy(vr + h * D, vr + h * D + D, vb);
+    }
   }
 }
 

@@ -98,12 +98,12 @@ std::vector<float> run_paged(const std::vector<Seq>& seqs, const Shape& sh, int6
     for (int64_t p = 0; p < s.ctx; ++p)
       slots[p] = int64_t{table[i * max_blocks + p / bs]} * bs + p % bs;
     kv_cache_write(s.k.data(), width, s.v.data(), width, s.ctx, sh.Hkv, sh.D, slots.data(), bs,
-                   kc.data(), vc.data());
+                   total_blocks, kc.data(), vc.data());
     seq_len[i] = static_cast<int32_t>(s.ctx);
     q_start[i + 1] = q_start[i] + static_cast<int32_t>(s.q_len);
     std::copy(s.q.begin(), s.q.end(), q.begin() + q_start[i] * sh.Hq * sh.D);
   }
-  AttentionBatch b{n, q_start.data(), seq_len.data(), table.data(), max_blocks, bs};
+  AttentionBatch b{n, q_start.data(), seq_len.data(), table.data(), max_blocks, bs, total_blocks};
   std::vector<float> scratch(paged_attention_scratch_floats(max_ctx, pool_size(pool)));
   std::vector<float> out(rows * sh.Hq * sh.D, -7.0f);
   paged_attention(q.data(), sh.Hq * sh.D, kc.data(), vc.data(), out.data(), sh.Hq * sh.D, b, sh.Hq,

@@ -64,12 +64,13 @@ std::vector<float> run_paged(const std::vector<const Seq*>& seqs, int64_t block_
       slots[p] = static_cast<int64_t>(table[i * max_blocks + p / block_size]) * block_size + p % block_size;
     }
     kv_cache_write(s.k.data(), slot_floats, s.v.data(), slot_floats, s.ctx, kHkv, kD, slots.data(),
-                   block_size, k_cache.data(), v_cache.data());
+                   block_size, total_blocks, k_cache.data(), v_cache.data());
     seq_len[i] = static_cast<int32_t>(s.ctx);
     q_start[i + 1] = q_start[i] + static_cast<int32_t>(s.q_len);
     std::copy(s.q.begin(), s.q.end(), q.begin() + q_start[i] * kHq * kD);
   }
-  AttentionBatch b{n, q_start.data(), seq_len.data(), table.data(), max_blocks, block_size};
+  AttentionBatch b{n,          q_start.data(), seq_len.data(), table.data(),
+                   max_blocks, block_size,     total_blocks};
   std::vector<float> scratch(paged_attention_scratch_floats(max_ctx, pool_size(pool)));
   std::vector<float> out(rows * kHq * kD, -7.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
@@ -135,31 +136,29 @@ TEST(Attention, BitIdenticalAcrossBlockSizeThreadsBatchAndChunks) {
 }
 
 TEST(Attention, KvCacheWriteLayoutAndNegativeSlots) {
-  // Block size 2: slot 2 is offset 0 of block 1. Inside a block K is stored
-  // [Hkv*D][block] (keys in the last index) and V as [Hkv][block][D].
-  const int64_t Hkv = 2, D = 3, bs = 2, width = Hkv * D;
+  // 2 blocks of size 2: slot 2 is offset 0 of block 1. Each kv head owns
+  // num_blocks blocks; inside a block K is stored [D][block] (keys in the
+  // last index) and V as [block][D].
+  const int64_t Hkv = 2, D = 3, bs = 2, nb = 2, width = Hkv * D, head = nb * bs * D;
   std::vector<float> k = {1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0};
   std::vector<float> v = {7, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0};
-  std::vector<float> kc(2 * bs * width, 0.0f), vc(2 * bs * width, 0.0f);
+  std::vector<float> kc(Hkv * head, 0.0f), vc(Hkv * head, 0.0f);
   std::vector<int64_t> slots = {2, -1};
-  kv_cache_write(k.data(), width, v.data(), width, 2, Hkv, D, slots.data(), bs, kc.data(),
+  kv_cache_write(k.data(), width, v.data(), width, 2, Hkv, D, slots.data(), bs, nb, kc.data(),
                  vc.data());
-  for (int e = 0; e < width; ++e) EXPECT_EQ(kc[12 + 2 * e], k[e]) << e;
-  for (int i = 0; i < 24; ++i) {
-    if (i < 12 || i % 2 == 1) {
-      EXPECT_EQ(kc[i], 0.0f) << i;
+  std::vector<float> k_want(Hkv * head, 0.0f), v_want(Hkv * head, 0.0f);
+  for (int64_t h = 0; h < Hkv; ++h) {
+    for (int64_t d = 0; d < D; ++d) {
+      k_want[h * head + 1 * bs * D + d * bs + 0] = k[h * D + d];
+      v_want[h * head + (1 * bs + 0) * D + d] = v[h * D + d];
     }
   }
-  // head 0 row at block 1 + offset 0; head 1 row one head (bs * D) later.
-  for (int d = 0; d < D; ++d) {
-    EXPECT_EQ(vc[12 + d], v[d]) << d;
-    EXPECT_EQ(vc[12 + bs * D + d], v[D + d]) << d;
-  }
-  for (int i = 0; i < 24; ++i) {
-    if (i < 12 || (i >= 15 && i < 18) || i >= 21) {
-      EXPECT_EQ(vc[i], 0.0f) << i;
-    }
-  }
+  EXPECT_EQ(kc, k_want);
+  EXPECT_EQ(vc, v_want);
+  EXPECT_EQ(kc[6], 1.0f);   // head 0, block 1, d 0, offset 0
+  EXPECT_EQ(kc[18], 4.0f);  // head 1 starts num_blocks * bs * D = 12 floats later
+  EXPECT_EQ(vc[6], 7.0f);
+  EXPECT_EQ(vc[18], 10.0f);
 }
 
 }  // namespace
