@@ -348,10 +348,10 @@ class CudaQwen3_5 final : public CudaModel {
       // recurrent kernel on a compact copy of those rows, continuing from the
       // state the chunked kernel left: each token takes the same kernel, with
       // the same arithmetic, however the prompt was scheduled.
-      cuda::gated_delta_rule_chunked<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
-                                          rec_state_.as<float>(),
-                                          item_slots_ + l.kind_index * n_items_, item_first_,
-                                          item_chunks_, n_items_, core, Vd, Hk, Hv, Dk, Dv, stream_);
+      cuda::gated_delta_rule_chunked<Act>(
+          q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(), rec_state_.as<float>(),
+          item_slots_ + l.kind_index * n_items_, item_first_, item_chunks_, n_items_, core, Vd, Hk,
+          Hv, Dk, Dv, stream_);
       if (n_tail_ > 0) {
         Act* tq = tail_conv_.as<Act>();
         float* tg = tail_gb_.as<float>();
@@ -401,9 +401,10 @@ class CudaQwen3_5 final : public CudaModel {
       const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
       const int64_t a = A > 1 && aligned != nullptr ? aligned[s] : 0;
       if (a < 0 || a > q_len || a % A != 0)
-        fail("CUDA Qwen3.5: sequence {} of the step has {} aligned tokens of {} (expected a "
-             "multiple of {} up to its tokens)",
-             s, a, q_len, A);
+        fail(
+            "CUDA Qwen3.5: sequence {} of the step has {} aligned tokens of {} (expected a "
+            "multiple of {} up to its tokens)",
+            s, a, q_len, A);
       if (a > 0) items_.push_back(s);
       for (int64_t t = b.q_start[s] + a; t < b.q_start[s + 1]; ++t)
         tail_rows_host_.push_back(static_cast<int32_t>(t));
@@ -441,8 +442,8 @@ class CudaQwen3_5 final : public CudaModel {
       for (int32_t s : items_) *p++ = b.q_start[s];
       offsets.push_back(p - host_step_.data());  // [9] item chunk counts
       for (int32_t s : items_) *p++ = static_cast<int32_t>(aligned[s] / A);
-      put(tail_rows_host_.data(), n_tail_);      // [10]
-      put(tail_start_host_.data(), S + 1);       // [11]
+      put(tail_rows_host_.data(), n_tail_);  // [10]
+      put(tail_start_host_.data(), S + 1);   // [11]
     }
     if (ensure(step_, n32 * sizeof(int32_t))) graphs_.clear();
     for (int64_t s = 0; s < S; ++s) {
@@ -516,7 +517,7 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory tail_conv_;  // Act [T, conv_dim]: q, k, v rows
   DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output
   DeviceMemory tail_gb_;    // f32 [T, Hv] g, then f32 [T, Hv] beta
-  DeviceMemory step_;         // int32 step arrays
+  DeviceMemory step_;       // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
