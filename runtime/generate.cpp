@@ -277,11 +277,13 @@ void run_generate(const GenerateOptions& o) {
 
   // Size the cache: enough for max_num_seqs of the longest request, within the budget.
   const CacheSpec spec = model->cache_spec();
-  int64_t longest = 1;
+  int64_t longest = 1, all_blocks = 0;
   for (const auto& l : lines) {
     if (!l.error.empty()) continue;
-    const int64_t n = static_cast<int64_t>(l.request.prompt.size()) + l.request.max_tokens;
-    longest = std::max(longest, std::min(n, cfg.max_position_embeddings));
+    const int64_t n = std::min(static_cast<int64_t>(l.request.prompt.size()) + l.request.max_tokens,
+                               cfg.max_position_embeddings);
+    longest = std::max(longest, n);
+    all_blocks += (n + o.block_size - 1) / o.block_size;
   }
   SchedulerOptions so;
   so.max_num_seqs = o.max_num_seqs;
@@ -293,8 +295,11 @@ void run_generate(const GenerateOptions& o) {
     so.num_blocks = o.kv_cache_blocks;
   } else {
     const int64_t bb = std::max<int64_t>(1, KvCache::block_bytes(spec, o.block_size));
-    so.num_blocks =
-        std::max(blocks_per_seq, std::min(o.kv_cache_bytes / bb, blocks_per_seq * o.max_num_seqs));
+    // note: never more than every request at once needs (fewer prompts than
+    // --max-num-seqs, or shorter ones than the longest): the cache is zeroed
+    // at allocation, and a worst-case size cost seconds of page faults.
+    const int64_t needed = std::min(all_blocks, blocks_per_seq * o.max_num_seqs);
+    so.num_blocks = std::max(blocks_per_seq, std::min(o.kv_cache_bytes / bb, needed));
   }
   // note: the per-sequence block table never needs more than the longest request.
   so.max_context = std::min<int64_t>(so.max_context, std::max<int64_t>(longest, 2));
