@@ -212,6 +212,43 @@ TEST(CausalConv1d, MatchesReferenceAndChunksAreBitIdentical) {
   }
 }
 
+// The kernel vectorises across channels (2 to 4 taps) or loops per channel
+// (more taps); both must do exactly acc = 0, acc += w[c, j] * xpad[t + j, c]
+// for j in order, so without the activation the output is bit-for-bit the
+// sequential float sum. volatile keeps this loop from being contracted into
+// fused multiply-adds.
+TEST(CausalConv1d, SumsInTapOrderBitForBitOnEveryPath) {
+  for (int64_t K : {1, 2, 3, 4, 5, 9}) {
+    const int64_t C = 150, T = 6, ldx = C + 1, S = K - 1;
+    auto x = test::random_floats(T * ldx, 40 + K);
+    auto w = test::random_floats(C * K, 50 + K);
+    auto st0 = test::random_floats(C * S + 1, 60 + K);
+    auto st = st0;
+    std::vector<float> y(T * C);
+    causal_conv1d(x.data(), ldx, T, C, w.data(), K, st.data(), y.data(), C, false);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c = 0; c < C; ++c) {
+        volatile float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t p = t + j;
+          const float xv = p < S ? st0[c * S + p] : x[(p - S) * ldx + c];
+          volatile float prod = w[c * K + j] * xv;
+          acc = acc + prod;
+        }
+        ASSERT_EQ(y[t * C + c], acc) << "K=" << K << " t=" << t << " c=" << c;
+      }
+    }
+    // The new state is the last K-1 inputs (T >= K-1 here except K = 9).
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t j = 0; j < S; ++j) {
+        const int64_t p = T + j;  // position in xpad of the state's entry j
+        const float want = p < S ? st0[c * S + p] : x[(p - S) * ldx + c];
+        ASSERT_EQ(st[c * S + j], want) << "K=" << K << " c=" << c << " j=" << j;
+      }
+    }
+  }
+}
+
 TEST(CausalConv1d, VarlenMatchesPerSequenceCalls) {
   ThreadPool pool(2);
   const int64_t C = 150, K = 4, ld = C;
