@@ -1,6 +1,7 @@
 // Gated delta rule, chunked (WY) form over full 64-token chunks, updating the
 // f32 state pool in place (declared in kernels/cuda/gdn_chunked.h).
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -48,6 +49,20 @@ __device__ __forceinline__ int swz(int row, int d4) {
   return row * DK + ((d4 ^ ((row >> 2) & kMask)) << 2);
 }
 
+// Elements 4*g4 .. 4*g4+3 of a 16-byte group of T (4 f32 or 8 bf16) as f32
+// (exact: a bf16 is the high half of its f32).
+template <class T>
+__device__ __forceinline__ float4 unpack4(const uint4& raw, int g4) {
+  if constexpr (std::is_same_v<T, float>) {
+    return make_float4(__uint_as_float(raw.x), __uint_as_float(raw.y), __uint_as_float(raw.z),
+                       __uint_as_float(raw.w));
+  } else {
+    const unsigned a = g4 == 0 ? raw.x : raw.z, b = g4 == 0 ? raw.y : raw.w;
+    return make_float4(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u),
+                       __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
+  }
+}
+
 // note: the math. Per token t the recurrent form is
 //   S_t = e^{g_t} S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),
 //   o_t = S_t^T q_t,
@@ -91,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
                        const float* __restrict__ beta, float* state_pool,
                        const int32_t* __restrict__ slot, const int32_t* __restrict__ first_row,
                        const int32_t* __restrict__ num_chunks, T* __restrict__ out, int64_t ldo,
-                       int hk, int hv, int dv) {
+                       int hk, int hv, int dv, bool vec) {
   using L = Smem<DK>;
   constexpr int DR = DK / kWarps;  // state rows per thread in (7)
   constexpr int D4 = DK / 4;       // float4 groups per q/k row
@@ -119,24 +134,77 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int d = w; d < DK; d += kWarps) St[d * kCols + lane] = active ? S[d * dv + col] : 0.0f;
 
+  // note: the next chunk's inputs are loaded into registers while this chunk
+  // is computed (one block per SM: registers are free, load latency is not):
+  // q and k as 16-byte groups when `vec` (aligned rows), v, g and beta.
+  constexpr int kVec = 16 / sizeof(T);     // elements per 16-byte group
+  constexpr int kGroups = kC * DK / kVec;  // groups per chunk of q (or k)
+  constexpr int kIter = (kGroups + kThreads - 1) / kThreads;
+  uint4 kn[kIter], qn[kIter];
+  T vn[kRowsPer];
+  float gn = 0.0f, bn = 0.0f;
+  auto fetch = [&](int64_t rn) {
+    if (vec) {
+#pragma unroll
+      for (int it = 0; it < kIter; ++it) {
+        const int e = tid + it * kThreads;
+        if (e < kGroups) {
+          const int i = e / (DK / kVec), d = (e % (DK / kVec)) * kVec;
+          kn[it] = *reinterpret_cast<const uint4*>(k + (rn + i) * ldk + kh * DK + d);
+          qn[it] = *reinterpret_cast<const uint4*>(q + (rn + i) * ldq + kh * DK + d);
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowsPer; ++rr)
+      vn[rr] = active ? v[(rn + w + kWarps * rr) * ldv + static_cast<int64_t>(h) * dv + col]
+                      : from_f<T>(0.0f);
+    if (tid < kC) {
+      gn = g[(rn + tid) * hv + h];
+      bn = beta[(rn + tid) * hv + h];
+    }
+  };
+
   const int n_chunks = num_chunks[item];
+  if (n_chunks > 0) fetch(first_row[item]);
   for (int c = 0; c < n_chunks; ++c) {
     const int64_t r0 = static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(c) * kC;
-    // (0) The chunk's q, k (f32, swizzled), g and beta.
-    for (int e = tid; e < kC * DK; e += kThreads) {
-      const int i = e / DK, d = e % DK;
-      const int at = swz<DK>(i, d >> 2) + (d & 3);
-      Ks[at] = to_f(k[(r0 + i) * ldk + kh * DK + d]);
-      Qs[at] = to_f(q[(r0 + i) * ldq + kh * DK + d]);
+    // (0) The chunk's q, k (f32, swizzled), g and beta to shared memory, v
+    // to registers; then the next chunk's loads are issued.
+    if (vec) {
+#pragma unroll
+      for (int it = 0; it < kIter; ++it) {
+        const int e = tid + it * kThreads;
+        if (e < kGroups) {
+          const int i = e / (DK / kVec), d4 = (e % (DK / kVec)) * (kVec / 4);
+#pragma unroll
+          for (int g4 = 0; g4 < kVec / 4; ++g4) {
+            *reinterpret_cast<float4*>(Ks + swz<DK>(i, d4 + g4)) = unpack4<T>(kn[it], g4);
+            *reinterpret_cast<float4*>(Qs + swz<DK>(i, d4 + g4)) = unpack4<T>(qn[it], g4);
+          }
+        }
+      }
+    } else {
+      for (int e = tid; e < kC * DK; e += kThreads) {
+        const int i = e / DK, d = e % DK;
+        const int at = swz<DK>(i, d >> 2) + (d & 3);
+        Ks[at] = to_f(k[(r0 + i) * ldk + kh * DK + d]);
+        Qs[at] = to_f(q[(r0 + i) * ldq + kh * DK + d]);
+      }
     }
     if (tid < kC) {
-      Gc[tid] = g[(r0 + tid) * hv + h];
-      Bt[tid] = beta[(r0 + tid) * hv + h];
+      Gc[tid] = gn;
+      Bt[tid] = bn;
     }
+    float vcur[kRowsPer];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPer; ++rr) vcur[rr] = to_f(vn[rr]);
+    if (c + 1 < n_chunks) fetch(r0 + kC);
     __syncthreads();
     // (1) gcum: one serial sum (fixed order).
     if (tid == 0) {
       float acc = 0.0f;
+#pragma unroll
       for (int i = 0; i < kC; ++i) {
         acc += Gc[i];
         Gc[i] = acc;
@@ -277,9 +345,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int rr = 0; rr < kRowsPer; ++rr) {
         const int i = w + kWarps * rr;
-        const float vi =
-            active ? to_f(v[(r0 + i) * ldv + static_cast<int64_t>(h) * dv + col]) : 0.0f;
-        Rs[i * kCols + lane] = Bt[i] * (vi - Eg[i] * ks_acc[rr]);
+        Rs[i * kCols + lane] = Bt[i] * (vcur[rr] - Eg[i] * ks_acc[rr]);
       }
     }
     __syncthreads();
@@ -384,9 +450,14 @@ void launch_chunked(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v
   (void)attr_set;
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(hv),
                   static_cast<unsigned>((dv + kCols - 1) / kCols));
+  // 16-byte loads of q and k rows when every row starts 16-byte aligned.
+  constexpr int64_t kVec = 16 / sizeof(T);
+  const bool vec = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(k) % 16 == 0 && ldq % kVec == 0 && ldk % kVec == 0 &&
+                   DK % kVec == 0;
   gdn_chunked_kernel<T, DK><<<grid, kThreads, bytes, stream>>>(
       q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row, num_chunks, out, ldo,
-      static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv));
+      static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv), vec);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
