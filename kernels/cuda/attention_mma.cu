@@ -79,7 +79,7 @@ __device__ bool find_tile(const int32_t* q_start, int num_seqs, int tokens_per_t
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
     attention_mma_kernel(const bf16* __restrict__ q, int64_t ldq, const bf16* __restrict__ k_cache,
                          const bf16* __restrict__ v_cache, bf16* __restrict__ out, int64_t ldo,
                          const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
@@ -105,8 +105,11 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
   const int64_t width = static_cast<int64_t>(hkv) * D;
 
-  // Q tile: row r = (token t_begin + r / group, head kvh * group + r % group).
-  for (int i = tid; i < kRows * (D / kVec); i += kThreads) {
+  // Q tile: row r = (token t_begin + r / group, head kvh * group + r % group);
+  // rows past `rows` up to the last active warp's 16 are zeros, the rest are
+  // never read.
+  const int q_rows = (rows + 15) / 16 * 16;
+  for (int i = tid; i < q_rows * (D / kVec); i += kThreads) {
     const int r = i / (D / kVec), cv = i % (D / kVec);
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r < rows) {

@@ -245,25 +245,35 @@ void Gemm::find_alternates(Plan& p) {
     QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   struct Range {
     int64_t probe, lo, hi, verify;
+    std::vector<int64_t> heuristics;  // the M whose heuristics offer candidates
   };
   constexpr int kCandidates = 8;
-  for (const Range r : {Range{1, 1, kSmallMaxM, kSmallMaxM},
-                        Range{2048, kLargeMinM, INT64_MAX, kLargeMinM}}) {
-    const auto& probe = p.layouts(r.probe);
-    std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, probe.first, probe.second, probe.second,
-                                       pref, kCandidates, results.data(),
-                                       &found) != CUBLAS_STATUS_SUCCESS)
-      continue;
+  for (const Range& r : {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}},
+                         Range{2048, kLargeMinM, INT64_MAX, kLargeMinM, {512, 2048, 8192}}}) {
+    std::vector<cublasLtMatmulHeuristicResult_t> results;
+    for (int64_t hm : r.heuristics) {
+      const auto& probe = p.layouts(hm);
+      std::vector<cublasLtMatmulHeuristicResult_t> got(kCandidates);
+      int found = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, probe.first, probe.second, probe.second,
+                                         pref, kCandidates, got.data(),
+                                         &found) == CUBLAS_STATUS_SUCCESS)
+        results.insert(results.end(), got.begin(), got.begin() + found);
+    }
     Plan::Alt alt;
     alt.lo = r.lo;
     alt.hi = r.hi;
     alt.verify_m = r.verify;
     alt.time_m = r.probe;
-    for (int i = 0; i < found; ++i) {
-      cublasLtMatmulAlgo_t algo = results[i].algo;
-      if (std::memcmp(&algo, &p.algo, sizeof(algo)) == 0) continue;
+    int same = 0, split = 0, refused = 0;
+    for (const auto& res : results) {
+      cublasLtMatmulAlgo_t algo = res.algo;
+      bool seen = std::memcmp(&algo, &p.algo, sizeof(algo)) == 0;
+      for (const auto& c : alt.candidates) seen = seen || std::memcmp(&algo, &c, sizeof(c)) == 0;
+      if (seen) {
+        ++same;
+        continue;
+      }
       const int32_t splitk = 1;
       const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
       cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
@@ -275,24 +285,30 @@ void Gemm::find_alternates(Plan& p) {
       if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
                                                sizeof(got_splitk), &written) ==
               CUBLAS_STATUS_SUCCESS &&
-          got_splitk > 1)
+          got_splitk > 1) {
+        ++split;
         continue;
+      }
       bool ok = true;
       for (int64_t m : {r.lo, r.verify, r.probe}) {
         const auto& l = p.layouts(m);
         cublasLtMatmulHeuristicResult_t check{};
-        for (const cublasLtMatmulAlgo_t* a : {&algo, &p.algo})
-          if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, a, &check) !=
-                  CUBLAS_STATUS_SUCCESS ||
-              check.workspaceSize != 0)
-            ok = false;
+        if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, &algo, &check) !=
+                CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize != 0)
+          ok = false;
       }
-      if (ok) alt.candidates.push_back(algo);
+      if (ok)
+        alt.candidates.push_back(algo);
+      else
+        ++refused;
     }
-    if (!alt.candidates.empty()) p.alts.push_back(std::move(alt));
+    alt.status = fmt::format("{} offered: {} repeats, {} split-K, {} refused at some M", results.size(),
+                             same, split, refused);
+    p.alts.push_back(std::move(alt));
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  p.alts_checked = p.alts.empty();
+  p.alts_checked = false;
 }
 
 // note: batch invariance with several algorithms. An alternate serves its M
@@ -316,6 +332,7 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
   const size_t in_es = p.in_t == CUDA_R_16BF ? 2 : 4, out_es = p.out_t == CUDA_R_16BF ? 2 : 4;
   for (auto& alt : p.alts) {
+    if (alt.candidates.empty()) continue;  // status says why
     const int64_t rows = std::max(alt.verify_m, alt.time_m);
     std::vector<unsigned char> xh(static_cast<size_t>(rows * p.ldx) * in_es, 0);
     std::mt19937 rng(1234);
@@ -341,13 +358,14 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     QTK_CUDA_CHECK(cudaEventCreate(&e0));
     QTK_CUDA_CHECK(cudaEventCreate(&e1));
     const float alpha = 1.0f, beta = 0.0f;
+    // note: a candidate that does not run is just not used (no throw).
     auto mm = [&](const cublasLtMatmulAlgo_t* algo, int64_t m, void* y) {
       const auto& l = p.layouts(m);
-      QTK_CUBLAS_CHECK(cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second,
-                                      y, l.second, algo, nullptr, 0, stream));
+      return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second, y,
+                            l.second, algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
     };
     auto time_of = [&](const cublasLtMatmulAlgo_t* algo) {
-      mm(algo, alt.time_m, y1);  // warm-up
+      if (!mm(algo, alt.time_m, y1)) return 1e30f;  // warm-up
       QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
       for (int i = 0; i < 5; ++i) mm(algo, alt.time_m, y1);
       QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -358,14 +376,15 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     };
     std::vector<unsigned char> h0(y_bytes), h1(y_bytes);
     QTK_CUDA_CHECK(cudaMemsetAsync(y0, 0, y_bytes, stream));
-    mm(&p.algo, alt.verify_m, y0);
+    const bool plan_runs = mm(&p.algo, alt.verify_m, y0);
     QTK_CUDA_CHECK(cudaMemcpyAsync(h0.data(), y0, y_bytes, cudaMemcpyDeviceToHost, stream));
     const float plan_ms = time_of(&p.algo);
+    if (!plan_runs) alt.candidates.clear();
     float best_ms = plan_ms * 0.95f;
     int verified = 0;
     for (const auto& cand : alt.candidates) {
       QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
-      mm(&cand, alt.verify_m, y1);
+      if (!mm(&cand, alt.verify_m, y1)) continue;
       QTK_CUDA_CHECK(cudaMemcpyAsync(h1.data(), y1, y_bytes, cudaMemcpyDeviceToHost, stream));
       QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
       // Only the N columns of each row are outputs (ldy may pad).
