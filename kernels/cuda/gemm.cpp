@@ -33,6 +33,41 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
+// A preference for algorithms that need no workspace.
+// note: views into activation buffers are only guaranteed 16-byte aligned.
+cublasLtMatmulPreference_t no_workspace_preference() {
+  cublasLtMatmulPreference_t pref = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t no_workspace = 0;
+  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
+  const uint32_t align = 16;
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  return pref;
+}
+
+// Asks `algo` for no split-K (one slice, no reduction scheme); returns the
+// split-K count it reports afterwards (> 1: the algorithm must not be used).
+// Algorithms without a split-K knob accept neither attribute; they never
+// split K, so a failed set is fine as long as the count reads back <= 1.
+int32_t disable_split_k(cublasLtMatmulAlgo_t& algo) {
+  const int32_t splitk = 1;
+  const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                       sizeof(splitk));
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                       sizeof(scheme));
+  int32_t got = 1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got,
+                                           sizeof(got), &written) != CUBLAS_STATUS_SUCCESS)
+    return 1;
+  return got;
+}
+
 }  // namespace
 
 // Column-major view of the row-major product: C[N, M] = op(A) B with
@@ -134,17 +169,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   p->a = make_layout(p->in_t, k, n, ldw);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t no_workspace = 0;
-  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
-  // note: views into activation buffers are only guaranteed 16-byte aligned.
-  const uint32_t align = 16;
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  cublasLtMatmulPreference_t pref = no_workspace_preference();
 
   // note: candidates come from the heuristic for M = ref_m first; when none
   // of them runs split-K-free at both M = 1 and M = ref_m (seen for very wide
@@ -168,20 +193,8 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
     found_total += found;
     for (int i = 0; i < found && !chosen; ++i) {
       cublasLtMatmulAlgo_t algo = results[i].algo;
-      const int32_t splitk = 1;
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-      // Algorithms without a split-K knob accept neither attribute; they
-      // never split K, so a failed set is fine as long as the check passes.
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                           sizeof(splitk));
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                           sizeof(scheme));
-      int32_t got_splitk = 1;
-      size_t written = 0;
-      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
-                                               sizeof(got_splitk),
-                                               &written) == CUBLAS_STATUS_SUCCESS &&
-          got_splitk > 1) {
+      const int32_t got_splitk = disable_split_k(algo);
+      if (got_splitk > 1) {
         if (why.size() < 300) why += fmt::format(" [{}: split-K {}]", i, got_splitk);
         continue;
       }
@@ -233,16 +246,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
-  cublasLtMatmulPreference_t pref = nullptr;
-  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t no_workspace = 0;
-  QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)));
-  const uint32_t align = 16;
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  cublasLtMatmulPreference_t pref = no_workspace_preference();
   struct Range {
     int64_t probe, lo, hi, verify;
     std::vector<int64_t> heuristics;  // the M whose heuristics offer candidates
@@ -274,18 +278,7 @@ void Gemm::find_alternates(Plan& p) {
         ++same;
         continue;
       }
-      const int32_t splitk = 1;
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                           sizeof(splitk));
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                           sizeof(scheme));
-      int32_t got_splitk = 1;
-      size_t written = 0;
-      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got_splitk,
-                                               sizeof(got_splitk), &written) ==
-              CUBLAS_STATUS_SUCCESS &&
-          got_splitk > 1) {
+      if (disable_split_k(algo) > 1) {
         ++split;
         continue;
       }
