@@ -15,7 +15,9 @@ namespace qtk {
 // by ~1e-3, i.e. flip the near-ties we are required to reproduce exactly.
 class KvCache {
  public:
-  KvCache(const CacheSpec& spec, int64_t num_blocks, int64_t block_size);
+  // storage == false: block bookkeeping only, k()/v() are null (a device
+  // model keeps the cache itself).
+  KvCache(const CacheSpec& spec, int64_t num_blocks, int64_t block_size, bool storage = true);
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
@@ -34,8 +36,8 @@ class KvCache {
   // task streams contiguous memory (8 KiB pieces 64 KiB apart stream at a
   // third of the sequential bandwidth on Zen 4). kernels/attention.h has
   // the kernel side; the CUDA backend keeps its own device cache.
-  float* k(int64_t i) { return k_.data() + i * layer_floats_; }
-  float* v(int64_t i) { return v_.data() + i * layer_floats_; }
+  float* k(int64_t i) { return k_.empty() ? nullptr : k_.data() + i * layer_floats_; }
+  float* v(int64_t i) { return v_.empty() ? nullptr : v_.data() + i * layer_floats_; }
   // Bytes of one block over all attention layers (K and V).
   static int64_t block_bytes(const CacheSpec& spec, int64_t block_size);
 
@@ -56,9 +58,10 @@ class KvCache {
 // out by the model (conv state and recurrent state of each GDN layer).
 class StatePool {
  public:
-  StatePool(int64_t floats_per_slot, int64_t slots);
+  // storage == false: slot bookkeeping only, slot() is null.
+  StatePool(int64_t floats_per_slot, int64_t slots, bool storage = true);
   int64_t floats_per_slot() const { return floats_; }
-  float* slot(int32_t s) { return data_.data() + s * floats_; }
+  float* slot(int32_t s) { return data_.empty() ? nullptr : data_.data() + s * floats_; }
   // Takes a free slot and zeroes it (a reused slot starts from the empty
   // state). Returns -1 when none is free or the model has no state.
   int32_t acquire();

@@ -91,6 +91,10 @@ class Model {
   // was split. 1 (any split) for every model whose arithmetic is the same
   // token by token.
   virtual int64_t prefill_alignment() const { return 1; }
+  // Whether forward reads and writes the host KvCache / StatePool storage.
+  // A device model keeps its own copies and uses only their bookkeeping
+  // (block and slot ids), so the scheduler then allocates no host floats.
+  virtual bool uses_host_cache() const { return true; }
   void set_layer_hook(LayerHook hook) { hook_ = std::move(hook); }
 
  protected:

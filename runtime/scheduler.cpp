@@ -15,8 +15,8 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
     : model_(model),
       opt_(options),
       spec_(model.cache_spec()),
-      kv_(spec_, options.num_blocks, options.block_size),
-      states_(spec_.state_floats, options.max_num_seqs) {
+      kv_(spec_, options.num_blocks, options.block_size, model.uses_host_cache()),
+      states_(spec_.state_floats, options.max_num_seqs, model.uses_host_cache()) {
   if (opt_.max_num_seqs < 1)
     fail("--max-num-seqs: expected at least 1, found {}", opt_.max_num_seqs);
   if (opt_.max_batched_tokens < 1) {

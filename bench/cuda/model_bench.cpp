@@ -56,8 +56,8 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
   const int64_t vocab = m.config().vocab_size;
   const int64_t ctx = prompt + gen;
   const int64_t mb = (ctx + block_size - 1) / block_size;
-  qtk::KvCache kv(m.cache_spec(), B * mb, block_size);
-  qtk::StatePool states(m.cache_spec().state_floats, B);
+  qtk::KvCache kv(m.cache_spec(), B * mb, block_size, m.uses_host_cache());
+  qtk::StatePool states(m.cache_spec().state_floats, B, m.uses_host_cache());
   const int64_t seqs_per_prefill = std::max<int64_t>(1, std::min(B, max_step_tokens / prompt));
   m.reserve(std::max(seqs_per_prefill * prompt, B), B, ctx);
   std::mt19937 rng(seed);

@@ -28,7 +28,12 @@ enum class CudaPrecision {
 // argmax id (ties to the lowest id) and the top-1 margin (top1 - top2 logit),
 // the same values the scheduler computes from the logits, without copying
 // [seqs, vocab] floats to the host.
-class CudaModel : public Model {};
+class CudaModel : public Model {
+ public:
+  // K/V cache and GDN state live in device memory (the host ones are only
+  // the scheduler's block and slot bookkeeping).
+  bool uses_host_cache() const override { return false; }
+};
 
 // "f32" or "bf16"; throws qtk::Error naming the flag for anything else.
 CudaPrecision parse_cuda_precision(const std::string& text);

@@ -77,8 +77,8 @@ std::vector<Generated> generate(CudaModel& m, const std::vector<Case>& cases, in
     prompt_tokens += static_cast<int64_t>(c.prompt.size());
   }
   const int64_t mb = (max_ctx + block_size - 1) / block_size;
-  KvCache kv(m.cache_spec(), n * mb, block_size);
-  StatePool states(m.cache_spec().state_floats, n);
+  KvCache kv(m.cache_spec(), n * mb, block_size, m.uses_host_cache());
+  StatePool states(m.cache_spec().state_floats, n, m.uses_host_cache());
   m.reserve(std::max(prompt_tokens, n), n, max_ctx);
   std::vector<Generated> out(n);
   std::vector<int32_t> block_table(n * mb);

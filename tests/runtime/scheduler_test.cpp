@@ -321,5 +321,59 @@ TEST(SchedulerAlignment, AlignmentOneLeavesSchedulingUnchanged) {
   for (int64_t t : m.steps) EXPECT_LE(t, 7);
 }
 
+// A model that keeps its cache elsewhere (as the CUDA backend does): the
+// scheduler gives it block and slot ids but allocates no host floats.
+class DeviceCacheFakeModel : public FakeModel {
+ public:
+  CacheSpec cache_spec() const override { return CacheSpec{2, 4, 8, 100}; }
+  bool uses_host_cache() const override { return false; }
+  void forward(const StepBatch& b, KvCache& kv, StatePool& states, float* logits) override {
+    EXPECT_EQ(kv.k(0), nullptr);
+    EXPECT_EQ(kv.v(1), nullptr);
+    for (int64_t s = 0; s < b.num_seqs; ++s) {
+      ASSERT_GE(b.state_slot[s], 0);
+      EXPECT_EQ(states.slot(b.state_slot[s]), nullptr);
+    }
+    FakeModel::forward(b, kv, states, logits);
+  }
+};
+
+TEST(Scheduler, DeviceModelGetsBookkeepingWithoutHostStorage) {
+  DeviceCacheFakeModel m;
+  SchedulerOptions o;
+  o.max_num_seqs = 2;
+  o.max_batched_tokens = 6;
+  o.block_size = 4;
+  o.num_blocks = 5;  // small: forces preemption, which must work without storage too
+  o.max_context = 200;
+  Scheduler s(m, o);
+  for (int i = 0; i < 4; ++i) s.add(req(6, 5, i));
+  const auto res = run_all(s, 4);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(res[i].output.size(), 5u);
+    for (int k = 0; k < 5; ++k) EXPECT_EQ(res[i].output[k], (i + 5 + 1 + k) % 50);
+  }
+}
+
+TEST(KvCacheStorage, WithoutStorageOnlyBookkeeping) {
+  const CacheSpec spec{3, 2, 16, 64};
+  KvCache with(spec, 4, 8), without(spec, 4, 8, false);
+  ASSERT_NE(with.k(2), nullptr);
+  EXPECT_EQ(with.k(2) - with.k(0), 2 * 4 * 8 * 2 * 16);
+  EXPECT_EQ(without.k(0), nullptr);
+  EXPECT_EQ(without.v(2), nullptr);
+  EXPECT_EQ(without.allocate(), 0);
+  EXPECT_EQ(without.allocate(), 1);
+  EXPECT_EQ(without.free_blocks(), 2);
+  StatePool pool(64, 3), none(64, 3, false);
+  const int32_t a = pool.acquire(), b = none.acquire();
+  EXPECT_EQ(a, b);
+  ASSERT_NE(pool.slot(a), nullptr);
+  EXPECT_EQ(none.slot(b), nullptr);
+  EXPECT_EQ(none.acquire(), 1);
+  EXPECT_EQ(none.acquire(), 2);
+  EXPECT_EQ(none.acquire(), -1);
+}
+
 }  // namespace
 }  // namespace qtk::rt_test
