@@ -46,6 +46,18 @@ class FakeModel : public Model {
   ModelConfig cfg_;
 };
 
+// Scheduler options: sequences, token budget, block size, blocks, context.
+SchedulerOptions options(int64_t seqs, int64_t tokens, int64_t block_size, int64_t blocks,
+                         int64_t context) {
+  SchedulerOptions o;
+  o.max_num_seqs = seqs;
+  o.max_batched_tokens = tokens;
+  o.block_size = block_size;
+  o.num_blocks = blocks;
+  o.max_context = context;
+  return o;
+}
+
 SequenceRequest req(int len, int max_tokens, int first = 0) {
   SequenceRequest r;
   for (int i = 0; i < len; ++i) r.prompt.push_back((first + i) % 50);
@@ -67,12 +79,7 @@ std::vector<SequenceResult> run_all(Scheduler& s, int n) {
 
 TEST(Scheduler, RespectsBudgetsAndChunksPrefill) {
   FakeModel m;
-  SchedulerOptions o;
-  o.max_num_seqs = 3;
-  o.max_batched_tokens = 7;
-  o.block_size = 4;
-  o.num_blocks = 64;
-  o.max_context = 200;
+  const SchedulerOptions o = options(3, 7, 4, 64, 200);
   Scheduler s(m, o);
   for (int i = 0; i < 8; ++i) s.add(req(5 + 3 * i, 4, i));
   auto res = run_all(s, 8);
@@ -92,11 +99,7 @@ TEST(Scheduler, RespectsBudgetsAndChunksPrefill) {
 
 TEST(Scheduler, NewSequenceJoinsWhenOneFinishes) {
   FakeModel m;
-  SchedulerOptions o;
-  o.max_num_seqs = 2;
-  o.max_batched_tokens = 64;
-  o.num_blocks = 64;
-  o.max_context = 200;
+  const SchedulerOptions o = options(2, 64, 16, 64, 200);
   Scheduler s(m, o);
   s.add(req(3, 2));  // finishes after 2 steps
   s.add(req(3, 10));
@@ -112,12 +115,7 @@ TEST(Scheduler, NewSequenceJoinsWhenOneFinishes) {
 
 TEST(Scheduler, PreemptsWhenBlocksRunOutAndRecomputes) {
   FakeModel m;
-  SchedulerOptions o;
-  o.max_num_seqs = 4;
-  o.max_batched_tokens = 16;
-  o.block_size = 2;
-  o.num_blocks = 10;  // 20 tokens: one sequence of 6 + 12 fits alone
-  o.max_context = 200;
+  const SchedulerOptions o = options(4, 16, 2, 10, 200);  // 20 tokens: one sequence of 6 + 12 fits alone
   Scheduler s(m, o);
   for (int i = 0; i < 4; ++i) {
     auto r = req(6, 12, 10 * i);
@@ -225,12 +223,7 @@ void expect_outputs(const std::vector<SequenceResult>& res, const std::vector<in
 TEST(SchedulerAlignment, PrefillChunksEndOnAlignedPositions) {
   const int64_t A = 8;
   AlignedFakeModel m(A);
-  SchedulerOptions o;
-  o.max_num_seqs = 3;
-  o.max_batched_tokens = 20;
-  o.block_size = 4;
-  o.num_blocks = 256;
-  o.max_context = 400;
+  const SchedulerOptions o = options(3, 20, 4, 256, 400);
   Scheduler s(m, o);
   const std::vector<int> lens = {3, 8, 17, 40, 64, 5, 23, 9};
   for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 6));
@@ -248,12 +241,7 @@ TEST(SchedulerAlignment, PrefillChunksEndOnAlignedPositions) {
 TEST(SchedulerAlignment, BudgetBelowAlignmentIsRaisedForAlignedChunks) {
   const int64_t A = 16;
   AlignedFakeModel m(A);
-  SchedulerOptions o;
-  o.max_num_seqs = 4;
-  o.max_batched_tokens = 7;
-  o.block_size = 5;
-  o.num_blocks = 256;
-  o.max_context = 400;
+  const SchedulerOptions o = options(4, 7, 5, 256, 400);
   Scheduler s(m, o);
   const std::vector<int> lens = {40, 2, 33, 16, 15};
   for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 5));
@@ -276,12 +264,7 @@ TEST(SchedulerAlignment, BudgetBelowAlignmentIsRaisedForAlignedChunks) {
 TEST(SchedulerAlignment, PreemptionReplaysPromptAlignedAndGeneratedTokensUnaligned) {
   const int64_t A = 4;
   AlignedFakeModel m(A);
-  SchedulerOptions o;
-  o.max_num_seqs = 4;
-  o.max_batched_tokens = 11;
-  o.block_size = 2;
-  o.num_blocks = 14;  // 28 tokens: one sequence of 10 + 18 fits alone
-  o.max_context = 200;
+  const SchedulerOptions o = options(4, 11, 2, 14, 200);  // 28 tokens: one sequence of 10 + 18 fits alone
   Scheduler s(m, o);
   const std::vector<int> lens = {10, 9, 6, 13};
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -305,12 +288,7 @@ TEST(SchedulerAlignment, PreemptionReplaysPromptAlignedAndGeneratedTokensUnalign
 
 TEST(SchedulerAlignment, AlignmentOneLeavesSchedulingUnchanged) {
   AlignedFakeModel m(1);
-  SchedulerOptions o;
-  o.max_num_seqs = 3;
-  o.max_batched_tokens = 7;
-  o.block_size = 4;
-  o.num_blocks = 64;
-  o.max_context = 200;
+  const SchedulerOptions o = options(3, 7, 4, 64, 200);
   Scheduler s(m, o);
   const std::vector<int> lens = {20, 3, 9};
   for (size_t i = 0; i < lens.size(); ++i) s.add(aligned_req(static_cast<int>(i), lens[i], 4));
@@ -340,12 +318,7 @@ class DeviceCacheFakeModel : public FakeModel {
 
 TEST(Scheduler, DeviceModelGetsBookkeepingWithoutHostStorage) {
   DeviceCacheFakeModel m;
-  SchedulerOptions o;
-  o.max_num_seqs = 2;
-  o.max_batched_tokens = 6;
-  o.block_size = 4;
-  o.num_blocks = 5;  // small: forces preemption, which must work without storage too
-  o.max_context = 200;
+  const SchedulerOptions o = options(2, 6, 4, 5, 200);  // small: forces preemption, which must work without storage too
   Scheduler s(m, o);
   for (int i = 0; i < 4; ++i) s.add(req(6, 5, i));
   const auto res = run_all(s, 4);
