@@ -8,6 +8,7 @@
 
 #include "convert/convert.h"
 #include "convert/interrupt.h"
+#include "loaders/cli_args.h"
 #include "loaders/error.h"
 
 namespace {
@@ -18,31 +19,6 @@ void print_error(const char* what) {
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
   std::fprintf(stderr, "%s\n", line.c_str());
-}
-
-uint64_t parse_size(const std::string& flag, const std::string& text) {
-  // Accepts a byte count with an optional K/M/G/T suffix (powers of 1024).
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &pos);
-  } catch (const std::exception&) {
-    qtk::fail("{}: expected a size such as 1048576 or 256G, found \"{}\"", flag, text);
-  }
-  const std::string suffix = text.substr(pos);
-  int shift = 0;
-  if (suffix == "K" || suffix == "k")
-    shift = 10;
-  else if (suffix == "M" || suffix == "m")
-    shift = 20;
-  else if (suffix == "G" || suffix == "g")
-    shift = 30;
-  else if (suffix == "T" || suffix == "t")
-    shift = 40;
-  else if (!suffix.empty())
-    qtk::fail("{}: unknown size suffix \"{}\" in \"{}\"", flag, suffix, text);
-  if (shift && v > (~0ull >> shift)) qtk::fail("{}: \"{}\" is too large", flag, text);
-  return static_cast<uint64_t>(v) << shift;
 }
 
 }  // namespace
@@ -66,7 +42,7 @@ int main(int argc, char** argv) {
           cxxopts::value<std::string>())("output", "the .pack to write",
                                          cxxopts::value<std::string>())("h,help", "show this help");
       options.parse_positional({"input", "output"});
-      const auto args = options.parse(argc, argv);
+      const auto args = qtk::cli::parse_flags(options, argc, argv);
       if (args.count("help")) {
         std::printf("%s\n", options.help().c_str());
         return 0;
@@ -74,16 +50,16 @@ int main(int argc, char** argv) {
       if (!args.count("input") || !args.count("output"))
         qtk::fail(
             "usage: convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress]");
-      if (!args.unmatched().empty())
-        qtk::fail("unexpected argument \"{}\"", args.unmatched().front());
+      qtk::cli::no_extra_arguments(args);
       qtk::ConvertOptions opt;
       opt.input = args["input"].as<std::string>();
       opt.output = args["output"].as<std::string>();
       opt.matrix_dtype = qtk::parse_matrix_dtype(args["dtype"].as<std::string>());
       opt.force = args.count("force") > 0;
-      opt.limits.max_bytes =
-          parse_size("--max-unpacked-bytes", args["max-unpacked-bytes"].as<std::string>());
-      opt.limits.max_entries = parse_size("--max-entries", args["max-entries"].as<std::string>());
+      opt.limits.max_bytes = qtk::cli::parse_size_flag(
+          "--max-unpacked-bytes", args["max-unpacked-bytes"].as<std::string>());
+      opt.limits.max_entries =
+          qtk::cli::parse_size_flag("--max-entries", args["max-entries"].as<std::string>());
       if (args.count("progress"))
         opt.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
       const auto r = qtk::convert_checkpoint(opt);

@@ -18,6 +18,7 @@
 
 #include "convert/inspect_pack.h"
 #include "loaders/checkpoint.h"
+#include "loaders/cli_args.h"
 #include "loaders/error.h"
 
 namespace qtk {
@@ -104,14 +105,13 @@ int run(int argc, char** argv) {
       "h,help", "print this help")("path", "checkpoint directory or .pack file",
                                    cxxopts::value<std::string>());
   opts.parse_positional({"path"});
-  const auto args = opts.parse(argc, argv);
+  const auto args = cli::parse_flags(opts, argc, argv);
   if (args.count("help")) {
     std::cout << opts.help() << "\n";
     return 0;
   }
   if (!args.count("path")) fail("expected one argument MODEL_DIR or X.pack (see --help)");
-  if (!args.unmatched().empty())
-    fail("unexpected extra argument '{}' (see --help)", args.unmatched().front());
+  cli::no_extra_arguments(args);
   const std::string path = args["path"].as<std::string>();
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail_errno(path);

@@ -1,11 +1,13 @@
 // compare EXPECTED ACTUAL [--near-tie 1e-3] [--verbose]
 // Exit 0 when no case diverged for real and none is missing or failed.
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include <cxxopts.hpp>
 #include <fmt/format.h>
 
+#include "loaders/cli_args.h"
 #include "loaders/error.h"
 #include "runtime/compare.h"
 
@@ -19,11 +21,11 @@ int main(int argc, char** argv) {
                                                       cxxopts::value<std::string>())(
         "near-tie",
         "a divergence at or after a step whose expected top1_margin is below this is a near-tie",
-        cxxopts::value<double>()->default_value("1e-3"))("v,verbose", "also list identical cases")(
-        "h,help", "show this help");
+        cxxopts::value<std::string>()->default_value("1e-3"))(
+        "v,verbose", "also list identical cases")("h,help", "show this help");
     opts.parse_positional({"expected", "actual"});
     opts.positional_help("EXPECTED ACTUAL");
-    auto args = opts.parse(argc, argv);
+    auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
       return 0;
@@ -31,7 +33,11 @@ int main(int argc, char** argv) {
     if (!args.count("expected") || !args.count("actual")) {
       throw qtk::Error("expected two files: EXPECTED ACTUAL (see --help)");
     }
-    const double thr = args["near-tie"].as<double>();
+    qtk::cli::no_extra_arguments(args);
+    // note: 0 turns near-ties off (no margin is below it).
+    const double thr =
+        qtk::cli::parse_real_flag("--near-tie", args["near-tie"].as<std::string>(), 0.0,
+                                  std::numeric_limits<double>::max(), "a non-negative number");
     const auto expected = qtk::read_compare_file(args["expected"].as<std::string>());
     const auto actual = qtk::read_compare_file(args["actual"].as<std::string>());
     const auto rep = qtk::compare_cases(expected, actual, thr);

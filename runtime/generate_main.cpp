@@ -1,11 +1,15 @@
 // generate --model X.pack --batch prompts.jsonl --out results.jsonl [options]
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
+#include <new>
 #include <string>
 
 #include <cxxopts.hpp>
 #include <fmt/format.h>
 
+#include "loaders/cli_args.h"
 #include "loaders/error.h"
 #include "runtime/generate.h"
 
@@ -25,54 +29,69 @@ int main(int argc, char** argv) {
         "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
         cxxopts::value<std::string>()->default_value(""))(
         "threads", "worker threads (default: all CPUs available)",
-        cxxopts::value<int>()->default_value("0"))(
+        cxxopts::value<std::string>()->default_value("0"))(
         "max-tokens",
         "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
-        cxxopts::value<int64_t>()->default_value("0"))("ignore-eos",
-                                                       "do not stop at the model's EOS tokens")(
+        cxxopts::value<std::string>()->default_value("0"))("ignore-eos",
+                                                           "do not stop at the model's EOS tokens")(
         "max-num-seqs", "most sequences running at once",
-        cxxopts::value<int64_t>()->default_value("64"))(
+        cxxopts::value<std::string>()->default_value("64"))(
         "max-batched-tokens",
         "most tokens computed per step (prefill chunks + decode); Qwen3.5 on cuda with bf16 never "
         "splits a prompt's full 64-token chunks, so a budget below 64 is raised to 64 for them",
-        cxxopts::value<int64_t>()->default_value("512"))(
-        "block-size", "tokens per KV-cache block", cxxopts::value<int64_t>()->default_value("16"))(
+        cxxopts::value<std::string>()->default_value("512"))(
+        "block-size", "tokens per KV-cache block",
+        cxxopts::value<std::string>()->default_value("16"))(
         "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
-        cxxopts::value<int64_t>()->default_value("0"))(
+        cxxopts::value<std::string>()->default_value("0"))(
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
         "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
-    auto args = opts.parse(argc, argv);
+    auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
       return 0;
     }
-    for (const char* req : {"model", "batch", "out"}) {
-      if (!args.count(req)) throw qtk::Error(fmt::format("missing --{} (see --help)", req));
-    }
-    if (!args.unmatched().empty()) {
-      throw qtk::Error(
-          fmt::format("unexpected argument '{}' (see --help)", args.unmatched().front()));
-    }
+    for (const char* req : {"model", "batch", "out"}) qtk::cli::require_flag(opts, args, req);
+    qtk::cli::no_extra_arguments(args);
+    // note: the upper bounds are far above any useful setting; past them the
+    // run would overflow its sizes or exhaust memory instead of failing here.
+    auto int_flag = [&args](const std::string& name, int64_t min, int64_t max,
+                            const char* expected) {
+      return qtk::cli::parse_int_flag("--" + name, args[name].as<std::string>(), min, max,
+                                      expected);
+    };
+    constexpr const char* kPositive = "a positive integer";
     o.model = args["model"].as<std::string>();
     o.batch = args["batch"].as<std::string>();
     o.out = args["out"].as<std::string>();
-    o.device = args["device"].as<std::string>();
+    o.device =
+        qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
     o.precision = args["precision"].as<std::string>();
-    o.threads = args["threads"].as<int>();
-    o.max_tokens = args["max-tokens"].as<int64_t>();
+    if (!o.precision.empty())  // "" = the device's default
+      qtk::cli::parse_choice_flag("--precision", o.precision, {"f32", "bf16"});
+    o.threads =
+        static_cast<int>(int_flag("threads", 0, 1024, "0 (all CPUs) or a positive thread count"));
+    o.max_tokens = int_flag("max-tokens", 0, std::numeric_limits<int64_t>::max(),
+                            "0 (the pack's default) or a positive integer");
     o.ignore_eos = args.count("ignore-eos") > 0;
-    o.max_num_seqs = args["max-num-seqs"].as<int64_t>();
-    o.max_batched_tokens = args["max-batched-tokens"].as<int64_t>();
-    o.block_size = args["block-size"].as<int64_t>();
-    o.kv_cache_blocks = args["kv-cache-blocks"].as<int64_t>();
+    o.max_num_seqs = int_flag("max-num-seqs", 1, 65536, kPositive);
+    o.max_batched_tokens = int_flag("max-batched-tokens", 1, 1 << 20, kPositive);
+    o.block_size = int_flag("block-size", 1, 65536, kPositive);
+    o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
+                                 "0 (sized from the prompts) or a positive integer");
     o.margins = args.count("margins") > 0;
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
     qtk::run_generate(o);
     return 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "generate: out of memory (std::bad_alloc); if a large --kv-cache-blocks, "
+                 "--max-batched-tokens or --max-num-seqs was given, lower it\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 1;

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "loaders/cli_args.h"
 #include "loaders/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -191,22 +192,19 @@ int run(int argc, char** argv) {
                         "tokenizer.json, a model directory holding one, or a .pack file",
                         cxxopts::value<std::string>())(
       "decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")(
-      "threads", "worker threads (0 = all cores)", cxxopts::value<int>()->default_value("1"))(
-      "h,help", "print this help");
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    fail("{} (see --help)", e.what());
-  }
+      "threads", "worker threads (0 = all cores)",
+      cxxopts::value<std::string>()->default_value("1"))("h,help", "print this help");
+  const cxxopts::ParseResult args = qtk::cli::parse_flags(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << std::endl;
     return 0;
   }
-  if (!args.unmatched().empty()) fail("unexpected argument '{}' (see --help)", args.unmatched()[0]);
-  if (!args.count("tokenizer")) fail("--tokenizer PATH is required (see --help)");
-  const int threads_flag = args["threads"].as<int>();
-  if (threads_flag < 0) fail("--threads must be >= 0, found {}", threads_flag);
+  qtk::cli::no_extra_arguments(args);
+  qtk::cli::require_flag(options, args, "tokenizer");
+  // note: 1024 is far above any useful count; a huge one would only spend
+  // the run starting threads.
+  const int64_t threads_flag = qtk::cli::parse_int_flag(
+      "--threads", args["threads"].as<std::string>(), 0, 1024, "0 (all cores) or a thread count");
   const bool decode = args.count("decode") > 0;
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
   const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())

@@ -38,8 +38,8 @@ TEST(DeviceFlags, CpuRefusesBf16) {
 }
 
 TEST(DeviceFlags, UnknownPrecisionAndDevice) {
-  expect_refused("--precision f16", "f16", "--precision: expected f32 or bf16, found 'f16'");
-  expect_refused("--device tpu", "tpu", "--device: expected cpu or cuda, found 'tpu'");
+  expect_refused("--precision f16", "f16", "--precision: expected f32 or bf16, found \"f16\"");
+  expect_refused("--device tpu", "tpu", "--device: expected cpu or cuda, found \"tpu\"");
   expect_refused("--device cuda --precision fp8", "cuda_fp8", "--precision");
 }
 

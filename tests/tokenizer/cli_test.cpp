@@ -137,7 +137,7 @@ void expect_fatal(const RunResult& r, const std::string& part) {
 TEST(Cli, FatalErrorsGiveOneLineAndExitOne) {
   const std::string input = "{\"text\": \"a\"}\n";
   expect_fatal(run_tokenize("--tokenizer /nonexistent/tok.json", input), "/nonexistent/tok.json");
-  expect_fatal(run_tokenize("", input), "--tokenizer PATH is required");
+  expect_fatal(run_tokenize("", input), "--tokenizer: required flag missing");
   expect_fatal(run_tokenize("--tokenizer '" + kQwen3 + "' --bogus", input), "bogus");
   expect_fatal(run_tokenize("--tokenizer '" + kQwen3 + "' --threads -2", input), "--threads");
   const std::string bad = temp_path("bad.json");
