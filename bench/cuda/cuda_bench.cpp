@@ -203,6 +203,10 @@ void BM_AttentionDecode(benchmark::State& state) {
   b.block_size = bs;
   b.total_tokens = B;
   b.max_seq_len = L;
+  // The split workspace, as the model gives it (decode rows over key tiles).
+  Buf<float> partials(qc::attention_partials_floats(B * hq, D));
+  b.partials = partials.p;
+  b.partial_rows = B * hq;
   time_kernel(state, [&](cudaStream_t s) {
     qc::paged_attention<bf16>(q.p, hq * D, kc.p, vc.p, out.p, hq * D, b, hq, hkv, D,
                               1.0f / std::sqrt(float(D)), s);

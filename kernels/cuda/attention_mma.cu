@@ -8,20 +8,29 @@
 // in tiles of 64 at absolute positions 0, 64, 128, ... of the sequence.
 //
 // note: batch invariance. The value of a row depends only on its query, its
-// sequence's keys and its number of keys:
-//  - S = Q K^T per 16x8 tile: mma k-steps over dims 0..D-1 in order of 16;
-//  - online softmax per key tile (64 keys, absolute positions): row max over
-//    the thread's 16 scores in order, then the quad (xor 1, xor 2); p =
-//    exp2(s*scale*log2e - max); the row sum kept per thread and reduced over
-//    the quad at the end (xor 1, xor 2); O and the sums rescaled per tile;
-//  - O += P V with P rounded to bf16 (the usual flash-attention choice for
-//    bf16 activations), key k-steps of 16 in order.
-// A masked key (past the row's causal end) gets p = 0 exactly, and keys past
-// the block's last row are zero-filled, so a row computed inside a 64-row
-// prefill tile equals, bit for bit, the same row computed alone in a decode
-// step: mma computes each output element from its own row and column only.
-// Nothing depends on the batch, the block size, the block table, or where a
-// prompt was split.
+// sequence's keys and its number of keys. Per key tile (64 keys, absolute
+// positions):
+//  - S = Q K^T per 16x8 fragment: mma k-steps over dims 0..D-1 in order of 16;
+//  - masked keys (past the row's causal end) get -inf, so p = 0 exactly;
+//    keys past the block's last row are zero-filled;
+//  - D <= 128, "merged tiles": the tile's own softmax: m_t = row max (the
+//    thread's 16 scores in order, then the quad xor 1, xor 2), p =
+//    exp2(s*scale*log2e - m_t), l_t = row sum (thread's scores in order, then
+//    the quad xor 1, xor 2), O_t = P V from zero with P rounded to bf16 (the
+//    usual flash-attention choice for bf16), key k-steps of 16 in order; then
+//    the row's running (m, l, O) absorbs (m_t, l_t, O_t), tile by tile in key
+//    order: m' = max(m, m_t), a = exp2(m - m'), b = exp2(m_t - m'),
+//    l' = l*a + l_t*b, O' = O*a + O_t*b (each product and sum rounded once,
+//    no FMA). Tiles past a row's last key are skipped;
+//  - D = 256: the classic online softmax (rescale O and l in place per tile;
+//    registers do not hold a second O), the row sum reduced over the quad at
+//    the end.
+// A row therefore has the same value inside a 64-row prefill tile, alone in
+// a decode block, or (merged tiles) as per-tile partials computed by separate
+// blocks and absorbed by attention_merge_kernel in the same order with the
+// same arithmetic: mma computes each output element from its own row and
+// column only. Nothing depends on the batch, the block size, the block
+// table, the workspace, or where a prompt was split.
 #include <cmath>
 #include <mutex>
 #include <string>
@@ -36,15 +45,25 @@ namespace {
 
 using namespace dev;
 
-constexpr int kRows = 64;     // query rows per block: 4 warps x 16
-constexpr int kKeys = 64;     // keys per tile
+constexpr int kRows = 64;  // query rows per block: 4 warps x 16
+constexpr int kKeys = 64;  // keys per tile
 constexpr int kThreads = 128;
-constexpr int kPad = 8;       // bf16 padding per shared row: ldmatrix rows hit distinct banks
-constexpr int kVec = 8;       // bf16 per 16-byte copy
+constexpr int kPad = 8;  // bf16 padding per shared row: ldmatrix rows hit distinct banks
+constexpr int kVec = 8;  // bf16 per 16-byte copy
+constexpr int64_t kMaxSplitTiles = kAttentionSplitTiles;
+
+template <int D>
+__host__ __device__ constexpr bool merged_tiles() {
+  return D <= 128;
+}
 
 template <int D>
 constexpr size_t smem_bytes() {
   return static_cast<size_t>(kRows + 2 * kKeys) * (D + kPad) * sizeof(bf16);
+}
+template <int D>
+constexpr size_t split_smem_bytes() {
+  return static_cast<size_t>(16 + 2 * kKeys) * (D + kPad) * sizeof(bf16);
 }
 
 // The (sequence, row tile) of block `b`: sequence s has ceil(q_len /
@@ -57,8 +76,8 @@ __device__ bool find_tile(const int32_t* q_start, int num_seqs, int tokens_per_t
   int before = 0;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
     const int s = s0 + lane;
-    const int n = s < num_seqs ? (q_start[s + 1] - q_start[s] + tokens_per_tile - 1) / tokens_per_tile
-                               : 0;
+    const int n =
+        s < num_seqs ? (q_start[s + 1] - q_start[s] + tokens_per_tile - 1) / tokens_per_tile : 0;
     int incl = n;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -78,8 +97,121 @@ __device__ bool find_tile(const int32_t* q_start, int num_seqs, int tokens_per_t
   return false;
 }
 
+// ---- one warp's 16 rows against one key tile ---------------------------------
+
+// sc = Q K^T for 16 query rows (q_rows: shared, row stride D + kPad) and a K
+// tile of kKeys keys (ks: shared).
 template <int D>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
+__device__ __forceinline__ void tile_scores(float (&sc)[kKeys / 8][4], const bf16* q_rows,
+                                            const bf16* ks, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, smem_addr(q_rows + (lane & 15) * kLd + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+    for (int nn = 0; nn < kKeys / 16; ++nn) {
+      uint32_t b[4];
+      const int key = nn * 16 + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(b, smem_addr(ks + key * kLd + kk * 16 + ((lane >> 3) & 1) * 8));
+      mma_bf16(sc[2 * nn], a, b[0], b[1]);
+      mma_bf16(sc[2 * nn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// o += P V, P = the probabilities in sc rounded to bf16 (as A fragments).
+template <int D>
+__device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&sc)[kKeys / 8][4],
+                                        const bf16* vs, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]),
+                           pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                           pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                           pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+    const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int nd = 0; nd < D / 16; ++nd) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, smem_addr(vs + key * kLd + nd * 16 + (lane >> 4) * 8));
+      mma_bf16(o[2 * nd], a, b[0], b[1]);
+      mma_bf16(o[2 * nd + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Masks keys at or past each row's key count (rows g and g+8 of the
+// fragment: nk0, nk1) with -inf and scales the rest by scale*log2(e).
+__device__ __forceinline__ void mask_scale(float (&sc)[kKeys / 8][4], int kt, int c, int nk0,
+                                           int nk1, float scale_log2) {
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+    const int j = kt * kKeys + n * 8 + 2 * c;
+    sc[n][0] = j < nk0 ? __fmul_rn(sc[n][0], scale_log2) : -INFINITY;
+    sc[n][1] = j + 1 < nk0 ? __fmul_rn(sc[n][1], scale_log2) : -INFINITY;
+    sc[n][2] = j < nk1 ? __fmul_rn(sc[n][2], scale_log2) : -INFINITY;
+    sc[n][3] = j + 1 < nk1 ? __fmul_rn(sc[n][3], scale_log2) : -INFINITY;
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The tile's own softmax over masked, scaled scores: mt = row max (-inf when
+// the row has no key in the tile), sc = exp2(s - mt), lt = row sum.
+__device__ __forceinline__ void tile_softmax(float (&sc)[kKeys / 8][4], float& mt0, float& mt1,
+                                             float& lt0, float& lt1) {
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+    mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+    mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+  }
+  mt0 = quad_max(mx0);
+  mt1 = quad_max(mx1);
+  const float base0 = mt0 == -INFINITY ? 0.0f : mt0, base1 = mt1 == -INFINITY ? 0.0f : mt1;
+  float sum0 = 0.0f, sum1 = 0.0f;
+  // note: explicit roundings (no FMA contraction) so the row kernel and the
+  // split kernel compile this to the same arithmetic.
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+    sc[n][0] = exp2f(__fsub_rn(sc[n][0], base0));
+    sc[n][1] = exp2f(__fsub_rn(sc[n][1], base0));
+    sc[n][2] = exp2f(__fsub_rn(sc[n][2], base1));
+    sc[n][3] = exp2f(__fsub_rn(sc[n][3], base1));
+    sum0 += sc[n][0] + sc[n][1];
+    sum1 += sc[n][2] + sc[n][3];
+  }
+  lt0 = quad_sum(sum0);
+  lt1 = quad_sum(sum1);
+}
+
+// The absorption of a tile partial (mt finite) into a running state: the
+// factors of the old state (a) and of the tile (b), and the new max.
+__device__ __forceinline__ void absorb_factors(float m, float mt, float& m_new, float& a,
+                                               float& b) {
+  m_new = fmaxf(m, mt);
+  a = exp2f(__fsub_rn(m, m_new));  // m = -inf before the first tile: 0
+  b = exp2f(__fsub_rn(mt, m_new));
+}
+__device__ __forceinline__ float absorb(float x, float a, float xt, float b) {
+  return __fadd_rn(__fmul_rn(x, a), __fmul_rn(xt, b));
+}
+
+// ---- the row kernel: 64 rows of one sequence per block -----------------------
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
     attention_mma_kernel(const bf16* __restrict__ q, int64_t ldq, const bf16* __restrict__ k_cache,
                          const bf16* __restrict__ v_cache, bf16* __restrict__ out, int64_t ldo,
                          const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
@@ -99,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
   const int q0 = q_start[s], q_len = q_start[s + 1] - q0;
   const int t_begin = tile * tokens_per_tile;
   const int rows = min(tokens_per_tile, q_len - t_begin) * group;
-  const int hist = seq_len[s] - q_len;             // cached keys before the first query
+  const int hist = seq_len[s] - q_len;  // cached keys before the first query
   const int max_keys = hist + t_begin + (rows - 1) / group + 1;  // keys of the last row
   const int n_tiles = (max_keys + kKeys - 1) / kKeys;
   const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
@@ -152,71 +284,54 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
     cp_async_wait<1>();  // K tile kt landed (V tile kt may be in flight)
     __syncthreads();
     float sc[kKeys / 8][4];
-#pragma unroll
-    for (int i = 0; i < kKeys / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
-    if (active) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, smem_addr(qs + (warp * 16 + (lane & 15)) * kLd + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-        for (int nn = 0; nn < kKeys / 16; ++nn) {
-          uint32_t b[4];
-          const int key = nn * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, smem_addr(ks + key * kLd + kk * 16 + ((lane >> 3) & 1) * 8));
-          mma_bf16(sc[2 * nn], a, b[0], b[1]);
-          mma_bf16(sc[2 * nn + 1], a, b[2], b[3]);
-        }
-      }
-    }
+    if (active) tile_scores<D>(sc, qs + warp * 16 * kLd, ks, lane);
     __syncthreads();  // every warp is done with K tile kt
     const bool more = kt + 1 < n_tiles;
     if (more) {
       load_tile(ks, k_cache, kt + 1);
       cp_async_commit();
     }
+    float mt0 = 0.0f, mt1 = 0.0f, lt0 = 0.0f, lt1 = 0.0f;
     if (active) {
-      float mx0 = -INFINITY, mx1 = -INFINITY;
+      mask_scale(sc, kt, c, nk0, nk1, scale_log2);
+      if constexpr (merged_tiles<D>()) {
+        tile_softmax(sc, mt0, mt1, lt0, lt1);
+      } else {
+        // Online softmax: the running max absorbs the tile's, O and the
+        // per-thread sums are rescaled in place.
+        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        const int j = kt * kKeys + n * 8 + 2 * c;
-        sc[n][0] = j < nk0 ? sc[n][0] * scale_log2 : -INFINITY;
-        sc[n][1] = j + 1 < nk0 ? sc[n][1] * scale_log2 : -INFINITY;
-        sc[n][2] = j < nk1 ? sc[n][2] * scale_log2 : -INFINITY;
-        sc[n][3] = j + 1 < nk1 ? sc[n][3] * scale_log2 : -INFINITY;
-        mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
-        mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-      // note: a row with no key yet keeps base 0, so exp2(-inf - 0) = 0
-      // everywhere instead of NaN.
-      const float base0 = new0 == -INFINITY ? 0.0f : new0;
-      const float base1 = new1 == -INFINITY ? 0.0f : new1;
-      const float alpha0 = exp2f(m0 - base0), alpha1 = exp2f(m1 - base1);
-      float sum0 = 0.0f, sum1 = 0.0f;
+        for (int n = 0; n < kKeys / 8; ++n) {
+          mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+          mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+        }
+        const float new0 = fmaxf(m0, quad_max(mx0)), new1 = fmaxf(m1, quad_max(mx1));
+        // note: a row with no key yet keeps base 0, so exp2(-inf - 0) = 0
+        // everywhere instead of NaN.
+        const float base0 = new0 == -INFINITY ? 0.0f : new0;
+        const float base1 = new1 == -INFINITY ? 0.0f : new1;
+        const float alpha0 = exp2f(m0 - base0), alpha1 = exp2f(m1 - base1);
+        float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        sc[n][0] = exp2f(sc[n][0] - base0);
-        sc[n][1] = exp2f(sc[n][1] - base0);
-        sc[n][2] = exp2f(sc[n][2] - base1);
-        sc[n][3] = exp2f(sc[n][3] - base1);
-        sum0 += sc[n][0] + sc[n][1];
-        sum1 += sc[n][2] + sc[n][3];
-      }
-      l0 = l0 * alpha0 + sum0;
-      l1 = l1 * alpha1 + sum1;
-      m0 = new0;
-      m1 = new1;
+        for (int n = 0; n < kKeys / 8; ++n) {
+          sc[n][0] = exp2f(sc[n][0] - base0);
+          sc[n][1] = exp2f(sc[n][1] - base0);
+          sc[n][2] = exp2f(sc[n][2] - base1);
+          sc[n][3] = exp2f(sc[n][3] - base1);
+          sum0 += sc[n][0] + sc[n][1];
+          sum1 += sc[n][2] + sc[n][3];
+        }
+        l0 = l0 * alpha0 + sum0;
+        l1 = l1 * alpha1 + sum1;
+        m0 = new0;
+        m1 = new1;
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= alpha0;
-        o[i][1] *= alpha0;
-        o[i][2] *= alpha1;
-        o[i][3] *= alpha1;
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][0] *= alpha0;
+          o[i][1] *= alpha0;
+          o[i][2] *= alpha1;
+          o[i][3] *= alpha1;
+        }
       }
     }
     if (more)
@@ -225,20 +340,35 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
       cp_async_wait<0>();
     __syncthreads();
     if (active) {
+      if constexpr (merged_tiles<D>()) {
+        float ot[D / 8][4];
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]),
-                               pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        for (int i = 0; i < D / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
+        tile_pv<D>(ot, sc, vs, lane);
+        if (kt * kKeys < nk0) {  // the tile holds keys of row r0
+          float mn, a, b;
+          absorb_factors(m0, mt0, mn, a, b);
+          l0 = absorb(l0, a, lt0, b);
 #pragma unroll
-        for (int nd = 0; nd < D / 16; ++nd) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, smem_addr(vs + key * kLd + nd * 16 + (lane >> 4) * 8));
-          mma_bf16(o[2 * nd], a, b[0], b[1]);
-          mma_bf16(o[2 * nd + 1], a, b[2], b[3]);
+          for (int i = 0; i < D / 8; ++i) {
+            o[i][0] = absorb(o[i][0], a, ot[i][0], b);
+            o[i][1] = absorb(o[i][1], a, ot[i][1], b);
+          }
+          m0 = mn;
         }
+        if (kt * kKeys < nk1) {
+          float mn, a, b;
+          absorb_factors(m1, mt1, mn, a, b);
+          l1 = absorb(l1, a, lt1, b);
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            o[i][2] = absorb(o[i][2], a, ot[i][2], b);
+            o[i][3] = absorb(o[i][3], a, ot[i][3], b);
+          }
+          m1 = mn;
+        }
+      } else {
+        tile_pv<D>(o, sc, vs, lane);
       }
     }
     __syncthreads();  // every warp is done with V tile kt
@@ -248,10 +378,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
     }
   }
   if (!active) return;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if constexpr (!merged_tiles<D>()) {
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+  }
   const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   auto store = [&](int r, int col, float x, float y) {
     const int64_t t = q0 + t_begin + r / group;
@@ -266,10 +396,165 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 4 : 2)
   }
 }
 
+// ---- decode steps: one block (one warp) per (sequence, kv head, key tile) ---
+
+// Partial of row R (token t, query head h; R = t * hq + h) for key tile kt:
+// f32 [D + 2] at partials + (R * kMaxSplitTiles + kt) * (D + 2): O_t, m_t, l_t.
+template <int D>
+__global__ void __launch_bounds__(32)
+    attention_split_kernel(const bf16* __restrict__ q, int64_t ldq,
+                           const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                           float* __restrict__ partials, const int32_t* __restrict__ q_start,
+                           const int32_t* __restrict__ seq_len,
+                           const int32_t* __restrict__ block_table, int64_t max_blocks,
+                           int block_size, int hkv, int group, int max_tiles, float scale_log2) {
+  constexpr int kLd = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // bf16 [16][kLd]
+  bf16* ks = qs + 16 * kLd;                      // bf16 [kKeys][kLd]
+  bf16* vs = ks + kKeys * kLd;                   // bf16 [kKeys][kLd]
+  const int s = blockIdx.x / max_tiles, kt = blockIdx.x % max_tiles, kvh = blockIdx.y;
+  const int n_keys = seq_len[s];
+  if (kt * kKeys >= n_keys) return;
+  const int lane = threadIdx.x;
+  const int64_t t = q_start[s];  // the step's one token of sequence s
+  const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
+  const int64_t width = static_cast<int64_t>(hkv) * D;
+  for (int i = lane; i < 16 * (D / kVec); i += 32) {
+    const int r = i / (D / kVec), cv = i % (D / kVec);
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < group)
+      val = *reinterpret_cast<const uint4*>(
+          q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D + cv * kVec);
+    *reinterpret_cast<uint4*>(qs + r * kLd + cv * kVec) = val;
+  }
+  for (int i = lane; i < kKeys * (D / kVec); i += 32) {
+    const int r = i / (D / kVec), cv = i % (D / kVec);
+    const int j = kt * kKeys + r;
+    const bool valid = j < n_keys;
+    int64_t off = 0;
+    if (valid)
+      off = (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
+            static_cast<int64_t>(kvh) * D + cv * kVec;
+    cp_async_16(smem_addr(ks + r * kLd + cv * kVec), k_cache + off, valid);
+    cp_async_16(smem_addr(vs + r * kLd + cv * kVec), v_cache + off, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const int g = lane >> 2, c = lane & 3;
+  const int nk0 = g < group ? n_keys : 0, nk1 = g + 8 < group ? n_keys : 0;
+  float sc[kKeys / 8][4];
+  tile_scores<D>(sc, qs, ks, lane);
+  mask_scale(sc, kt, c, nk0, nk1, scale_log2);
+  float mt0, mt1, lt0, lt1;
+  tile_softmax(sc, mt0, mt1, lt0, lt1);
+  float ot[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
+  tile_pv<D>(ot, sc, vs, lane);
+  const int hq = hkv * group;
+  auto part = [&](int r) {
+    const int64_t row = t * hq + static_cast<int64_t>(kvh) * group + r;
+    return partials + (row * kMaxSplitTiles + kt) * (D + 2);
+  };
+  if (g < group) {
+    float* p = part(g);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      p[i * 8 + 2 * c] = ot[i][0];
+      p[i * 8 + 2 * c + 1] = ot[i][1];
+    }
+    if (c == 0) {
+      p[D] = mt0;
+      p[D + 1] = lt0;
+    }
+  }
+  if (g + 8 < group) {
+    float* p = part(g + 8);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      p[i * 8 + 2 * c] = ot[i][2];
+      p[i * 8 + 2 * c + 1] = ot[i][3];
+    }
+    if (c == 0) {
+      p[D] = mt1;
+      p[D + 1] = lt1;
+    }
+  }
+}
+
+// One warp per row (token t = sequence t in a decode step, query head h):
+// absorbs the row's tile partials in key order, exactly as the row kernel
+// does, and writes O / l.
+template <int D>
+__global__ void attention_merge_kernel(const float* __restrict__ partials, bf16* __restrict__ out,
+                                       int64_t ldo, const int32_t* __restrict__ seq_len,
+                                       int64_t rows, int hq) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t t = row / hq;
+  const int h = static_cast<int>(row % hq);
+  const int n_tiles = (seq_len[t] + kKeys - 1) / kKeys;
+  constexpr int kPer = (D + 31) / 32;
+  float o[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const float* p = partials + (row * kMaxSplitTiles + kt) * (D + 2);
+    float mn, a, b;
+    absorb_factors(m, p[D], mn, a, b);
+    l = absorb(l, a, p[D + 1], b);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) o[i] = absorb(o[i], a, p[d], b);
+    }
+    m = mn;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < D) out[t * ldo + static_cast<int64_t>(h) * D + d] = __float2bfloat16_rn(o[i] * inv);
+  }
+}
+
 template <int D>
 void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache, bf16* out,
             int64_t ldo, const AttentionBatch& b, int64_t hkv, int group, float scale,
             cudaStream_t stream) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int64_t hq = hkv * group;
+  const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
+  // note: a decode step (one token per sequence) with short contexts splits
+  // each row's key tiles over blocks (latency: one tile per block instead of
+  // a walk) when the caller gave a workspace; the values are the row
+  // kernel's (header note), so this choice may depend on the batch.
+  if constexpr (merged_tiles<D>()) {
+    if (b.partials != nullptr && b.total_tokens == b.num_seqs && group <= 16 &&
+        max_tiles <= kMaxSplitTiles && b.total_tokens * hq <= b.partial_rows) {
+      static std::once_flag once_split;
+      std::call_once(once_split, [] {
+        QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(split_smem_bytes<D>())));
+      });
+      const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
+      attention_split_kernel<D><<<grid, 32, split_smem_bytes<D>(), stream>>>(
+          q, ldq, k_cache, v_cache, b.partials, b.q_start, b.seq_len, b.block_table, b.max_blocks,
+          static_cast<int>(b.block_size), static_cast<int>(hkv), group, static_cast<int>(max_tiles),
+          scale * kLog2e);
+      QTK_CUDA_CHECK_LAUNCH();
+      const int64_t rows = b.total_tokens * hq;
+      attention_merge_kernel<D><<<grid_1d(rows, 4), 128, 0, stream>>>(
+          b.partials, out, ldo, b.seq_len, rows, static_cast<int>(hq));
+      QTK_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<D>,
@@ -283,7 +568,6 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
   const int64_t blocks =
       std::min<int64_t>(b.total_tokens, (b.total_tokens + tpt - 1) / tpt + b.num_seqs);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(hkv));
-  constexpr float kLog2e = 1.4426950408889634f;
   attention_mma_kernel<D><<<grid, kThreads, smem_bytes<D>(), stream>>>(
       q, ldq, k_cache, v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
       static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),

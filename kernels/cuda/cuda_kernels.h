@@ -136,7 +136,19 @@ struct AttentionBatch {
   int64_t block_size = 0;
   int64_t total_tokens = 0;  // q_start[num_seqs], known on the host
   int64_t max_seq_len = 0;   // bound on seq_len[s] (host), sizes shared memory
+  // Optional workspace (bf16 tensor-core path): f32, attention_partials_floats
+  // (partial_rows, D) floats. With it, a decode step (one token per sequence)
+  // whose contexts fit kAttentionSplitTiles key tiles spreads each row's
+  // tiles over blocks; the values are the same as without it.
+  float* partials = nullptr;
+  int64_t partial_rows = 0;  // capacity in (token, query head) rows
 };
+
+// Key tiles (of 64) a decode row may be split into, and the workspace size.
+constexpr int64_t kAttentionSplitTiles = 8;
+inline int64_t attention_partials_floats(int64_t rows, int64_t head_dim) {
+  return rows * kAttentionSplitTiles * (head_dim + 2);
+}
 
 // Largest max_seq_len paged_attention accepts (scores live in shared memory).
 int64_t paged_attention_max_context();

@@ -99,6 +99,15 @@ class CudaQwen3 final : public CudaModel {
     grew |= ensure(act_, T * c.intermediate_size * sizeof(T_));
     grew |= ensure(last_, max_seqs * c.hidden_size * sizeof(T_));
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if constexpr (std::is_same_v<T_, cuda::bf16>) {
+      // Decode steps (padded to power-of-two buckets) may split each row's
+      // key tiles over blocks: cuda::AttentionBatch::partials.
+      int64_t bucket = 1;
+      while (bucket < max_seqs) bucket *= 2;
+      partial_rows_ = std::max(partial_rows_, bucket * c.num_attention_heads);
+      grew |= ensure(partials_,
+                     cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
+    }
     if (grew) graphs_.clear();
     max_context_ = std::max(max_context_, max_context);
   }
@@ -174,6 +183,8 @@ class CudaQwen3 final : public CudaModel {
     ab.block_size = kv_block_size_;
     ab.total_tokens = T;
     ab.max_seq_len = max_seq_len;
+    ab.partials = partials_.as<float>();
+    ab.partial_rows = partial_rows_;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 
     cuda::embedding_lookup<T_>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
@@ -285,6 +296,8 @@ class CudaQwen3 final : public CudaModel {
   DeviceMemory embed_;    // T [vocab, hidden]
   DeviceMemory lm_head_;  // T [vocab, hidden] (absent when tied)
   DeviceMemory norm_;     // f32 [hidden]
+  DeviceMemory partials_;  // f32 attention split workspace (bf16 only), partial_rows_ rows
+  int64_t partial_rows_ = 0;
   std::vector<Layer> layers_;
 
   int64_t kv_blocks_ = -1, kv_block_size_ = -1, kv_layer_elems_ = 0;

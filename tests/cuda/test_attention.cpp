@@ -34,9 +34,11 @@ std::vector<float> seq_rows(uint32_t seed, int64_t n, int64_t width, uint32_t sa
   return random_floats(n * width, -1.5f, 1.5f, seed * 7919u + salt);
 }
 
+// workspace: pass the optional split workspace (AttentionBatch::partials),
+// so that decode-only batches of the bf16 path spread key tiles over blocks.
 template <class T>
 AttnRun<T> run_attention(const std::vector<SeqSpec>& seqs, int64_t block_size, const Shape& sh,
-                         uint32_t layout_seed) {
+                         uint32_t layout_seed, bool workspace = true) {
   const int64_t kvw = sh.hkv * sh.d, qw = sh.hq * sh.d;
   HostBatch hb;
   hb.block_size = block_size;
@@ -104,6 +106,11 @@ AttnRun<T> run_attention(const std::vector<SeqSpec>& seqs, int64_t block_size, c
   b.block_size = block_size;
   b.total_tokens = tokens;
   b.max_seq_len = max_len;
+  DeviceBuffer<float> partials(attention_partials_floats(tokens * sh.hq, sh.d));
+  if (workspace) {
+    b.partials = partials.get();
+    b.partial_rows = tokens * sh.hq;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
   paged_attention<T>(qd.get(), ldq, kcache.get(), vcache.get(), out.get(), qw, b, sh.hq, sh.hkv,
                      sh.d, scale, nullptr);
@@ -182,6 +189,25 @@ TYPED_TEST(AttentionTest, RowsIdenticalAcrossPromptChunking) {
   ASSERT_EQ(done, 100);
   ASSERT_EQ(pieces.size(), whole.out.size());
   EXPECT_TRUE(bitwise_equal(pieces.data(), whole.out.data(), pieces.size()));
+}
+
+// A decode step (one token per sequence) with the split workspace equals the
+// same step without it, bit for bit, for contexts of 1 to 8 key tiles and
+// past them (no split); and it matches the reference.
+TYPED_TEST(AttentionTest, DecodeSplitOverKeyTilesEqualsOneBlockPerRow) {
+  using T = TypeParam;
+  const std::vector<SeqSpec> dec = {{1, 1, 41}, {64, 1, 42}, {65, 1, 43}, {300, 1, 44},
+                                    {511, 1, 45}, {512, 1, 46}, {129, 1, 47}};
+  const std::vector<SeqSpec> longer = {{513, 1, 48}, {7, 1, 49}};
+  for (const auto& sh : kShapes)
+    for (const auto* batch : {&dec, &longer}) {
+      const auto with = run_attention<T>(*batch, 16, sh, 50, true);
+      const auto without = run_attention<T>(*batch, 16, sh, 50, false);
+      ASSERT_EQ(with.out.size(), without.out.size());
+      EXPECT_TRUE(bitwise_equal(with.out.data(), without.out.data(), with.out.size()))
+          << "D " << sh.d << " contexts up to " << (*batch)[0].seq_len;
+      EXPECT_LT(rel_error(with.out, with.ref), tolerance<T>()) << "D " << sh.d;
+    }
 }
 
 TEST(AttentionErrors, RejectsUnsupportedShapes) {
