@@ -169,8 +169,8 @@ void BM_PagedAttention(benchmark::State& state) {
       seq_len(seqs, static_cast<int32_t>(ctx));
   for (int64_t i = 0; i < seqs * blocks_per; ++i) table[i] = static_cast<int32_t>(i);
   for (int64_t s = 0; s <= seqs; ++s) q_start[s] = static_cast<int32_t>(s * q_len);
-  AttentionBatch b{seqs, q_start.data(), seq_len.data(), table.data(), blocks_per, bs,
-                   seqs * blocks_per};
+  AttentionBatch b{seqs, q_start.data(),   seq_len.data(), table.data(), blocks_per,
+                   bs,   seqs * blocks_per};
   std::vector<float> scratch(paged_attention_scratch_floats(ctx, threads));
   ThreadPool* pool = pool_for(threads);
   int64_t c = 0;

@@ -205,17 +205,18 @@ QTK_INLINE void pv_pass(const Tile& t, const KvView& kv, const float* p, int64_t
     for (int c = 0; c < G; ++c) acc[qi][c] = V16{};
   for (int64_t b0 = 0, blk = 0; b0 < max_keys; b0 += bs, ++blk) {
     const float* vb = kv.v_cache + kv.blocks[blk] * kv.block_stride + kv.v_head_offset + d0;
-    const float* vnext = b0 + bs < max_keys
-                             ? kv.v_cache + kv.blocks[blk + 1] * kv.block_stride +
-                                   kv.v_head_offset + d0 - bs * kv.token_stride
-                             : vb;
+    const bool has_next = b0 + bs < max_keys;
+    const float* vnext =
+        has_next ? kv.v_cache + kv.blocks[blk + 1] * kv.block_stride + kv.v_head_offset + d0 : vb;
     const int64_t n = std::min(bs, max_keys - b0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = b0 + i;
       const float* row = vb + i * kv.token_stride;
       // note: the row kPrefetchKeys ahead, in the next block near the end of
-      // this one (past the last key: a slot never read; prefetches never fault).
-      const float* ahead = (i + kPrefetchKeys < bs ? vb : vnext) + (i + kPrefetchKeys) * kv.token_stride;
+      // this one (this row again at the very end). Prefetches change nothing.
+      const int64_t ia = i + kPrefetchKeys;
+      const float* ahead = ia < bs ? vb + ia * kv.token_stride
+                                   : (has_next ? vnext + (ia - bs) * kv.token_stride : row);
       for (int c = 0; c < G; ++c) __builtin_prefetch(ahead + c * kLanes);
       V16 v[G];
       for (int c = 0; c < G; ++c) load16(&v[c], row + c * kLanes);
