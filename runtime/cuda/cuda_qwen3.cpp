@@ -102,9 +102,8 @@ class CudaQwen3 final : public CudaModel {
     if constexpr (std::is_same_v<T_, cuda::bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
-      int64_t bucket = 1;
-      while (bucket < max_seqs) bucket *= 2;
-      partial_rows_ = std::max(partial_rows_, bucket * c.num_attention_heads);
+      partial_rows_ =
+          std::max(partial_rows_, cuda::decode_bucket(max_seqs) * c.num_attention_heads);
       grew |= ensure(partials_,
                      cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
     }
@@ -194,9 +193,8 @@ class CudaQwen3 final : public CudaModel {
       // Self-attention block (h holds the normed input).
       gemm_.run(h, H, l.qkv_proj.as(), H, q, qkv_ld, T, qkv_ld, H, dt, dt, stream_);
       // q/k norms, RoPE and the K/V cache write in one launch.
-      cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(),
-                               l.k_norm.as<float>(), eps, positions_, rope_, slot_mapping_,
-                               kv_k(li), kv_v(li), stream_);
+      cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(), l.k_norm.as<float>(),
+                               eps, positions_, rope_, slot_mapping_, kv_k(li), kv_v(li), stream_);
       cuda::paged_attention<T_>(q, qkv_ld, kv_k(li), kv_v(li), attn_.as<T_>(), c.q_dim(), ab, Hq,
                                 Hkv, D, scale, stream_);
       gemm_.run(attn_.as(), c.q_dim(), l.o_proj.as(), c.q_dim(), h, H, T, H, c.q_dim(), dt, dt,
@@ -293,9 +291,9 @@ class CudaQwen3 final : public CudaModel {
   cuda::Gemm gemm_;
   cuda::RopeParams rope_;
   bool tied_ = false;
-  DeviceMemory embed_;    // T [vocab, hidden]
-  DeviceMemory lm_head_;  // T [vocab, hidden] (absent when tied)
-  DeviceMemory norm_;     // f32 [hidden]
+  DeviceMemory embed_;     // T [vocab, hidden]
+  DeviceMemory lm_head_;   // T [vocab, hidden] (absent when tied)
+  DeviceMemory norm_;      // f32 [hidden]
   DeviceMemory partials_;  // f32 attention split workspace (bf16 only), partial_rows_ rows
   int64_t partial_rows_ = 0;
   std::vector<Layer> layers_;
