@@ -1,6 +1,6 @@
 // convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress]
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 
 #include <cstdio>
 #include <exception>

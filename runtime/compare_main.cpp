@@ -4,8 +4,8 @@
 #include <limits>
 #include <string>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 
 #include "loaders/cli_args.h"
 #include "loaders/error.h"

@@ -6,8 +6,8 @@
 #include <new>
 #include <string>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 
 #include "loaders/cli_args.h"
 #include "loaders/error.h"

@@ -11,8 +11,8 @@
 // 1 for bad flags or an unusable tokenizer (then nothing is written to stdout).
 #include <zip.h>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
 using nlohmann::json;

@@ -85,9 +85,9 @@ struct Gemm::Plan {
   // equal to `algo` (see Gemm::verify_alternates).
   struct Alt {
     cublasLtMatmulAlgo_t algo{};
-    int64_t lo = 0, hi = 0;  // the M range it serves
-    int64_t verify_m = 0;    // the M of the equality check
-    int64_t time_m = 0;      // the M the candidates are timed at
+    int64_t lo = 0, hi = 0;                        // the M range it serves
+    int64_t verify_m = 0;                          // the M of the equality check
+    int64_t time_m = 0;                            // the M the candidates are timed at
     std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
     int algo_id = -1, tile = -1, stages = -1;
     bool usable = false;
@@ -95,7 +95,7 @@ struct Gemm::Plan {
   };
   std::vector<Alt> alts;
   bool alts_checked = false;
-  bool ok = true;       // false: no algorithm qualified (why says what was rejected)
+  bool ok = true;  // false: no algorithm qualified (why says what was rejected)
   std::string why;
   std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
 
@@ -296,8 +296,8 @@ void Gemm::find_alternates(Plan& p) {
       else
         ++refused;
     }
-    alt.status = fmt::format("{} offered: {} repeats, {} split-K, {} refused at some M", results.size(),
-                             same, split, refused);
+    alt.status = fmt::format("{} offered: {} repeats, {} split-K, {} refused at some M",
+                             results.size(), same, split, refused);
     p.alts.push_back(std::move(alt));
   }
   cublasLtMatmulPreferenceDestroy(pref);
@@ -404,11 +404,11 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
                                            sizeof(alt.algo_id), &written);
       cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &alt.tile,
                                            sizeof(alt.tile), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-                                           &alt.stages, sizeof(alt.stages), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &alt.stages,
+                                           sizeof(alt.stages), &written);
     }
-    alt.status = fmt::format("{} of {} candidates bit-equal; M {}: {:.1f} us vs {:.1f} us", verified,
-                             alt.candidates.size(), alt.time_m,
+    alt.status = fmt::format("{} of {} candidates bit-equal; M {}: {:.1f} us vs {:.1f} us",
+                             verified, alt.candidates.size(), alt.time_m,
                              1000.0f * (alt.usable ? best_ms : plan_ms) / 5, 1000.0f * plan_ms / 5);
     alt.candidates.clear();
   }

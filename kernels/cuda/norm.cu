@@ -134,8 +134,8 @@ __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __res
     const float pos = static_cast<float>(positions[axis * tokens + t]);
     // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
     const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
-    const float p = static_cast<float>(pow(static_cast<double>(static_cast<float>(rope.theta)),
-                                           static_cast<double>(exponent)));
+    const float p = static_cast<float>(
+        pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
     float inv_freq = 1.0f / p;
     if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
     const float angle = __fmul_rn(inv_freq, pos);  // float32 product, as the reference
@@ -279,7 +279,7 @@ void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv,
   template void l2norm_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, float, float,              \
                                 cudaStream_t);                                                     \
   template void qk_norm_rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const float*, float,       \
-                                const int32_t*, const RopeParams&, cudaStream_t);            \
+                                const int32_t*, const RopeParams&, cudaStream_t);                  \
   template void qkv_rope_cache<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*,   \
                                   const float*, float, const int32_t*, const RopeParams&,          \
                                   const int64_t*, T*, T*, cudaStream_t);

@@ -52,7 +52,8 @@ ZipLayout parse_zip(const std::string& z) {
   for (uint16_t i = 0; i < n; ++i) {
     ZipEntry e;
     e.central = pos;
-    const uint16_t name_len = get16(z, pos + 28), extra = get16(z, pos + 30), comment = get16(z, pos + 32);
+    const uint16_t name_len = get16(z, pos + 28), extra = get16(z, pos + 30),
+                   comment = get16(z, pos + 32);
     e.name = z.substr(pos + 46, name_len);
     e.local = get32(z, pos + 42);
     e.size = get32(z, pos + 24);
@@ -66,7 +67,8 @@ ZipLayout parse_zip(const std::string& z) {
 // Replaces the data of the entry stored last (the manifest, as convert
 // writes it) with `bytes` of any length, fixing sizes and offsets so that
 // the zip structure stays valid.
-std::string replace_last_entry(const std::string& z, const std::string& name, const std::string& bytes) {
+std::string replace_last_entry(const std::string& z, const std::string& name,
+                               const std::string& bytes) {
   const ZipLayout L = parse_zip(z);
   const ZipEntry& e = L.find(name);
   for (const auto& o : L.entries)
@@ -90,7 +92,8 @@ class BadPack : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    const RunResult r = run_program({program("convert"), model_fixture("qwen3-tiny"), *dir_ / "good.pack"});
+    const RunResult r =
+        run_program({program("convert"), model_fixture("qwen3-tiny"), *dir_ / "good.pack"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     good_ = new std::string(read_file(*dir_ / "good.pack"));
   }
@@ -100,7 +103,8 @@ class BadPack : public ::testing::Test {
   }
 
   // Writes `bytes` as a pack and expects `inspect` (and generate) to refuse it.
-  void expect_rejected(const std::string& bytes, const std::vector<std::string>& needles, bool verify = false) {
+  void expect_rejected(const std::string& bytes, const std::vector<std::string>& needles,
+                       bool verify = false) {
     TempDir t;
     write_file(t / "bad.pack", bytes);
     std::vector<std::string> argv = {program("inspect"), t / "bad.pack"};
@@ -114,7 +118,8 @@ class BadPack : public ::testing::Test {
                                      t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
     expect_clean_failure(g, "generate", all);
     EXPECT_FALSE(file_exists(t / "out.jsonl")) << "generate left a results file for a bad pack";
-    EXPECT_FALSE(file_exists(t / "out.jsonl.meta.json")) << "generate left a meta file for a bad pack";
+    EXPECT_FALSE(file_exists(t / "out.jsonl.meta.json"))
+        << "generate left a meta file for a bad pack";
   }
 
   static TempDir* dir_;
@@ -147,11 +152,13 @@ TEST_F(BadPack, ManifestEdits) {
   expect_rejected(edited([](auto& k) { k.erase("tensors"); }), {"tensors"});
   expect_rejected(edited([](auto& k) { k["tensors"][0]["shape"] = {-1}; }), {"shape"});
   expect_rejected(edited([](auto& k) { k["tensors"][0]["bytes"] = 7; }), {"bytes"});
-  expect_rejected(edited([](auto& k) { k["tensors"][0]["entry"] = "tensors/nope"; }), {"tensors/nope"});
+  expect_rejected(edited([](auto& k) { k["tensors"][0]["entry"] = "tensors/nope"; }),
+                  {"tensors/nope"});
   expect_rejected(edited([](auto& k) { k["tensors"].push_back(k["tensors"][0]); }), {"twice"});
   // note: validate_model_config names the field by its HF name
   // (num_key_value_heads) also for the manifest's num_kv_heads.
-  expect_rejected(edited([](auto& k) { k["config"]["num_kv_heads"] = 3; }), {"config", "heads", "found 3"});
+  expect_rejected(edited([](auto& k) { k["config"]["num_kv_heads"] = 3; }),
+                  {"config", "heads", "found 3"});
   expect_rejected(replace_last_entry(*good_, "manifest.json", "{\"format\": "), {"manifest.json"});
 }
 

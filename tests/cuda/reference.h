@@ -71,9 +71,11 @@ inline Vec qk_norm_rope_ref(const Vec& x, int64_t tokens, int64_t heads, int64_t
         // note: the angle transformers computes (and the model must match):
         // inv_freq and pos * inv_freq in float32; only cos/sin in double.
         const float exponent = static_cast<float>(2 * j) / static_cast<float>(p.rotary_dim);
-        const float inv_freq = 1.0f / static_cast<float>(std::pow(
-            static_cast<double>(static_cast<float>(p.theta)), static_cast<double>(exponent)));
-        const double ang = static_cast<float>(inv_freq * static_cast<float>(pos[axis * tokens + t]));
+        const float inv_freq =
+            1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(p.theta)),
+                                               static_cast<double>(exponent)));
+        const double ang =
+            static_cast<float>(inv_freq * static_cast<float>(pos[axis * tokens + t]));
         const double c = std::cos(ang), s = std::sin(ang);
         v[j] = rot[j] * c - rot[j + half] * s;
         v[j + half] = rot[j + half] * c + rot[j] * s;

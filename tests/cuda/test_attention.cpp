@@ -196,7 +196,7 @@ TYPED_TEST(AttentionTest, RowsIdenticalAcrossPromptChunking) {
 // past them (no split); and it matches the reference.
 TYPED_TEST(AttentionTest, DecodeSplitOverKeyTilesEqualsOneBlockPerRow) {
   using T = TypeParam;
-  const std::vector<SeqSpec> dec = {{1, 1, 41}, {64, 1, 42}, {65, 1, 43}, {300, 1, 44},
+  const std::vector<SeqSpec> dec = {{1, 1, 41},   {64, 1, 42},  {65, 1, 43}, {300, 1, 44},
                                     {511, 1, 45}, {512, 1, 46}, {129, 1, 47}};
   const std::vector<SeqSpec> longer = {{513, 1, 48}, {7, 1, 49}};
   for (const auto& sh : kShapes)

@@ -41,8 +41,7 @@ void check_gemm(Gemm& gemm, int64_t N, int64_t K, DType in, DType out) {
   // Which algorithms served (the small- and large-M alternates, when verified).
   std::printf("[ gemm     ] N %lld K %lld %s -> %s: %s\n", static_cast<long long>(N),
               static_cast<long long>(K), std::string(dtype_name(in)).c_str(),
-              std::string(dtype_name(out)).c_str(),
-              gemm.describe(N, K, K, K, N, in, out).c_str());
+              std::string(dtype_name(out)).c_str(), gemm.describe(N, K, K, K, N, in, out).c_str());
 }
 
 TEST(Gemm, Bf16InF32OutMatchesReferenceAndIsBatchInvariant) {

@@ -32,7 +32,8 @@ TEST_P(CudaGolden, F32MatchesReference) {
   const std::string prompts = fmt::format("{}/{}.golden.jsonl", work_dir(), name_of(dir));
   const std::string out = fmt::format("{}/{}.cuda_f32.jsonl", work_dir(), name_of(dir));
   write_text(prompts, golden_prompts(golden));
-  RunResult g = generate(pack, prompts, out, "--device cuda --precision f32 --ignore-eos --margins");
+  RunResult g =
+      generate(pack, prompts, out, "--device cuda --precision f32 --ignore-eos --margins");
   ASSERT_EQ(g.status, 0) << g.err;
   const auto meta = load_json(out + ".meta.json");
   EXPECT_EQ(meta["settings"]["device"], "cuda") << meta.dump(2);
@@ -55,7 +56,8 @@ TEST_P(CudaGolden, F32MatchesReference) {
     for (size_t k = 0; k < exp["top1_margin"].size(); ++k) {
       if (exp["top1_margin"][k].get<double>() < 1e-3) break;
       if (got["output_token_ids"][k] != exp["output_token_ids"][k]) break;
-      const double d = std::abs(got["top1_margin"][k].get<double>() - exp["top1_margin"][k].get<double>());
+      const double d =
+          std::abs(got["top1_margin"][k].get<double>() - exp["top1_margin"][k].get<double>());
       worst = std::max(worst, d);
       EXPECT_LE(d, 2e-3) << exp["id"] << " step " << k;
     }
@@ -86,9 +88,11 @@ TEST_P(CudaBf16, AgreesWithCpu) {
   const auto golden = load_json(src(dir + "/golden.json"));
   std::string lines;
   for (const auto& c : golden["cases"])
-    lines += nlohmann::json{{"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}
-                 .dump() +
-             "\n";
+    lines +=
+        nlohmann::json{
+            {"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}
+            .dump() +
+        "\n";
   const std::string prompts = fmt::format("{}/{}.text.jsonl", work_dir(), name_of(dir));
   write_text(prompts, lines);
   const std::string cpu = fmt::format("{}/{}.cpu.jsonl", work_dir(), name_of(dir));
@@ -114,14 +118,16 @@ TEST_P(CudaBf16, AgreesWithCpu) {
     identical += k == ta.size();
     if (k == ta.size()) continue;
     double min_margin = 1e30;
-    for (size_t j = 0; j <= k; ++j) min_margin = std::min(min_margin, a[i]["top1_margin"][j].get<double>());
+    for (size_t j = 0; j <= k; ++j)
+      min_margin = std::min(min_margin, a[i]["top1_margin"][j].get<double>());
     EXPECT_LT(min_margin, 0.5) << a[i]["id"] << ": bf16 left the CPU's tokens at step " << k
                                << " although every CPU margin up to it is >= 0.5";
   }
-  std::printf("[ cuda bf16] %s: %lld of %lld tokens agree with the CPU before divergence; %lld of %zu "
-              "cases identical\n",
-              name_of(dir).c_str(), static_cast<long long>(agree), static_cast<long long>(total),
-              static_cast<long long>(identical), a.size());
+  std::printf(
+      "[ cuda bf16] %s: %lld of %lld tokens agree with the CPU before divergence; %lld of %zu "
+      "cases identical\n",
+      name_of(dir).c_str(), static_cast<long long>(agree), static_cast<long long>(total),
+      static_cast<long long>(identical), a.size());
   // note: a sanity floor far under what bf16 gave on these models (about
   // 80-90% vs the goldens, bench/cuda/NOTES.md): a broken bf16 path agrees
   // on a few tokens only.
@@ -148,7 +154,8 @@ std::string make_prompts(int64_t vocab, bool mrope, bool long_prompts, int64_t* 
     const int max_tokens = 1 + static_cast<int>(rng() % 12);
     std::vector<int> ids(len);
     for (int& t : ids) t = static_cast<int>(rng() % vocab);
-    nlohmann::json j = {{"id", fmt::format("p{}", i)}, {"prompt_token_ids", ids}, {"max_tokens", max_tokens}};
+    nlohmann::json j = {
+        {"id", fmt::format("p{}", i)}, {"prompt_token_ids", ids}, {"max_tokens", max_tokens}};
     if (mrope && i % 5 == 1) {
       std::vector<int> t(len), h(len), w(len);
       for (int k = 0; k < len; ++k) {
@@ -177,8 +184,9 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
   const std::string pack = pack_of(dir);
   ASSERT_FALSE(pack.empty());
   const auto config = load_json(src(dir + "/config.json"));
-  const int64_t vocab = config.contains("text_config") ? config["text_config"]["vocab_size"].get<int64_t>()
-                                                       : config["vocab_size"].get<int64_t>();
+  const int64_t vocab = config.contains("text_config")
+                            ? config["text_config"]["vocab_size"].get<int64_t>()
+                            : config["vocab_size"].get<int64_t>();
   int64_t longest = 0;
   const std::string set_name = GetParam().long_prompts ? "inv_long" : "inv";
   const std::string prompts = fmt::format("{}/{}.{}.jsonl", work_dir(), name_of(dir), set_name);
@@ -187,8 +195,9 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
     auto run_with = [&](const std::string& tag, const std::string& flags) {
       const std::string out =
           fmt::format("{}/{}.{}.{}.{}.jsonl", work_dir(), name_of(dir), set_name, precision, tag);
-      RunResult r = generate(pack, prompts, out,
-                             fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
+      RunResult r = generate(
+          pack, prompts, out,
+          fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
       EXPECT_EQ(r.status, 0) << precision << " " << tag << ": " << r.err;
       return out;
     };
@@ -196,7 +205,8 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
     const std::string alone = read_text(run_with("alone", "--max-num-seqs 1"));
     ASSERT_EQ(std::count(alone.begin(), alone.end(), '\n'), 48) << precision;
     ASSERT_EQ(alone.find("\"error\""), std::string::npos) << alone;
-    EXPECT_EQ(read_text(run_with("batched", "")), alone) << precision << ": batched differs from alone";
+    EXPECT_EQ(read_text(run_with("batched", "")), alone)
+        << precision << ": batched differs from alone";
     EXPECT_EQ(read_text(run_with("mbt7", "--max-batched-tokens 7")), alone)
         << precision << ": --max-batched-tokens 7 differs from alone";
     EXPECT_EQ(read_text(run_with("bs5", "--block-size 5 --max-num-seqs 7")), alone)
@@ -221,10 +231,12 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                                            // note: prompts over 128 tokens, so that bf16 really
                                            // runs full chunks through the chunked GDN kernel
                                            // (mbt7 and preempt then split them only at 64s).
-                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true, true},
+                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true,
+                                                          true},
                                            InvarianceCase{"samples/qwen3.5-sample", false, true}),
                          [](const auto& info) {
-                           return name_of(info.param.dir) + (info.param.long_prompts ? "_long" : "");
+                           return name_of(info.param.dir) +
+                                  (info.param.long_prompts ? "_long" : "");
                          });
 
 }  // namespace

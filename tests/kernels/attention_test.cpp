@@ -26,7 +26,8 @@ struct Seq {
 
 Seq make_seq(int64_t ctx, int64_t q_len, uint32_t seed) {
   Seq s{ctx, q_len, test::random_floats(ctx * kHkv * kD, seed),
-        test::random_floats(ctx * kHkv * kD, seed + 1), test::random_floats(q_len * kHq * kD, seed + 2)};
+        test::random_floats(ctx * kHkv * kD, seed + 1),
+        test::random_floats(q_len * kHq * kD, seed + 2)};
   return s;
 }
 
@@ -61,7 +62,8 @@ std::vector<float> run_paged(const std::vector<const Seq*>& seqs, int64_t block_
     for (int64_t b = 0; b < nb; ++b) table[i * max_blocks + b] = physical[next++];
     std::vector<int64_t> slots(s.ctx);
     for (int64_t p = 0; p < s.ctx; ++p) {
-      slots[p] = static_cast<int64_t>(table[i * max_blocks + p / block_size]) * block_size + p % block_size;
+      slots[p] = static_cast<int64_t>(table[i * max_blocks + p / block_size]) * block_size +
+                 p % block_size;
     }
     kv_cache_write(s.k.data(), slot_floats, s.v.data(), slot_floats, s.ctx, kHkv, kD, slots.data(),
                    block_size, total_blocks, k_cache.data(), v_cache.data());
@@ -127,8 +129,8 @@ TEST(Attention, BitIdenticalAcrossBlockSizeThreadsBatchAndChunks) {
     part.v.resize((done + chunk) * kHkv * kD);
     part.q.assign(a.q.begin() + done * kHq * kD, a.q.begin() + (done + chunk) * kHq * kD);
     auto out = run_paged({&b, &part}, 3, &pool2);
-    ASSERT_TRUE(test::bit_equal(base.data() + done * kHq * kD, out.data() + 1 * kHq * kD,
-                                chunk * kHq * kD))
+    ASSERT_TRUE(
+        test::bit_equal(base.data() + done * kHq * kD, out.data() + 1 * kHq * kD, chunk * kHq * kD))
         << "chunk ending at " << done + chunk;
     done += chunk;
   }

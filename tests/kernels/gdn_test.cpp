@@ -40,7 +40,8 @@ std::map<std::string, std::vector<float>> read_f32_safetensors(const std::string
   return out;
 }
 
-const std::string kFixture = std::string(QTK_SOURCE_DIR) + "/tests/data/ops/gated_delta_rule.safetensors";
+const std::string kFixture =
+    std::string(QTK_SOURCE_DIR) + "/tests/data/ops/gated_delta_rule.safetensors";
 constexpr int64_t kB = 2, kT = 150, kHk = 2, kHv = 4, kDk = 128, kDv = 128;
 
 struct Prepared {
@@ -51,8 +52,14 @@ struct Prepared {
 // recomputes g, beta with gdn_gates from a, b, A_log, dt_bias.
 Prepared prepare() {
   auto f = read_f32_safetensors(kFixture);
-  Prepared p{f["q"], f["k"], f["v"], std::vector<float>(kB * kT * kHv),
-             std::vector<float>(kB * kT * kHv), f["initial_state"], f["output"], f["final_state"]};
+  Prepared p{f["q"],
+             f["k"],
+             f["v"],
+             std::vector<float>(kB * kT * kHv),
+             std::vector<float>(kB * kT * kHv),
+             f["initial_state"],
+             f["output"],
+             f["final_state"]};
   EXPECT_EQ(p.q.size(), static_cast<size_t>(kB * kT * kHk * kDk));
   EXPECT_EQ(p.state.size(), static_cast<size_t>(kB * kHv * kDk * kDv));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kDk));
@@ -104,8 +111,10 @@ TEST(GatedDeltaRule, MatchesFloat64FixtureInOneCallAndBitIdenticalInChunks) {
     const float* fin_ref = p.final_ref.data() + s * kHv * kDk * kDv;
     double out_scale = max_abs(out_ref, out.size()), st_scale = max_abs(fin_ref, state.size());
     double out_err = 0.0, st_err = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) out_err = std::max(out_err, std::fabs(static_cast<double>(out[i]) - out_ref[i]));
-    for (size_t i = 0; i < state.size(); ++i) st_err = std::max(st_err, std::fabs(static_cast<double>(state[i]) - fin_ref[i]));
+    for (size_t i = 0; i < out.size(); ++i)
+      out_err = std::max(out_err, std::fabs(static_cast<double>(out[i]) - out_ref[i]));
+    for (size_t i = 0; i < state.size(); ++i)
+      st_err = std::max(st_err, std::fabs(static_cast<double>(state[i]) - fin_ref[i]));
     // note: a float32 state over 150 steps against the float64 reference:
     // each step adds ~1e-7 relative rounding which the decay (< 1) damps;
     // measured 3.4e-7 and 5.2e-7 of the largest output, bound 5e-6.
@@ -119,15 +128,18 @@ TEST(GatedDeltaRule, MatchesFloat64FixtureInOneCallAndBitIdenticalInChunks) {
              {1, 149}, {63, 17, 1, 1, 68}, {7, 7, 7, 129}, std::vector<int64_t>(150, 1)}) {
       std::vector<float> st2, out2;
       run_chunks(p, s, chunks, st2, out2, chunks.size() % 2 ? nullptr : &pool);
-      EXPECT_TRUE(test::bit_equal(out.data(), out2.data(), out.size())) << chunks.size() << " chunks";
-      EXPECT_TRUE(test::bit_equal(state.data(), st2.data(), state.size())) << chunks.size() << " chunks";
+      EXPECT_TRUE(test::bit_equal(out.data(), out2.data(), out.size()))
+          << chunks.size() << " chunks";
+      EXPECT_TRUE(test::bit_equal(state.data(), st2.data(), state.size()))
+          << chunks.size() << " chunks";
     }
   }
 }
 
 TEST(GatedDeltaRule, MatchesScalarReferenceOnAwkwardShapes) {
   // Hk=1 → Hv=3, Dk != Dv, odd sizes.
-  for (auto [Hk, Hv, Dk, Dv, T] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+  for (auto [Hk, Hv, Dk, Dv, T] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
            {1, 3, 17, 5, 9}, {2, 4, 32, 24, 13}, {1, 1, 1, 1, 3}}) {
     auto q = test::random_floats(T * Hk * Dk, 1), k = test::random_floats(T * Hk * Dk, 2);
     l2norm_heads(q.data(), Hk * Dk, T, Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)));
@@ -142,8 +154,8 @@ TEST(GatedDeltaRule, MatchesScalarReferenceOnAwkwardShapes) {
     auto state = test::random_floats(Hv * Dk * Dv, 6, 0.1f);
     auto state_ref = state;
     std::vector<float> out(T * Hv * Dv), out_ref(T * Hv * Dv);
-    gated_delta_rule(q.data(), Hk * Dk, k.data(), Hk * Dk, v.data(), Hv * Dv, g.data(), beta.data(), Hv,
-                     state.data(), out.data(), Hv * Dv, T, Hk, Hv, Dk, Dv, nullptr);
+    gated_delta_rule(q.data(), Hk * Dk, k.data(), Hk * Dk, v.data(), Hv * Dv, g.data(), beta.data(),
+                     Hv, state.data(), out.data(), Hv * Dv, T, Hk, Hv, Dk, Dv, nullptr);
     ref::gated_delta_rule_ref(q.data(), k.data(), v.data(), g.data(), beta.data(), state_ref.data(),
                               out_ref.data(), T, Hk, Hv, Dk, Dv);
     // note: values are O(1); f32 vs double over <= 13 steps of Dk-long sums.
@@ -173,8 +185,8 @@ TEST(GatedDeltaRule, VarlenBatchIsBitIdenticalToOneSequenceAtATime) {
   std::vector<int32_t> q_start = {0, 40, 41};
   float* states[2] = {st0.data(), st1.data()};
   std::vector<float> out(rows * ldv);
-  gated_delta_rule_varlen(q.data(), ldq, k.data(), ldq, v.data(), ldv, g.data(), beta.data(), kHv, 2,
-                          q_start.data(), states, out.data(), ldv, kHk, kHv, kDk, kDv, &pool);
+  gated_delta_rule_varlen(q.data(), ldq, k.data(), ldq, v.data(), ldv, g.data(), beta.data(), kHv,
+                          2, q_start.data(), states, out.data(), ldv, kHk, kHv, kDk, kDv, &pool);
   std::vector<float> s_alone, o_alone;
   run_chunks(p, 0, {40, 110}, s_alone, o_alone, nullptr);
   EXPECT_TRUE(test::bit_equal(out.data(), o_alone.data(), 40 * ldv));
@@ -193,16 +205,19 @@ TEST(CausalConv1d, MatchesReferenceAndChunksAreBitIdentical) {
         auto st = st0, st_ref = st0;
         std::vector<float> y(T * C), y_ref(T * C);
         causal_conv1d(x.data(), ldx, T, C, w.data(), K, st.data(), y.data(), C, silu);
-        ref::causal_conv1d_ref(x.data(), ldx, T, C, w.data(), K, st_ref.data(), y_ref.data(), C, silu);
+        ref::causal_conv1d_ref(x.data(), ldx, T, C, w.data(), K, st_ref.data(), y_ref.data(), C,
+                               silu);
         // note: K-term f32 sums (K <= 4) and the float exp polynomial.
-        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 2e-6 * (1 + std::fabs(y_ref[i]))) << i;
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], y_ref[i], 2e-6 * (1 + std::fabs(y_ref[i]))) << i;
         EXPECT_TRUE(test::bit_equal(st.data(), st_ref.data(), st.size()));
         // Chunks 1 (decode), 2 (< K-1 for K = 4), 13, 7.
         auto st2 = st0;
         std::vector<float> y2(T * C);
         int64_t t0 = 0;
         for (int64_t len : {1, 2, 13, 7}) {
-          causal_conv1d(x.data() + t0 * ldx, ldx, len, C, w.data(), K, st2.data(), y2.data() + t0 * C, C, silu);
+          causal_conv1d(x.data() + t0 * ldx, ldx, len, C, w.data(), K, st2.data(),
+                        y2.data() + t0 * C, C, silu);
           t0 += len;
         }
         EXPECT_TRUE(test::bit_equal(y.data(), y2.data(), y.size())) << "K=" << K << " C=" << C;
@@ -259,9 +274,11 @@ TEST(CausalConv1d, VarlenMatchesPerSequenceCalls) {
   std::vector<int32_t> q_start = {0, 11, 12};
   float* states[2] = {sa.data(), sb.data()};
   std::vector<float> y(12 * ld), y2(12 * ld);
-  causal_conv1d_varlen(x.data(), ld, 2, q_start.data(), C, w.data(), K, states, y.data(), ld, true, &pool);
+  causal_conv1d_varlen(x.data(), ld, 2, q_start.data(), C, w.data(), K, states, y.data(), ld, true,
+                       &pool);
   causal_conv1d(x.data(), ld, 11, C, w.data(), K, sa2.data(), y2.data(), ld, true);
-  causal_conv1d(x.data() + 11 * ld, ld, 1, C, w.data(), K, sb2.data(), y2.data() + 11 * ld, ld, true);
+  causal_conv1d(x.data() + 11 * ld, ld, 1, C, w.data(), K, sb2.data(), y2.data() + 11 * ld, ld,
+                true);
   EXPECT_TRUE(test::bit_equal(y.data(), y2.data(), y.size()));
   EXPECT_TRUE(test::bit_equal(sa.data(), sa2.data(), sa.size()));
   EXPECT_TRUE(test::bit_equal(sb.data(), sb2.data(), sb.size()));
@@ -269,7 +286,8 @@ TEST(CausalConv1d, VarlenMatchesPerSequenceCalls) {
 
 TEST(GdnGates, MatchesReferenceIncludingSoftplusThreshold) {
   const int64_t T = 5, Hv = 4;
-  std::vector<float> a = test::random_floats(T * Hv, 1, 10.0f), b = test::random_floats(T * Hv, 2, 3.0f);
+  std::vector<float> a = test::random_floats(T * Hv, 1, 10.0f),
+                     b = test::random_floats(T * Hv, 2, 3.0f);
   a[0] = 25.0f;  // above torch's softplus threshold (x > 20 → x)
   a[1] = 19.0f;
   std::vector<float> A = {-0.5f, -1.0f, -2.0f, -0.01f}, dt = {0.1f, 1.5f, -0.3f, 0.0f};

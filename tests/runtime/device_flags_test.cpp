@@ -34,7 +34,8 @@ void expect_refused(const std::string& flags, const std::string& tag, const std:
 }
 
 TEST(DeviceFlags, CpuRefusesBf16) {
-  expect_refused("--precision bf16", "cpu_bf16", "--precision bf16: the cpu device computes in float32 only");
+  expect_refused("--precision bf16", "cpu_bf16",
+                 "--precision bf16: the cpu device computes in float32 only");
 }
 
 TEST(DeviceFlags, UnknownPrecisionAndDevice) {
@@ -73,7 +74,8 @@ TEST(DeviceFlags, RunHeaderRecordsDeviceAndPrecision) {
   const std::string before = read_text(f32);
   RunResult bad = generate(pack, in, f32, "--margins --resume");
   EXPECT_EQ(bad.status, 1);
-  EXPECT_NE(bad.err.find("setting 'precision' was \"bf16\", now \"f32\""), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("setting 'precision' was \"bf16\", now \"f32\""), std::string::npos)
+      << bad.err;
   EXPECT_EQ(read_text(f32), before);
 }
 

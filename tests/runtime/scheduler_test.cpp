@@ -115,7 +115,8 @@ TEST(Scheduler, NewSequenceJoinsWhenOneFinishes) {
 
 TEST(Scheduler, PreemptsWhenBlocksRunOutAndRecomputes) {
   FakeModel m;
-  const SchedulerOptions o = options(4, 16, 2, 10, 200);  // 20 tokens: one sequence of 6 + 12 fits alone
+  const SchedulerOptions o =
+      options(4, 16, 2, 10, 200);  // 20 tokens: one sequence of 6 + 12 fits alone
   Scheduler s(m, o);
   for (int i = 0; i < 4; ++i) {
     auto r = req(6, 12, 10 * i);
@@ -264,7 +265,8 @@ TEST(SchedulerAlignment, BudgetBelowAlignmentIsRaisedForAlignedChunks) {
 TEST(SchedulerAlignment, PreemptionReplaysPromptAlignedAndGeneratedTokensUnaligned) {
   const int64_t A = 4;
   AlignedFakeModel m(A);
-  const SchedulerOptions o = options(4, 11, 2, 14, 200);  // 28 tokens: one sequence of 10 + 18 fits alone
+  const SchedulerOptions o =
+      options(4, 11, 2, 14, 200);  // 28 tokens: one sequence of 10 + 18 fits alone
   Scheduler s(m, o);
   const std::vector<int> lens = {10, 9, 6, 13};
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -318,7 +320,8 @@ class DeviceCacheFakeModel : public FakeModel {
 
 TEST(Scheduler, DeviceModelGetsBookkeepingWithoutHostStorage) {
   DeviceCacheFakeModel m;
-  const SchedulerOptions o = options(2, 6, 4, 5, 200);  // small: forces preemption, which must work without storage too
+  const SchedulerOptions o =
+      options(2, 6, 4, 5, 200);  // small: forces preemption, which must work without storage too
   Scheduler s(m, o);
   for (int i = 0; i < 4; ++i) s.add(req(6, 5, i));
   const auto res = run_all(s, 4);

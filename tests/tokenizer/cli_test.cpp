@@ -24,14 +24,17 @@ struct RunResult {
 std::string temp_path(const std::string& name) {
   static std::atomic<int> counter{0};
   return (std::filesystem::path(::testing::TempDir()) /
-          ("tokenize_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + name))
+          ("tokenize_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+           name))
       .string();
 }
 
 RunResult run_tokenize(const std::string& args, const std::string& input) {
-  const std::string in = temp_path("in.jsonl"), out = temp_path("out.jsonl"), err = temp_path("err.txt");
+  const std::string in = temp_path("in.jsonl"), out = temp_path("out.jsonl"),
+                    err = temp_path("err.txt");
   std::ofstream(in, std::ios::binary) << input;
-  const std::string command = std::string(TOKENIZE_BIN) + " " + args + " < '" + in + "' > '" + out + "' 2> '" + err + "'";
+  const std::string command =
+      std::string(TOKENIZE_BIN) + " " + args + " < '" + in + "' > '" + out + "' 2> '" + err + "'";
   const int raw = std::system(command.c_str());
   RunResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -54,14 +57,19 @@ TEST(Cli, EncodesLinesAndReportsBadOnesInPlace) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
   ASSERT_EQ(r.out_lines.size(), 5u);
-  EXPECT_EQ(json::parse(r.out_lines[0]), json::parse(R"({"ids":[9707,11,1879,0]})"));  // reference fixture
+  EXPECT_EQ(json::parse(r.out_lines[0]),
+            json::parse(R"({"ids":[9707,11,1879,0]})"));  // reference fixture
   for (size_t i : {1u, 2u, 3u}) {
     const json e = json::parse(r.out_lines[i]);
     EXPECT_EQ(e["line"], i + 1) << r.out_lines[i];
-    EXPECT_NE(e["error"].get<std::string>().find("line " + std::to_string(i + 1)), std::string::npos) << r.out_lines[i];
+    EXPECT_NE(e["error"].get<std::string>().find("line " + std::to_string(i + 1)),
+              std::string::npos)
+        << r.out_lines[i];
   }
-  EXPECT_NE(r.out_lines[2].find("expected a string field \\\"text\\\""), std::string::npos) << r.out_lines[2];
-  const auto rows = test::read_jsonl(data_path("tests/data/tokenizer/qwen3/reference_encodings.jsonl"));
+  EXPECT_NE(r.out_lines[2].find("expected a string field \\\"text\\\""), std::string::npos)
+      << r.out_lines[2];
+  const auto rows =
+      test::read_jsonl(data_path("tests/data/tokenizer/qwen3/reference_encodings.jsonl"));
   for (const auto& row : rows) {
     if (row["text"] == "<|im_start|>user\nHello!<|im_end|>") {
       EXPECT_EQ(json::parse(r.out_lines[4])["ids"], row["ids"]);
@@ -70,9 +78,10 @@ TEST(Cli, EncodesLinesAndReportsBadOnesInPlace) {
 }
 
 TEST(Cli, DecodesAndNamesUnknownIds) {
-  const RunResult r = run_tokenize("--decode --tokenizer '" + kQwen3 + "'",
-                                   "{\"ids\": [9707, 11, 1879, 0]}\n{\"ids\": [5, 999999]}\n{\"ids\": [\"x\"]}\n"
-                                   "{\"ids\": []}\n");
+  const RunResult r =
+      run_tokenize("--decode --tokenizer '" + kQwen3 + "'",
+                   "{\"ids\": [9707, 11, 1879, 0]}\n{\"ids\": [5, 999999]}\n{\"ids\": [\"x\"]}\n"
+                   "{\"ids\": []}\n");
   EXPECT_EQ(r.status, 0) << r.err;
   ASSERT_EQ(r.out_lines.size(), 4u);
   EXPECT_EQ(json::parse(r.out_lines[0]), json::parse(R"({"text":"Hello, world!"})"));
@@ -83,14 +92,17 @@ TEST(Cli, DecodesAndNamesUnknownIds) {
 }
 
 TEST(Cli, AllReferenceEncodingsWithThreads) {
-  const auto rows = test::read_jsonl(data_path("tests/data/tokenizer/qwen3/reference_encodings.jsonl"));
+  const auto rows =
+      test::read_jsonl(data_path("tests/data/tokenizer/qwen3/reference_encodings.jsonl"));
   std::string input;
   for (const auto& row : rows) input += json{{"text", row["text"]}}.dump() + "\n";
   for (const char* threads : {"1", "3"}) {
-    const RunResult r = run_tokenize(std::string("--threads ") + threads + " --tokenizer '" + kQwen3 + "'", input);
+    const RunResult r =
+        run_tokenize(std::string("--threads ") + threads + " --tokenizer '" + kQwen3 + "'", input);
     EXPECT_EQ(r.status, 0) << r.err;
     ASSERT_EQ(r.out_lines.size(), rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(json::parse(r.out_lines[i])["ids"], rows[i]["ids"]) << i;
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_EQ(json::parse(r.out_lines[i])["ids"], rows[i]["ids"]) << i;
   }
 }
 
@@ -99,20 +111,23 @@ TEST(Cli, ReadsModelDirectoryAndPack) {
   const json& c = golden["cases"][0];
   const std::string input = json{{"text", c["prompt"]}}.dump() + "\n";
 
-  const RunResult dir = run_tokenize("--tokenizer '" + data_path("samples/qwen3-sample") + "'", input);
+  const RunResult dir =
+      run_tokenize("--tokenizer '" + data_path("samples/qwen3-sample") + "'", input);
   EXPECT_EQ(dir.status, 0) << dir.err;
   ASSERT_EQ(dir.out_lines.size(), 1u);
   EXPECT_EQ(json::parse(dir.out_lines[0])["ids"], c["prompt_token_ids"]);
 
   // A pack is a zip with STORED entries; build a small one here.
   const std::string pack = temp_path("model.pack");
-  const std::string tokenizer_text = test::read_text(data_path("samples/qwen3-sample/tokenizer.json"));
+  const std::string tokenizer_text =
+      test::read_text(data_path("samples/qwen3-sample/tokenizer.json"));
   const std::string other = "{}";
   int error = 0;
   zip_t* z = zip_open(pack.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
   ASSERT_NE(z, nullptr);
-  for (const auto& [name, data] : {std::pair<const char*, const std::string*>{"manifest.json", &other},
-                                   {"tokenizer.json", &tokenizer_text}}) {
+  for (const auto& [name, data] :
+       {std::pair<const char*, const std::string*>{"manifest.json", &other},
+        {"tokenizer.json", &tokenizer_text}}) {
     zip_source_t* src = zip_source_buffer(z, data->data(), data->size(), 0);
     ASSERT_NE(src, nullptr);
     const zip_int64_t index = zip_file_add(z, name, src, ZIP_FL_OVERWRITE);
@@ -142,7 +157,8 @@ TEST(Cli, FatalErrorsGiveOneLineAndExitOne) {
   expect_fatal(run_tokenize("--tokenizer '" + kQwen3 + "' --threads -2", input), "--threads");
   const std::string bad = temp_path("bad.json");
   std::ofstream(bad) << R"({"model": {"type": "Unigram"}})";
-  expect_fatal(run_tokenize("--tokenizer '" + bad + "'", input), "model type 'Unigram' is not supported");
+  expect_fatal(run_tokenize("--tokenizer '" + bad + "'", input),
+               "model type 'Unigram' is not supported");
   const std::string not_pack = temp_path("empty.pack");
   std::ofstream(not_pack) << "PK\x03\x04 not really a zip";
   expect_fatal(run_tokenize("--tokenizer '" + not_pack + "'", input), "empty.pack");
