@@ -205,6 +205,7 @@ void BM_AttentionDecode(benchmark::State& state) {
   b.max_seq_len = L;
   // The split workspace, as the model gives it (decode rows over key tiles).
   Buf<float> partials(qc::attention_partials_floats(B * hq, D));
+  qc::attention_workspace_clear(partials.p, B * hq, D, nullptr);
   b.partials = partials.p;
   b.partial_rows = B * hq;
   time_kernel(state, [&](cudaStream_t s) {
@@ -305,24 +306,29 @@ void BM_GatedDeltaRuleChunked(benchmark::State& state) {
   Buf<bf16> q(T * hk * dk, -0.08f, 0.08f), k(T * hk * dk, -0.08f, 0.08f), v(T * hv * dv),
       out(T * hv * dv);
   Buf<float> g(T * hv, -0.5f, -0.01f), beta(T * hv, 0.1f, 0.9f), st(S * hv * dk * dv, -0.1f, 0.1f);
-  std::vector<int32_t> first(S), chunks(S, static_cast<int32_t>(n / qc::kGdnChunk)), sl(S);
+  const int64_t per = n / qc::kGdnChunk, total = S * per;
+  std::vector<int32_t> first(S), start(S + 1), sl(S);
   for (int64_t i = 0; i < S; ++i) {
     first[i] = static_cast<int32_t>(i * n);
     sl[i] = static_cast<int32_t>(i);
   }
+  for (int64_t i = 0; i <= S; ++i) start[i] = static_cast<int32_t>(i * per);
   int32_t* d;
-  QTK_CUDA_CHECK(cudaMalloc(&d, 3 * S * 4));
+  QTK_CUDA_CHECK(cudaMalloc(&d, (3 * S + 1) * 4));
   cudaMemcpy(d, sl.data(), S * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d + S, first.data(), S * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d + 2 * S, chunks.data(), S * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d + 2 * S, start.data(), (S + 1) * 4, cudaMemcpyHostToDevice);
+  void* ws;
+  QTK_CUDA_CHECK(cudaMalloc(&ws, qc::gdn_chunked_workspace_bytes(total, hv, dk)));
   time_kernel(state, [&](cudaStream_t s) {
-    qc::gated_delta_rule_chunked<bf16>(q.p, hk * dk, k.p, hk * dk, v.p, hv * dv, g.p, beta.p, st.p,
-                                       d, d + S, d + 2 * S, S, out.p, hv * dv, hk, hv, dk, dv, s);
+    qc::gated_delta_rule_chunked(q.p, hk * dk, k.p, hk * dk, v.p, hv * dv, g.p, beta.p, st.p, d,
+                                 d + S, d + 2 * S, S, total, ws, out.p, hv * dv, hk, hv, dk, dv, s);
   });
   set_bytes(state, 2.0 * S * hv * dk * dv * 4 + double(T) * (2 * hk * dk + 2 * hv * dv) * 2);
   state.counters["tok/s"] =
       benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
   cudaFree(d);
+  cudaFree(ws);
 }
 BENCHMARK(BM_GatedDeltaRuleChunked)
     ->Args({1, 512})

@@ -1,67 +1,28 @@
-// Gated delta rule, chunked (WY) form over full 64-token chunks, updating the
-// f32 state pool in place (declared in kernels/cuda/gdn_chunked.h).
+// Gated delta rule, chunked (WY) form over full 64-token chunks on tensor
+// cores, updating the f32 state pool in place (declared in
+// kernels/cuda/gdn_chunked.h).
 #include <string>
-#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_chunked.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace qtk::cuda {
 namespace {
 
 using namespace dev;
+using bf16 = __nv_bfloat16;
 
 constexpr int kC = static_cast<int>(kGdnChunk);  // tokens per chunk
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kCols = 32;              // value columns per block: one per lane
-constexpr int kRowsPer = kC / kWarps;  // chunk rows per thread in the column products
-constexpr int kB = 16;                 // block size of the blocked triangular inverse
-// note: row stride of the 64 x 64 matrices: a multiple of 4 (float4 rows)
-// that shifts each row by 4 banks.
-constexpr int kLd = kC + 4;
-
-// Shared memory of one block, offsets in floats.
-template <int DK>
-struct Smem {
-  static constexpr int ks = 0;                // f32 [64][DK] keys of the chunk (swizzled)
-  static constexpr int qs = ks + kC * DK;     // f32 [64][DK] queries (swizzled)
-  static constexpr int am = qs + kC * DK;     // f32 [64][68] A (strictly lower)
-  static constexpr int pm = am + kC * kLd;    // f32 [64][68] P (lower with the diagonal, 0 above)
-  static constexpr int tm = pm + kC * kLd;    // f32 [64][68] T = (I + A)^-1 (0 above)
-  static constexpr int st = tm + kC * kLd;    // f32 [DK][32] the state tile S
-  static constexpr int rs = st + DK * kCols;  // f32 [64][32] r = beta (v - e^gcum K S)
-  static constexpr int us = rs + kC * kCols;  // f32 [64][32] new_v = T r
-  static constexpr int gc = us + kC * kCols;  // f32 [64] g, then gcum
-  static constexpr int eg = gc + kC;          // f32 [64] e^gcum_i
-  static constexpr int kd = eg + kC;          // f32 [64] e^(gcum_63 - gcum_j)
-  static constexpr int bt = kd + kC;          // f32 [64] beta
-  static constexpr int total = bt + kC;
-};
-
-// note: q and k rows live in shared memory as float4 groups whose order is
-// XOR-swizzled by (row / 4): the 4 x 4 tiles of (2) read 8 different rows at
-// the same d at once, and without the swizzle those share one bank group.
-template <int DK>
-__device__ __forceinline__ int swz(int row, int d4) {
-  constexpr int kMask = (DK / 4 < 8 ? DK / 4 : 8) - 1;
-  return row * DK + ((d4 ^ ((row >> 2) & kMask)) << 2);
-}
-
-// Elements 4*g4 .. 4*g4+3 of a 16-byte group of T (4 f32 or 8 bf16) as f32
-// (exact: a bf16 is the high half of its f32).
-template <class T>
-__device__ __forceinline__ float4 unpack4(const uint4& raw, int g4) {
-  if constexpr (std::is_same_v<T, float>) {
-    return make_float4(__uint_as_float(raw.x), __uint_as_float(raw.y), __uint_as_float(raw.z),
-                       __uint_as_float(raw.w));
-  } else {
-    const unsigned a = g4 == 0 ? raw.x : raw.z, b = g4 == 0 ? raw.y : raw.w;
-    return make_float4(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u),
-                       __uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
-  }
-}
+constexpr int kPad = 8;                          // bf16 padding per shared row (ldmatrix banks)
+constexpr int kLd = kC + 4;                      // f32 row stride of A and T
+constexpr int kB = 16;                           // block size of the blocked triangular inverse
+constexpr int kPrepThreads = 256;
+constexpr int kStateThreads = 128;
+constexpr int kNv = 32;               // value columns per block of the state pass
+constexpr int kLdv = kNv + kPad;      // bf16 row stride of the [k][kNv] shared operands
+constexpr int64_t kTile = 32 * 16;    // bytes of one 16 x 16 A fragment tile (32 lanes x 16 B)
 
 // note: the math. Per token t the recurrent form is
 //   S_t = e^{g_t} S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),
@@ -74,390 +35,618 @@ __device__ __forceinline__ float4 unpack4(const uint4& raw, int g4) {
 //         - sum_{j<i} beta_i (k_i . k_j) e^{gcum_i - gcum_j} u_j.
 // With A = strictly-lower [beta_i (k_i . k_j) e^{gcum_i - gcum_j}] this is
 // (I + A) U' = beta V - beta gamma K S, so with T = (I + A)^-1 (unit lower
-// triangular, by forward substitution),
+// triangular),
 //   W = T diag(beta gamma) K,  U = T diag(beta) V,  new_v = U - W S.
-// note: the kernel forms new_v = T r with r = beta (V - gamma (K S)): the
-// same product with the 64 x 64 solve applied once to r instead of to beta V
-// and beta gamma K separately (W itself is never stored).
 // Then, with P = [(q_i . k_j) e^{gcum_i - gcum_j}] for j <= i (0 above),
 //   O = diag(gamma) Q S + P new_v,
-//   S' = gamma_63 S + sum_j e^{gcum_63 - gcum_j} k_j new_v_j^T.
+//   S' = gamma_63 S + K^T diag(e^{gcum_63 - gcum_j}) new_v.
 // Every exponent is <= 0 (g < 0), so nothing overflows and nothing divides
 // by a decay that may have underflowed.
 //
-// Block (item, value head h, tile of 32 value columns), 256 threads. Per
-// chunk: (0) q, k, g, beta of the chunk to shared memory as f32; (1) gcum;
-// (2) A and P in 4 x 4 register tiles (136 lower tiles, one per thread; the
-// other 120 threads zero the upper tiles); (3) T blockwise: the four 16 x 16
-// diagonal blocks by forward substitution, then the blocks below them by
-// T_rc = -T_rr sum_{c<=k<r} A_rk T_kc, one block diagonal after the other;
-// (4) per column (lane) and 8 rows per warp: K S and Q S, then r; (5) new_v =
-// T r; (6) O; (7) S' (each thread owns Dk/8 rows of its column). The state
-// tile stays in shared memory across the item's chunks (read and written
-// once per launch).
+// Two kernels. (1) gdn_chunk_prep_kernel, one block per (chunk, value head),
+// all chunks of all items at once: everything that does not depend on the
+// incoming state: gcum, K K^T and Q K^T (mma), A, P, T (f32 on CUDA cores),
+// W (mma), and the operands of the state pass as mma A fragments in the
+// workspace. (2) gdn_chunk_state_kernel, one block per (item, value head,
+// 32 value columns), walks the item's chunks in order: new_v = T' V - W S,
+// O = gamma Q S + P new_v, S' = gamma_63 S + K^T (e^{..} new_v), the state
+// tile kept in registers (f32) for the whole item.
+//
+// note: precision per product (mma.sync m16n8k16, bf16 inputs, f32
+// accumulate). q, k, v are bf16 already: bf16 x bf16 products are exact in
+// f32. f32 operands (S, T, W, new_v) are split x = hi + lo with hi = bf16(x),
+// lo = bf16(x - hi) (relative representation error ~2^-17) where they feed
+// the state; the lo x lo term (~2^-18) is dropped.
+//   K K^T, Q K^T: bf16 inputs, exact products.
+//   W = T diag(beta gamma) K: (T diag(beta gamma)) hi + lo, K exact.
+//   T' V = T diag(beta) V: T' hi + lo, V exact.
+//   W S: W hi x S hi + W hi x S lo + W lo x S hi.
+//   Q S: Q exact x (S hi + S lo).
+//   P new_v: P rounded to bf16 once (the output is bf16: 2^-9 relative per
+//     term, below the output's own rounding) x (new_v hi + lo).
+//   K^T (e^{..} new_v): K exact x (hi + lo).
+// Measured against the float64 chunked reference (tests/cuda/test_gdn_chunked,
+// H100): see the numbers at the test's tolerances.
+//
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
-// and the column alone (ascending index; the zero entries above the diagonal
-// of P and T are added like the others), so the result does not depend on the
-// batch or the grid.
-template <class T, int DK>
-__global__ void __launch_bounds__(kThreads)
-    gdn_chunked_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
-                       const T* __restrict__ v, int64_t ldv, const float* __restrict__ g,
-                       const float* __restrict__ beta, float* state_pool,
-                       const int32_t* __restrict__ slot, const int32_t* __restrict__ first_row,
-                       const int32_t* __restrict__ num_chunks, T* __restrict__ out, int64_t ldo,
-                       int hk, int hv, int dv, bool vec) {
-  using L = Smem<DK>;
-  constexpr int DR = DK / kWarps;  // state rows per thread in (7)
-  constexpr int D4 = DK / 4;       // float4 groups per q/k row
-  extern __shared__ float4 smem_f4[];
-  float* sm = reinterpret_cast<float*>(smem_f4);
-  float* Ks = sm + L::ks;
-  float* Qs = sm + L::qs;
-  float* Am = sm + L::am;
-  float* Pm = sm + L::pm;
-  float* Tm = sm + L::tm;
-  float* St = sm + L::st;
-  float* Rs = sm + L::rs;
-  float* Us = sm + L::us;
-  float* Gc = sm + L::gc;
-  float* Eg = sm + L::eg;
-  float* Kd = sm + L::kd;
-  float* Bt = sm + L::bt;
+// and the column alone (mma k-steps ascending, hi before lo), so the result
+// does not depend on the batch, the grid or the other chunks in the launch.
 
-  const int item = blockIdx.x, h = blockIdx.y;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  const int col = blockIdx.z * kCols + lane;
-  const bool active = col < dv;
-  const int kh = h / (hv / hk);
-  float* S = state_pool + (static_cast<int64_t>(slot[item]) * hv + h) * DK * dv;
+// Workspace record of one (chunk, value head), byte offsets. A fragment
+// tiles (16 x 16 bf16, 32 lanes x uint4 in lane order, tile (row tile, k
+// tile) at index rt * k_tiles + kt):
+template <int DK>
+struct Rec {
+  static constexpr int kKt = DK / 16;
+  static constexpr int64_t w_hi = 0;                      // -W hi [64][DK]: 4 x kKt tiles
+  static constexpr int64_t w_lo = w_hi + 4 * kKt * kTile;  // -W lo
+  static constexpr int64_t t_hi = w_lo + 4 * kKt * kTile;  // T' = T diag(beta) hi [64][64]
+  static constexpr int64_t t_lo = t_hi + 16 * kTile;       // T' lo
+  static constexpr int64_t p = t_lo + 16 * kTile;          // P [64][64]
+  static constexpr int64_t qf = p + 16 * kTile;            // Q [64][DK]
+  static constexpr int64_t kt = qf + 4 * kKt * kTile;      // K^T [DK][64]: kKt x 4 tiles
+  static constexpr int64_t eg = kt + 4 * kKt * kTile;      // f32 [64] gamma_i
+  static constexpr int64_t kd = eg + kC * 4;               // f32 [64] e^{gcum_63 - gcum_j}
+  static constexpr int64_t bytes = kd + kC * 4;
+};
 
-  for (int d = w; d < DK; d += kWarps) St[d * kCols + lane] = active ? S[d * dv + col] : 0.0f;
-
-  // note: the next chunk's inputs are loaded into registers while this chunk
-  // is computed (one block per SM: registers are free, load latency is not):
-  // q and k as 16-byte groups when `vec` (aligned rows), v, g and beta.
-  constexpr int kVec = 16 / sizeof(T);     // elements per 16-byte group
-  constexpr int kGroups = kC * DK / kVec;  // groups per chunk of q (or k)
-  constexpr int kIter = (kGroups + kThreads - 1) / kThreads;
-  uint4 kn[kIter], qn[kIter];
-  T vn[kRowsPer];
-  float gn = 0.0f, bn = 0.0f;
-  auto fetch = [&](int64_t rn) {
-    if (vec) {
-#pragma unroll
-      for (int it = 0; it < kIter; ++it) {
-        const int e = tid + it * kThreads;
-        if (e < kGroups) {
-          const int i = e / (DK / kVec), d = (e % (DK / kVec)) * kVec;
-          kn[it] = *reinterpret_cast<const uint4*>(k + (rn + i) * ldk + kh * DK + d);
-          qn[it] = *reinterpret_cast<const uint4*>(q + (rn + i) * ldq + kh * DK + d);
-        }
-      }
-    }
-#pragma unroll
-    for (int rr = 0; rr < kRowsPer; ++rr)
-      vn[rr] = active ? v[(rn + w + kWarps * rr) * ldv + static_cast<int64_t>(h) * dv + col]
-                      : from_f<T>(0.0f);
-    if (tid < kC) {
-      gn = g[(rn + tid) * hv + h];
-      bn = beta[(rn + tid) * hv + h];
-    }
-  };
-
-  const int n_chunks = num_chunks[item];
-  if (n_chunks > 0) fetch(first_row[item]);
-  for (int c = 0; c < n_chunks; ++c) {
-    const int64_t r0 = static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(c) * kC;
-    // (0) The chunk's q, k (f32, swizzled), g and beta to shared memory, v
-    // to registers; then the next chunk's loads are issued.
-    if (vec) {
-#pragma unroll
-      for (int it = 0; it < kIter; ++it) {
-        const int e = tid + it * kThreads;
-        if (e < kGroups) {
-          const int i = e / (DK / kVec), d4 = (e % (DK / kVec)) * (kVec / 4);
-#pragma unroll
-          for (int g4 = 0; g4 < kVec / 4; ++g4) {
-            *reinterpret_cast<float4*>(Ks + swz<DK>(i, d4 + g4)) = unpack4<T>(kn[it], g4);
-            *reinterpret_cast<float4*>(Qs + swz<DK>(i, d4 + g4)) = unpack4<T>(qn[it], g4);
-          }
-        }
-      }
-    } else {
-      for (int e = tid; e < kC * DK; e += kThreads) {
-        const int i = e / DK, d = e % DK;
-        const int at = swz<DK>(i, d >> 2) + (d & 3);
-        Ks[at] = to_f(k[(r0 + i) * ldk + kh * DK + d]);
-        Qs[at] = to_f(q[(r0 + i) * ldq + kh * DK + d]);
-      }
-    }
-    if (tid < kC) {
-      Gc[tid] = gn;
-      Bt[tid] = bn;
-    }
-    float vcur[kRowsPer];
-#pragma unroll
-    for (int rr = 0; rr < kRowsPer; ++rr) vcur[rr] = to_f(vn[rr]);
-    if (c + 1 < n_chunks) fetch(r0 + kC);
-    __syncthreads();
-    // (1) gcum: one serial sum (fixed order).
-    if (tid == 0) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kC; ++i) {
-        acc += Gc[i];
-        Gc[i] = acc;
-      }
-    }
-    __syncthreads();
-    if (tid < kC) {
-      Eg[tid] = expf(Gc[tid]);
-      Kd[tid] = expf(Gc[kC - 1] - Gc[tid]);
-    }
-    // (2) A and P in 4 x 4 tiles: thread p < 136 takes lower tile (ti, tj),
-    // tj <= ti, enumerated row by row; the others zero the 120 upper tiles.
-    if (tid < 136) {
-      int ti = 0, p = tid;
-      while (p > ti) p -= ++ti;  // row ti holds tiles 0..ti
-      const int tj = p;
-      float kk[4][4], qk[4][4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x)
-#pragma unroll
-        for (int y = 0; y < 4; ++y) kk[x][y] = qk[x][y] = 0.0f;
-#pragma unroll 2
-      for (int d4 = 0; d4 < D4; ++d4) {
-        float4 ki[4], qi[4], kj[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          ki[x] = *reinterpret_cast<const float4*>(Ks + swz<DK>(4 * ti + x, d4));
-          qi[x] = *reinterpret_cast<const float4*>(Qs + swz<DK>(4 * ti + x, d4));
-          kj[x] = *reinterpret_cast<const float4*>(Ks + swz<DK>(4 * tj + x, d4));
-        }
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-#pragma unroll
-          for (int y = 0; y < 4; ++y) {
-            kk[x][y] += ki[x].x * kj[y].x;
-            kk[x][y] += ki[x].y * kj[y].y;
-            kk[x][y] += ki[x].z * kj[y].z;
-            kk[x][y] += ki[x].w * kj[y].w;
-            qk[x][y] += qi[x].x * kj[y].x;
-            qk[x][y] += qi[x].y * kj[y].y;
-            qk[x][y] += qi[x].z * kj[y].z;
-            qk[x][y] += qi[x].w * kj[y].w;
-          }
-      }
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int i = 4 * ti + x;
-        float a4[4], p4[4];
-#pragma unroll
-        for (int y = 0; y < 4; ++y) {
-          const int j = 4 * tj + y;
-          const float decay = j <= i ? expf(Gc[i] - Gc[j]) : 0.0f;
-          p4[y] = j <= i ? qk[x][y] * decay : 0.0f;
-          a4[y] = j < i ? Bt[i] * kk[x][y] * decay : 0.0f;
-        }
-        *reinterpret_cast<float4*>(Pm + i * kLd + 4 * tj) = make_float4(p4[0], p4[1], p4[2], p4[3]);
-        *reinterpret_cast<float4*>(Am + i * kLd + 4 * tj) = make_float4(a4[0], a4[1], a4[2], a4[3]);
-      }
-    } else {
-      int tj = 1, p = tid - 136;  // upper tile (ti, tj), ti < tj, column by column
-      while (p >= tj) p -= tj++;
-      const int ti = p;
-      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        *reinterpret_cast<float4*>(Pm + (4 * ti + x) * kLd + 4 * tj) = z;
-        *reinterpret_cast<float4*>(Am + (4 * ti + x) * kLd + 4 * tj) = z;
-        *reinterpret_cast<float4*>(Tm + (4 * ti + x) * kLd + 4 * tj) = z;
-      }
-    }
-    __syncthreads();
-    // (3a) The diagonal 16 x 16 blocks of T, column m of block b by thread
-    // 16 b + m: t_i = 0 (i < m), 1 (i = m), -sum_{m<=j<i} A_ij t_j (i > m).
-    if (tid < kC) {
-      const int b0 = (tid >> 4) * kB, m = b0 + (tid & (kB - 1));
-      for (int i = b0; i < m; ++i) Tm[i * kLd + m] = 0.0f;
-      Tm[m * kLd + m] = 1.0f;
-      for (int i = m + 1; i < b0 + kB; ++i) {
-        float acc = 0.0f;
-        for (int j = m; j < i; ++j) acc += Am[i * kLd + j] * Tm[j * kLd + m];
-        Tm[i * kLd + m] = -acc;
-      }
-    }
-    __syncthreads();
-    // (3b) Blocks below the diagonal, block diagonal dist = 1, 2, 3:
-    // M = sum_{c<=k<r} A_rk T_kc (ascending k, z), then T_rc = -T_rr M. Thread
-    // (x, y) = (tid / 16, tid % 16) computes element (x, y) of each block.
-    {
-      const int x = tid >> 4, y = tid & (kB - 1);
-      float* Mb = Rs;  // scratch [3][16][16] (r is formed later in (4))
-      for (int dist = 1; dist < kC / kB; ++dist) {
-        for (int cb = 0; cb + dist < kC / kB; ++cb) {
-          const int rb = cb + dist;
-          float acc = 0.0f;
-          for (int kb = cb; kb < rb; ++kb)
-#pragma unroll
-            for (int z = 0; z < kB; ++z)
-              acc += Am[(rb * kB + x) * kLd + kb * kB + z] * Tm[(kb * kB + z) * kLd + cb * kB + y];
-          Mb[(cb * kB + x) * kB + y] = acc;
-        }
-        __syncthreads();
-        for (int cb = 0; cb + dist < kC / kB; ++cb) {
-          const int rb = cb + dist;
-          float acc = 0.0f;
-#pragma unroll
-          for (int z = 0; z < kB; ++z)
-            acc += Tm[(rb * kB + x) * kLd + rb * kB + z] * Mb[(cb * kB + z) * kB + y];
-          Tm[(rb * kB + x) * kLd + cb * kB + y] = -acc;
-        }
-        __syncthreads();
-      }
-    }
-    // (4) K S and Q S for rows i = w + 8 rr of column `lane`; r.
-    float qs_acc[kRowsPer];
-    {
-      float ks_acc[kRowsPer];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) ks_acc[rr] = qs_acc[rr] = 0.0f;
-      for (int d4 = 0; d4 < D4; ++d4) {
-        const int d = 4 * d4;
-        const float s0 = St[(d + 0) * kCols + lane], s1 = St[(d + 1) * kCols + lane];
-        const float s2 = St[(d + 2) * kCols + lane], s3 = St[(d + 3) * kCols + lane];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPer; ++rr) {
-          const int i = w + kWarps * rr;
-          const float4 kv = *reinterpret_cast<const float4*>(Ks + swz<DK>(i, d4));
-          const float4 qv = *reinterpret_cast<const float4*>(Qs + swz<DK>(i, d4));
-          ks_acc[rr] += kv.x * s0;
-          ks_acc[rr] += kv.y * s1;
-          ks_acc[rr] += kv.z * s2;
-          ks_acc[rr] += kv.w * s3;
-          qs_acc[rr] += qv.x * s0;
-          qs_acc[rr] += qv.y * s1;
-          qs_acc[rr] += qv.z * s2;
-          qs_acc[rr] += qv.w * s3;
-        }
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) {
-        const int i = w + kWarps * rr;
-        Rs[i * kCols + lane] = Bt[i] * (vcur[rr] - Eg[i] * ks_acc[rr]);
-      }
-    }
-    __syncthreads();
-    // (5) new_v = T r over all 64 j (T is 0 above its unit diagonal).
-    // (6) O = diag(gamma) Q S + P new_v (P is 0 above the diagonal).
-    // Both read rows of T / P as float4 (broadcast) and 4 values of r / new_v.
-    {
-      float acc[kRowsPer];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) acc[rr] = 0.0f;
-      for (int j = 0; j < kC; j += 4) {
-        const float r_0 = Rs[(j + 0) * kCols + lane], r_1 = Rs[(j + 1) * kCols + lane];
-        const float r_2 = Rs[(j + 2) * kCols + lane], r_3 = Rs[(j + 3) * kCols + lane];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPer; ++rr) {
-          const float4 t4 = *reinterpret_cast<const float4*>(Tm + (w + kWarps * rr) * kLd + j);
-          acc[rr] += t4.x * r_0;
-          acc[rr] += t4.y * r_1;
-          acc[rr] += t4.z * r_2;
-          acc[rr] += t4.w * r_3;
-        }
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) Us[(w + kWarps * rr) * kCols + lane] = acc[rr];
-    }
-    __syncthreads();
-    {
-      float acc[kRowsPer];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) acc[rr] = 0.0f;
-      for (int j = 0; j < kC; j += 4) {
-        const float u_0 = Us[(j + 0) * kCols + lane], u_1 = Us[(j + 1) * kCols + lane];
-        const float u_2 = Us[(j + 2) * kCols + lane], u_3 = Us[(j + 3) * kCols + lane];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPer; ++rr) {
-          const float4 p4 = *reinterpret_cast<const float4*>(Pm + (w + kWarps * rr) * kLd + j);
-          acc[rr] += p4.x * u_0;
-          acc[rr] += p4.y * u_1;
-          acc[rr] += p4.z * u_2;
-          acc[rr] += p4.w * u_3;
-        }
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPer; ++rr) {
-        const int i = w + kWarps * rr;
-        const float o = Eg[i] * qs_acc[rr] + acc[rr];
-        if (active) out[(r0 + i) * ldo + static_cast<int64_t>(h) * dv + col] = from_f<T>(o);
-      }
-    }
-    // (7) S' = gamma_63 S + sum_j k_j (e^{gcum_63 - gcum_j} new_v_j); this
-    // thread owns rows w*DR .. w*DR+DR-1 of column `lane`.
-    {
-      float acc[DR];
-#pragma unroll
-      for (int rr = 0; rr < DR; ++rr) acc[rr] = 0.0f;
-      for (int j = 0; j < kC; ++j) {
-        const float u = Kd[j] * Us[j * kCols + lane];
-        if constexpr (DR % 4 == 0) {
-#pragma unroll
-          for (int rr = 0; rr < DR; rr += 4) {
-            const float4 kv = *reinterpret_cast<const float4*>(Ks + swz<DK>(j, (w * DR + rr) >> 2));
-            acc[rr + 0] += kv.x * u;
-            acc[rr + 1] += kv.y * u;
-            acc[rr + 2] += kv.z * u;
-            acc[rr + 3] += kv.w * u;
-          }
-        } else {
-#pragma unroll
-          for (int rr = 0; rr < DR; ++rr) {
-            const int d = w * DR + rr;
-            acc[rr] += Ks[swz<DK>(j, d >> 2) + (d & 3)] * u;
-          }
-        }
-      }
-      const float decay = Eg[kC - 1];
-#pragma unroll
-      for (int rr = 0; rr < DR; ++rr) {
-        float& s_el = St[(w * DR + rr) * kCols + lane];
-        s_el = decay * s_el + acc[rr];
-      }
-    }
-    __syncthreads();
-  }
-  if (active)
-    for (int d = w; d < DK; d += kWarps) S[d * dv + col] = St[d * kCols + lane];
+__device__ __forceinline__ uint4* frag_at(uint8_t* rec, int64_t off, int tile, int lane) {
+  return reinterpret_cast<uint4*>(rec + off + tile * kTile) + lane;
+}
+__device__ __forceinline__ void load_frag(uint32_t (&a)[4], const uint8_t* rec, int64_t off,
+                                          int tile, int lane) {
+  const uint4 x = __ldg(reinterpret_cast<const uint4*>(rec + off + tile * kTile) + lane);
+  a[0] = x.x;
+  a[1] = x.y;
+  a[2] = x.z;
+  a[3] = x.w;
 }
 
-template <class T, int DK>
-void launch_chunked(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
-                    const float* g, const float* beta, float* state_pool, const int32_t* slot,
-                    const int32_t* first_row, const int32_t* num_chunks, int64_t count, T* out,
-                    int64_t ldo, int64_t hk, int64_t hv, int64_t dv, cudaStream_t stream) {
-  const size_t bytes = Smem<DK>::total * sizeof(float);
-  // note: more than the default 48 KiB of dynamic shared memory (149 KiB at
-  // Dk 128); the attribute is set once per instantiation, outside any capture.
+// x, y as bf16 pairs hi = bf16(x, y) and lo = bf16(x - hi_x, y - hi_y).
+__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16(x, y);
+  lo = pack_bf16(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
+}
+
+// ---- (1) the state-independent part, one block per (chunk, value head) ----
+
+template <int DK>
+struct PrepSmem {  // byte offsets
+  static constexpr int ld = DK + kPad;           // bf16 row stride of q and k
+  static constexpr int ks = 0;                   // bf16 [64][ld] keys
+  static constexpr int qs = ks + kC * ld * 2;    // bf16 [64][ld] queries
+  static constexpr int am = qs + kC * ld * 2;    // f32 [64][kLd] A (strictly lower)
+  static constexpr int tm = am + kC * kLd * 4;   // f32 [64][kLd] T (lower blocks)
+  static constexpr int mb = tm + kC * kLd * 4;   // f32 [3][16][16] scratch of the inverse
+  static constexpr int gc = mb + 3 * kB * kB * 4;  // f32 [64] g, then gcum
+  static constexpr int bt = gc + kC * 4;         // f32 [64] beta
+  static constexpr int total = bt + kC * 4;
+};
+
+template <int DK>
+__global__ void __launch_bounds__(kPrepThreads)
+    gdn_chunk_prep_kernel(const bf16* __restrict__ q, int64_t ldq, const bf16* __restrict__ k,
+                          int64_t ldk, const float* __restrict__ g, const float* __restrict__ beta,
+                          const int32_t* __restrict__ first_row,
+                          const int32_t* __restrict__ chunk_start, int count, int hk, int hv,
+                          uint8_t* __restrict__ ws, bool vec) {
+  using L = PrepSmem<DK>;
+  using R = Rec<DK>;
+  constexpr int ld = L::ld;
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem_u4);
+  bf16* Ks = reinterpret_cast<bf16*>(sm + L::ks);
+  bf16* Qs = reinterpret_cast<bf16*>(sm + L::qs);
+  float* Am = reinterpret_cast<float*>(sm + L::am);
+  float* Tm = reinterpret_cast<float*>(sm + L::tm);
+  float* Mb = reinterpret_cast<float*>(sm + L::mb);
+  float* Gc = reinterpret_cast<float*>(sm + L::gc);
+  float* Bt = reinterpret_cast<float*>(sm + L::bt);
+
+  const int chunk = blockIdx.x, h = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int gq = lane >> 2, cq = lane & 3;  // fragment row / column pair of this lane
+  const int item = find_seq(chunk_start, count, chunk);
+  const int64_t r0 =
+      static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(chunk - chunk_start[item]) * kC;
+  const int kh = h / (hv / hk);
+  uint8_t* rec = ws + (static_cast<int64_t>(chunk) * hv + h) * R::bytes;
+
+  // (0) q, k rows of the chunk, g and beta.
+  if (vec) {
+    for (int e = tid; e < kC * DK / 8; e += kPrepThreads) {
+      const int i = e / (DK / 8), d = (e % (DK / 8)) * 8;
+      *reinterpret_cast<uint4*>(Ks + i * ld + d) =
+          *reinterpret_cast<const uint4*>(k + (r0 + i) * ldk + kh * DK + d);
+      *reinterpret_cast<uint4*>(Qs + i * ld + d) =
+          *reinterpret_cast<const uint4*>(q + (r0 + i) * ldq + kh * DK + d);
+    }
+  } else {
+    for (int e = tid; e < kC * DK; e += kPrepThreads) {
+      const int i = e / DK, d = e % DK;
+      Ks[i * ld + d] = k[(r0 + i) * ldk + kh * DK + d];
+      Qs[i * ld + d] = q[(r0 + i) * ldq + kh * DK + d];
+    }
+  }
+  if (tid < kC) {
+    Gc[tid] = g[(r0 + tid) * hv + h];
+    Bt[tid] = beta[(r0 + tid) * hv + h];
+  }
+  __syncthreads();
+  // (1) gcum: one serial sum (fixed order).
+  if (tid == 0) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      acc += Gc[i];
+      Gc[i] = acc;
+    }
+  }
+  __syncthreads();
+  if (tid < kC) {
+    reinterpret_cast<float*>(rec + R::eg)[tid] = expf(Gc[tid]);
+    reinterpret_cast<float*>(rec + R::kd)[tid] = expf(Gc[kC - 1] - Gc[tid]);
+  }
+  // (2) K K^T (warps 0-3) and Q K^T (warps 4-7), 16 rows per warp, all 64
+  // keys: A = beta_i kk e^{gcum_i - gcum_j} (j < i) to shared memory, P =
+  // qk e^{gcum_i - gcum_j} (j <= i) rounded to bf16 as A fragments to the
+  // workspace.
+  {
+    const int rt = w & 3;
+    const bool is_q = w >= 4;
+    const bf16* rows = is_q ? Qs : Ks;
+    float sc[kC / 8][4];
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(rows + (rt * 16 + (lane & 15)) * ld + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nn = 0; nn < kC / 16; ++nn) {
+        uint32_t b[4];
+        const int key = nn * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(b, smem_addr(Ks + key * ld + kk * 16 + ((lane >> 3) & 1) * 8));
+        mma_bf16(sc[2 * nn], a, b[0], b[1]);
+        mma_bf16(sc[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+    const int i0 = rt * 16 + gq, i1 = i0 + 8;
+    const float g0 = Gc[i0], g1 = Gc[i1];
+#pragma unroll
+    for (int n = 0; n < kC / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e < 2 ? i0 : i1, j = n * 8 + 2 * cq + (e & 1);
+        const float gi = e < 2 ? g0 : g1;
+        const float decay = j <= i ? expf(gi - Gc[j]) : 0.0f;
+        if (is_q)
+          sc[n][e] = j <= i ? sc[n][e] * decay : 0.0f;
+        else
+          sc[n][e] = j < i ? Bt[i] * sc[n][e] * decay : 0.0f;
+      }
+    }
+    if (is_q) {
+#pragma unroll
+      for (int kt = 0; kt < kC / 16; ++kt)
+        *frag_at(rec, R::p, rt * 4 + kt, lane) =
+            make_uint4(pack_bf16(sc[2 * kt][0], sc[2 * kt][1]),
+                       pack_bf16(sc[2 * kt][2], sc[2 * kt][3]),
+                       pack_bf16(sc[2 * kt + 1][0], sc[2 * kt + 1][1]),
+                       pack_bf16(sc[2 * kt + 1][2], sc[2 * kt + 1][3]));
+    } else {
+#pragma unroll
+      for (int n = 0; n < kC / 8; ++n) {
+        const int j = n * 8 + 2 * cq;
+        *reinterpret_cast<float2*>(Am + i0 * kLd + j) = make_float2(sc[n][0], sc[n][1]);
+        *reinterpret_cast<float2*>(Am + i1 * kLd + j) = make_float2(sc[n][2], sc[n][3]);
+      }
+    }
+  }
+  __syncthreads();
+  // (3a) T = (I + A)^-1, f32 on CUDA cores. The diagonal 16 x 16 blocks,
+  // column m of block b by thread 16 b + m: t_i = 0 (i < m), 1 (i = m),
+  // -sum_{m<=j<i} A_ij t_j (i > m).
+  if (tid < kC) {
+    const int b0 = (tid >> 4) * kB, m = b0 + (tid & (kB - 1));
+    for (int i = b0; i < m; ++i) Tm[i * kLd + m] = 0.0f;
+    Tm[m * kLd + m] = 1.0f;
+    for (int i = m + 1; i < b0 + kB; ++i) {
+      float acc = 0.0f;
+      for (int j = m; j < i; ++j) acc += Am[i * kLd + j] * Tm[j * kLd + m];
+      Tm[i * kLd + m] = -acc;
+    }
+  }
+  __syncthreads();
+  // (3b) Blocks below the diagonal, block diagonal dist = 1, 2, 3:
+  // M = sum_{c<=k<r} A_rk T_kc (ascending k, z), then T_rc = -T_rr M. Thread
+  // (x, y) = (tid / 16, tid % 16) computes element (x, y) of each block.
+  {
+    const int x = tid >> 4, y = tid & (kB - 1);
+    for (int dist = 1; dist < kC / kB; ++dist) {
+      for (int cb = 0; cb + dist < kC / kB; ++cb) {
+        const int rb = cb + dist;
+        float acc = 0.0f;
+        for (int kb = cb; kb < rb; ++kb)
+#pragma unroll
+          for (int z = 0; z < kB; ++z)
+            acc += Am[(rb * kB + x) * kLd + kb * kB + z] * Tm[(kb * kB + z) * kLd + cb * kB + y];
+        Mb[(cb * kB + x) * kB + y] = acc;
+      }
+      __syncthreads();
+      for (int cb = 0; cb + dist < kC / kB; ++cb) {
+        const int rb = cb + dist;
+        float acc = 0.0f;
+#pragma unroll
+        for (int z = 0; z < kB; ++z)
+          acc += Tm[(rb * kB + x) * kLd + rb * kB + z] * Mb[(cb * kB + z) * kB + y];
+        Tm[(rb * kB + x) * kLd + cb * kB + y] = -acc;
+      }
+      __syncthreads();
+    }
+  }
+  // T_ij scaled by s_j as hi/lo A fragments of k tile kt for 16 rows from
+  // rt * 16 (0 above the diagonal).
+  auto t_frags = [&](int rt, int kt, bool with_gamma, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = rt * 16 + gq + (r & 1) * 8, j = kt * 16 + 2 * cq + (r >> 1) * 8;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (j <= i) {
+        const float s = with_gamma ? Bt[j] * expf(Gc[j]) : Bt[j];
+        x0 = Tm[i * kLd + j] * s;
+      }
+      if (j + 1 <= i) {
+        const float s = with_gamma ? Bt[j + 1] * expf(Gc[j + 1]) : Bt[j + 1];
+        x1 = Tm[i * kLd + j + 1] * s;
+      }
+      split2(x0, x1, hi[r], lo[r]);
+    }
+  };
+  if (w < 4) {
+    // (4) -W = -(T diag(beta gamma)) K for rows 16 w.., in column groups of
+    // up to 64, stored as hi/lo A fragments (k = the Dk index).
+    const int rt = w;
+    uint32_t th[kC / 16][4], tl[kC / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < kC / 16; ++kt) t_frags(rt, kt, true, th[kt], tl[kt]);
+    constexpr int kNc = DK < 64 ? DK : 64;
+#pragma unroll
+    for (int d0 = 0; d0 < DK; d0 += kNc) {
+      float acc[kNc / 8][4];
+#pragma unroll
+      for (int n = 0; n < kNc / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+      for (int kt = 0; kt < kC / 16; ++kt) {
+        const int key = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int nd = 0; nd < kNc / 16; ++nd) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, smem_addr(Ks + key * ld + d0 + nd * 16 + (lane >> 4) * 8));
+          mma_bf16(acc[2 * nd], th[kt], b[0], b[1]);
+          mma_bf16(acc[2 * nd], tl[kt], b[0], b[1]);
+          mma_bf16(acc[2 * nd + 1], th[kt], b[2], b[3]);
+          mma_bf16(acc[2 * nd + 1], tl[kt], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kNc / 16; ++t) {
+        uint4 hi, lo;
+        split2(-acc[2 * t][0], -acc[2 * t][1], hi.x, lo.x);
+        split2(-acc[2 * t][2], -acc[2 * t][3], hi.y, lo.y);
+        split2(-acc[2 * t + 1][0], -acc[2 * t + 1][1], hi.z, lo.z);
+        split2(-acc[2 * t + 1][2], -acc[2 * t + 1][3], hi.w, lo.w);
+        const int tile = rt * (DK / 16) + d0 / 16 + t;
+        *frag_at(rec, R::w_hi, tile, lane) = hi;
+        *frag_at(rec, R::w_lo, tile, lane) = lo;
+      }
+    }
+  } else {
+    // (5) T' = T diag(beta) (hi/lo), Q and K^T as A fragments.
+    const int rt = w - 4;
+#pragma unroll
+    for (int kt = 0; kt < kC / 16; ++kt) {
+      uint32_t hi[4], lo[4];
+      t_frags(rt, kt, false, hi, lo);
+      *frag_at(rec, R::t_hi, rt * 4 + kt, lane) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *frag_at(rec, R::t_lo, rt * 4 + kt, lane) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(Qs + (rt * 16 + (lane & 15)) * ld + kk * 16 + (lane >> 4) * 8));
+      *frag_at(rec, R::qf, rt * (DK / 16) + kk, lane) = make_uint4(a[0], a[1], a[2], a[3]);
+    }
+    // K^T tile (mt, kt): rows d = 16 mt.., columns j = 16 kt..; the
+    // transposed 8 x 8 loads of K rows j (+8 for a2, a3) at columns d (+8
+    // for a1, a3).
+    for (int e = rt; e < (DK / 16) * 4; e += 4) {
+      const int mt = e >> 2, kt = e & 3, m = lane >> 3;
+      const int j = kt * 16 + (lane & 7) + (m >> 1) * 8, d = mt * 16 + (m & 1) * 8;
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, smem_addr(Ks + j * ld + d));
+      *frag_at(rec, R::kt, mt * 4 + kt, lane) = make_uint4(a[0], a[1], a[2], a[3]);
+    }
+  }
+}
+
+// ---- (2) the state pass, one block per (item, value head, 32 columns) ----
+
+template <int DK>
+struct StateSmem {  // byte offsets; bf16 [rows][kLdv] each
+  static constexpr int sh = 0;                     // S hi [DK]
+  static constexpr int sl = sh + DK * kLdv * 2;    // S lo [DK]
+  static constexpr int nh = sl + DK * kLdv * 2;    // new_v hi [64]
+  static constexpr int nl = nh + kC * kLdv * 2;    // new_v lo
+  static constexpr int dh = nl + kC * kLdv * 2;    // e^{gcum_63 - gcum_j} new_v hi
+  static constexpr int dl = dh + kC * kLdv * 2;    // ... lo
+  static constexpr int vs = dl + kC * kLdv * 2;    // V tile [64]
+  static constexpr int total = vs + kC * kLdv * 2;
+};
+
+// Stores the pair (x, y) at row r, column c of the hi and lo arrays.
+__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, int r, int c, float x, float y) {
+  uint32_t h, l;
+  split2(x, y, h, l);
+  *reinterpret_cast<uint32_t*>(hi + r * kLdv + c) = h;
+  *reinterpret_cast<uint32_t*>(lo + r * kLdv + c) = l;
+}
+
+// B fragments for n tiles 2 nd, 2 nd + 1 and k tile kt of a [k][kNv] bf16
+// shared array: b[0], b[1] and b[2], b[3].
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* m, int kt, int nd, int lane) {
+  const int key = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  ldmatrix_x4_trans(b, smem_addr(m + key * kLdv + nd * 16 + (lane >> 4) * 8));
+}
+
+template <int DK>
+__global__ void __launch_bounds__(kStateThreads)
+    gdn_chunk_state_kernel(const bf16* __restrict__ v, int64_t ldv, float* state_pool,
+                           const int32_t* __restrict__ slot, const int32_t* __restrict__ first_row,
+                           const int32_t* __restrict__ chunk_start, bf16* __restrict__ out,
+                           int64_t ldo, int hv, int dv, const uint8_t* __restrict__ ws) {
+  using L = StateSmem<DK>;
+  using R = Rec<DK>;
+  constexpr int kKt = DK / 16;
+  constexpr int kMt = kKt > 4 ? kKt / 4 : 1;  // state row tiles per warp
+  constexpr int kNf = kNv / 8;                // n tiles of the value columns
+  __shared__ uint4 smem_u4[L::total / 16];
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem_u4);
+  bf16* Sh = reinterpret_cast<bf16*>(sm + L::sh);
+  bf16* Sl = reinterpret_cast<bf16*>(sm + L::sl);
+  bf16* Nh = reinterpret_cast<bf16*>(sm + L::nh);
+  bf16* Nl = reinterpret_cast<bf16*>(sm + L::nl);
+  bf16* Dh = reinterpret_cast<bf16*>(sm + L::dh);
+  bf16* Dl = reinterpret_cast<bf16*>(sm + L::dl);
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L::vs);
+
+  const int tile = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int gq = lane >> 2, cq = lane & 3;
+  const int c0 = tile * kNv;
+  const int cs = chunk_start[item], n_chunks = chunk_start[item + 1] - cs;
+  if (n_chunks <= 0) return;
+  float* S = state_pool + (static_cast<int64_t>(slot[item]) * hv + h) * DK * dv;
+
+  // The state tile in C fragment layout: row tiles w, w + 4, ... of Dk.
+  float st[kMt][kNf][4];
+#pragma unroll
+  for (int mi = 0; mi < kMt; ++mi) {
+    const int mt = w + 4 * mi;
+#pragma unroll
+    for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = mt * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
+        st[mi][nf][e] = mt < kKt && col < dv ? S[static_cast<int64_t>(d) * dv + col] : 0.0f;
+      }
+  }
+  auto put_state = [&] {
+#pragma unroll
+    for (int mi = 0; mi < kMt; ++mi) {
+      const int mt = w + 4 * mi;
+      if (mt < kKt) {
+#pragma unroll
+        for (int nf = 0; nf < kNf; ++nf) {
+          const int d = mt * 16 + gq, col = nf * 8 + 2 * cq;
+          put_split(Sh, Sl, d, col, st[mi][nf][0], st[mi][nf][1]);
+          put_split(Sh, Sl, d + 8, col, st[mi][nf][2], st[mi][nf][3]);
+        }
+      }
+    }
+  };
+  // The chunk's V tile, 16 rows per thread (column `lane`), zero past dv.
+  constexpr int kVr = kC / (kStateThreads / 32);
+  bf16 vn[kVr];
+  auto fetch_v = [&](int64_t rv) {
+    const int col = c0 + lane;
+#pragma unroll
+    for (int i = 0; i < kVr; ++i)
+      vn[i] = col < dv ? v[(rv + w + 4 * i) * ldv + static_cast<int64_t>(h) * dv + col]
+                       : __float2bfloat16_rn(0.0f);
+  };
+  put_state();
+  fetch_v(first_row[item]);
+  for (int c = 0; c < n_chunks; ++c) {
+    const int64_t r0 = static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(c) * kC;
+    const uint8_t* rec = ws + (static_cast<int64_t>(cs + c) * hv + h) * R::bytes;
+#pragma unroll
+    for (int i = 0; i < kVr; ++i) Vs[(w + 4 * i) * kLdv + lane] = vn[i];
+    __syncthreads();
+    // (1) new_v = T' V - W S and Q S for rows 16 w.. of the chunk.
+    float nv[kNf][4], qs[kNf][4];
+#pragma unroll
+    for (int n = 0; n < kNf; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) nv[n][e] = qs[n][e] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < kC / 16; ++kt) {
+      uint32_t th[4], tl[4];
+      load_frag(th, rec, R::t_hi, w * 4 + kt, lane);
+      load_frag(tl, rec, R::t_lo, w * 4 + kt, lane);
+#pragma unroll
+      for (int nd = 0; nd < kNv / 16; ++nd) {
+        uint32_t b[4];
+        load_b(b, Vs, kt, nd, lane);
+        mma_bf16(nv[2 * nd], th, b[0], b[1]);
+        mma_bf16(nv[2 * nd], tl, b[0], b[1]);
+        mma_bf16(nv[2 * nd + 1], th, b[2], b[3]);
+        mma_bf16(nv[2 * nd + 1], tl, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int kt = 0; kt < kKt; ++kt) {
+      uint32_t wh[4], wl[4], qa[4];
+      load_frag(wh, rec, R::w_hi, w * kKt + kt, lane);
+      load_frag(wl, rec, R::w_lo, w * kKt + kt, lane);
+      load_frag(qa, rec, R::qf, w * kKt + kt, lane);
+#pragma unroll
+      for (int nd = 0; nd < kNv / 16; ++nd) {
+        uint32_t bh[4], bl[4];
+        load_b(bh, Sh, kt, nd, lane);
+        load_b(bl, Sl, kt, nd, lane);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float(&acc)[4] = nv[2 * nd + half];
+          mma_bf16(acc, wh, bh[2 * half], bh[2 * half + 1]);
+          mma_bf16(acc, wh, bl[2 * half], bl[2 * half + 1]);
+          mma_bf16(acc, wl, bh[2 * half], bh[2 * half + 1]);
+          mma_bf16(qs[2 * nd + half], qa, bh[2 * half], bh[2 * half + 1]);
+          mma_bf16(qs[2 * nd + half], qa, bl[2 * half], bl[2 * half + 1]);
+        }
+      }
+    }
+    // (2) new_v and e^{gcum_63 - gcum_i} new_v to shared memory (hi/lo).
+    const float* eg = reinterpret_cast<const float*>(rec + R::eg);
+    const float* kd = reinterpret_cast<const float*>(rec + R::kd);
+    const int i0 = w * 16 + gq, i1 = i0 + 8;
+    {
+      const float k0 = kd[i0], k1 = kd[i1];
+#pragma unroll
+      for (int nf = 0; nf < kNf; ++nf) {
+        const int col = nf * 8 + 2 * cq;
+        put_split(Nh, Nl, i0, col, nv[nf][0], nv[nf][1]);
+        put_split(Nh, Nl, i1, col, nv[nf][2], nv[nf][3]);
+        put_split(Dh, Dl, i0, col, k0 * nv[nf][0], k0 * nv[nf][1]);
+        put_split(Dh, Dl, i1, col, k1 * nv[nf][2], k1 * nv[nf][3]);
+      }
+    }
+    __syncthreads();
+    if (c + 1 < n_chunks) fetch_v(r0 + kC);
+    // (3) O = diag(gamma) Q S + P new_v.
+    {
+      float po[kNf][4];
+#pragma unroll
+      for (int n = 0; n < kNf; ++n) po[n][0] = po[n][1] = po[n][2] = po[n][3] = 0.0f;
+#pragma unroll
+      for (int kt = 0; kt < kC / 16; ++kt) {
+        uint32_t pa[4];
+        load_frag(pa, rec, R::p, w * 4 + kt, lane);
+#pragma unroll
+        for (int nd = 0; nd < kNv / 16; ++nd) {
+          uint32_t bh[4], bl[4];
+          load_b(bh, Nh, kt, nd, lane);
+          load_b(bl, Nl, kt, nd, lane);
+          mma_bf16(po[2 * nd], pa, bh[0], bh[1]);
+          mma_bf16(po[2 * nd], pa, bl[0], bl[1]);
+          mma_bf16(po[2 * nd + 1], pa, bh[2], bh[3]);
+          mma_bf16(po[2 * nd + 1], pa, bl[2], bl[3]);
+        }
+      }
+      const float e0 = eg[i0], e1 = eg[i1];
+      bf16* o0 = out + (r0 + i0) * ldo + static_cast<int64_t>(h) * dv;
+      bf16* o1 = out + (r0 + i1) * ldo + static_cast<int64_t>(h) * dv;
+#pragma unroll
+      for (int nf = 0; nf < kNf; ++nf) {
+        const int col = c0 + nf * 8 + 2 * cq;
+        if (col < dv) {
+          o0[col] = __float2bfloat16_rn(e0 * qs[nf][0] + po[nf][0]);
+          o1[col] = __float2bfloat16_rn(e1 * qs[nf][2] + po[nf][2]);
+        }
+        if (col + 1 < dv) {
+          o0[col + 1] = __float2bfloat16_rn(e0 * qs[nf][1] + po[nf][1]);
+          o1[col + 1] = __float2bfloat16_rn(e1 * qs[nf][3] + po[nf][3]);
+        }
+      }
+    }
+    // (4) S' = gamma_63 S + K^T (e^{gcum_63 - gcum_j} new_v).
+    {
+      const float decay = eg[kC - 1];
+#pragma unroll
+      for (int mi = 0; mi < kMt; ++mi) {
+        const int mt = w + 4 * mi;
+        if (mt < kKt) {
+#pragma unroll
+          for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[mi][nf][e] *= decay;
+#pragma unroll
+          for (int kt = 0; kt < kC / 16; ++kt) {
+            uint32_t ka[4];
+            load_frag(ka, rec, R::kt, mt * 4 + kt, lane);
+#pragma unroll
+            for (int nd = 0; nd < kNv / 16; ++nd) {
+              uint32_t bh[4], bl[4];
+              load_b(bh, Dh, kt, nd, lane);
+              load_b(bl, Dl, kt, nd, lane);
+              mma_bf16(st[mi][2 * nd], ka, bh[0], bh[1]);
+              mma_bf16(st[mi][2 * nd], ka, bl[0], bl[1]);
+              mma_bf16(st[mi][2 * nd + 1], ka, bh[2], bh[3]);
+              mma_bf16(st[mi][2 * nd + 1], ka, bl[2], bl[3]);
+            }
+          }
+        }
+      }
+    }
+    put_state();
+  }
+#pragma unroll
+  for (int mi = 0; mi < kMt; ++mi) {
+    const int mt = w + 4 * mi;
+    if (mt < kKt) {
+#pragma unroll
+      for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = mt * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
+          if (col < dv) S[static_cast<int64_t>(d) * dv + col] = st[mi][nf][e];
+        }
+    }
+  }
+}
+
+template <int DK>
+void launch_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, const bf16* v,
+                    int64_t ldv, const float* g, const float* beta, float* state_pool,
+                    const int32_t* slot, const int32_t* first_row, const int32_t* chunk_start,
+                    int64_t count, int64_t total_chunks, uint8_t* ws, bf16* out, int64_t ldo,
+                    int64_t hk, int64_t hv, int64_t dv, cudaStream_t stream) {
+  const size_t bytes = PrepSmem<DK>::total;
+  // note: more than the default 48 KiB of dynamic shared memory (72 KiB at
+  // Dk 128, three blocks per SM); the attribute is set once per
+  // instantiation, outside any capture.
   static const bool attr_set = [&] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel<T, DK>,
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prep_kernel<DK>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(bytes)));
     return true;
   }();
   (void)attr_set;
-  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(hv),
-                  static_cast<unsigned>((dv + kCols - 1) / kCols));
   // 16-byte loads of q and k rows when every row starts 16-byte aligned.
-  constexpr int64_t kVec = 16 / sizeof(T);
   const bool vec = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(k) % 16 == 0 && ldq % kVec == 0 && ldk % kVec == 0 &&
-                   DK % kVec == 0;
-  gdn_chunked_kernel<T, DK><<<grid, kThreads, bytes, stream>>>(
-      q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row, num_chunks, out, ldo,
-      static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv), vec);
+                   reinterpret_cast<uintptr_t>(k) % 16 == 0 && ldq % 8 == 0 && ldk % 8 == 0;
+  gdn_chunk_prep_kernel<DK>
+      <<<dim3(static_cast<unsigned>(total_chunks), static_cast<unsigned>(hv)), kPrepThreads, bytes,
+         stream>>>(q, ldq, k, ldk, g, beta, first_row, chunk_start, static_cast<int>(count),
+                   static_cast<int>(hk), static_cast<int>(hv), ws, vec);
+  QTK_CUDA_CHECK_LAUNCH();
+  // Value tiles fastest: the blocks of one (item, head) read the same
+  // workspace records at about the same time (L2).
+  const dim3 grid(static_cast<unsigned>((dv + kNv - 1) / kNv), static_cast<unsigned>(hv),
+                  static_cast<unsigned>(count));
+  gdn_chunk_state_kernel<DK><<<grid, kStateThreads, 0, stream>>>(
+      v, ldv, state_pool, slot, first_row, chunk_start, out, ldo, static_cast<int>(hv),
+      static_cast<int>(dv), ws);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -472,32 +661,46 @@ __global__ void copy_rows_kernel(const T* __restrict__ src, int64_t lds,
 
 }  // namespace
 
-template <class T>
-void gated_delta_rule_chunked(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
-                              int64_t ldv, const float* g, const float* beta, float* state_pool,
-                              const int32_t* slot, const int32_t* first_row,
-                              const int32_t* num_chunks, int64_t count, T* out, int64_t ldo,
-                              int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream) {
-  if (hk <= 0 || hv % hk != 0)
-    fail_message("gated_delta_rule_chunked: " + std::to_string(hv) + " value heads over " +
-                 std::to_string(hk) + " key heads (must divide)");
-  if (count == 0) return;
+int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk) {
+  int64_t rec = 0;
   switch (dk) {
-    case 16:
-      return launch_chunked<T, 16>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
-                                   num_chunks, count, out, ldo, hk, hv, dv, stream);
-    case 32:
-      return launch_chunked<T, 32>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
-                                   num_chunks, count, out, ldo, hk, hv, dv, stream);
-    case 64:
-      return launch_chunked<T, 64>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
-                                   num_chunks, count, out, ldo, hk, hv, dv, stream);
-    case 128:
-      return launch_chunked<T, 128>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
-                                    num_chunks, count, out, ldo, hk, hv, dv, stream);
+    case 16: rec = Rec<16>::bytes; break;
+    case 32: rec = Rec<32>::bytes; break;
+    case 64: rec = Rec<64>::bytes; break;
+    case 128: rec = Rec<128>::bytes; break;
     default:
       fail_message("gated_delta_rule_chunked: key head dim " + std::to_string(dk) +
                    " is not supported (expected 16, 32, 64 or 128)");
+  }
+  return total_chunks * hv * rec;
+}
+
+void gated_delta_rule_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk,
+                              const bf16* v, int64_t ldv, const float* g, const float* beta,
+                              float* state_pool, const int32_t* slot, const int32_t* first_row,
+                              const int32_t* chunk_start, int64_t count, int64_t total_chunks,
+                              void* workspace, bf16* out, int64_t ldo, int64_t hk, int64_t hv,
+                              int64_t dk, int64_t dv, cudaStream_t stream) {
+  if (hk <= 0 || hv % hk != 0)
+    fail_message("gated_delta_rule_chunked: " + std::to_string(hv) + " value heads over " +
+                 std::to_string(hk) + " key heads (must divide)");
+  (void)gdn_chunked_workspace_bytes(0, hv, dk);  // rejects an unsupported dk
+  if (count == 0 || total_chunks == 0) return;
+  auto* ws = static_cast<uint8_t*>(workspace);
+  switch (dk) {
+    case 16:
+      return launch_chunked<16>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
+                                chunk_start, count, total_chunks, ws, out, ldo, hk, hv, dv, stream);
+    case 32:
+      return launch_chunked<32>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
+                                chunk_start, count, total_chunks, ws, out, ldo, hk, hv, dv, stream);
+    case 64:
+      return launch_chunked<64>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
+                                chunk_start, count, total_chunks, ws, out, ldo, hk, hv, dv, stream);
+    default:
+      return launch_chunked<128>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, first_row,
+                                 chunk_start, count, total_chunks, ws, out, ldo, hk, hv, dv,
+                                 stream);
   }
 }
 
@@ -510,15 +713,6 @@ void copy_rows(const T* src, int64_t lds, const int32_t* src_rows, T* dst, int64
   QTK_CUDA_CHECK_LAUNCH();
 }
 
-template void gated_delta_rule_chunked<float>(const float*, int64_t, const float*, int64_t,
-                                              const float*, int64_t, const float*, const float*,
-                                              float*, const int32_t*, const int32_t*,
-                                              const int32_t*, int64_t, float*, int64_t, int64_t,
-                                              int64_t, int64_t, int64_t, cudaStream_t);
-template void gated_delta_rule_chunked<__nv_bfloat16>(
-    const __nv_bfloat16*, int64_t, const __nv_bfloat16*, int64_t, const __nv_bfloat16*, int64_t,
-    const float*, const float*, float*, const int32_t*, const int32_t*, const int32_t*, int64_t,
-    __nv_bfloat16*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 template void copy_rows<float>(const float*, int64_t, const int32_t*, float*, int64_t,
                                const int32_t*, int64_t, int64_t, cudaStream_t);
 template void copy_rows<__nv_bfloat16>(const __nv_bfloat16*, int64_t, const int32_t*,

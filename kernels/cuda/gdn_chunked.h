@@ -19,27 +19,39 @@ namespace qtk::cuda {
 // Tokens per chunk of the chunked form; the scheduler's prefill alignment.
 constexpr int64_t kGdnChunk = 64;
 
-// Runs `count` items; item i is num_chunks[i] consecutive full chunks of one
-// sequence, token rows first_row[i] .. first_row[i] + 64*num_chunks[i] - 1,
-// continuing from and updating state_pool[slot[i]] in place:
-//   q, k [tokens, Hk*Dk] (l2-normalised, q scaled by Dk^-0.5), v [tokens,
-//   Hv*Dv], strides ldq/ldk/ldv; g, beta f32 [tokens, Hv] contiguous;
-//   state_pool f32 [slots, Hv, Dk, Dv]; out [tokens, Hv*Dv] stride ldo.
+// Bytes of device workspace gated_delta_rule_chunked needs for `total_chunks`
+// chunks of `hv` value heads at key head dim `dk` (the state-independent
+// products of every chunk: ~105 KiB per chunk and head at dk 128). Throws for
+// an unsupported dk.
+int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk);
+
+// Runs `count` items; item i is chunk_start[i+1] - chunk_start[i] consecutive
+// full chunks of one sequence, token rows first_row[i] .. first_row[i] +
+// 64*chunks - 1, continuing from and updating state_pool[slot[i]] in place:
+//   q, k bf16 [tokens, Hk*Dk] (l2-normalised, q scaled by Dk^-0.5), v bf16
+//   [tokens, Hv*Dv], strides ldq/ldk/ldv; g, beta f32 [tokens, Hv]
+//   contiguous; state_pool f32 [slots, Hv, Dk, Dv]; out bf16 [tokens, Hv*Dv]
+//   stride ldo.
 // Value head h uses key head h / (Hv/Hk). Dk in {16, 32, 64, 128}; any Dv >= 1.
-// slot, first_row, num_chunks: int32 [count] in device memory.
+// slot, first_row: int32 [count], chunk_start: int32 [count + 1] (ascending,
+// chunk_start[0] = 0), all in device memory; total_chunks =
+// chunk_start[count] (host); workspace: gdn_chunked_workspace_bytes(
+// total_chunks, hv, dk) bytes of device memory (no contents kept).
 // note: the same per-token recurrence as gated_delta_rule, rearranged per
-// chunk (the math is written at the kernel); f32 arithmetic on CUDA cores and
-// an f32 state. Its rounding differs from the recurrent kernel's (relative
-// ~1e-6 in f32), so a token must always take the same path: the scheduler's
-// alignment rule guarantees that (runtime/scheduler.h). Each output element
-// is reduced in an order fixed by Dk and the chunk alone: bit-identical
-// whatever else is in the batch.
-template <class T>
-void gated_delta_rule_chunked(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
-                              int64_t ldv, const float* g, const float* beta, float* state_pool,
-                              const int32_t* slot, const int32_t* first_row,
-                              const int32_t* num_chunks, int64_t count, T* out, int64_t ldo,
-                              int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream);
+// chunk (the math and the precision of each product are written at the
+// kernels); tensor-core products with f32 accumulation and an f32 state. Its
+// rounding differs from the recurrent kernel's, so a token must always take
+// the same path: the scheduler's alignment rule guarantees that
+// (runtime/scheduler.h). Each output element and state element is computed
+// in an order fixed by Dk and its chunk alone: bit-identical whatever else is
+// in the launch.
+void gated_delta_rule_chunked(const __nv_bfloat16* q, int64_t ldq, const __nv_bfloat16* k,
+                              int64_t ldk, const __nv_bfloat16* v, int64_t ldv, const float* g,
+                              const float* beta, float* state_pool, const int32_t* slot,
+                              const int32_t* first_row, const int32_t* chunk_start, int64_t count,
+                              int64_t total_chunks, void* workspace, __nv_bfloat16* out,
+                              int64_t ldo, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
+                              cudaStream_t stream);
 
 // dst[dst_rows[i], 0..cols-1] = src[src_rows[i], 0..cols-1] for i < n
 // (exact copies; rows int32 [n] in device memory, nullptr = i). Gathers the

@@ -179,6 +179,10 @@ class CudaQwen3_5 final : public CudaModel {
       grew |= ensure(tail_conv_, T * c.linear_conv_dim() * a);
       grew |= ensure(tail_core_, T * c.linear_value_dim() * a);
       grew |= ensure(tail_gb_, 2 * T * c.linear_num_value_heads * sizeof(float));
+      // The chunked kernel's per-chunk products: at most T / 64 chunks a step.
+      grew |= ensure(gdn_ws_, static_cast<size_t>(cuda::gdn_chunked_workspace_bytes(
+                                  T / cuda::kGdnChunk, c.linear_num_value_heads,
+                                  c.linear_key_head_dim)));
     }
     if (grew) graphs_.clear();
   }
@@ -341,17 +345,17 @@ class CudaQwen3_5 final : public CudaModel {
       cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
                                   rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv,
                                   Dk, Dv, stream_);
-    } else {
+    } else if constexpr (std::is_same_v<Act, cuda::bf16>) {
       // note: prompt tokens in full aligned chunks go through the chunked
       // form first (they are the leading tokens of each sequence's run), then
       // the rest of each run (prompt tail, generated tokens) through the
       // recurrent kernel on a compact copy of those rows, continuing from the
       // state the chunked kernel left: each token takes the same kernel, with
       // the same arithmetic, however the prompt was scheduled.
-      cuda::gated_delta_rule_chunked<Act>(
+      cuda::gated_delta_rule_chunked(
           q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(), rec_state_.as<float>(),
-          item_slots_ + l.kind_index * n_items_, item_first_, item_chunks_, n_items_, core, Vd, Hk,
-          Hv, Dk, Dv, stream_);
+          item_slots_ + l.kind_index * n_items_, item_first_, item_chunk_start_, n_items_,
+          n_chunks_, gdn_ws_.as(), core, Vd, Hk, Hv, Dk, Dv, stream_);
       if (n_tail_ > 0) {
         Act* tq = tail_conv_.as<Act>();
         float* tg = tail_gb_.as<float>();
@@ -412,7 +416,7 @@ class CudaQwen3_5 final : public CudaModel {
     }
     n_items_ = static_cast<int64_t>(items_.size());
     n_tail_ = static_cast<int64_t>(tail_rows_host_.size());
-    const int64_t n_chunk_arrays = n_items_ > 0 ? (L + 2) * n_items_ + n_tail_ + S + 1 : 0;
+    const int64_t n_chunk_arrays = n_items_ > 0 ? (L + 2) * n_items_ + 1 + n_tail_ + S + 1 : 0;
     const int64_t n32 =
         2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S + n_chunk_arrays;
     host_step_.resize(n32);
@@ -440,8 +444,10 @@ class CudaQwen3_5 final : public CudaModel {
         for (int32_t s : items_) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
       offsets.push_back(p - host_step_.data());  // [8] item first rows
       for (int32_t s : items_) *p++ = b.q_start[s];
-      offsets.push_back(p - host_step_.data());  // [9] item chunk counts
-      for (int32_t s : items_) *p++ = static_cast<int32_t>(aligned[s] / A);
+      offsets.push_back(p - host_step_.data());  // [9] item chunk starts (prefix sums)
+      n_chunks_ = 0;
+      *p++ = 0;
+      for (int32_t s : items_) *p++ = static_cast<int32_t>(n_chunks_ += aligned[s] / A);
       put(tail_rows_host_.data(), n_tail_);  // [10]
       put(tail_start_host_.data(), S + 1);   // [11]
     }
@@ -471,7 +477,7 @@ class CudaQwen3_5 final : public CudaModel {
     if (n_items_ > 0) {
       item_slots_ = base + offsets[7];
       item_first_ = base + offsets[8];
-      item_chunks_ = base + offsets[9];
+      item_chunk_start_ = base + offsets[9];
       tail_rows_ = base + offsets[10];
       tail_start_ = base + offsets[11];
     }
@@ -517,12 +523,13 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory tail_conv_;  // Act [T, conv_dim]: q, k, v rows
   DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output
   DeviceMemory tail_gb_;    // f32 [T, Hv] g, then f32 [T, Hv] beta
+  DeviceMemory gdn_ws_;     // the chunked kernel's workspace (T / 64 chunks)
   DeviceMemory step_;       // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
-  int64_t n_items_ = 0, n_tail_ = 0;
-  const int32_t *item_slots_ = nullptr, *item_first_ = nullptr, *item_chunks_ = nullptr,
+  int64_t n_items_ = 0, n_tail_ = 0, n_chunks_ = 0;
+  const int32_t *item_slots_ = nullptr, *item_first_ = nullptr, *item_chunk_start_ = nullptr,
                 *tail_rows_ = nullptr, *tail_start_ = nullptr;
   const int64_t* slot_mapping_ = nullptr;
   const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
