@@ -68,26 +68,49 @@ std::string_view cpu_path_name(CpuPath path) {
       return "avx2";
     case CpuPath::kAvx512:
       return "avx512";
+    case CpuPath::kAmx:
+      return "amx";
   }
   return "?";
 }
 
-bool cpu_path_supported(CpuPath path) {
+bool cpu_path_supported(CpuPath path) { return cpu_path_missing(path).empty(); }
+
+std::string cpu_path_missing(CpuPath path) {
   const CpuFeatures& f = cpu_features();
+  std::string missing;
+  auto need = [&](bool have, const char* name) {
+    if (have) return;
+    if (!missing.empty()) missing += ", ";
+    missing += name;
+  };
   switch (path) {
     case CpuPath::kScalar:
-      return true;
+      break;
     case CpuPath::kAvx2:
-      return f.avx2 && f.fma && f.f16c;
+      need(f.avx2, "avx2");
+      need(f.fma, "fma");
+      need(f.f16c, "f16c");
+      break;
+    case CpuPath::kAmx:
+      need(f.amx_tile, "amx_tile");
+      need(f.amx_bf16, "amx_bf16");
+      if (f.amx_tile) need(f.amx_permitted, "XTILEDATA permission (arch_prctl refused)");
+      [[fallthrough]];
     case CpuPath::kAvx512:
-      return f.avx512f && f.avx512bw && f.avx512vl && f.fma && f.f16c;
+      need(f.avx512f, "avx512f");
+      need(f.avx512bw, "avx512bw");
+      need(f.avx512vl, "avx512vl");
+      need(f.fma, "fma");
+      need(f.f16c, "f16c");
+      break;
   }
-  return false;
+  return missing;
 }
 
 std::vector<CpuPath> supported_cpu_paths() {
   std::vector<CpuPath> paths;
-  for (CpuPath p : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+  for (CpuPath p : kAllCpuPaths) {
     if (cpu_path_supported(p)) paths.push_back(p);
   }
   return paths;
@@ -101,18 +124,18 @@ CpuPath choose_path() {
     return supported_cpu_paths().back();
   }
   std::string want(env);
-  for (CpuPath p : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+  for (CpuPath p : kAllCpuPaths) {
     if (want == cpu_path_name(p)) {
       if (!cpu_path_supported(p)) {
         fail(
-            "environment variable QTK_CPU_PATH: this CPU cannot run path '{}'; "
+            "environment variable QTK_CPU_PATH: this CPU cannot run path '{}' (missing: {}); "
             "unset it or use one of the supported paths",
-            want);
+            want, cpu_path_missing(p));
       }
       return p;
     }
   }
-  fail("environment variable QTK_CPU_PATH: expected scalar, avx2 or avx512, found '{}'", want);
+  fail("environment variable QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found '{}'", want);
 }
 
 }  // namespace

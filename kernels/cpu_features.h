@@ -1,6 +1,7 @@
 // Run-time CPU feature detection and the choice of SIMD code path.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -26,15 +27,24 @@ const CpuFeatures& cpu_features();
 
 // note: each path fixes its own reduction order, so two paths may differ in
 // the last bits; within one path results never depend on batch or threads.
-enum class CpuPath { kScalar, kAvx2, kAvx512 };
+// kAmx runs matmul with bf16 weights on AMX tiles (bf16x3-split activations,
+// kernels/cpu/matmul_amx.cpp) and everything else as kAvx512 does.
+enum class CpuPath { kScalar, kAvx2, kAvx512, kAmx };
+
+// Every path, portable first (the order supported_cpu_paths() keeps).
+inline constexpr CpuPath kAllCpuPaths[] = {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512,
+                                           CpuPath::kAmx};
 
 std::string_view cpu_path_name(CpuPath path);
 bool cpu_path_supported(CpuPath path);
+// What this CPU (or OS) lacks for the path, e.g. "amx_tile, amx_bf16";
+// empty when the path is supported.
+std::string cpu_path_missing(CpuPath path);
 // Every path this machine can run, portable first.
 std::vector<CpuPath> supported_cpu_paths();
-// The best supported path, or the one forced by QTK_CPU_PATH=scalar|avx2|avx512
-// (read once). Throws qtk::Error when the variable names an unknown path or
-// one this CPU cannot run.
+// The best supported path, or the one forced by
+// QTK_CPU_PATH=scalar|avx2|avx512|amx (read once). Throws qtk::Error when the variable names an
+// unknown path or one this CPU cannot run.
 CpuPath active_cpu_path();
 
 }  // namespace qtk

@@ -22,7 +22,9 @@ namespace qtk {
 // one fused multiply-add each, then the lanes are added in a fixed tree. Row
 // and column tiling and the thread split (threads own whole columns) change
 // which registers hold an accumulator, never the arithmetic, so row m of an
-// M-row call is bit-identical to the same row computed alone.
+// M-row call is bit-identical to the same row computed alone. The amx path
+// with bf16 weights fixes its order differently (k blocks of 32 on AMX tiles,
+// kernels/cpu/matmul_amx.cpp) under the same rule.
 void matmul(const float* x, int64_t ldx, const void* w, DType wtype, float* y, int64_t ldy,
             int64_t M, int64_t N, int64_t K, ThreadPool* pool);
 

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/activation.h"
@@ -105,7 +107,7 @@ void BM_FmaPeak(benchmark::State& state) {
 }
 BENCHMARK(BM_FmaPeak)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.3);
 
-// args: M, N, K, threads, path (0 scalar, 1 avx2, 2 avx512)
+// args: M, N, K, threads, path (0 scalar, 1 avx2, 2 avx512, 3 amx)
 void BM_MatmulBf16(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   const int threads = static_cast<int>(state.range(3));
@@ -148,6 +150,67 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   b->Args({1, 3072, 1024, 1, 0});
 }
 BENCHMARK(BM_MatmulBf16)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
+
+// avx512 against amx (issue 7, session 3) at Qwen3-0.6B shapes, lm_head
+// included. args: M, N, K, threads, path (2 avx512, 3 amx).
+// note: weights are made once per shape (cheap integer noise, bf16 of
+// magnitude ~0.01-0.06) and shared by both paths and every M; enough copies
+// (> 96 MiB) that each call streams them from DRAM, as a decode step does.
+const std::vector<std::vector<uint16_t>>& shared_weights(int64_t N, int64_t K) {
+  static std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<std::vector<uint16_t>>>>
+      cache;
+  for (auto& [key, copies] : cache) {
+    if (key.first == N && key.second == K) return copies;
+  }
+  const int copies = static_cast<int>(std::max<int64_t>(1, (96ll << 20) / (N * K * 2)));
+  std::vector<std::vector<uint16_t>> w(copies);
+  uint32_t s = 12345;
+  for (auto& c : w) {
+    c.resize(N * K);
+    for (auto& v : c) {
+      s ^= s << 13;
+      s ^= s >> 17;
+      s ^= s << 5;
+      // sign, exponent 2^-7..2^-5, 7 random mantissa bits
+      v = static_cast<uint16_t>(((s >> 31) << 15) | ((120u + (s >> 8) % 3) << 7) | (s & 0x7F));
+    }
+  }
+  cache.emplace_back(std::make_pair(N, K), std::move(w));
+  return cache.back().second;
+}
+
+void BM_MatmulPaths(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const CpuPath path = static_cast<CpuPath>(state.range(4));
+  if (!cpu_path_supported(path)) {
+    state.SkipWithError(("path not supported: missing " + cpu_path_missing(path)).c_str());
+    return;
+  }
+  const auto& w = shared_weights(N, K);
+  auto x = random_vec(M * K, 1);
+  std::vector<float> y(M * N);
+  ThreadPool* pool = pool_for(threads);
+  size_t c = 0;
+  for (auto _ : state) {
+    matmul_on_path(path, x.data(), K, w[c].data(), DType::BF16, y.data(), N, M, N, K, pool);
+    c = (c + 1) % w.size();
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * N * K * 2);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * M * N * K,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+void MatmulPathArgs(benchmark::internal::Benchmark* b) {
+  const int64_t shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}};
+  for (auto& nk : shapes) {
+    for (int64_t M : {1, 8, 32, 128, 512}) {
+      for (int path : {2, 3}) b->Args({M, nk[0], nk[1], 2, path});
+    }
+  }
+}
+BENCHMARK(BM_MatmulPaths)->Apply(MatmulPathArgs)->UseRealTime()->MinTime(0.2);
 
 // Paged attention: args num_seqs, q_len, ctx, threads, cold (Qwen3-0.6B:
 // Hq 16, Hkv 8, D 128). cold = 1: calls rotate over copies of the cache

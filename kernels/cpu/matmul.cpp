@@ -1,5 +1,7 @@
 #include "kernels/matmul.h"
 
+#include <vector>
+
 #include "kernels/cpu/matmul_paths.h"
 #include "loaders/error.h"
 
@@ -35,9 +37,45 @@ cpu::MatmulColsFn path_function(CpuPath path) {
     case CpuPath::kAvx2:
       return cpu::matmul_cols_avx2;
     case CpuPath::kAvx512:
+    case CpuPath::kAmx:  // f16 / f32 weights; bf16 goes to matmul_amx
       return cpu::matmul_cols_avx512;
   }
   return cpu::matmul_cols_scalar;
+}
+
+// note: AMX workspace (packed activations + one column-tail scratch per
+// thread), per calling thread, grown to the largest call seen and then
+// reused: no allocation on the hot path once the model's shapes have run.
+uint16_t* amx_workspace(size_t u16) {
+  thread_local std::vector<uint16_t> buffer;
+  constexpr size_t kAlign = 32;  // elements: 64 bytes
+  if (buffer.size() < u16 + kAlign) buffer.resize(u16 + kAlign);
+  uintptr_t p = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - p % 64) % 64) / 2;
+}
+
+void matmul_amx(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M,
+                int64_t N, int64_t K, ThreadPool* pool) {
+  const int64_t packed_u16 = cpu::amx_packed_u16(M, K);
+  const int64_t scratch_u16 = (cpu::amx_scratch_u16(K) + 31) / 32 * 32;
+  const int threads = pool_size(pool);
+  uint16_t* packed = amx_workspace(static_cast<size_t>(packed_u16 + scratch_u16 * threads));
+  uint16_t* scratch = packed + packed_u16;
+  // note: packing is M x K work against the matmul's M x N x K; spread over
+  // the pool only when there are enough groups to share.
+  const int64_t groups = cpu::amx_groups(M);
+  if (groups >= 8) {
+    parallel_for(pool, groups,
+                 [&](int64_t g0, int64_t g1) { cpu::amx_pack_x(x, ldx, M, K, packed, g0, g1); });
+  } else {
+    cpu::amx_pack_x(x, ldx, M, K, packed, 0, groups);
+  }
+  int64_t units = (N + kColumnUnit - 1) / kColumnUnit;
+  parallel_for_tid(pool, units, [&](int64_t begin, int64_t end, int tid) {
+    int64_t n0 = begin * kColumnUnit;
+    int64_t n1 = end * kColumnUnit < N ? end * kColumnUnit : N;
+    cpu::matmul_cols_amx(packed, M, K, w, y, ldy, n0, n1, scratch + tid * scratch_u16);
+  });
 }
 
 }  // namespace
@@ -51,6 +89,10 @@ void matmul_on_path(CpuPath path, const float* x, int64_t ldx, const void* w, DT
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) y[m * ldy + n] = 0.0f;
     }
+    return;
+  }
+  if (path == CpuPath::kAmx && wtype == DType::BF16) {
+    matmul_amx(x, ldx, w, y, ldy, M, N, K, pool);
     return;
   }
   int64_t units = (N + kColumnUnit - 1) / kColumnUnit;

@@ -25,4 +25,32 @@ void matmul_cols_avx2(const float* x, int64_t ldx, const void* w, int wtype, flo
 void matmul_cols_avx512(const float* x, int64_t ldx, const void* w, int wtype, float* y,
                         int64_t ldy, int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
 
+// ---- AMX (bf16 weights only; matmul_amx.cpp) ----
+// note: the activations are split and packed once per call into the AMX B
+// operand layout (amx_pack_x, by groups of 5 rows, any split of the groups
+// over threads), then each thread computes whole column ranges from the packed
+// copy (matmul_cols_amx). Layout and exactness: see matmul_amx.cpp.
+
+// bf16 elements of the packed activations of an M x K call.
+int64_t amx_packed_u16(int64_t M, int64_t K);
+// Groups of activation rows in the packed layout (5 rows each).
+int64_t amx_groups(int64_t M);
+// bf16 elements of per-thread scratch matmul_cols_amx needs for this K.
+int64_t amx_scratch_u16(int64_t K);
+// Packs groups [g_begin, g_end) of x (f32 [M, K], row stride ldx). Needs
+// AVX-512 F/BW only.
+void amx_pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, uint16_t* packed,
+                int64_t g_begin, int64_t g_end);
+// The bf16x3 split used by amx_pack_x (for tests): x == hi + mid + lo.
+// Needs AVX-512 F/BW/VL only.
+void amx_split_bf16x3(const float* x, int64_t n, uint16_t* hi, uint16_t* mid, uint16_t* lo);
+// y[m, n] for m < M, n_begin <= n < n_end from packed activations and bf16
+// weights [N, K]. scratch: amx_scratch_u16(K) elements owned by this thread.
+void matmul_cols_amx(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
+                     int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch);
+// The same with the tile instructions modelled in scalar code (tests only:
+// checks tiling, packing and tails on CPUs without AMX).
+void matmul_cols_amx_emulated(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
+                              int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch);
+
 }  // namespace qtk::cpu

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The AMX path on a machine that has AMX (the device host, an Intel Xeon): builds
+# the CPU-only targets, runs the AMX tests, then measures avx512 against amx.
+# Logs go to $OUT (default ./amx-out); a short summary is printed at the end.
+#
+#   bash bench/kernels/amx_device.sh [STAGES]    # STAGES: any of "tests bench e2e"
+#
+# Uses .gpu-deps (tests/cuda/make_device_bundle.sh) when present, as
+# tests/cuda/run_gpu_tests.sh does. Stages stop early when the time in
+# AMX_DEADLINE_S (seconds from start, default 280) would be exceeded.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/amx-out}
+mkdir -p "$OUT"
+STAGES=${1:-tests bench e2e}
+DEADLINE=${AMX_DEADLINE_S:-280}
+BUILD=$ROOT/build-amx
+start=$(date +%s)
+left() { echo $((DEADLINE - ($(date +%s) - start))); }
+
+if [ -d "$ROOT/.gpu-deps" ]; then
+  D=$ROOT/.gpu-deps
+  export CMAKE_PREFIX_PATH="$D/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_PATH="$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$D/usr/lib/x86_64-linux-gnu"
+  command -v pkg-config >/dev/null || export PATH="$PATH:$D/usr/bin"
+fi
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+
+{
+  echo "== amx flags"; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u
+  echo "== lscpu"; lscpu
+  echo "== disk"; df -h /tmp .
+} > "$OUT/machine.txt" 2>&1
+
+echo "== build" | tee "$OUT/build.log"
+cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DQTK_CUDA=OFF >>"$OUT/build.log" 2>&1 \
+  || { tail -30 "$OUT/build.log"; echo "FAILED: configure"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target kernels_tests runtime_tests path_gate kernels_bench \
+  synth convert generate membw >>"$OUT/build.log" 2>&1 \
+  || { grep -E "error" "$OUT/build.log" | head -30; echo "FAILED: build"; exit 1; }
+echo "built after $(($(date +%s) - start)) s"
+summary=()
+
+if [[ " $STAGES " == *" tests "* ]]; then
+  "$BUILD/bin/kernels_tests" --gtest_filter='Amx*:Matmul*:CpuPath*' >"$OUT/tests.log" 2>&1
+  summary+=("amx kernel tests: rc $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tr '\n' ' '))")
+  grep -E "hardware vs scalar|supported CPU paths|FAILED|Failure" "$OUT/tests.log" | head -20
+  (cd "$BUILD" && timeout "$(left)" ctest -R '^(kernels\.|paths\.amx)' --output-on-failure -j4) \
+    >"$OUT/ctest.log" 2>&1
+  summary+=("ctest kernels + paths.amx: rc $? ($(grep -E 'tests passed|tests failed' "$OUT/ctest.log"))")
+  grep -E "Failed|\*\*\*|Skipped" "$OUT/ctest.log" | head -20
+  echo "tests done after $(($(date +%s) - start)) s"
+fi
+
+if [[ " $STAGES " == *" bench "* ]] && (($(left) > 40)); then
+  # note: 2 threads pinned to CPUs 0 and 1 (the pool pins worker i to the
+  # i-th CPU of the affinity mask); the read-bandwidth probe in the same call.
+  timeout "$(left)" taskset -c 0,1 "$BUILD/bin/kernels_bench" \
+    --benchmark_filter='BM_ReadBandwidth|BM_FmaPeak|BM_MatmulPaths' \
+    --benchmark_out="$OUT/bench.json" --benchmark_out_format=json >"$OUT/bench.log" 2>&1
+  summary+=("bench: rc $?")
+  grep -E "ReadBandwidth|FmaPeak|MatmulPaths" "$OUT/bench.log" | \
+    sed -E 's/ +/ /g' | cut -c1-150
+  echo "bench done after $(($(date +%s) - start)) s"
+fi
+
+if [[ " $STAGES " == *" e2e "* ]] && (($(left) > 60)); then
+  for path in avx512 amx; do
+    QTK_CPU_PATH=$path QTK_BUILD_DIR=$BUILD timeout "$(left)" taskset -c 0,1 \
+      bash bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json --threads 2 --work /tmp/e2e \
+      --seqs "${AMX_E2E_SEQS:-1 8 32}" >"$OUT/e2e_$path.json" 2>>"$OUT/e2e.log"
+    summary+=("e2e $path: rc $?")
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps(d)[:900])' \
+      "$OUT/e2e_$path.json" "$path" 2>/dev/null || tail -5 "$OUT/e2e.log"
+  done
+fi
+
+echo "== summary ($(($(date +%s) - start)) s)"
+printf '%s\n' "${summary[@]}"
