@@ -205,7 +205,6 @@ void BM_AttentionDecode(benchmark::State& state) {
   b.max_seq_len = L;
   // The split workspace, as the model gives it (decode rows over key tiles).
   Buf<float> partials(qc::attention_partials_floats(B * hq, D));
-  qc::attention_workspace_clear(partials.p, B * hq, D, nullptr);
   b.partials = partials.p;
   b.partial_rows = B * hq;
   time_kernel(state, [&](cudaStream_t s) {
