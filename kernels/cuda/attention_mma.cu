@@ -63,7 +63,8 @@ constexpr size_t smem_bytes() {
 }
 template <int D>
 constexpr size_t split_smem_bytes() {
-  return static_cast<size_t>(16 + 2 * kKeys) * (D + kPad) * sizeof(bf16);
+  return static_cast<size_t>(16 + 2 * kKeys) * (D + kPad) * sizeof(bf16) +
+         16 * (kKeys + 4) * sizeof(float);  // + the f32 score tile
 }
 
 // The (sequence, row tile) of block `b`: sequence s has ceil(q_len /
@@ -396,31 +397,53 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// ---- decode steps: one block (one warp) per (sequence, kv head, key tile) ---
+// ---- decode steps: one block per (sequence, kv head, key tile) --------------
+
+// Warps of a split block: each computes the scores of kKeys / W keys and the
+// P V columns D / W (at least one 16-column group).
+template <int D>
+__host__ __device__ constexpr int split_warps() {
+  return D / 16 >= 4 ? 4 : D / 16;
+}
+constexpr int kScoreLd = kKeys + 4;  // f32 row stride of the shared score tile
 
 // Partial of row R (token t, query head h; R = t * hq + h) for key tile kt:
 // f32 [D + 2] at partials + (R * kMaxSplitTiles + kt) * (D + 2): O_t, m_t, l_t.
+//
+// note: the arithmetic is the row kernel's, spread over W warps: warp w
+// computes S for keys [w*64/W, (w+1)*64/W) (each score is the same mma chain
+// over dims 0..D-1), masks and scales them and stores them in shared memory
+// (f32, exact); then every warp reloads the whole 16 x 64 score tile in the
+// row kernel's register layout and runs the same tile_softmax (so m_t, l_t
+// and the bf16 P are the row kernel's, summed in its order), and computes
+// P V for its own D / W output columns (each output element the same chain
+// over key k-steps 0..3 from zero). Four warps per block instead of one put
+// four times as many warps on each SM for the same shared memory.
 template <int D>
-__global__ void __launch_bounds__(32)
+__global__ void __launch_bounds__(32 * split_warps<D>())
     attention_split_kernel(const bf16* __restrict__ q, int64_t ldq,
                            const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                            float* __restrict__ partials, const int32_t* __restrict__ q_start,
                            const int32_t* __restrict__ seq_len,
                            const int32_t* __restrict__ block_table, int64_t max_blocks,
                            int block_size, int hkv, int group, int max_tiles, float scale_log2) {
+  constexpr int kW = split_warps<D>();
+  constexpr int kWarpKeys = kKeys / kW;  // scores per warp
+  constexpr int kWarpCols = D / kW;      // output columns per warp
   constexpr int kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // bf16 [16][kLd]
-  bf16* ks = qs + 16 * kLd;                      // bf16 [kKeys][kLd]
-  bf16* vs = ks + kKeys * kLd;                   // bf16 [kKeys][kLd]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);            // bf16 [16][kLd]
+  bf16* ks = qs + 16 * kLd;                                // bf16 [kKeys][kLd]
+  bf16* vs = ks + kKeys * kLd;                             // bf16 [kKeys][kLd]
+  float* ss = reinterpret_cast<float*>(vs + kKeys * kLd);  // f32 [16][kScoreLd]
   const int s = blockIdx.x / max_tiles, kt = blockIdx.x % max_tiles, kvh = blockIdx.y;
   const int n_keys = seq_len[s];
   if (kt * kKeys >= n_keys) return;
-  const int lane = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t = q_start[s];  // the step's one token of sequence s
   const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
   const int64_t width = static_cast<int64_t>(hkv) * D;
-  for (int i = lane; i < 16 * (D / kVec); i += 32) {
+  for (int i = tid; i < 16 * (D / kVec); i += 32 * kW) {
     const int r = i / (D / kVec), cv = i % (D / kVec);
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r < group)
@@ -428,58 +451,110 @@ __global__ void __launch_bounds__(32)
           q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D + cv * kVec);
     *reinterpret_cast<uint4*>(qs + r * kLd + cv * kVec) = val;
   }
-  for (int i = lane; i < kKeys * (D / kVec); i += 32) {
-    const int r = i / (D / kVec), cv = i % (D / kVec);
-    const int j = kt * kKeys + r;
-    const bool valid = j < n_keys;
-    int64_t off = 0;
-    if (valid)
-      off = (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
-            static_cast<int64_t>(kvh) * D + cv * kVec;
-    cp_async_16(smem_addr(ks + r * kLd + cv * kVec), k_cache + off, valid);
-    cp_async_16(smem_addr(vs + r * kLd + cv * kVec), v_cache + off, valid);
-  }
+  auto load = [&](bf16* dst, const bf16* cache) {
+    for (int i = tid; i < kKeys * (D / kVec); i += 32 * kW) {
+      const int r = i / (D / kVec), cv = i % (D / kVec);
+      const int j = kt * kKeys + r;
+      const bool valid = j < n_keys;
+      int64_t off = 0;
+      if (valid)
+        off = (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
+              static_cast<int64_t>(kvh) * D + cv * kVec;
+      cp_async_16(smem_addr(dst + r * kLd + cv * kVec), cache + off, valid);
+    }
+  };
+  load(ks, k_cache);
   cp_async_commit();
-  cp_async_wait<0>();
+  load(vs, v_cache);
+  cp_async_commit();
+  cp_async_wait<1>();  // K landed (V may be in flight)
   __syncthreads();
   const int g = lane >> 2, c = lane & 3;
   const int nk0 = g < group ? n_keys : 0, nk1 = g + 8 < group ? n_keys : 0;
+  {
+    // This warp's scores, then masked and scaled, into the shared tile.
+    const int key0 = warp * kWarpKeys;
+    float sp[kWarpKeys / 8][4];
+#pragma unroll
+    for (int i = 0; i < kWarpKeys / 8; ++i) sp[i][0] = sp[i][1] = sp[i][2] = sp[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(qs + (lane & 15) * kLd + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nn = 0; nn < kWarpKeys / 16; ++nn) {
+        uint32_t b[4];
+        const int key = key0 + nn * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(b, smem_addr(ks + key * kLd + kk * 16 + ((lane >> 3) & 1) * 8));
+        mma_bf16(sp[2 * nn], a, b[0], b[1]);
+        mma_bf16(sp[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kWarpKeys / 8; ++n) {
+      const int col = key0 + n * 8 + 2 * c, j = kt * kKeys + col;
+      ss[g * kScoreLd + col] = j < nk0 ? __fmul_rn(sp[n][0], scale_log2) : -INFINITY;
+      ss[g * kScoreLd + col + 1] = j + 1 < nk0 ? __fmul_rn(sp[n][1], scale_log2) : -INFINITY;
+      ss[(g + 8) * kScoreLd + col] = j < nk1 ? __fmul_rn(sp[n][2], scale_log2) : -INFINITY;
+      ss[(g + 8) * kScoreLd + col + 1] = j + 1 < nk1 ? __fmul_rn(sp[n][3], scale_log2) : -INFINITY;
+    }
+  }
+  cp_async_wait<0>();  // V landed
+  __syncthreads();     // and every warp's scores are in ss
   float sc[kKeys / 8][4];
-  tile_scores<D>(sc, qs, ks, lane);
-  mask_scale(sc, kt, c, nk0, nk1, scale_log2);
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+    const float2 r0 = *reinterpret_cast<const float2*>(ss + g * kScoreLd + n * 8 + 2 * c);
+    const float2 r1 = *reinterpret_cast<const float2*>(ss + (g + 8) * kScoreLd + n * 8 + 2 * c);
+    sc[n][0] = r0.x;
+    sc[n][1] = r0.y;
+    sc[n][2] = r1.x;
+    sc[n][3] = r1.y;
+  }
   float mt0, mt1, lt0, lt1;
   tile_softmax(sc, mt0, mt1, lt0, lt1);
-  float ot[D / 8][4];
+  float ot[kWarpCols / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
-  tile_pv<D>(ot, sc, vs, lane);
+  for (int i = 0; i < kWarpCols / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
+  const int col0 = warp * kWarpCols;
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]),
+                           pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                           pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                           pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+    const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int nd = 0; nd < kWarpCols / 16; ++nd) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, smem_addr(vs + key * kLd + col0 + nd * 16 + (lane >> 4) * 8));
+      mma_bf16(ot[2 * nd], a, b[0], b[1]);
+      mma_bf16(ot[2 * nd + 1], a, b[2], b[3]);
+    }
+  }
   const int hq = hkv * group;
   auto part = [&](int r) {
     const int64_t row = t * hq + static_cast<int64_t>(kvh) * group + r;
     return partials + (row * kMaxSplitTiles + kt) * (D + 2);
   };
   if (g < group) {
-    float* p = part(g);
+    float* p = part(g) + col0;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      p[i * 8 + 2 * c] = ot[i][0];
-      p[i * 8 + 2 * c + 1] = ot[i][1];
-    }
-    if (c == 0) {
-      p[D] = mt0;
-      p[D + 1] = lt0;
+    for (int i = 0; i < kWarpCols / 8; ++i)
+      *reinterpret_cast<float2*>(p + i * 8 + 2 * c) = make_float2(ot[i][0], ot[i][1]);
+    if (warp == 0 && c == 0) {
+      part(g)[D] = mt0;
+      part(g)[D + 1] = lt0;
     }
   }
   if (g + 8 < group) {
-    float* p = part(g + 8);
+    float* p = part(g + 8) + col0;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      p[i * 8 + 2 * c] = ot[i][2];
-      p[i * 8 + 2 * c + 1] = ot[i][3];
-    }
-    if (c == 0) {
-      p[D] = mt1;
-      p[D + 1] = lt1;
+    for (int i = 0; i < kWarpCols / 8; ++i)
+      *reinterpret_cast<float2*>(p + i * 8 + 2 * c) = make_float2(ot[i][2], ot[i][3]);
+    if (warp == 0 && c == 0) {
+      part(g + 8)[D] = mt1;
+      part(g + 8)[D + 1] = lt1;
     }
   }
 }
@@ -543,7 +618,7 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
                                             static_cast<int>(split_smem_bytes<D>())));
       });
       const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
-      attention_split_kernel<D><<<grid, 32, split_smem_bytes<D>(), stream>>>(
+      attention_split_kernel<D><<<grid, 32 * split_warps<D>(), split_smem_bytes<D>(), stream>>>(
           q, ldq, k_cache, v_cache, b.partials, b.q_start, b.seq_len, b.block_table, b.max_blocks,
           static_cast<int>(b.block_size), static_cast<int>(hkv), group, static_cast<int>(max_tiles),
           scale * kLog2e);

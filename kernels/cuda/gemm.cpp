@@ -240,9 +240,11 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
-// note: candidates for M <= 16 (cuBLASLt's heuristic for M = 1) and M >= 512
-// (its heuristic for M = 2048): up to 8 split-K-free, workspace-free
-// algorithms other than the plan's own that run at both ends of the range.
+// note: candidates for M <= 16 (cuBLASLt's heuristics for M = 1 and 8),
+// 17..64 (M = 32, 64: batch-32 decode), 65..511 (M = 128, 256: batch-128
+// decode) and M >= 512 (M = 512, 2048, 8192: prefill): up to 8 split-K-free,
+// workspace-free algorithms per heuristic other than the plan's own that run
+// at both ends of the range, each timed at the range's probe M.
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
@@ -252,8 +254,10 @@ void Gemm::find_alternates(Plan& p) {
     std::vector<int64_t> heuristics;  // the M whose heuristics offer candidates
   };
   constexpr int kCandidates = 8;
-  for (const Range& r : {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}},
-                         Range{2048, kLargeMinM, INT64_MAX, kLargeMinM, {512, 2048, 8192}}}) {
+  for (const Range& r :
+       {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}}, Range{32, kSmallMaxM + 1, 64, 64, {32, 64}},
+        Range{128, 65, kLargeMinM - 1, kLargeMinM - 1, {128, 256}},
+        Range{2048, kLargeMinM, INT64_MAX, kLargeMinM, {512, 2048, 8192}}}) {
     std::vector<cublasLtMatmulHeuristicResult_t> results;
     for (int64_t hm : r.heuristics) {
       const auto& probe = p.layouts(hm);

@@ -259,6 +259,22 @@ TYPED_TEST(NormTest, EmbeddingLookupIsExact) {
       std::exception);
 }
 
+// The host's answer: first index of the maximum, margin to the best other.
+void expect_host_argmax(const std::vector<float>& logits, int64_t ld, int64_t rows, int64_t vocab,
+                        const std::vector<int32_t>& gi, const std::vector<float>& gm) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = &logits[r * ld];
+    int32_t best = 0;
+    for (int64_t c = 1; c < vocab; ++c)
+      if (row[c] > row[best]) best = static_cast<int32_t>(c);
+    float second = -INFINITY;
+    for (int64_t c = 0; c < vocab; ++c)
+      if (c != best) second = std::max(second, row[c]);
+    EXPECT_EQ(gi[r], best) << "row " << r << " ld " << ld;
+    EXPECT_EQ(gm[r], row[best] - second) << "row " << r << " ld " << ld;  // both exact in float
+  }
+}
+
 TEST(Argmax, LowestIdOnTiesAndExactMargin) {
   const int64_t rows = 5, vocab = 151936;
   auto logits = random_floats(rows * vocab, -10, 10, 18);
@@ -266,24 +282,41 @@ TEST(Argmax, LowestIdOnTiesAndExactMargin) {
   logits[1 * vocab + 9] = 30.0f;      // row 1: tie between 9 and 100000 -> 9, margin 0
   logits[1 * vocab + 100000] = 30.0f;
   logits[2 * vocab + vocab - 1] = 40.0f;  // row 2: the last id
+  // row 3: a tie inside one thread's columns (float4 groups 2 and 2 + 1024 of
+  // thread 2), and in one float4 group
+  logits[3 * vocab + 4104] = 35.0f;
+  logits[3 * vocab + 8] = 35.0f;
+  logits[4 * vocab + 7] = 33.0f;
+  logits[4 * vocab + 6] = 33.0f;
   DeviceBuffer<float> ld(logits), margin(rows);
   DeviceBuffer<int32_t> ids(rows);
   argmax_rows(ld.get(), vocab, rows, vocab, ids.get(), margin.get(), nullptr);
   const auto gi = ids.download();
   const auto gm = margin.download();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = &logits[r * vocab];
-    int32_t best = 0;
-    for (int64_t c = 1; c < vocab; ++c)
-      if (row[c] > row[best]) best = static_cast<int32_t>(c);
-    float second = -INFINITY;
-    for (int64_t c = 0; c < vocab; ++c)
-      if (c != best) second = std::max(second, row[c]);
-    EXPECT_EQ(gi[r], best) << r;
-    EXPECT_EQ(gm[r], row[best] - second) << r;  // both exact in float
-  }
+  expect_host_argmax(logits, vocab, rows, vocab, gi, gm);
   EXPECT_EQ(gi[1], 9);
   EXPECT_EQ(gm[1], 0.0f);
+  EXPECT_EQ(gi[3], 8);
+  EXPECT_EQ(gi[4], 6);
+}
+
+// Rows that are not 16-byte aligned (odd stride) and a vocabulary that is not
+// a multiple of 4 take the scalar loads; same answers.
+TEST(Argmax, UnalignedRowsAndOddVocabulary) {
+  for (const auto& [vocab, ld] : {std::pair<int64_t, int64_t>{1001, 1003}, {151936, 151937}}) {
+    const int64_t rows = 4;
+    auto logits = random_floats(rows * ld, -10, 10, 19);
+    logits[1 * ld + vocab - 1] = 20.0f;  // the last id (tail)
+    logits[2 * ld + 3] = 21.0f;
+    logits[2 * ld + 900] = 21.0f;
+    DeviceBuffer<float> dl(logits), margin(rows);
+    DeviceBuffer<int32_t> ids(rows);
+    argmax_rows(dl.get(), ld, rows, vocab, ids.get(), margin.get(), nullptr);
+    const auto gi = ids.download();
+    expect_host_argmax(logits, ld, rows, vocab, gi, margin.download());
+    EXPECT_EQ(gi[1], vocab - 1);
+    EXPECT_EQ(gi[2], 3);
+  }
 }
 
 }  // namespace
