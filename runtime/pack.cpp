@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -359,6 +360,70 @@ size_t Pack::prefault() const {
   volatile uint8_t sink = 0;
   for (size_t off = 0; off < size; off += page) sink = sink + base[off];
   return size;
+}
+
+size_t Pack::copy_to_hugepages() const {
+  if (on_hugepages_) return 0;
+  uint8_t* const base = const_cast<uint8_t*>(file_.data());
+  const size_t size = file_.size();
+  constexpr size_t kHuge = size_t{2} << 20;
+  // note: packs below 2 MiB get no huge page but take the same path (the
+  // tiny test models exercise the copy and the move that way).
+  if (base == nullptr || size == 0) return prefault();
+  // note: THP maps only 2 MiB-aligned virtual ranges with 2 MiB pages, and
+  // mremap keeps a huge page whole only when it moves by a multiple of 2
+  // MiB; so the copy is placed at the same offset modulo 2 MiB as the file
+  // mapping. Every 2 MiB-aligned part of the pack then ends up on huge
+  // pages (all but the first and last < 2 MiB).
+  const size_t span = size + kHuge;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return prefault();
+  const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t want = reinterpret_cast<uintptr_t>(base) % kHuge;
+  const uintptr_t a = r + (want + kHuge - r % kHuge) % kHuge;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096);
+  const size_t mapped = (size + page - 1) / page * page;  // whole pages of both mappings
+  if (a > r) ::munmap(raw, a - r);
+  if (r + span > a + mapped) ::munmap(reinterpret_cast<void*>(a + mapped), r + span - a - mapped);
+  uint8_t* copy = reinterpret_cast<uint8_t*>(a);
+  if (::madvise(copy, mapped, MADV_HUGEPAGE) != 0) {
+    ::munmap(copy, mapped);
+    return prefault();
+  }
+  ::madvise(base, size, MADV_WILLNEED);
+  ::madvise(base, size, MADV_SEQUENTIAL);
+  // note: copied in chunks, each chunk of the file mapping dropped right
+  // after (MADV_DONTNEED on a private read-only file mapping only unmaps
+  // page-cache pages), so the process never holds two copies: peak RSS
+  // stays ~pack size + one chunk.
+  constexpr size_t kChunk = size_t{32} << 20;
+  for (size_t off = 0; off < size; off += kChunk) {
+    const size_t n = std::min(kChunk, size - off);
+    std::memcpy(copy + off, base + off, n);
+    const size_t end = off + n == size ? mapped : off + n;  // chunks are page multiples
+    ::madvise(base + off, end - off, MADV_DONTNEED);
+  }
+  if (::mprotect(copy, mapped, PROT_READ) != 0) {
+    // Still a valid copy; the file mapping is intact (dropped pages fault
+    // back in from the page cache), so keep using it.
+    ::munmap(copy, mapped);
+    return prefault();
+  }
+  void* moved = ::mremap(copy, mapped, mapped, MREMAP_MAYMOVE | MREMAP_FIXED, base);
+  if (moved != base) {
+    // note: a failed MREMAP_FIXED may already have unmapped the target range,
+    // so the pack's pointers cannot be trusted any more.
+    fail_errno(fmt::format("{}: cannot move the huge-page copy of {} bytes over the mapping",
+                           path(), size));
+  }
+  on_hugepages_ = true;
+  return size;
+}
+
+size_t Pack::load_for_cpu() const {
+  const char* env = std::getenv("QTK_HUGEPAGES");
+  if (env != nullptr && std::string_view(env) == "0") return prefault();
+  return copy_to_hugepages();
 }
 
 size_t Pack::verify() const {

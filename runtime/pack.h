@@ -74,6 +74,27 @@ class Pack {
   // entries (inspect, verify) do not.
   size_t prefault() const;
 
+  // Replaces the pages behind the whole mapping with an anonymous copy on
+  // transparent huge pages (2 MiB), at the same addresses, so every pointer
+  // into the pack (tensor views, entries) stays valid and the bytes are
+  // unchanged. Reads the file once (like prefault()). Falls back to
+  // prefault() when the kernel refuses huge pages or the anonymous mapping;
+  // throws qtk::Error only if the final move failed after the old pages were
+  // already gone. Calling it again is a no-op. Returns the bytes copied (0 on
+  // fallback).
+  // note: why: a decode step streams every weight once; on 4 KiB page-cache
+  // pages that is a TLB miss every 4 KiB and hardware prefetch streams that
+  // stop at every page boundary. Cost: the copy becomes anonymous memory of
+  // the process (the pack's size in RSS, as the mapped page cache was; the
+  // page cache itself stays behind as reclaimable cache), ~0.2-0.5 s per GB
+  // at load. The CPU models call it unless QTK_HUGEPAGES=0
+  // (bench/RESULTS.md, session 3, has the measurement).
+  size_t copy_to_hugepages() const;
+
+  // What the CPU models call at construction: copy_to_hugepages(), or only
+  // prefault() when the environment sets QTK_HUGEPAGES=0.
+  size_t load_for_cpu() const;
+
  private:
   Pack() = default;
   MappedFile file_;
@@ -87,6 +108,7 @@ class Pack {
   };
   std::vector<RawEntry> entries_;
   std::string digest_;
+  mutable bool on_hugepages_ = false;  // copy_to_hugepages() has run
 };
 
 }  // namespace qtk

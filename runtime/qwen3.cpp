@@ -87,7 +87,7 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
   }
   // note: every weight is read by the first forward pass anyway; reading
   // them here keeps disk reads and page faults out of the timed steps.
-  pack.prefault();
+  pack.load_for_cpu();
 }
 
 CacheSpec Qwen3::cache_spec() const {

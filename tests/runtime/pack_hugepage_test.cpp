@@ -1,0 +1,58 @@
+// Pack::copy_to_hugepages: the pack's bytes move to anonymous memory at the
+// same addresses, unchanged (runtime/pack.h).
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/pack.h"
+#include "test_util.h"
+
+namespace qtk {
+namespace {
+
+// The /proc/self/maps line of the mapping that holds `p` ("" when none).
+std::string maps_line_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  while (std::getline(in, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) return line;
+  }
+  return "";
+}
+
+TEST(PackHugepages, SameAddressesSameBytesAnonymous) {
+  const std::string pack_path = rt_test::pack_of("tests/data/models/qwen3-tiny");
+  auto pack = Pack::open(pack_path);
+  ASSERT_FALSE(pack->tensors().empty());
+  const PackTensorInfo& t = pack->tensors().front();
+  const void* before_ptr = t.view.data;
+  const auto* bytes = static_cast<const uint8_t*>(t.view.data);
+  const std::vector<uint8_t> before(bytes, bytes + t.view.nbytes());
+  const auto tok = pack->entry("tokenizer.json");
+  const std::string tok_before = tok ? std::string(*tok) : std::string();
+  ASSERT_NE(maps_line_of(before_ptr).find(pack_path), std::string::npos)
+      << "expected a file mapping first: " << maps_line_of(before_ptr);
+
+  EXPECT_GT(pack->copy_to_hugepages(), 0u);
+  EXPECT_EQ(pack->tensors().front().view.data, before_ptr);
+  EXPECT_EQ(std::vector<uint8_t>(bytes, bytes + t.view.nbytes()), before);
+  if (tok) {
+    EXPECT_EQ(std::string(*pack->entry("tokenizer.json")), tok_before);
+  }
+  // Every tensor's checksum still matches the manifest.
+  EXPECT_GT(pack->verify(), 0u);
+  // The range is no longer backed by the file.
+  const std::string line = maps_line_of(before_ptr);
+  EXPECT_FALSE(line.empty());
+  EXPECT_EQ(line.find(pack_path), std::string::npos) << line;
+  // A second call does nothing.
+  EXPECT_EQ(pack->copy_to_hugepages(), 0u);
+}
+
+}  // namespace
+}  // namespace qtk
