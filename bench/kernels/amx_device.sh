@@ -3,7 +3,7 @@
 # the CPU-only targets, runs the AMX tests, then measures avx512 against amx.
 # Logs go to $OUT (default ./amx-out); a short summary is printed at the end.
 #
-#   bash bench/kernels/amx_device.sh [STAGES]    # STAGES: any of "tests bench e2e"
+#   bash bench/kernels/amx_device.sh [STAGES]  # any of "tests quicktests bench probe e2e"
 #
 # Uses .gpu-deps (tests/cuda/make_device_bundle.sh) when present, as
 # tests/cuda/run_gpu_tests.sh does. Stages stop early when the time in
@@ -65,6 +65,35 @@ if [[ " $STAGES " == *" bench "* ]] && (($(left) > 40)); then
   grep -E "ReadBandwidth|FmaPeak|MatmulPaths" "$OUT/bench.log" | \
     sed -E 's/ +/ /g' | cut -c1-150
   echo "bench done after $(($(date +%s) - start)) s"
+fi
+
+if [[ " $STAGES " == *" quicktests "* ]]; then
+  "$BUILD/bin/kernels_tests" --gtest_filter='Amx*:Matmul*:CpuPath*' >"$OUT/tests.log" 2>&1
+  summary+=("amx kernel tests: rc $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tr '\n' ' '))")
+fi
+
+# Weight prefetch variants (QTK_AMX_PREFETCH, see kernels/cpu/matmul_paths.h)
+# at M = 1 and 8, weights streamed from DRAM; then decode at 1 sequence end
+# to end for each.
+if [[ " $STAGES " == *" probe "* ]]; then
+  for pf in avx512 0 1 2 3 4; do
+    (($(left) > 30)) || break
+    if [ $pf = avx512 ]; then filt='BM_MatmulPaths/(1|8)/.*/2/2/|BM_ReadBandwidth/2|BM_MatmulGap'
+    else filt='BM_MatmulPaths/(1|8)/.*/2/3/'; fi
+    QTK_AMX_PREFETCH=${pf/avx512/1} timeout "$(left)" taskset -c 0,1 "$BUILD/bin/kernels_bench" \
+      --benchmark_filter="$filt" >"$OUT/probe_$pf.log" 2>&1
+    grep -E "MatmulPaths|ReadBandwidth|MatmulGap" "$OUT/probe_$pf.log" | \
+      awk -v pf=$pf '{printf "pf %s %s %s %s\n", pf, $1, $2, $NF}'
+  done
+  for pf in avx512 0 1 2 3 4; do
+    (($(left) > 25)) || break
+    path=amx; [ $pf = avx512 ] && path=avx512
+    QTK_CPU_PATH=$path QTK_AMX_PREFETCH=${pf/avx512/1} QTK_BUILD_DIR=$BUILD timeout "$(left)" \
+      taskset -c 0,1 bash bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json --threads 2 \
+      --work /tmp/e2e --seqs 1 >"$OUT/e2e1_$pf.json" 2>>"$OUT/e2e.log"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("e2e pf", sys.argv[2], "prefill", round(d["prefill"]["tok_per_s"],1), "decode1", round(d["decode"]["1"]["tok_per_s"],2), "floor", round(d["decode"]["1"]["fraction_of_bandwidth_floor"],3), "bw", d["bandwidth_used_for_floor_gbps"])' \
+      "$OUT/e2e1_$pf.json" "$pf" 2>/dev/null || tail -3 "$OUT/e2e.log"
+  done
 fi
 
 if [[ " $STAGES " == *" e2e "* ]] && (($(left) > 60)); then

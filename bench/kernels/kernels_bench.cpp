@@ -155,14 +155,15 @@ BENCHMARK(BM_MatmulBf16)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
 // included. args: M, N, K, threads, path (2 avx512, 3 amx).
 // note: weights are made once per shape (cheap integer noise, bf16 of
 // magnitude ~0.01-0.06) and shared by both paths and every M; enough copies
-// (> 96 MiB) that each call streams them from DRAM, as a decode step does.
+// that each call streams them from DRAM, as a decode step does.
 const std::vector<std::vector<uint16_t>>& shared_weights(int64_t N, int64_t K) {
   static std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<std::vector<uint16_t>>>>
       cache;
   for (auto& [key, copies] : cache) {
     if (key.first == N && key.second == K) return copies;
   }
-  const int copies = static_cast<int>(std::max<int64_t>(1, (96ll << 20) / (N * K * 2)));
+  // note: 640 MiB of copies: more than the 300 MiB L3 of the AMX host.
+  const int copies = static_cast<int>(std::max<int64_t>(2, (640ll << 20) / (N * K * 2)));
   std::vector<std::vector<uint16_t>> w(copies);
   uint32_t s = 12345;
   for (auto& c : w) {
@@ -211,6 +212,44 @@ void MatmulPathArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_MatmulPaths)->Apply(MatmulPathArgs)->UseRealTime()->MinTime(0.2);
+
+// The same with other work between calls, as in a decode step (norms,
+// attention): gap_us microseconds of AVX-512 FMAs on every thread after each
+// matmul. args: M, N, K, path, gap_us (2 threads). Time per call includes
+// the gap; compare the two paths at the same gap.
+void BM_MatmulGap(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const CpuPath path = static_cast<CpuPath>(state.range(3));
+  const int64_t gap_iters = state.range(4) * 400;  // ~2.4 GHz, 6 cycles per iteration
+  if (!cpu_path_supported(path)) {
+    state.SkipWithError(("path not supported: missing " + cpu_path_missing(path)).c_str());
+    return;
+  }
+  const auto& w = shared_weights(N, K);
+  auto x = random_vec(M * K, 1);
+  std::vector<float> y(M * N), sink(2);
+  ThreadPool* pool = pool_for(2);
+  size_t c = 0;
+  for (auto _ : state) {
+    matmul_on_path(path, x.data(), K, w[c].data(), DType::BF16, y.data(), N, M, N, K, pool);
+    c = (c + 1) % w.size();
+    if (gap_iters > 0) {
+      parallel_for_tid(pool, 2, [&](int64_t, int64_t, int tid) {
+        sink[tid] += fma_chains(gap_iters, sink[tid]);
+      });
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * N * K * 2);
+}
+BENCHMARK(BM_MatmulGap)
+    ->ArgsProduct({{1}, {1024, 3072}, {1024}, {2, 3}, {0, 20}})
+    ->Args({1, 1024, 3072, 2, 0})
+    ->Args({1, 1024, 3072, 3, 0})
+    ->Args({1, 1024, 3072, 2, 20})
+    ->Args({1, 1024, 3072, 3, 20})
+    ->UseRealTime()
+    ->MinTime(0.2);
 
 // Paged attention: args num_seqs, q_len, ctx, threads, cold (Qwen3-0.6B:
 // Hq 16, Hkv 8, D 128). cold = 1: calls rotate over copies of the cache

@@ -1,5 +1,6 @@
 #include "kernels/matmul.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/cpu/matmul_paths.h"
@@ -12,6 +13,8 @@ namespace {
 // note: threads get contiguous runs of kColumnUnit columns; the unit only
 // balances work, results do not depend on it.
 constexpr int64_t kColumnUnit = 16;
+
+constexpr int kAmxDefaultPrefetch = 1;
 
 int weight_code(DType t) {
   switch (t) {
@@ -54,6 +57,20 @@ uint16_t* amx_workspace(size_t u16) {
   return buffer.data() + ((64 - p % 64) % 64) / 2;
 }
 
+// note: QTK_AMX_PREFETCH=0..4 picks the AMX kernel's weight prefetch
+// (matmul_paths.h; a measurement knob, read once; results are identical).
+int amx_prefetch_mode() {
+  static const int mode = [] {
+    const char* env = std::getenv("QTK_AMX_PREFETCH");
+    if (env == nullptr || *env == '\0') return kAmxDefaultPrefetch;
+    if (env[1] != '\0' || env[0] < '0' || env[0] > '4') {
+      fail("environment variable QTK_AMX_PREFETCH: expected 0, 1, 2, 3 or 4, found '{}'", env);
+    }
+    return env[0] - '0';
+  }();
+  return mode;
+}
+
 void matmul_amx(const float* x, int64_t ldx, const void* w, float* y, int64_t ldy, int64_t M,
                 int64_t N, int64_t K, ThreadPool* pool) {
   const int64_t packed_u16 = cpu::amx_packed_u16(M, K);
@@ -61,6 +78,7 @@ void matmul_amx(const float* x, int64_t ldx, const void* w, float* y, int64_t ld
   const int threads = pool_size(pool);
   uint16_t* packed = amx_workspace(static_cast<size_t>(packed_u16 + scratch_u16 * threads));
   uint16_t* scratch = packed + packed_u16;
+  const int prefetch = amx_prefetch_mode();
   // note: packing is M x K work against the matmul's M x N x K; spread over
   // the pool only when there are enough groups to share.
   const int64_t groups = cpu::amx_groups(M);
@@ -74,7 +92,7 @@ void matmul_amx(const float* x, int64_t ldx, const void* w, float* y, int64_t ld
   parallel_for_tid(pool, units, [&](int64_t begin, int64_t end, int tid) {
     int64_t n0 = begin * kColumnUnit;
     int64_t n1 = end * kColumnUnit < N ? end * kColumnUnit : N;
-    cpu::matmul_cols_amx(packed, M, K, w, y, ldy, n0, n1, scratch + tid * scratch_u16);
+    cpu::matmul_cols_amx(packed, M, K, w, y, ldy, n0, n1, scratch + tid * scratch_u16, prefetch);
   });
 }
 

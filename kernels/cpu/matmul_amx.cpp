@@ -246,23 +246,52 @@ struct ASource {
   const uint16_t* tail;
 };
 
+// Software prefetch of weight rows during the first pass over a column block
+// (mode, see amx_prefetch_mode in matmul_paths.h). `next` is the next
+// block's first row (its 16 * NT rows are contiguous), or null.
+struct Prefetch {
+  int mode;
+  const char* next;
+  int64_t stride;  // bytes between weight rows
+};
+
+template <int NT>
+inline void prefetch_step(const Prefetch& pf, const ASource* a, int64_t kb, int64_t blocks) {
+  constexpr int kRows = 16 * NT;
+  if (pf.mode == 1 && pf.next != nullptr) {
+    // note: the next block's rows at this k offset, into L2: short rows
+    // (2-6 KiB) end before the hardware prefetcher ramps up.
+    for (int r = 0; r < kRows; ++r) _mm_prefetch(pf.next + r * pf.stride + kb * 64, _MM_HINT_T1);
+  } else if ((pf.mode == 2 || pf.mode == 3) && pf.next != nullptr) {
+    // The next block in address order (one contiguous run of rows), spread
+    // evenly over the k blocks; mode 3 touches every 4th line only and
+    // leaves the rest to the hardware streamer.
+    const int64_t lines = kRows * pf.stride / 64;
+    const int64_t per = (lines + blocks - 1) / blocks;
+    const int step = pf.mode == 2 ? 1 : 4;
+    for (int64_t l = kb * per; l < (kb + 1) * per && l < lines; l += step) {
+      _mm_prefetch(pf.next + l * 64, _MM_HINT_T1);
+    }
+  } else if (pf.mode == 4) {
+    // This block's own rows 8 k blocks (512 bytes) ahead, into L1.
+    for (int i = 0; i < NT; ++i) {
+      const char* base = reinterpret_cast<const char*>(a[i].rows + (kb + 8) * kTileK);
+      for (int r = 0; r < 16; ++r) _mm_prefetch(base + r * a[i].stride, _MM_HINT_T0);
+    }
+  }
+}
+
 // C tiles for NT n tiles x MT groups over all k blocks; results to c_out.
 template <class Tiles, int NT, int MT>
-void tile_block(Tiles& t, const ASource* a, const uint16_t* const* b, bool prefetch_next,
-                int64_t next_stride, const char* next_rows, float (*c_out)[256]) {
+void tile_block(Tiles& t, const ASource* a, const uint16_t* const* b, const Prefetch& pf,
+                float (*c_out)[256]) {
   t.template zero<0>();
   if constexpr (MT == 2) t.template zero<1>();
   if constexpr (NT == 2) t.template zero<2>();
   if constexpr (NT == 2 && MT == 2) t.template zero<3>();
   const int64_t blocks = a[0].blocks;
   for (int64_t kb = 0; kb < blocks; ++kb) {
-    if (prefetch_next) {
-      // note: the next n block's weight rows, at this k offset, into L2:
-      // short rows (2-6 KiB) end before the hardware prefetcher ramps up.
-      for (int r = 0; r < 16 * NT; ++r) {
-        _mm_prefetch(next_rows + r * next_stride + kb * 64, _MM_HINT_T1);
-      }
-    }
+    if (pf.mode != 0) prefetch_step<NT>(pf, a, kb, blocks);
     t.template load<4>(a[0].rows + kb * kTileK, a[0].stride);
     if constexpr (NT == 2) t.template load<5>(a[1].rows + kb * kTileK, a[1].stride);
     t.template load<6>(b[0] + kb * kBlockU16, 64);
@@ -306,18 +335,17 @@ inline void write_tile(const float* c, int64_t g, int64_t M, int64_t n0, int64_t
 template <class Tiles, int NT>
 void n_block(Tiles& t, const ASource* a, const uint16_t* packed, int64_t k_blocks, int64_t M,
              int64_t g_begin, int64_t g_end, int64_t n0, int64_t n_count, float* y, int64_t ldy,
-             const char* next_rows, int64_t next_stride) {
+             Prefetch pf) {
   alignas(64) float c[4][256];
   const int64_t group_u16 = k_blocks * kBlockU16;
-  bool prefetch = next_rows != nullptr;
   for (int64_t g = g_begin; g < g_end; g += 2) {
     const uint16_t* b[2] = {packed + g * group_u16, packed + (g + 1) * group_u16};
     if (g + 1 < g_end) {
-      tile_block<Tiles, NT, 2>(t, a, b, prefetch, next_stride, next_rows, c);
+      tile_block<Tiles, NT, 2>(t, a, b, pf, c);
     } else {
-      tile_block<Tiles, NT, 1>(t, a, b, prefetch, next_stride, next_rows, c);
+      tile_block<Tiles, NT, 1>(t, a, b, pf, c);
     }
-    prefetch = false;  // the next block's rows are on their way after one pass
+    pf.mode = 0;  // later passes find the rows in L2
     const int mt = g + 1 < g_end ? 2 : 1;
     for (int i = 0; i < NT; ++i) {
       const int64_t cols = n_count - 16 * i < 16 ? n_count - 16 * i : 16;
@@ -340,7 +368,7 @@ inline void copy_k_tail(const uint16_t* w, int64_t K, int64_t n, uint16_t* tail)
 
 template <class Tiles>
 void cols(Tiles& t, const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, float* y,
-          int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch) {
+          int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch, int prefetch_mode) {
   const int64_t groups = (M + kGroupRows - 1) / kGroupRows;
   const int64_t k_blocks = (K + kTileK - 1) / kTileK;
   const int64_t full_blocks = K / kTileK;
@@ -377,18 +405,21 @@ void cols(Tiles& t, const uint16_t* packed, int64_t M, int64_t K, const uint16_t
         a[i] = ASource{w + ni * K, row_bytes, full_blocks, tail};
       }
       const int64_t next = n + 16 * nt;
-      const char* next_rows =
-          next + 16 * nt <= whole_end ? reinterpret_cast<const char*>(w + next * K) : nullptr;
+      const Prefetch pf{
+          prefetch_mode,
+          next + 16 * nt <= whole_end ? reinterpret_cast<const char*>(w + next * K) : nullptr,
+          row_bytes};
       if (nt == 2) {
-        n_block<Tiles, 2>(t, a, packed, k_blocks, M, g0, g1, n, 32, y, ldy, next_rows, row_bytes);
+        n_block<Tiles, 2>(t, a, packed, k_blocks, M, g0, g1, n, 32, y, ldy, pf);
       } else {
-        n_block<Tiles, 1>(t, a, packed, k_blocks, M, g0, g1, n, 16, y, ldy, next_rows, row_bytes);
+        n_block<Tiles, 1>(t, a, packed, k_blocks, M, g0, g1, n, 16, y, ldy, pf);
       }
       n += 16 * nt;
     }
     if (n_rest > 0) {
       ASource a{scratch, k_blocks * kTileK * 2, k_blocks, nullptr};
-      n_block<Tiles, 1>(t, &a, packed, k_blocks, M, g0, g1, whole_end, n_rest, y, ldy, nullptr, 0);
+      n_block<Tiles, 1>(t, &a, packed, k_blocks, M, g0, g1, whole_end, n_rest, y, ldy,
+                        Prefetch{0, nullptr, 0});
     }
   }
   t.release();
@@ -428,15 +459,17 @@ void amx_split_bf16x3(const float* x, int64_t n, uint16_t* hi, uint16_t* mid, ui
 }
 
 void matmul_cols_amx(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
-                     int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch) {
+                     int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch,
+                     int prefetch_mode) {
   HwTiles t;
-  cols(t, packed, M, K, static_cast<const uint16_t*>(w), y, ldy, n_begin, n_end, scratch);
+  cols(t, packed, M, K, static_cast<const uint16_t*>(w), y, ldy, n_begin, n_end, scratch,
+       prefetch_mode);
 }
 
 void matmul_cols_amx_emulated(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
                               int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch) {
   EmuTiles t;
-  cols(t, packed, M, K, static_cast<const uint16_t*>(w), y, ldy, n_begin, n_end, scratch);
+  cols(t, packed, M, K, static_cast<const uint16_t*>(w), y, ldy, n_begin, n_end, scratch, 1);
 }
 
 }  // namespace qtk::cpu

@@ -46,8 +46,13 @@ void amx_pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, uint16_t* pac
 void amx_split_bf16x3(const float* x, int64_t n, uint16_t* hi, uint16_t* mid, uint16_t* lo);
 // y[m, n] for m < M, n_begin <= n < n_end from packed activations and bf16
 // weights [N, K]. scratch: amx_scratch_u16(K) elements owned by this thread.
+// prefetch_mode: software prefetch of weight rows (changes no arithmetic):
+// 0 none, 1 the next column block's rows at the current k offset, 2 the next
+// block in address order, 3 the same, every 4th line, 4 the current rows
+// 512 bytes ahead (see matmul.cpp for the default and QTK_AMX_PREFETCH).
 void matmul_cols_amx(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
-                     int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch);
+                     int64_t ldy, int64_t n_begin, int64_t n_end, uint16_t* scratch,
+                     int prefetch_mode);
 // The same with the tile instructions modelled in scalar code (tests only:
 // checks tiling, packing and tails on CPUs without AMX).
 void matmul_cols_amx_emulated(const uint16_t* packed, int64_t M, int64_t K, const void* w, float* y,
