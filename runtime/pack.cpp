@@ -420,6 +420,36 @@ size_t Pack::copy_to_hugepages() const {
   return size;
 }
 
+void Pack::prefault_range(const void* p, size_t n) const {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(file_.data());
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (n == 0 || a < base || a + n > base + file_.size()) return;
+  const long ps = sysconf(_SC_PAGESIZE);
+  const uintptr_t page = ps > 0 ? static_cast<uintptr_t>(ps) : 4096;
+  const uintptr_t lo = a / page * page;
+  void* start = reinterpret_cast<void*>(lo);
+  const size_t len = a + n - lo;
+  ::madvise(start, len, MADV_WILLNEED);
+#ifdef MADV_POPULATE_READ
+  if (::madvise(start, len, MADV_POPULATE_READ) == 0) return;
+#endif
+  volatile uint8_t sink = 0;
+  for (uintptr_t off = lo; off < a + n; off += page)
+    sink = sink + *reinterpret_cast<const uint8_t*>(off);
+}
+
+void Pack::release_range(const void* p, size_t n) const {
+  if (on_hugepages_) return;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(file_.data());
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (n == 0 || a < base || a + n > base + file_.size()) return;
+  const long ps = sysconf(_SC_PAGESIZE);
+  const uintptr_t page = ps > 0 ? static_cast<uintptr_t>(ps) : 4096;
+  const uintptr_t lo = (a + page - 1) / page * page;  // whole pages inside the range only:
+  const uintptr_t hi = (a + n) / page * page;         // neighbours may share the edge pages
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 size_t Pack::load_for_cpu() const {
   const char* env = std::getenv("QTK_HUGEPAGES");
   if (env != nullptr && std::string_view(env) == "0") return prefault();

@@ -91,6 +91,17 @@ class Pack {
   // (bench/RESULTS.md, session 3, has the measurement).
   size_t copy_to_hugepages() const;
 
+  // Reads the pages of [p, p + n) (a range inside the pack) in now, like
+  // prefault() for part of the pack. Best effort.
+  void prefault_range(const void* p, size_t n) const;
+
+  // Gives the pages of [p, p + n) back to the kernel (whole pages inside the
+  // range; MADV_DONTNEED): the bytes stay readable at the same addresses and
+  // fault back in from the page cache (or the file) when read. A no-op after
+  // copy_to_hugepages(), where dropping pages would lose them. For a model
+  // that keeps its own copy of some tensors (runtime/tiled_weights.h).
+  void release_range(const void* p, size_t n) const;
+
   // What the CPU models call at construction: copy_to_hugepages(), or only
   // prefault() when the environment sets QTK_HUGEPAGES=0.
   size_t load_for_cpu() const;

@@ -87,7 +87,15 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
   }
   // note: every weight is read by the first forward pass anyway; reading
   // them here keeps disk reads and page faults out of the timed steps.
-  pack.load_for_cpu();
+  if (TiledWeights::enabled()) {
+    std::vector<TensorView> mats{w_.lm_head};
+    for (const Qwen3LayerWeights& l : w_.layers) {
+      mats.insert(mats.end(), {l.qkv_proj, l.o_proj, l.gate_up_proj, l.down_proj});
+    }
+    tiled_.build(pack, mats, pool_);
+  } else {
+    pack.load_for_cpu();
+  }
 }
 
 CacheSpec Qwen3::cache_spec() const {
@@ -135,13 +143,13 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t rotary = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
 
-  embedding_lookup(w_.embed_tokens.data, w_.embed_tokens.dtype, H, b.token_ids, T, x);
+  tiled_.embedding(w_.embed_tokens, b.token_ids, T, x);
   if (hook_) hook_(-1, x, T, H, H);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Qwen3LayerWeights& l = w_.layers[li];
     // Self-attention block.
     rmsnorm(x, H, l.input_layernorm.as<float>(), h, H, T, H, eps);
-    matmul(h, H, l.qkv_proj.data, l.qkv_proj.dtype, qkv, qkv_ld, T, qkv_ld, H, pool_);
+    tiled_.matmul(h, H, l.qkv_proj, qkv, qkv_ld, T, qkv_ld, H, pool_);
     rmsnorm_heads(q, qkv_ld, l.q_norm.as<float>(), q, qkv_ld, T, Hq, D, eps);
     rmsnorm_heads(k, qkv_ld, l.k_norm.as<float>(), k, qkv_ld, T, Hkv, D, eps);
     rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
@@ -152,14 +160,13 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
                    kv.num_blocks(), kv.k(li), kv.v(li));
     paged_attention(q, qkv_ld, kv.k(li), kv.v(li), attn_.data(), c.q_dim(), ab, Hq, Hkv, D, scale,
                     attn_scratch_.data(), pool_);
-    matmul(attn_.data(), c.q_dim(), l.o_proj.data, l.o_proj.dtype, h, H, T, H, c.q_dim(), pool_);
+    tiled_.matmul(attn_.data(), c.q_dim(), l.o_proj, h, H, T, H, c.q_dim(), pool_);
     add_inplace(x, h, T * H);
     // MLP block.
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H,
-           pool_);
+    tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
-    matmul(act_.data(), I, l.down_proj.data, l.down_proj.dtype, h, H, T, H, I, pool_);
+    tiled_.matmul(act_.data(), I, l.down_proj, h, H, T, H, I, pool_);
     add_inplace(x, h, T * H);
     if (hook_) hook_(li, x, T, H, H);
   }
@@ -177,8 +184,7 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
     ++r;
   }
   if (r > 0) {
-    matmul(last_.data(), H, w_.lm_head.data, w_.lm_head.dtype, logits, c.vocab_size, r,
-           c.vocab_size, H, pool_);
+    tiled_.matmul(last_.data(), H, w_.lm_head, logits, c.vocab_size, r, c.vocab_size, H, pool_);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "loaders/tensor_view.h"
 #include "runtime/model.h"
+#include "runtime/tiled_weights.h"
 
 namespace qtk {
 
@@ -47,6 +48,7 @@ class Qwen3 : public Model {
  private:
   ModelConfig cfg_;
   Qwen3Weights w_;
+  TiledWeights tiled_;  // tile-order copies of the matrices (avx512 path), see tiled_weights.h
   ThreadPool* pool_;
   bool rope_inv_freq_bf16_ = false;  // see the constructor
 

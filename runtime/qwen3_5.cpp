@@ -89,7 +89,20 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
   conv_state_floats_ = c.linear_conv_dim() * std::max<int64_t>(0, c.linear_conv_kernel - 1);
   rec_state_floats_ = Hv * c.linear_key_head_dim * Dv;
   // note: see Qwen3::Qwen3 (weights read now, not in the first timed step).
-  pack.load_for_cpu();
+  if (TiledWeights::enabled()) {
+    std::vector<TensorView> mats{w_.lm_head};
+    for (const Qwen3_5LayerWeights& l : w_.layers) {
+      if (l.kind == LayerKind::kFull) {
+        mats.insert(mats.end(), {l.attn.qkv_proj, l.attn.o_proj});
+      } else {
+        mats.insert(mats.end(), {l.gdn.in_proj, l.gdn.out_proj});
+      }
+      mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
+    }
+    tiled_.build(pack, mats, pool_);
+  } else {
+    pack.load_for_cpu();
+  }
 }
 
 CacheSpec Qwen3_5::cache_spec() const {
@@ -132,7 +145,7 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
   const float* gate = proj + c.q_dim();
   float* k = proj + 2 * c.q_dim();
   const float* v = k + c.kv_dim();
-  matmul(h, H, w.qkv_proj.data, w.qkv_proj.dtype, proj, ld, T, ld, H, pool_);
+  tiled_.matmul(h, H, w.qkv_proj, proj, ld, T, ld, H, pool_);
   rmsnorm_heads(q, ld, w.q_norm.as<float>(), q, ld, T, Hq, D, eps);
   rmsnorm_heads(k, ld, w.k_norm.as<float>(), k, ld, T, Hkv, D, eps);
   const auto& sec = c.rope.mrope_section;
@@ -158,7 +171,7 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
                   attn_scratch_.data(), pool_);
   // Gated attention: the output of each head times sigmoid(its gate).
   sigmoid_mul_heads(core, c.q_dim(), gate, ld, D, T, Hq, D);
-  matmul(core, c.q_dim(), w.o_proj.data, w.o_proj.dtype, out, H, T, H, c.q_dim(), pool_);
+  tiled_.matmul(core, c.q_dim(), w.o_proj, out, H, T, H, c.q_dim(), pool_);
 }
 
 void Qwen3_5::linear_attention(const Qwen3_5LinearAttention& w, int64_t gi, const StepBatch& b,
@@ -170,7 +183,7 @@ void Qwen3_5::linear_attention(const Qwen3_5LinearAttention& w, int64_t gi, cons
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel;
   const int64_t ld = in_proj_rows(c);
   float* proj = proj_.data();
-  matmul(h, H, w.in_proj.data, w.in_proj.dtype, proj, ld, T, ld, H, pool_);
+  tiled_.matmul(h, H, w.in_proj, proj, ld, T, ld, H, pool_);
   const float* z = proj + C;
   const float* bcol = z + c.linear_value_dim();
   const float* acol = bcol + Hv;
@@ -199,8 +212,7 @@ void Qwen3_5::linear_attention(const Qwen3_5LinearAttention& w, int64_t gi, cons
                           rec_states_.data(), core, c.linear_value_dim(), Hk, Hv, Dk, Dv, pool_);
   gated_rmsnorm(core, c.linear_value_dim(), z, ld, w.norm.as<float>(), core, c.linear_value_dim(),
                 T, Hv, Dv, static_cast<float>(c.rms_norm_eps));
-  matmul(core, c.linear_value_dim(), w.out_proj.data, w.out_proj.dtype, out, H, T, H,
-         c.linear_value_dim(), pool_);
+  tiled_.matmul(core, c.linear_value_dim(), w.out_proj, out, H, T, H, c.linear_value_dim(), pool_);
 }
 
 void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float* logits) {
@@ -211,7 +223,7 @@ void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float*
   float* h = h_.data();
   float* mix = mix_.data();
 
-  embedding_lookup(w_.embed_tokens.data, w_.embed_tokens.dtype, H, b.token_ids, T, x);
+  tiled_.embedding(w_.embed_tokens, b.token_ids, T, x);
   if (hook_) hook_(-1, x, T, H, H);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Qwen3_5LayerWeights& l = w_.layers[li];
@@ -223,10 +235,9 @@ void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float*
     }
     add_inplace(x, mix, T * H);
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    matmul(h, H, l.gate_up_proj.data, l.gate_up_proj.dtype, gate_up_.data(), 2 * I, T, 2 * I, H,
-           pool_);
+    tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
-    matmul(act_.data(), I, l.down_proj.data, l.down_proj.dtype, mix, H, T, H, I, pool_);
+    tiled_.matmul(act_.data(), I, l.down_proj, mix, H, T, H, I, pool_);
     add_inplace(x, mix, T * H);
     if (hook_) hook_(li, x, T, H, H);
   }
@@ -243,8 +254,7 @@ void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float*
     ++r;
   }
   if (r > 0) {
-    matmul(last_.data(), H, w_.lm_head.data, w_.lm_head.dtype, logits, c.vocab_size, r,
-           c.vocab_size, H, pool_);
+    tiled_.matmul(last_.data(), H, w_.lm_head, logits, c.vocab_size, r, c.vocab_size, H, pool_);
   }
 }
 

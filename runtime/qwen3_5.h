@@ -9,6 +9,7 @@
 
 #include "loaders/tensor_view.h"
 #include "runtime/model.h"
+#include "runtime/tiled_weights.h"
 
 namespace qtk {
 
@@ -64,6 +65,7 @@ class Qwen3_5 : public Model {
 
   ModelConfig cfg_;
   Qwen3_5Weights w_;
+  TiledWeights tiled_;  // tile-order copies of the matrices (avx512 path), see tiled_weights.h
   ThreadPool* pool_;
   bool rope_inv_freq_bf16_ = false;  // see the constructor
   int64_t attn_layers_ = 0, gdn_layers_ = 0;
