@@ -213,6 +213,74 @@ void MatmulPathArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatmulPaths)->Apply(MatmulPathArgs)->UseRealTime()->MinTime(0.2);
 
+// AMX tile-multiply ceiling on this machine now: 4 independent C tiles,
+// TDPBF16PS on tiles held in registers (loads = 0), or with 4 tile loads
+// per 4 multiplies from a buffer of buf_kib (the pattern of the amx matmul's
+// inner loop: 16 KiB stays in L1, 512 KiB in L2). args: threads, loads,
+// buf_kib. Raw bf16 GFLOP/s (16 x 16 x 32 x 2 per instruction); the amx
+// matmul's useful share is 15/16 (one of 16 columns is padding) / 3 (parts).
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+__attribute__((noinline)) void amx_tdp_loop(int64_t iters, const char* buf, int64_t buf_bytes,
+                                            bool loads) {
+  AmxConfig cfg;
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+  __asm__ volatile(
+      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3\n\t"
+      "tilezero %%tmm4\n\ttilezero %%tmm5\n\ttilezero %%tmm6\n\ttilezero %%tmm7" ::);
+  int64_t off = 0;
+  const int64_t stride = 64;
+  for (int64_t i = 0; i < iters; ++i) {
+    if (loads) {
+      const char* p = buf + off;
+      __asm__ volatile(
+          "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd 1024(%0,%1,1), %%tmm5\n\t"
+          "tileloadd 2048(%0,%1,1), %%tmm6\n\ttileloadd 3072(%0,%1,1), %%tmm7" ::"r"(p),
+          "r"(stride)
+          : "memory");
+      off += 4096;
+      if (off + 4096 > buf_bytes) off = 0;
+    }
+    __asm__ volatile(
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::);
+  }
+  __asm__ volatile("tilerelease" ::: "memory");
+}
+
+void BM_AmxTdpPeak(benchmark::State& state) {
+  if (!cpu_path_supported(CpuPath::kAmx)) {
+    state.SkipWithError(("needs AMX: missing " + cpu_path_missing(CpuPath::kAmx)).c_str());
+    return;
+  }
+  const int threads = static_cast<int>(state.range(0));
+  const bool loads = state.range(1) != 0;
+  const int64_t buf_bytes = state.range(2) << 10;
+  ThreadPool* pool = pool_for(threads);
+  std::vector<std::vector<char>> bufs(threads, std::vector<char>(buf_bytes, 0));
+  const int64_t iters = 1 << 14;
+  for (auto _ : state) {
+    parallel_for_tid(pool, threads, [&](int64_t, int64_t, int tid) {
+      amx_tdp_loop(iters, bufs[tid].data(), buf_bytes, loads);
+    });
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * threads * iters * 4 * 16384.0,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AmxTdpPeak)
+    ->Args({1, 0, 16})
+    ->Args({2, 0, 16})
+    ->Args({1, 1, 16})
+    ->Args({1, 1, 512})
+    ->Args({2, 1, 512})
+    ->UseRealTime()
+    ->MinTime(0.2);
+
 // The same with other work between calls, as in a decode step (norms,
 // attention): gap_us microseconds of AVX-512 FMAs on every thread after each
 // matmul. args: M, N, K, path, gap_us (2 threads). Time per call includes
