@@ -112,7 +112,7 @@ void ThreadPool::worker_loop(int tid) {
   }
 }
 
-void ThreadPool::parallel_for_tid(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
+void ThreadPool::parallel_for_tid(int64_t n, RangeTidFn fn) {
   if (n <= 0) return;
   if (threads_ == 1) {
     fn(0, n, 0);
@@ -150,8 +150,9 @@ void ThreadPool::parallel_for_tid(int64_t n, const std::function<void(int64_t, i
   if (error) std::rethrow_exception(error);
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  parallel_for_tid(n, [&fn](int64_t b, int64_t e, int) { fn(b, e); });
+void ThreadPool::parallel_for(int64_t n, RangeFn fn) {
+  auto with_tid = [fn](int64_t b, int64_t e, int) { fn(b, e); };
+  parallel_for_tid(n, with_tid);
 }
 
 }  // namespace qtk

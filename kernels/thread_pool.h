@@ -5,12 +5,44 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace qtk {
+
+template <class Signature>
+class FunctionRef;
+
+// A non-owning reference to a callable (like std::function_ref of C++26):
+// two pointers, no allocation, no copy of the callable. Only valid while the
+// callable lives; parallel_for takes it by value and runs it before it
+// returns, so a lambda written in the call is fine.
+// note: std::function allocated for lambdas capturing more than two
+// references (every matmul call did: one malloc per call on the hot path).
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef> &&
+                                              std::is_invocable_r_v<R, F&, Args...>>>
+  FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): implicit, like std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* obj, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(obj))(std::forward<Args>(args)...);
+        }) {}
+
+  R operator()(Args... args) const { return call_(obj_, std::forward<Args>(args)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
+
+using RangeFn = FunctionRef<void(int64_t begin, int64_t end)>;
+using RangeTidFn = FunctionRef<void(int64_t begin, int64_t end, int tid)>;
 
 // note: batch invariance rests on one rule: threads split only over
 // independent outputs (rows, columns, heads), never over a reduction. The pool
@@ -46,13 +78,12 @@ class ThreadPool {
   // Calls fn(begin, end) on the pieces of [0, n) (see above), and returns
   // when all are done. Not re-entrant: fn must not call parallel_for on the
   // same pool.
-  void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
+  void parallel_for(int64_t n, RangeFn fn);
 
   // Same, also passing the index of the worker running the piece (0 <= tid <
   // size()); one worker runs its pieces one after another, so fn can use
   // per-worker scratch memory.
-  void parallel_for_tid(int64_t n,
-                        const std::function<void(int64_t begin, int64_t end, int tid)>& fn);
+  void parallel_for_tid(int64_t n, RangeTidFn fn);
 
  private:
   void worker_loop(int tid);
@@ -68,7 +99,7 @@ class ThreadPool {
   std::condition_variable start_cv_;
   // The current job. Written by the caller only while no piece of the
   // previous job can still be claimed.
-  std::atomic<const std::function<void(int64_t, int64_t, int)>*> job_{nullptr};
+  std::atomic<const RangeTidFn*> job_{nullptr};
   std::atomic<int64_t> job_n_{0};
   std::atomic<int64_t> job_pieces_{0};
   // (job generation << 32) | next unclaimed piece: one compare-and-swap
@@ -82,8 +113,7 @@ class ThreadPool {
 };
 
 // Runs fn over [0, n) on the pool, or inline (one piece) when pool is null.
-inline void parallel_for(ThreadPool* pool, int64_t n,
-                         const std::function<void(int64_t begin, int64_t end)>& fn) {
+inline void parallel_for(ThreadPool* pool, int64_t n, RangeFn fn) {
   if (n <= 0) return;
   if (pool == nullptr || pool->size() == 1) {
     fn(0, n);
@@ -92,8 +122,7 @@ inline void parallel_for(ThreadPool* pool, int64_t n,
   }
 }
 
-inline void parallel_for_tid(ThreadPool* pool, int64_t n,
-                             const std::function<void(int64_t begin, int64_t end, int tid)>& fn) {
+inline void parallel_for_tid(ThreadPool* pool, int64_t n, RangeTidFn fn) {
   if (n <= 0) return;
   if (pool == nullptr || pool->size() == 1) {
     fn(0, n, 0);
