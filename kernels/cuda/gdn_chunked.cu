@@ -20,9 +20,9 @@ constexpr int kLd = kC + 4;                      // f32 row stride of A and T
 constexpr int kB = 16;                           // block size of the blocked triangular inverse
 constexpr int kPrepThreads = 256;
 constexpr int kStateThreads = 128;
-constexpr int kNv = 32;               // value columns per block of the state pass
-constexpr int kLdv = kNv + kPad;      // bf16 row stride of the [k][kNv] shared operands
-constexpr int64_t kTile = 32 * 16;    // bytes of one 16 x 16 A fragment tile (32 lanes x 16 B)
+constexpr int kNv = 32;             // value columns per block of the state pass
+constexpr int kLdv = kNv + kPad;    // bf16 row stride of its [k][kNv] shared operands
+constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 lanes x 16 B)
 
 // note: the math. Per token t the recurrent form is
 //   S_t = e^{g_t} S_{t-1} + k_t u_t^T,  u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),
@@ -65,8 +65,15 @@ constexpr int64_t kTile = 32 * 16;    // bytes of one 16 x 16 A fragment tile (3
 //   P new_v: P rounded to bf16 once (the output is bf16: 2^-9 relative per
 //     term, below the output's own rounding) x (new_v hi + lo).
 //   K^T (e^{..} new_v): K exact x (hi + lo).
-// Measured against the float64 chunked reference (tests/cuda/test_gdn_chunked,
-// H100): see the numbers at the test's tolerances.
+// Measured on the H100 against the float64 chunked reference
+// (tests/cuda/test_gdn_chunked.cpp, relative L2, 1..9 chunks, Dk 16..128):
+// state 1.4e-6 .. 2.9e-6 (session 2's f32 CUDA-core kernel: 1.6e-7 ..
+// 5.2e-7), outputs 2.2e-3 .. 2.4e-3 (1.7e-3 is the bf16 rounding of the
+// outputs alone, which the f32 kernel reached). The extra output error is
+// P in bf16; a hi/lo P would cost 4 more mma per k tile of (3) and 8 KiB
+// more workspace per chunk and head. Against the recurrent kernel: state
+// 3.3e-6, outputs 2.6e-3; the bf16 generate tests' agreement with the CPU
+// on qwen3.5-sample is unchanged (810 of 960 tokens, 16 of 20 cases).
 //
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
 // and the column alone (mma k-steps ascending, hi before lo), so the result
@@ -78,7 +85,7 @@ constexpr int64_t kTile = 32 * 16;    // bytes of one 16 x 16 A fragment tile (3
 template <int DK>
 struct Rec {
   static constexpr int kKt = DK / 16;
-  static constexpr int64_t w_hi = 0;                      // -W hi [64][DK]: 4 x kKt tiles
+  static constexpr int64_t w_hi = 0;                       // -W hi [64][DK]: 4 x kKt tiles
   static constexpr int64_t w_lo = w_hi + 4 * kKt * kTile;  // -W lo
   static constexpr int64_t t_hi = w_lo + 4 * kKt * kTile;  // T' = T diag(beta) hi [64][64]
   static constexpr int64_t t_lo = t_hi + 16 * kTile;       // T' lo
@@ -102,6 +109,11 @@ __device__ __forceinline__ void load_frag(uint32_t (&a)[4], const uint8_t* rec, 
   a[3] = x.w;
 }
 
+// Asks for the 128-byte line at p in L1 (a hint; nothing waits for it).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 // x, y as bf16 pairs hi = bf16(x, y) and lo = bf16(x - hi_x, y - hi_y).
 __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x, y);
@@ -111,15 +123,15 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
 // ---- (1) the state-independent part, one block per (chunk, value head) ----
 
 template <int DK>
-struct PrepSmem {  // byte offsets
-  static constexpr int ld = DK + kPad;           // bf16 row stride of q and k
-  static constexpr int ks = 0;                   // bf16 [64][ld] keys
-  static constexpr int qs = ks + kC * ld * 2;    // bf16 [64][ld] queries
-  static constexpr int am = qs + kC * ld * 2;    // f32 [64][kLd] A (strictly lower)
-  static constexpr int tm = am + kC * kLd * 4;   // f32 [64][kLd] T (lower blocks)
-  static constexpr int mb = tm + kC * kLd * 4;   // f32 [3][16][16] scratch of the inverse
+struct PrepSmem {                                  // byte offsets
+  static constexpr int ld = DK + kPad;             // bf16 row stride of q and k
+  static constexpr int ks = 0;                     // bf16 [64][ld] keys
+  static constexpr int qs = ks + kC * ld * 2;      // bf16 [64][ld] queries
+  static constexpr int am = qs + kC * ld * 2;      // f32 [64][kLd] A (strictly lower)
+  static constexpr int tm = am + kC * kLd * 4;     // f32 [64][kLd] T (lower blocks)
+  static constexpr int mb = tm + kC * kLd * 4;     // f32 [3][16][16] scratch of the inverse
   static constexpr int gc = mb + 3 * kB * kB * 4;  // f32 [64] g, then gcum
-  static constexpr int bt = gc + kC * 4;         // f32 [64] beta
+  static constexpr int bt = gc + kC * 4;           // f32 [64] beta
   static constexpr int total = bt + kC * 4;
 };
 
@@ -229,11 +241,10 @@ __global__ void __launch_bounds__(kPrepThreads)
     if (is_q) {
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt)
-        *frag_at(rec, R::p, rt * 4 + kt, lane) =
-            make_uint4(pack_bf16(sc[2 * kt][0], sc[2 * kt][1]),
-                       pack_bf16(sc[2 * kt][2], sc[2 * kt][3]),
-                       pack_bf16(sc[2 * kt + 1][0], sc[2 * kt + 1][1]),
-                       pack_bf16(sc[2 * kt + 1][2], sc[2 * kt + 1][3]));
+        *frag_at(rec, R::p, rt * 4 + kt, lane) = make_uint4(
+            pack_bf16(sc[2 * kt][0], sc[2 * kt][1]), pack_bf16(sc[2 * kt][2], sc[2 * kt][3]),
+            pack_bf16(sc[2 * kt + 1][0], sc[2 * kt + 1][1]),
+            pack_bf16(sc[2 * kt + 1][2], sc[2 * kt + 1][3]));
     } else {
 #pragma unroll
       for (int n = 0; n < kC / 8; ++n) {
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   }
   // T_ij scaled by s_j as hi/lo A fragments of k tile kt for 16 rows from
   // rt * 16 (0 above the diagonal).
-  auto t_frags = [&](int rt, int kt, bool with_gamma, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  auto t_frags = [&](int rt, int kt, bool with_gamma, uint32_t(&hi)[4], uint32_t(&lo)[4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = rt * 16 + gq + (r & 1) * 8, j = kt * 16 + 2 * cq + (r >> 1) * 8;
@@ -372,15 +383,21 @@ __global__ void __launch_bounds__(kPrepThreads)
 
 // ---- (2) the state pass, one block per (item, value head, 32 columns) ----
 
+// note: 32 value columns and 4 warps per block (warp w: rows 16 w.. of the
+// chunk, state row tiles w, w + 4, ...), at most 128 registers: 4 blocks
+// per SM. Measured on the H100 (Qwen3.5-0.8B heads, us for 1 x 512 / 8 x
+// 512 tokens): 32 columns 59.8 / 186, 64 columns (8 warps) 76.1 / 185, 128
+// columns (16 warps) 107 / 192: a long prompt's chain of chunks is latency
+// bound, so more blocks per head win there and cost nothing at 8 x 512.
 template <int DK>
-struct StateSmem {  // byte offsets; bf16 [rows][kLdv] each
-  static constexpr int sh = 0;                     // S hi [DK]
-  static constexpr int sl = sh + DK * kLdv * 2;    // S lo [DK]
-  static constexpr int nh = sl + DK * kLdv * 2;    // new_v hi [64]
-  static constexpr int nl = nh + kC * kLdv * 2;    // new_v lo
-  static constexpr int dh = nl + kC * kLdv * 2;    // e^{gcum_63 - gcum_j} new_v hi
-  static constexpr int dl = dh + kC * kLdv * 2;    // ... lo
-  static constexpr int vs = dl + kC * kLdv * 2;    // V tile [64]
+struct StateSmem {                               // byte offsets; bf16 [rows][kLdv] each
+  static constexpr int sh = 0;                   // S hi [DK]
+  static constexpr int sl = sh + DK * kLdv * 2;  // S lo [DK]
+  static constexpr int nh = sl + DK * kLdv * 2;  // new_v hi [64]
+  static constexpr int nl = nh + kC * kLdv * 2;  // new_v lo
+  static constexpr int dh = nl + kC * kLdv * 2;  // e^{gcum_63 - gcum_j} new_v hi
+  static constexpr int dl = dh + kC * kLdv * 2;  // ... lo
+  static constexpr int vs = dl + kC * kLdv * 2;  // V tile [64]
   static constexpr int total = vs + kC * kLdv * 2;
 };
 
@@ -400,7 +417,7 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* m, int kt, 
 }
 
 template <int DK>
-__global__ void __launch_bounds__(kStateThreads)
+__global__ void __launch_bounds__(kStateThreads, 4)
     gdn_chunk_state_kernel(const bf16* __restrict__ v, int64_t ldv, float* state_pool,
                            const int32_t* __restrict__ slot, const int32_t* __restrict__ first_row,
                            const int32_t* __restrict__ chunk_start, bf16* __restrict__ out,
@@ -421,7 +438,9 @@ __global__ void __launch_bounds__(kStateThreads)
   bf16* Vs = reinterpret_cast<bf16*>(sm + L::vs);
 
   const int tile = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  // (w & 3: the compiler then knows w < 4; 40 bytes of spills at 128
+  // registers instead of 144)
+  const int tid = threadIdx.x, lane = tid & 31, w = (tid >> 5) & 3;
   const int gq = lane >> 2, cq = lane & 3;
   const int c0 = tile * kNv;
   const int cs = chunk_start[item], n_chunks = chunk_start[item + 1] - cs;
@@ -532,7 +551,30 @@ __global__ void __launch_bounds__(kStateThreads)
       }
     }
     __syncthreads();
-    if (c + 1 < n_chunks) fetch_v(r0 + kC);
+    if (c + 1 < n_chunks) {
+      // note: the next chunk's V tile to registers and this warp's fragments
+      // of its record to L1 while this chunk finishes: the state chain of a
+      // long prompt waits on nothing but L1 from chunk to chunk.
+      fetch_v(r0 + kC);
+      const uint8_t* nx = rec + static_cast<int64_t>(hv) * R::bytes;
+      const int lo = lane * 16;
+#pragma unroll
+      for (int kt = 0; kt < kC / 16; ++kt) {
+        prefetch_l1(nx + R::t_hi + (w * 4 + kt) * kTile + lo);
+        prefetch_l1(nx + R::t_lo + (w * 4 + kt) * kTile + lo);
+        prefetch_l1(nx + R::p + (w * 4 + kt) * kTile + lo);
+#pragma unroll
+        for (int mi = 0; mi < kMt; ++mi)
+          if (w + 4 * mi < kKt) prefetch_l1(nx + R::kt + ((w + 4 * mi) * 4 + kt) * kTile + lo);
+      }
+#pragma unroll
+      for (int kt = 0; kt < kKt; ++kt) {
+        prefetch_l1(nx + R::w_hi + (w * kKt + kt) * kTile + lo);
+        prefetch_l1(nx + R::w_lo + (w * kKt + kt) * kTile + lo);
+        prefetch_l1(nx + R::qf + (w * kKt + kt) * kTile + lo);
+      }
+      if (lane < 4) prefetch_l1(nx + R::eg + lane * 128);
+    }
     // (3) O = diag(gamma) Q S + P new_v.
     {
       float po[kNf][4];
@@ -644,9 +686,9 @@ void launch_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, cons
   // workspace records at about the same time (L2).
   const dim3 grid(static_cast<unsigned>((dv + kNv - 1) / kNv), static_cast<unsigned>(hv),
                   static_cast<unsigned>(count));
-  gdn_chunk_state_kernel<DK><<<grid, kStateThreads, 0, stream>>>(
-      v, ldv, state_pool, slot, first_row, chunk_start, out, ldo, static_cast<int>(hv),
-      static_cast<int>(dv), ws);
+  gdn_chunk_state_kernel<DK>
+      <<<grid, kStateThreads, 0, stream>>>(v, ldv, state_pool, slot, first_row, chunk_start, out,
+                                           ldo, static_cast<int>(hv), static_cast<int>(dv), ws);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -664,10 +706,18 @@ __global__ void copy_rows_kernel(const T* __restrict__ src, int64_t lds,
 int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk) {
   int64_t rec = 0;
   switch (dk) {
-    case 16: rec = Rec<16>::bytes; break;
-    case 32: rec = Rec<32>::bytes; break;
-    case 64: rec = Rec<64>::bytes; break;
-    case 128: rec = Rec<128>::bytes; break;
+    case 16:
+      rec = Rec<16>::bytes;
+      break;
+    case 32:
+      rec = Rec<32>::bytes;
+      break;
+    case 64:
+      rec = Rec<64>::bytes;
+      break;
+    case 128:
+      rec = Rec<128>::bytes;
+      break;
     default:
       fail_message("gated_delta_rule_chunked: key head dim " + std::to_string(dk) +
                    " is not supported (expected 16, 32, 64 or 128)");
@@ -675,9 +725,9 @@ int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk
   return total_chunks * hv * rec;
 }
 
-void gated_delta_rule_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk,
-                              const bf16* v, int64_t ldv, const float* g, const float* beta,
-                              float* state_pool, const int32_t* slot, const int32_t* first_row,
+void gated_delta_rule_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, const bf16* v,
+                              int64_t ldv, const float* g, const float* beta, float* state_pool,
+                              const int32_t* slot, const int32_t* first_row,
                               const int32_t* chunk_start, int64_t count, int64_t total_chunks,
                               void* workspace, bf16* out, int64_t ldo, int64_t hk, int64_t hv,
                               int64_t dk, int64_t dv, cudaStream_t stream) {

@@ -180,9 +180,9 @@ class CudaQwen3_5 final : public CudaModel {
       grew |= ensure(tail_core_, T * c.linear_value_dim() * a);
       grew |= ensure(tail_gb_, 2 * T * c.linear_num_value_heads * sizeof(float));
       // The chunked kernel's per-chunk products: at most T / 64 chunks a step.
-      grew |= ensure(gdn_ws_, static_cast<size_t>(cuda::gdn_chunked_workspace_bytes(
-                                  T / cuda::kGdnChunk, c.linear_num_value_heads,
-                                  c.linear_key_head_dim)));
+      grew |= ensure(gdn_ws_,
+                     static_cast<size_t>(cuda::gdn_chunked_workspace_bytes(
+                         T / cuda::kGdnChunk, c.linear_num_value_heads, c.linear_key_head_dim)));
     }
     if (grew) graphs_.clear();
   }
@@ -352,10 +352,10 @@ class CudaQwen3_5 final : public CudaModel {
       // recurrent kernel on a compact copy of those rows, continuing from the
       // state the chunked kernel left: each token takes the same kernel, with
       // the same arithmetic, however the prompt was scheduled.
-      cuda::gated_delta_rule_chunked(
-          q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(), rec_state_.as<float>(),
-          item_slots_ + l.kind_index * n_items_, item_first_, item_chunk_start_, n_items_,
-          n_chunks_, gdn_ws_.as(), core, Vd, Hk, Hv, Dk, Dv, stream_);
+      cuda::gated_delta_rule_chunked(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
+                                     rec_state_.as<float>(), item_slots_ + l.kind_index * n_items_,
+                                     item_first_, item_chunk_start_, n_items_, n_chunks_,
+                                     gdn_ws_.as(), core, Vd, Hk, Hv, Dk, Dv, stream_);
       if (n_tail_ > 0) {
         Act* tq = tail_conv_.as<Act>();
         float* tg = tail_gb_.as<float>();
