@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv_mma.h"
 #include "loaders/error.h"
 
 namespace qtk::cuda {
+
+using bf16 = __nv_bfloat16;
 namespace {
 
 cudaDataType_t cuda_type(DType t) {
@@ -77,7 +80,7 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr;
   cudaDataType_t in_t{}, out_t{};
-  int64_t k = 0, ldx = 0, ldy = 0, n = 0;
+  int64_t k = 0, ldx = 0, ldw = 0, ldy = 0, n = 0;
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
   int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
@@ -90,7 +93,8 @@ struct Gemm::Plan {
     int64_t time_m = 0;                            // the M the candidates are timed at
     std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
     int algo_id = -1, tile = -1, stages = -1;
-    bool usable = false;
+    bool usable = false;  // algo (a verified cuBLASLt alternate) serves the range
+    bool own = false;     // the own skinny kernel (gemv_mma.cu) serves it, verified
     std::string status = "not verified";
   };
   std::vector<Alt> alts;
@@ -160,6 +164,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   p->k = k;
   p->n = n;
   p->ldx = ldx;
+  p->ldw = ldw;
   p->ldy = ldy;
   QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -397,6 +402,48 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
         alt.usable = true;
       }
     }
+    // note: the own skinny kernel (gemv_mma.cu) competes for the small-M
+    // range of bf16 products on the same terms: bit-equal to the plan
+    // algorithm at 8 and at verify_m rows (its two token-tile variants), then
+    // faster at time_m.
+    std::string own_status;
+    if (alt.lo == 1 && p.in_t == CUDA_R_16BF && plan_runs &&
+        gemv_bf16_supported(xd, p.ldx, w, p.ldw, alt.verify_m, p.k)) {
+      const auto* xb = static_cast<const bf16*>(xd);
+      const auto* wb = static_cast<const bf16*>(w);
+      auto own = [&](int64_t m, void* y) {
+        if (p.out_t == CUDA_R_32F)
+          gemv_bf16<float>(xb, p.ldx, wb, p.ldw, static_cast<float*>(y), p.ldy, m, p.n, p.k,
+                           stream);
+        else
+          gemv_bf16<bf16>(xb, p.ldx, wb, p.ldw, static_cast<bf16*>(y), p.ldy, m, p.n, p.k, stream);
+      };
+      bool same = true;
+      for (const int64_t m : {std::min<int64_t>(8, alt.verify_m), alt.verify_m}) {
+        QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
+        own(m, y1);
+        QTK_CUDA_CHECK(cudaMemcpyAsync(h1.data(), y1, y_bytes, cudaMemcpyDeviceToHost, stream));
+        QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int64_t r = 0; r < m && same; ++r)
+          same = std::memcmp(&h0[r * p.ldy * out_es], &h1[r * p.ldy * out_es], p.n * out_es) == 0;
+      }
+      if (same) {
+        own(alt.time_m, y1);  // warm-up
+        QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
+        for (int i = 0; i < 5; ++i) own(alt.time_m, y1);
+        QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
+        QTK_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        own_status = fmt::format("; own kernel bit-equal, {:.1f} us", 1000.0f * ms / 5);
+        if (ms < best_ms) {
+          best_ms = ms;
+          alt.own = true;
+        }
+      } else {
+        own_status = "; own kernel not bit-equal";
+      }
+    }
     QTK_CUDA_CHECK(cudaEventDestroy(e0));
     QTK_CUDA_CHECK(cudaEventDestroy(e1));
     QTK_CUDA_CHECK(cudaFree(xd));
@@ -411,9 +458,10 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
       cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &alt.stages,
                                            sizeof(alt.stages), &written);
     }
-    alt.status = fmt::format("{} of {} candidates bit-equal; M {}: {:.1f} us vs {:.1f} us",
-                             verified, alt.candidates.size(), alt.time_m,
-                             1000.0f * (alt.usable ? best_ms : plan_ms) / 5, 1000.0f * plan_ms / 5);
+    alt.status = fmt::format("{} of {} candidates bit-equal{}; M {}: {:.1f} us vs {:.1f} us",
+                             verified, alt.candidates.size(), own_status, alt.time_m,
+                             1000.0f * (alt.usable || alt.own ? best_ms : plan_ms) / 5,
+                             1000.0f * plan_ms / 5);
     alt.candidates.clear();
   }
 }
@@ -441,8 +489,19 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   }
   if (!p.alts_checked) verify_alternates(p, w, stream);
   const cublasLtMatmulAlgo_t* algo = &p.algo;
-  for (const auto& alt : p.alts)
-    if (alt.usable && m >= alt.lo && m <= alt.hi) algo = &alt.algo;
+  for (const auto& alt : p.alts) {
+    if (m < alt.lo || m > alt.hi) continue;
+    if (alt.own && gemv_bf16_supported(x, ldx, w, ldw, m, k)) {
+      const auto* xb = static_cast<const bf16*>(x);
+      const auto* wb = static_cast<const bf16*>(w);
+      if (out == DType::F32)
+        gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+      else
+        gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+      return;
+    }
+    if (alt.usable) algo = &alt.algo;
+  }
   const auto& l = p.layouts(m);
   const float alpha = 1.0f, beta = 0.0f;
   QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x,
@@ -459,9 +518,10 @@ std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64
   for (const auto& a : p.alts) {
     const std::string range =
         fmt::format("M {}..{}", a.lo, a.hi == INT64_MAX ? std::string("") : std::to_string(a.hi));
-    d += a.usable ? fmt::format("; {}: algo {} tile {} stages {} ({})", range, a.algo_id, a.tile,
-                                a.stages, a.status)
-                  : fmt::format("; {}: plan algorithm ({})", range, a.status);
+    d += a.own      ? fmt::format("; {}: own gemv kernel ({})", range, a.status)
+         : a.usable ? fmt::format("; {}: algo {} tile {} stages {} ({})", range, a.algo_id, a.tile,
+                                  a.stages, a.status)
+                    : fmt::format("; {}: plan algorithm ({})", range, a.status);
   }
   return d;
 }
