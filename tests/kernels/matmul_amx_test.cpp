@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/matmul_paths.h"
@@ -304,6 +305,26 @@ TEST(AmxMatmul, ManyChunksRowsMatchRowsAlone) {
     matmul_on_path(CpuPath::kAmx, x.data() + m * K, K, w.data(), DType::BF16, alone.data(), N, 1, N,
                    K, nullptr);
     ASSERT_TRUE(test::bit_equal(y.data() + m * N, alone.data(), N)) << "row " << m;
+  }
+}
+
+// The weight prefetch modes (QTK_AMX_PREFETCH) change no result.
+TEST(AmxMatmul, PrefetchModesGiveIdenticalBits) {
+  QTK_REQUIRE_PATH(CpuPath::kAmx);
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 200, 1024}, {13, 97, 515}}) {
+    auto x = test::random_floats(M * K, 61);
+    auto w = random_bf16(N * K, 62);
+    std::vector<uint16_t> packed(cpu::amx_packed_u16(M, K)), scratch(cpu::amx_scratch_u16(K));
+    cpu::amx_pack_x(x.data(), K, M, K, packed.data(), 0, cpu::amx_groups(M));
+    std::vector<float> first(M * N), other(M * N);
+    cpu::matmul_cols_amx(packed.data(), M, K, w.data(), first.data(), N, 0, N, scratch.data(), 0);
+    check_against_reference(x.data(), K, w.data(), first.data(), N, M, N, K, dims(M, N, K));
+    for (int mode = 1; mode <= 4; ++mode) {
+      cpu::matmul_cols_amx(packed.data(), M, K, w.data(), other.data(), N, 0, N, scratch.data(),
+                           mode);
+      EXPECT_TRUE(test::bit_equal(first.data(), other.data(), M * N))
+          << dims(M, N, K) << " prefetch mode " << mode;
+    }
   }
 }
 
