@@ -62,7 +62,20 @@ struct RopeParams {
   int n_sections = 0;           // 0: plain RoPE (positions axis 0 only)
   bool interleaved = false;     // Qwen3.5 layout (j%3 picks the axis) vs contiguous
   bool inv_freq_bf16 = false;   // round inv_freq to bf16 (transformers does for bf16 checkpoints)
+  // Optional: (cos, sin) of position p and frequency j at table[p * rotary_dim/2 + j] for
+  // p < table_positions, built by rope_table_build (same values as computed inline).
+  const float2* table = nullptr;
+  int64_t table_positions = 0;
 };
+
+// Fills table f32x2 [positions, rotary_dim / 2] with the (cos, sin) pairs the
+// RoPE kernels would compute for positions 0..positions-1.
+// note: the kernels compute inv_freq with a double pow and cos/sin with a
+// double sincos per element (exactness, see below); at decode that double
+// math was most of qkv_rope_cache's time. The table holds the same floats,
+// computed by the same device code, so using it changes no result.
+void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
+                      cudaStream_t stream);
 
 // In place on x [tokens, heads, head_dim] (token stride ld): optional per-head
 // RMSNorm with weight norm_w f32 [head_dim] (nullptr: no norm), then RoPE.

@@ -327,6 +327,9 @@ void Gemm::find_alternates(Plan& p) {
 // first call outside graph capture; until then the plan algorithm serves
 // every M.
 void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
+  // note: each candidate is timed over kTimedRuns back-to-back calls at the
+  // range's probe M (5 runs picked a slower kernel now and then).
+  constexpr int kTimedRuns = 20;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   QTK_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
   if (cap != cudaStreamCaptureStatusNone) return;
@@ -369,7 +372,7 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     auto time_of = [&](const cublasLtMatmulAlgo_t* algo) {
       if (!mm(algo, alt.time_m, y1)) return 1e30f;  // warm-up
       QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int i = 0; i < 5; ++i) mm(algo, alt.time_m, y1);
+      for (int i = 0; i < kTimedRuns; ++i) mm(algo, alt.time_m, y1);
       QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
       QTK_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -430,12 +433,12 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
       if (same) {
         own(alt.time_m, y1);  // warm-up
         QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int i = 0; i < 5; ++i) own(alt.time_m, y1);
+        for (int i = 0; i < kTimedRuns; ++i) own(alt.time_m, y1);
         QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
         QTK_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
         QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        own_status = fmt::format("; own kernel bit-equal, {:.1f} us", 1000.0f * ms / 5);
+        own_status = fmt::format("; own kernel bit-equal, {:.1f} us", 1000.0f * ms / kTimedRuns);
         if (ms < best_ms) {
           best_ms = ms;
           alt.own = true;
@@ -460,8 +463,8 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     }
     alt.status = fmt::format("{} of {} candidates bit-equal{}; M {}: {:.1f} us vs {:.1f} us",
                              verified, alt.candidates.size(), own_status, alt.time_m,
-                             1000.0f * (alt.usable || alt.own ? best_ms : plan_ms) / 5,
-                             1000.0f * plan_ms / 5);
+                             1000.0f * (alt.usable || alt.own ? best_ms : plan_ms) / kTimedRuns,
+                             1000.0f * plan_ms / kTimedRuns);
     alt.candidates.clear();
   }
 }

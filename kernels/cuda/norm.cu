@@ -31,24 +31,49 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const float
   for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(xr[c]) * inv * w[c]);
 }
 
+// note: the first kCached columns of each thread stay in registers between
+// the sum of squares and the scaling (no reload of the residual after the
+// block barrier) and w is read before the barrier: the batch-1 decode step's
+// 56 calls are latency-bound. Same arithmetic and order as before: thread t
+// still sums its columns t, t+256, ... in increasing order.
 template <class T>
 __global__ void add_rmsnorm_kernel(T* residual, int64_t ldr, const T* __restrict__ x, int64_t ldx,
                                    const float* __restrict__ w, T* y, int64_t ldy, int cols,
                                    float eps) {
+  constexpr int kCached = 8;  // columns per thread in registers: cols <= 2048 fully
   __shared__ float red[32];
   T* rr = residual + blockIdx.x * ldr;
   const T* xr = x + blockIdx.x * ldx;
   T* yr = y + blockIdx.x * ldy;
+  const int step = static_cast<int>(blockDim.x);
+  float v[kCached], wv[kCached];
   float ss = 0.0f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+#pragma unroll
+  for (int i = 0; i < kCached; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * step;
+    if (c < cols) {
+      const T sum = from_f<T>(to_f(rr[c]) + to_f(xr[c]));
+      rr[c] = sum;  // note: the norm reads the residual as stored (rounded to T)
+      v[i] = to_f(sum);
+      wv[i] = w[c];
+      ss += v[i] * v[i];
+    }
+  }
+  for (int c = static_cast<int>(threadIdx.x) + kCached * step; c < cols; c += step) {
     const T sum = from_f<T>(to_f(rr[c]) + to_f(xr[c]));
-    rr[c] = sum;  // note: the norm reads the residual as stored (rounded to T)
-    const float v = to_f(sum);
-    ss += v * v;
+    rr[c] = sum;
+    const float f = to_f(sum);
+    ss += f * f;
   }
   ss = block_sum(ss, red);  // its barriers also order the stores above
   const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(rr[c]) * inv * w[c]);
+#pragma unroll
+  for (int i = 0; i < kCached; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * step;
+    if (c < cols) yr[c] = from_f<T>(v[i] * inv * wv[i]);
+  }
+  for (int c = static_cast<int>(threadIdx.x) + kCached * step; c < cols; c += step)
+    yr[c] = from_f<T>(to_f(rr[c]) * inv * w[c]);
 }
 
 // One warp per (token, head) row of head_dim <= 256 values.
@@ -109,6 +134,28 @@ __device__ __forceinline__ int rope_axis(int j, const RopeParams& p) {
   return 2;
 }
 
+// (cos, sin) of frequency j at position pos, each rounded to float.
+__device__ __forceinline__ float2 rope_cos_sin(int j, int32_t pos, const RopeParams& rope) {
+  const int rd = static_cast<int>(rope.rotary_dim);
+  // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
+  const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
+  const float p = static_cast<float>(
+      pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
+  float inv_freq = 1.0f / p;
+  if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
+  const float angle = __fmul_rn(inv_freq, static_cast<float>(pos));  // float32, as the reference
+  double s, c;
+  sincos(static_cast<double>(angle), &s, &c);
+  return make_float2(static_cast<float>(c), static_cast<float>(s));
+}
+
+__global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams rope) {
+  const int half = static_cast<int>(rope.rotary_dim / 2);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= positions * half) return;
+  table[i] = rope_cos_sin(static_cast<int>(i % half), static_cast<int32_t>(i / half), rope);
+}
+
 // One (token, head) row of head_dim values, by one warp: optional RMSNorm,
 // then RoPE, written back in place. v: the warp's f32 scratch [dim].
 template <class T>
@@ -131,17 +178,11 @@ __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __res
   const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
   for (int j = lane; j < half; j += 32) {
     const int axis = rope_axis(j, rope);
-    const float pos = static_cast<float>(positions[axis * tokens + t]);
-    // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
-    const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
-    const float p = static_cast<float>(
-        pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
-    float inv_freq = 1.0f / p;
-    if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
-    const float angle = __fmul_rn(inv_freq, pos);  // float32 product, as the reference
-    double s, c;
-    sincos(static_cast<double>(angle), &s, &c);
-    const double cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const int32_t pos = positions[axis * tokens + t];
+    const float2 cs = pos >= 0 && pos < rope.table_positions
+                          ? rope.table[static_cast<int64_t>(pos) * half + j]
+                          : rope_cos_sin(j, pos, rope);
+    const double cf = cs.x, sf = cs.y;
     const double a = v[j], b = v[j + half];
     xr[j] = from_f<T>(static_cast<float>(a * cf - b * sf));
     xr[j + half] = from_f<T>(static_cast<float>(b * cf + a * sf));
@@ -203,6 +244,17 @@ void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t
   if (rows == 0) return;
   rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
       x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  QTK_CUDA_CHECK_LAUNCH();
+}
+
+void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
+                      cudaStream_t stream) {
+  const int64_t n = positions * (rope.rotary_dim / 2);
+  if (n <= 0) return;
+  RopeParams p = rope;
+  p.table = nullptr;
+  p.table_positions = 0;
+  rope_table_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(table, positions, p);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

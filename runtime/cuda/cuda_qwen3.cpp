@@ -107,6 +107,7 @@ class CudaQwen3 final : public CudaModel {
       grew |= ensure(partials_,
                      cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
     }
+    grew |= cuda::ensure_rope_table(rope_table_, rope_, max_context, stream_);
     if (grew) graphs_.clear();
     max_context_ = std::max(max_context_, max_context);
   }
@@ -291,10 +292,11 @@ class CudaQwen3 final : public CudaModel {
   cuda::Gemm gemm_;
   cuda::RopeParams rope_;
   bool tied_ = false;
-  DeviceMemory embed_;     // T [vocab, hidden]
-  DeviceMemory lm_head_;   // T [vocab, hidden] (absent when tied)
-  DeviceMemory norm_;      // f32 [hidden]
-  DeviceMemory partials_;  // f32 attention split workspace (bf16 only), partial_rows_ rows
+  DeviceMemory embed_;       // T [vocab, hidden]
+  DeviceMemory lm_head_;     // T [vocab, hidden] (absent when tied)
+  DeviceMemory norm_;        // f32 [hidden]
+  DeviceMemory partials_;    // f32 attention split workspace (bf16 only), partial_rows_ rows
+  DeviceMemory rope_table_;  // f32x2 [max_context, rotary_dim / 2] RoPE (cos, sin)
   int64_t partial_rows_ = 0;
   std::vector<Layer> layers_;
 

@@ -152,6 +152,7 @@ class CudaQwen3_5 final : public CudaModel {
       rec_state_ = DeviceMemory((slots_ + 1) * gdn_layers_ * rec_floats_ * sizeof(float));
       graphs_.clear();
     }
+    if (cuda::ensure_rope_table(rope_table_, rope_, max_context, stream_)) graphs_.clear();
     max_context_ = std::max(max_context_, max_context);
   }
 
@@ -495,9 +496,10 @@ class CudaQwen3_5 final : public CudaModel {
   cuda::Gemm gemm_;
   cuda::RopeParams rope_;
   bool tied_ = false;
-  DeviceMemory embed_;    // Act [vocab, hidden]
-  DeviceMemory lm_head_;  // Act [vocab, hidden] (absent when tied)
-  DeviceMemory norm_;     // f32 [hidden] (1+w folded)
+  DeviceMemory embed_;       // Act [vocab, hidden]
+  DeviceMemory lm_head_;     // Act [vocab, hidden] (absent when tied)
+  DeviceMemory norm_;        // f32 [hidden] (1+w folded)
+  DeviceMemory rope_table_;  // f32x2 [max_context, rotary_dim / 2] RoPE (cos, sin)
   std::vector<Qwen3_5DeviceLayer> layers_;
   int64_t attn_layers_ = 0, gdn_layers_ = 0;
 

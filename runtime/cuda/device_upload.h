@@ -87,4 +87,18 @@ inline bool ensure(DeviceMemory& m, size_t bytes) {
   return true;
 }
 
+// The RoPE (cos, sin) table for positions 0..max_context-1 (rope.table), grown
+// with the context; true when it was (re)built (captured graphs hold the old
+// pointer). Positions past it are computed inline with the same values.
+inline bool ensure_rope_table(DeviceMemory& table, RopeParams& rope, int64_t max_context,
+                              cudaStream_t stream) {
+  if (max_context <= rope.table_positions) return false;
+  const size_t bytes = static_cast<size_t>(max_context * (rope.rotary_dim / 2)) * sizeof(float2);
+  ensure(table, bytes);
+  rope_table_build(table.as<float2>(), max_context, rope, stream);
+  rope.table = table.as<float2>();
+  rope.table_positions = max_context;
+  return true;
+}
+
 }  // namespace qtk::cuda

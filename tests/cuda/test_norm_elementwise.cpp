@@ -29,18 +29,23 @@ TYPED_TEST(NormTest, RmsNormMatchesReference) {
 
 TYPED_TEST(NormTest, AddRmsNormUpdatesResidualAndNorms) {
   using T = TypeParam;
-  const int64_t rows = 19, cols = 1030;
-  const auto rh = to_device_type<T>(random_floats(rows * cols, -2, 2, 3));
-  const auto xh = to_device_type<T>(random_floats(rows * cols, -2, 2, 4));
-  const auto w = random_floats(cols, 0.5f, 1.5f, 5);
-  DeviceBuffer<T> r(rh), x(xh), y(rows * cols);
-  DeviceBuffer<float> wd(w);
-  add_rmsnorm<T>(r.get(), cols, x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f, nullptr);
-  Vec sum(rows * cols);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] = to_float(rh[i]) + to_float(xh[i]);
-  EXPECT_LT(rel_error(r.download(), sum), tolerance<T>());
-  const Vec ref = rmsnorm_ref(sum, Vec(w.begin(), w.end()), rows, cols, 1e-6);
-  EXPECT_LT(rel_error(y.download(), ref), tolerance<T>());
+  // 1030 columns: all in registers; 2600: past the 2048 the kernel keeps in
+  // registers (the rest is re-read).
+  for (const int64_t cols : {1030, 2600}) {
+    const int64_t rows = 19;
+    const auto rh = to_device_type<T>(random_floats(rows * cols, -2, 2, 3));
+    const auto xh = to_device_type<T>(random_floats(rows * cols, -2, 2, 4));
+    const auto w = random_floats(cols, 0.5f, 1.5f, 5);
+    DeviceBuffer<T> r(rh), x(xh), y(rows * cols);
+    DeviceBuffer<float> wd(w);
+    add_rmsnorm<T>(r.get(), cols, x.get(), cols, wd.get(), y.get(), cols, rows, cols, 1e-6f,
+                   nullptr);
+    Vec sum(rows * cols);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = to_float(rh[i]) + to_float(xh[i]);
+    EXPECT_LT(rel_error(r.download(), sum), tolerance<T>());
+    const Vec ref = rmsnorm_ref(sum, Vec(w.begin(), w.end()), rows, cols, 1e-6);
+    EXPECT_LT(rel_error(y.download(), ref), tolerance<T>()) << cols;
+  }
 }
 
 TYPED_TEST(NormTest, GatedRmsNormWithStridedInputs) {
@@ -181,6 +186,71 @@ TYPED_TEST(NormTest, QkvRopeCacheEqualsSeparateCalls) {
     for (int64_t t = 0; t < tokens; ++t)
       if (slot[t] >= 0) written += !std::isnan(to_float(k2[slot[t] * hkv * dim]));
     EXPECT_EQ(written, tokens - (tokens + 3) / 7);
+  }
+}
+
+// The RoPE (cos, sin) table gives bit for bit the values computed inline,
+// for positions inside it and (inline fallback) past it, plain and M-RoPE,
+// with and without the bf16 rounding of inv_freq.
+TYPED_TEST(NormTest, RopeTableGivesTheInlineValues) {
+  using T = TypeParam;
+  RopeParams plain;
+  plain.rotary_dim = 128;
+  plain.theta = 1e6;
+  RopeParams rounded = plain;
+  rounded.inv_freq_bf16 = true;
+  RopeParams mrope;
+  mrope.rotary_dim = 64;
+  mrope.theta = 1e7;
+  mrope.sections[0] = 11;
+  mrope.sections[1] = 11;
+  mrope.sections[2] = 10;
+  mrope.n_sections = 3;
+  mrope.interleaved = true;
+  const int64_t table_positions = 2000;
+  for (const RopeParams& rope : {plain, rounded, mrope}) {
+    const int64_t dim = 128, tokens = 41, heads = 4, ld = heads * dim + 8;
+    const auto xh = to_device_type<T>(random_floats(tokens * ld, -2, 2, 41));
+    const auto w = random_floats(dim, 0.5f, 1.5f, 42);
+    std::vector<int32_t> pos(3 * tokens);
+    std::mt19937 rng(43);
+    for (auto& v : pos) v = static_cast<int32_t>(rng() % 3000);  // a third past the table
+    DeviceBuffer<float2> table(table_positions * rope.rotary_dim / 2);
+    rope_table_build(table.get(), table_positions, rope, nullptr);
+    RopeParams with = rope;
+    with.table = table.get();
+    with.table_positions = table_positions;
+    DeviceBuffer<T> a(xh), b(xh);
+    DeviceBuffer<float> wd(w);
+    DeviceBuffer<int32_t> pd(pos);
+    qk_norm_rope<T>(a.get(), ld, tokens, heads, dim, wd.get(), 1e-6f, pd.get(), rope, nullptr);
+    qk_norm_rope<T>(b.get(), ld, tokens, heads, dim, wd.get(), 1e-6f, pd.get(), with, nullptr);
+    const auto xa = a.download(), xb = b.download();
+    EXPECT_TRUE(bitwise_equal(xa.data(), xb.data(), xa.size())) << "rotary " << rope.rotary_dim;
+    // The kernel really reads the table: an identity table (cos 1, sin 0)
+    // changes the tokens whose positions it covers (position 0 rotates by
+    // the identity anyway) and none whose positions are all past it.
+    const std::vector<float2> identity(table_positions * rope.rotary_dim / 2, float2{1.0f, 0.0f});
+    DeviceBuffer<float2> fake(identity);
+    RopeParams fake_rope = with;
+    fake_rope.table = fake.get();
+    DeviceBuffer<T> c(xh);
+    qk_norm_rope<T>(c.get(), ld, tokens, heads, dim, wd.get(), 1e-6f, pd.get(), fake_rope, nullptr);
+    const auto xc = c.download();
+    for (int64_t t = 0; t < tokens; ++t) {
+      bool covered = true;
+      for (int a = 0; a < 3; ++a)
+        covered = covered && pos[a * tokens + t] > 0 && pos[a * tokens + t] < table_positions;
+      bool inside_any = false;
+      for (int a = 0; a < 3; ++a) inside_any = inside_any || pos[a * tokens + t] < table_positions;
+      const bool same = bitwise_equal(&xc[t * ld], &xa[t * ld], heads * dim);
+      if (covered) {
+        EXPECT_FALSE(same) << "token " << t;
+      }
+      if (!inside_any) {
+        EXPECT_TRUE(same) << "token " << t;
+      }
+    }
   }
 }
 
