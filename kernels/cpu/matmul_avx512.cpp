@@ -183,11 +183,12 @@ static_assert(kTiledRows == kMaxCols, "a weight tile is one register tile's colu
 // note: the arithmetic of every output is the HF-layout tile's above, for K
 // a multiple of 16: lane l of one accumulator sums x[m,k]*w[n,k] for k = l,
 // l+16, ... in increasing k with one FMA each, then reduce16. Only the
-// address a weight vector is loaded from differs. No software prefetch: the
-// stream is sequential, which the hardware prefetchers follow; measured on
-// Zen 4 (1 thread, M = 1, K = 1024, 768 MiB on huge pages): 30.6 GB/s
-// without, 21-25 GB/s with next-tile or 1-24 KiB-ahead prefetches, 22.5 GB/s
-// for the HF-layout tile with its prefetch, 28.2 GB/s for a plain read.
+// address a weight vector is loaded from differs. At M = 1 no software
+// prefetch: the stream is sequential, which the hardware prefetchers follow;
+// measured on Zen 4 (1 thread, M = 1, K = 1024, 768 MiB on huge pages):
+// 30.6 GB/s without, 21-25 GB/s with next-tile or 1-24 KiB-ahead
+// prefetches, 22.5 GB/s for the HF-layout tile with its prefetch, 28.2 GB/s
+// for a plain read.
 template <int MR>
 void tiled_tile(const float* x, int64_t ldx, const uint16_t* t, float* y, int64_t ldy, int64_t K,
                 int ncols) {
@@ -197,7 +198,19 @@ void tiled_tile(const float* x, int64_t ldx, const uint16_t* t, float* y, int64_
 #pragma GCC unroll 8
     for (int j = 0; j < kTiledRows; ++j) acc[i][j] = _mm512_setzero_ps();
   }
-  for (int64_t k = 0; k < K; k += kLanes, t += kTiledRows * kLanes) {
+  // note: the next tile (the following 6*K elements) is prefetched into L2
+  // while this one computes, as in the HF tile, but only for MR > 1: at M = 1
+  // the sequential stream is faster without it (30.6 against 21-25 GB/s
+  // above); at M = 4..8 the tile is slower without it (2 threads, N 3072,
+  // K 1024, 288 MiB of copies, GFLOP/s tiled / HF: M = 4 67 / 98, M = 8
+  // 88 / 135, M = 32 139 / 174 without; with it 106-126 / 115-129,
+  // 143-151 / 150-162, 155 / 153; a prefetch two tiles ahead is no better).
+  const char* next = reinterpret_cast<const char*>(t + kTiledRows * K);
+  constexpr int64_t kStepBytes = kTiledRows * kLanes * 2;
+  for (int64_t k = 0; k < K; k += kLanes, t += kTiledRows * kLanes, next += kStepBytes) {
+    if constexpr (MR > 1) {
+      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
+    }
     __m512 wv[kTiledRows];
 #pragma GCC unroll 8
     for (int j = 0; j < kTiledRows; ++j) wv[j] = load_w<kWeightBf16>(t, j * kLanes);
