@@ -125,9 +125,11 @@ __device__ __forceinline__ void tile_scores(float (&sc)[kKeys / 8][4], const bf1
   }
 }
 
-// o += P V, P = the probabilities in sc rounded to bf16 (as A fragments).
-template <int D>
-__device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&sc)[kKeys / 8][4],
+// o += P V for the NC output columns starting at vs (a V tile of head
+// dimension D; NC = D, or a warp's share in the split kernel), P = the
+// probabilities in sc rounded to bf16 (as A fragments).
+template <int D, int NC = D>
+__device__ __forceinline__ void tile_pv(float (&o)[NC / 8][4], const float (&sc)[kKeys / 8][4],
                                         const bf16* vs, int lane) {
   constexpr int kLd = D + kPad;
 #pragma unroll
@@ -138,7 +140,7 @@ __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&sc)[
                            pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
     const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int nd = 0; nd < D / 16; ++nd) {
+    for (int nd = 0; nd < NC / 16; ++nd) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, smem_addr(vs + key * kLd + nd * 16 + (lane >> 4) * 8));
       mma_bf16(o[2 * nd], a, b[0], b[1]);
@@ -541,21 +543,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
 #pragma unroll
   for (int i = 0; i < kWarpCols / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
   const int col0 = warp * kWarpCols;
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]),
-                           pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                           pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                           pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-    const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int nd = 0; nd < kWarpCols / 16; ++nd) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(vs + key * kLd + col0 + nd * 16 + (lane >> 4) * 8));
-      mma_bf16(ot[2 * nd], a, b[0], b[1]);
-      mma_bf16(ot[2 * nd + 1], a, b[2], b[3]);
-    }
-  }
+  tile_pv<D, kWarpCols>(ot, sc, vs + col0, lane);
   const int hq = hkv * group;
   auto part = [&](int r) {
     const int64_t row = t * hq + static_cast<int64_t>(kvh) * group + r;

@@ -22,13 +22,7 @@ mkdir -p "$OUT"
 JOBS=$(nproc)
 BUILD=${QTK_GPU_BUILD_DIR:-$ROOT/build-gpu}
 
-if [ -d "$ROOT/.gpu-deps" ]; then
-  D=$ROOT/.gpu-deps
-  export CMAKE_PREFIX_PATH="$D/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  export PKG_CONFIG_PATH="$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$D/usr/lib/x86_64-linux-gnu"
-  command -v pkg-config >/dev/null || export PATH="$PATH:$D/usr/bin"
-fi
+. "$ROOT/tests/cuda/gpu_deps_env.sh"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
