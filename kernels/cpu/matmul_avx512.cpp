@@ -223,7 +223,13 @@ void tiled_tile(const float* x, int64_t ldx, const uint16_t* t, float* y, int64_
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < ncols; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+    // note: bounded by the compile-time tile width with a run-time test, so
+    // every accumulator index is a constant and the array can stay in
+    // registers whatever ncols is.
+#pragma GCC unroll 8
+    for (int j = 0; j < kTiledRows; ++j) {
+      if (j < ncols) y[i * ldy + j] = reduce16(acc[i][j]);
+    }
   }
 }
 
