@@ -54,5 +54,24 @@ TEST(PackHugepages, SameAddressesSameBytesAnonymous) {
   EXPECT_EQ(pack->copy_to_hugepages(), 0u);
 }
 
+// release_range drops pages the model has copied; the bytes must read back
+// unchanged from the file, and after copy_to_hugepages (anonymous memory,
+// where dropping would zero them) it must do nothing.
+TEST(PackHugepages, ReleasedRangesReadBackUnchanged) {
+  auto pack = Pack::open(rt_test::pack_of("tests/data/models/qwen3-tiny"));
+  for (int round = 0; round < 2; ++round) {
+    for (const PackTensorInfo& t : pack->tensors()) {
+      const auto* b = static_cast<const uint8_t*>(t.view.data);
+      const std::vector<uint8_t> before(b, b + t.view.nbytes());
+      pack->release_range(t.view.data, static_cast<size_t>(t.view.nbytes()));
+      ASSERT_EQ(std::vector<uint8_t>(b, b + t.view.nbytes()), before)
+          << t.name << (round == 0 ? " (file mapping)" : " (huge-page copy)");
+      pack->prefault_range(t.view.data, static_cast<size_t>(t.view.nbytes()));
+    }
+    EXPECT_GT(pack->verify(), 0u);
+    if (round == 0) pack->copy_to_hugepages();
+  }
+}
+
 }  // namespace
 }  // namespace qtk
