@@ -2,7 +2,9 @@
 // session 3; bench/RESULTS.md): a plain AVX-512 read of the buffer, the
 // HF-layout 6-row tile with and without software prefetch (the kernel of
 // session 2), and the tile-order layout (kernels/matmul_tiled.h) with and
-// without prefetch, each over 768 MiB so every byte comes from memory.
+// without prefetch, each over 768 MiB so every byte comes from memory; and
+// the tile-order loop reading x from a 4 KiB window (wrong arithmetic,
+// timing only: shows the cost of the x row leaving L1 at K = 3072).
 //
 //   gemv_layouts [K=1024] [threads=1] [hugepages=1]   → one line per variant, GB/s
 //
@@ -62,6 +64,8 @@ void gemvp(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, 
         for (int b = 0; b < NR * 32; b += 64) {
           if (HINT == 0)
             _mm_prefetch((const char*)t + PFB + b, _MM_HINT_T0);
+          else if (HINT == 2)
+            _mm_prefetch((const char*)t + PFB + b, _MM_HINT_NTA);
           else
             _mm_prefetch((const char*)t + PFB + b, _MM_HINT_T1);
         }
@@ -72,6 +76,19 @@ void gemvp(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, 
   }
 }
 
+template <int NR>
+void gemvp_smallx(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, int64_t K) {
+  for (int64_t n = n0; n + NR <= n1; n += NR) {
+    __m512 acc[NR];
+    for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+    const uint16_t* t = w + n * K;
+    for (int64_t k = 0; k < K; k += 16, t += NR * 16) {
+      __m512 xv = _mm512_loadu_ps(x + (k & 1023));
+      for (int j = 0; j < NR; ++j) acc[j] = _mm512_fmadd_ps(xv, ldw(t + j * 16), acc[j]);
+    }
+    for (int j = 0; j < NR; ++j) y[n + j] = red(acc[j]);
+  }
+}
 // sequential sum probe (avx512)
 void probe(const float*, const uint16_t* w, float* y, int64_t n0, int64_t n1, int64_t K) {
   const __m512i* p = (const __m512i*)(w + n0 * K);
@@ -123,6 +140,9 @@ int main(int argc, char** argv) {
       {"packed6 pf 4K T1", gemvp<6, 4096, 1>},
       {"packed6 pf 12K T1", gemvp<6, 12288, 1>},
       {"packed6 pf 24K T1", gemvp<6, 24576, 1>},
+      {"packed6 small x (wrong math)", gemvp_smallx<6>},
+      {"packed6 nta 1K", gemvp<6, 1024, 2>},
+      {"packed6 nta 4K", gemvp<6, 4096, 2>},
   };
   for (int rep = 0; rep < 3; ++rep) {
     for (auto& v : vs) {
