@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   };
   V vs[] = {
       {"probe", probe},
-      {"nr6 pf1 T1 (current)", gemv<6, 1, 1>},
+      {"HF nr6 pf1 T1 (session 2)", gemv<6, 1, 1>},
       {"nr6 none", gemv<6, 0, 1>},
       {"nr6 pf2 T1", gemv<6, 2, 1>},
       {"nr6 pf1 T0", gemv<6, 1, 0>},
