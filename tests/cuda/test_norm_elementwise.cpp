@@ -81,6 +81,28 @@ TYPED_TEST(NormTest, L2NormHeads) {
   }
 }
 
+// Qwen3-like RoPE: rotary 128, theta 1e6.
+RopeParams plain_rope() {
+  RopeParams p;
+  p.rotary_dim = 128;
+  p.theta = 1e6;
+  return p;
+}
+
+// Qwen3.5-0.8B: head 256, partial 0.25 (rotary 64), theta 1e7, M-RoPE
+// sections [11, 11, 10] interleaved.
+RopeParams qwen35_mrope() {
+  RopeParams p;
+  p.rotary_dim = 64;
+  p.theta = 1e7;
+  p.sections[0] = 11;
+  p.sections[1] = 11;
+  p.sections[2] = 10;
+  p.n_sections = 3;
+  p.interleaved = true;
+  return p;
+}
+
 struct RopeCase {
   int64_t dim, rotary_dim;
   RopeParams p;
@@ -90,18 +112,8 @@ struct RopeCase {
 TYPED_TEST(NormTest, QkNormRopePlainPartialAndMrope) {
   using T = TypeParam;
   std::vector<RopeCase> cases;
-  RopeParams plain;
-  plain.rotary_dim = 128;
-  plain.theta = 1e6;
+  const RopeParams plain = plain_rope(), mrope = qwen35_mrope();
   cases.push_back({128, 128, plain, true});
-  RopeParams mrope;  // Qwen3.5-0.8B: head 256, partial 0.25, sections [11, 11, 10] interleaved
-  mrope.rotary_dim = 64;
-  mrope.theta = 1e7;
-  mrope.sections[0] = 11;
-  mrope.sections[1] = 11;
-  mrope.sections[2] = 10;
-  mrope.n_sections = 3;
-  mrope.interleaved = true;
   cases.push_back({256, 64, mrope, true});
   RopeParams tiny = mrope;  // qwen3.5-tiny: head 32, rotary 8, sections [2, 1, 1]
   tiny.rotary_dim = 8;
@@ -194,19 +206,9 @@ TYPED_TEST(NormTest, QkvRopeCacheEqualsSeparateCalls) {
 // with and without the bf16 rounding of inv_freq.
 TYPED_TEST(NormTest, RopeTableGivesTheInlineValues) {
   using T = TypeParam;
-  RopeParams plain;
-  plain.rotary_dim = 128;
-  plain.theta = 1e6;
+  const RopeParams plain = plain_rope(), mrope = qwen35_mrope();
   RopeParams rounded = plain;
   rounded.inv_freq_bf16 = true;
-  RopeParams mrope;
-  mrope.rotary_dim = 64;
-  mrope.theta = 1e7;
-  mrope.sections[0] = 11;
-  mrope.sections[1] = 11;
-  mrope.sections[2] = 10;
-  mrope.n_sections = 3;
-  mrope.interleaved = true;
   const int64_t table_positions = 2000;
   for (const RopeParams& rope : {plain, rounded, mrope}) {
     const int64_t dim = 128, tokens = 41, heads = 4, ld = heads * dim + 8;
