@@ -90,7 +90,8 @@ TEST(Faults, ConvertKilledAtRandomMomentsNeverLeavesACorruptPack) {
     std::string old;
     if (replace) {
       // An older, different but valid pack: the Qwen3 sample.
-      ASSERT_EQ(run_program({program("convert"), source_path("samples/qwen3-sample"), out}).exit_code, 0);
+      ASSERT_EQ(
+          run_program({program("convert"), source_path("samples/qwen3-sample"), out}).exit_code, 0);
       old = read_file(out);
     }
     const double delay = when(rng);
@@ -109,15 +110,17 @@ TEST(Faults, ConvertKilledAtRandomMomentsNeverLeavesACorruptPack) {
     }
     EXPECT_TRUE(pack_verifies(out)) << "corrupt OUT.pack after SIGKILL";
     const std::string now = read_file(out);
-    EXPECT_TRUE(now == ref || (replace && now == old)) << "OUT.pack is neither the old nor the new pack";
+    EXPECT_TRUE(now == ref || (replace && now == old))
+        << "OUT.pack is neither the old nor the new pack";
   }
   // note: the kill times spread over the whole run, so most kills land
   // while convert is working; make sure the loop really tested something.
   EXPECT_GE(killed, kIterations / 3) << "too few kills landed during the conversion";
   EXPECT_GE(killed_while_writing, 1) << "no kill landed while the pack was being written";
-  std::fprintf(stderr,
-               "faults: convert killed mid-run in %d of %d iterations, %d while writing (full run %.3f s)\n",
-               killed, kIterations, killed_while_writing, full_s);
+  std::fprintf(
+      stderr,
+      "faults: convert killed mid-run in %d of %d iterations, %d while writing (full run %.3f s)\n",
+      killed, kIterations, killed_while_writing, full_s);
 }
 
 TEST(Faults, ConvertSigtermCleansUp) {
@@ -156,8 +159,9 @@ TEST(Faults, ConvertOnAFullDiskFailsCleanly) {
   TempDir t;
   for (const char* limit : {"1", "64", "700"}) {
     SCOPED_TRACE(std::string("ulimit -f ") + limit);
-    const RunResult r = run_program({program("convert"), model_fixture("qwen3-tiny"), t / "OUT.pack"}, "", 120,
-                                    std::string("ulimit -f ") + limit + ";");
+    const RunResult r =
+        run_program({program("convert"), model_fixture("qwen3-tiny"), t / "OUT.pack"}, "", 120,
+                    std::string("ulimit -f ") + limit + ";");
     expect_clean_failure(r, "convert", {"OUT.pack"});
     EXPECT_TRUE(list_dir(t.path()).empty()) << "left behind: " << list_dir(t.path()).front();
   }
@@ -169,18 +173,20 @@ class GenerateFaults : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    const RunResult r =
-        run_program({program("convert"), source_path("samples/qwen3-sample"), *dir_ / "sample.pack"});
+    const RunResult r = run_program(
+        {program("convert"), source_path("samples/qwen3-sample"), *dir_ / "sample.pack"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     // 24 prompts of mixed lengths, text and ids.
     std::string batch;
     for (int i = 0; i < 24; ++i) {
       if (i % 3 == 0) {
-        batch += "{\"id\": \"t" + std::to_string(i) + "\", \"prompt\": \"def f" + std::to_string(i) +
+        batch += "{\"id\": \"t" + std::to_string(i) + "\", \"prompt\": \"def f" +
+                 std::to_string(i) +
                  "(x):\\n    return\", \"max_tokens\": " + std::to_string(8 + i % 7) + "}\n";
       } else {
         batch += "{\"id\": \"n" + std::to_string(i) + "\", \"prompt_token_ids\": [";
-        for (int k = 0; k < 3 + (i * 7) % 40; ++k) batch += (k ? ", " : "") + std::to_string(10 + (i * 31 + k * 17) % 4000);
+        for (int k = 0; k < 3 + (i * 7) % 40; ++k)
+          batch += (k ? ", " : "") + std::to_string(10 + (i * 31 + k * 17) % 4000);
         batch += "], \"max_tokens\": " + std::to_string(6 + i % 11) + "}\n";
       }
     }
@@ -188,10 +194,21 @@ class GenerateFaults : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  static std::vector<std::string> generate_argv(const std::string& out, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {program("generate"), "--model", *dir_ / "sample.pack", "--batch",
-                                     *dir_ / "batch.jsonl", "--out", out, "--threads", "1", "--margins",
-                                     "--ignore-eos", "--max-num-seqs", "4"};
+  static std::vector<std::string> generate_argv(const std::string& out,
+                                                std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {program("generate"),
+                                     "--model",
+                                     *dir_ / "sample.pack",
+                                     "--batch",
+                                     *dir_ / "batch.jsonl",
+                                     "--out",
+                                     out,
+                                     "--threads",
+                                     "1",
+                                     "--margins",
+                                     "--ignore-eos",
+                                     "--max-num-seqs",
+                                     "4"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
@@ -201,18 +218,30 @@ TempDir* GenerateFaults::dir_ = nullptr;
 
 TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
   TempDir t;
-  auto t0 = Clock::now();
   const RunResult r = run_program(generate_argv(t / "ref.jsonl"));
-  const double full_s = seconds_since(t0);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string ref = read_file(t / "ref.jsonl");
   ASSERT_EQ(split_lines(ref).size(), 24u);
 
+  // note: each kill time is drawn over the length of an uninterrupted run
+  // timed just before it, not once at the start: under ctest -j the runs'
+  // length moves with the load (0.2-0.5 s here), and kills drawn from a
+  // stale length land mostly before the first line or after the last. At
+  // least kMinIterations kills; more (up to kMaxIterations) until one has
+  // landed while lines were being written.
   std::mt19937_64 rng(fault_seed() + 1);
-  std::uniform_real_distribution<double> when(0.0, full_s);
-  constexpr int kIterations = 8;
-  int killed_mid_output = 0;
-  for (int i = 0; i < kIterations; ++i) {
+  constexpr int kMinIterations = 8, kMaxIterations = 24;
+  int killed_mid_output = 0, iterations = 0;
+  double last_full_s = 0.0;
+  for (int i = 0; i < kMaxIterations && (i < kMinIterations || killed_mid_output == 0); ++i) {
+    ++iterations;
+    const std::string timing = t / "timing.jsonl";
+    const auto t0 = Clock::now();
+    ASSERT_EQ(run_program(generate_argv(timing)).exit_code, 0);
+    last_full_s = seconds_since(t0);
+    fs::remove(timing);
+    fs::remove(timing + ".meta.json");
+    std::uniform_real_distribution<double> when(0.0, last_full_s);
     const std::string out = t / ("out" + std::to_string(i) + ".jsonl");
     const double delay = when(rng);
     SCOPED_TRACE("iteration " + std::to_string(i) + ", kill after " + std::to_string(delay) + " s");
@@ -221,7 +250,8 @@ TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
       const std::string part = read_file(out);
       // Only complete lines, and exactly the first lines of the full run.
       EXPECT_TRUE(part.empty() || part.back() == '\n') << "partial last line after SIGKILL";
-      EXPECT_EQ(ref.compare(0, part.size(), part), 0) << "killed output is not a prefix of the full run";
+      EXPECT_EQ(ref.compare(0, part.size(), part), 0)
+          << "killed output is not a prefix of the full run";
       if (!part.empty() && part.size() < ref.size()) ++killed_mid_output;
     }
     // A second kill during the resume, sometimes.
@@ -230,8 +260,10 @@ TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
     ASSERT_EQ(res.exit_code, 0) << res.err;
     EXPECT_EQ(read_file(out), ref) << "resumed results differ from the uninterrupted run";
   }
-  std::fprintf(stderr, "faults: generate killed with some lines written in %d of %d iterations (full run %.3f s)\n",
-               killed_mid_output, kIterations, full_s);
+  std::fprintf(stderr,
+               "faults: generate killed with some lines written in %d of %d iterations (last full "
+               "run %.3f s)\n",
+               killed_mid_output, iterations, last_full_s);
   EXPECT_GE(killed_mid_output, 1) << "no kill landed while results were being written";
 }
 
@@ -244,7 +276,8 @@ TEST_F(GenerateFaults, ResumeDropsATrailingPartialLine) {
   const std::string ref = read_file(t / "ref.jsonl");
   const auto lines = split_lines(ref);
   fs::copy_file(t / "ref.jsonl.meta.json", t / "out.jsonl.meta.json");
-  write_file(t / "out.jsonl", lines[0] + "\n" + lines[1] + "\n" + lines[2].substr(0, lines[2].size() / 2));
+  write_file(t / "out.jsonl",
+             lines[0] + "\n" + lines[1] + "\n" + lines[2].substr(0, lines[2].size() / 2));
   const RunResult r = run_program(generate_argv(t / "out.jsonl", {"--resume"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_file(t / "out.jsonl"), ref);
@@ -274,7 +307,8 @@ TEST_F(GenerateFaults, FullDiskFailsCleanlyAndResumes) {
   for (const char* limit : {"1", "6"}) {
     SCOPED_TRACE(std::string("ulimit -f ") + limit);
     const std::string out = t / (std::string("out") + limit + ".jsonl");
-    const RunResult r = run_program(generate_argv(out), "", 120, std::string("ulimit -f ") + limit + ";");
+    const RunResult r =
+        run_program(generate_argv(out), "", 120, std::string("ulimit -f ") + limit + ";");
     expect_clean_failure(r, "generate", {std::string("out") + limit + ".jsonl"});
     for (const std::string& f : list_dir(t.path()))
       EXPECT_EQ(f.find(".tmp"), std::string::npos) << "temporary file left behind: " << f;
@@ -290,20 +324,24 @@ TEST_F(GenerateFaults, TinyKvCacheGivesIdenticalTokensOrRefusesByName) {
   // note: block size 4 and 16 blocks (64 tokens) hold one long sequence
   // at a time (the longest prompt is 42 + 16 tokens), so four running
   // sequences must preempt each other.
-  const RunResult r = run_program(generate_argv(t / "small.jsonl", {"--block-size", "4", "--kv-cache-blocks", "16"}));
+  const RunResult r = run_program(
+      generate_argv(t / "small.jsonl", {"--block-size", "4", "--kv-cache-blocks", "16"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_file(t / "small.jsonl"), read_file(t / "ref.jsonl"));
   const auto meta = nlohmann::json::parse(read_file(t / "small.jsonl.meta.json"));
-  EXPECT_GT(meta["stats"]["preemptions"].get<int64_t>(), 0) << "the small cache did not force preemption";
+  EXPECT_GT(meta["stats"]["preemptions"].get<int64_t>(), 0)
+      << "the small cache did not force preemption";
 
   // A cache of 2 blocks of 4 tokens can never hold a 9-token prompt: that
   // line is refused up front with an error naming it, the others run.
   write_file(t / "mixed.jsonl",
              "{\"id\": \"fits\", \"prompt_token_ids\": [5, 6], \"max_tokens\": 3}\n"
-             "{\"id\": \"too_big\", \"prompt_token_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], \"max_tokens\": 3}\n");
-  const RunResult m = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
-                                   t / "mixed.jsonl", "--out", t / "mixed_out.jsonl", "--threads", "1",
-                                   "--block-size", "4", "--kv-cache-blocks", "2", "--ignore-eos"});
+             "{\"id\": \"too_big\", \"prompt_token_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], "
+             "\"max_tokens\": 3}\n");
+  const RunResult m =
+      run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                   t / "mixed.jsonl", "--out", t / "mixed_out.jsonl", "--threads", "1",
+                   "--block-size", "4", "--kv-cache-blocks", "2", "--ignore-eos"});
   ASSERT_EQ(m.exit_code, 0) << m.err;
   const auto out = split_lines(read_file(t / "mixed_out.jsonl"));
   ASSERT_EQ(out.size(), 2u);
