@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -453,7 +454,21 @@ void Pack::release_range(const void* p, size_t n) const {
 size_t Pack::load_for_cpu() const {
   const char* env = std::getenv("QTK_HUGEPAGES");
   if (env != nullptr && std::string_view(env) == "0") return prefault();
+  if (!anonymous_copy_fits()) return prefault();
   return copy_to_hugepages();
+}
+
+bool Pack::anonymous_copy_fits() const {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return true;
+  char line[256];
+  unsigned long long kib = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr)
+    found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+  std::fclose(f);
+  if (!found) return true;
+  return static_cast<unsigned long long>(file_.size()) <= kib * 1024ULL / 4 * 3;
 }
 
 size_t Pack::verify() const {

@@ -103,8 +103,18 @@ class Pack {
   void release_range(const void* p, size_t n) const;
 
   // What the CPU models call at construction: copy_to_hugepages(), or only
-  // prefault() when the environment sets QTK_HUGEPAGES=0.
+  // prefault() when the environment sets QTK_HUGEPAGES=0 or the copy does
+  // not fit (anonymous_copy_fits).
   size_t load_for_cpu() const;
+
+  // True when an anonymous copy of the whole pack (huge pages, tile-order
+  // weights) takes at most 3/4 of the memory the kernel reports available
+  // (MemAvailable; true when /proc/meminfo cannot be read).
+  // note: why: the file mapping's pages are page cache the kernel can drop
+  // and re-read under memory pressure; an anonymous copy cannot be dropped
+  // (no swap here), so a pack near the machine's memory would be killed by
+  // the OOM killer instead of running slower.
+  bool anonymous_copy_fits() const;
 
  private:
   Pack() = default;
