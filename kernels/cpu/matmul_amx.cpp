@@ -294,28 +294,26 @@ void tile_block(Tiles& t, const ASource* a, const uint16_t* const* b, const Pref
   if constexpr (MT == 2) t.template zero<1>();
   if constexpr (NT == 2) t.template zero<2>();
   if constexpr (NT == 2 && MT == 2) t.template zero<3>();
-  const int64_t blocks = a[0].blocks;
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    if (pf.mode != 0) prefetch_step<NT>(pf, a, kb, blocks);
-    t.template load<4>(a[0].rows + kb * kTileK, a[0].stride);
-    if constexpr (NT == 2) t.template load<5>(a[1].rows + kb * kTileK, a[1].stride);
+  // k block kb: the A tiles from the weight rows (or, for the K tail, from
+  // the zero-padded tail copies at stride 64), the packed B blocks, and the
+  // products into the C tiles.
+  auto step = [&](int64_t kb, bool tail) {
+    t.template load<4>(tail ? a[0].tail : a[0].rows + kb * kTileK, tail ? 64 : a[0].stride);
+    if constexpr (NT == 2)
+      t.template load<5>(tail ? a[1].tail : a[1].rows + kb * kTileK, tail ? 64 : a[1].stride);
     t.template load<6>(b[0] + kb * kBlockU16, 64);
     if constexpr (MT == 2) t.template load<7>(b[1] + kb * kBlockU16, 64);
     t.template dp<0, 4, 6>();
     if constexpr (MT == 2) t.template dp<1, 4, 7>();
     if constexpr (NT == 2) t.template dp<2, 5, 6>();
     if constexpr (NT == 2 && MT == 2) t.template dp<3, 5, 7>();
+  };
+  const int64_t blocks = a[0].blocks;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    if (pf.mode != 0) prefetch_step<NT>(pf, a, kb, blocks);
+    step(kb, false);
   }
-  if (a[0].tail != nullptr) {
-    t.template load<4>(a[0].tail, 64);
-    if constexpr (NT == 2) t.template load<5>(a[1].tail, 64);
-    t.template load<6>(b[0] + blocks * kBlockU16, 64);
-    if constexpr (MT == 2) t.template load<7>(b[1] + blocks * kBlockU16, 64);
-    t.template dp<0, 4, 6>();
-    if constexpr (MT == 2) t.template dp<1, 4, 7>();
-    if constexpr (NT == 2) t.template dp<2, 5, 6>();
-    if constexpr (NT == 2 && MT == 2) t.template dp<3, 5, 7>();
-  }
+  if (a[0].tail != nullptr) step(blocks, true);
   t.template store<0>(c_out[0], 64);
   if constexpr (MT == 2) t.template store<1>(c_out[1], 64);
   if constexpr (NT == 2) t.template store<2>(c_out[2], 64);
