@@ -87,15 +87,11 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
   }
   // note: every weight is read by the first forward pass anyway; reading
   // them here keeps disk reads and page faults out of the timed steps.
-  if (TiledWeights::enabled() && pack.anonymous_copy_fits()) {
-    std::vector<TensorView> mats{w_.lm_head};
-    for (const Qwen3LayerWeights& l : w_.layers) {
-      mats.insert(mats.end(), {l.qkv_proj, l.o_proj, l.gate_up_proj, l.down_proj});
-    }
-    tiled_.build(pack, mats, pool_);
-  } else {
-    pack.load_for_cpu();
+  std::vector<TensorView> mats{w_.lm_head};
+  for (const Qwen3LayerWeights& l : w_.layers) {
+    mats.insert(mats.end(), {l.qkv_proj, l.o_proj, l.gate_up_proj, l.down_proj});
   }
+  tiled_.build(pack, mats, pool_);
 }
 
 CacheSpec Qwen3::cache_spec() const {

@@ -89,20 +89,16 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
   conv_state_floats_ = c.linear_conv_dim() * std::max<int64_t>(0, c.linear_conv_kernel - 1);
   rec_state_floats_ = Hv * c.linear_key_head_dim * Dv;
   // note: see Qwen3::Qwen3 (weights read now, not in the first timed step).
-  if (TiledWeights::enabled() && pack.anonymous_copy_fits()) {
-    std::vector<TensorView> mats{w_.lm_head};
-    for (const Qwen3_5LayerWeights& l : w_.layers) {
-      if (l.kind == LayerKind::kFull) {
-        mats.insert(mats.end(), {l.attn.qkv_proj, l.attn.o_proj});
-      } else {
-        mats.insert(mats.end(), {l.gdn.in_proj, l.gdn.out_proj});
-      }
-      mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
+  std::vector<TensorView> mats{w_.lm_head};
+  for (const Qwen3_5LayerWeights& l : w_.layers) {
+    if (l.kind == LayerKind::kFull) {
+      mats.insert(mats.end(), {l.attn.qkv_proj, l.attn.o_proj});
+    } else {
+      mats.insert(mats.end(), {l.gdn.in_proj, l.gdn.out_proj});
     }
-    tiled_.build(pack, mats, pool_);
-  } else {
-    pack.load_for_cpu();
+    mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
   }
+  tiled_.build(pack, mats, pool_);
 }
 
 CacheSpec Qwen3_5::cache_spec() const {

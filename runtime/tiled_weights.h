@@ -51,8 +51,14 @@ class TiledWeights {
   // Makes tile-order copies of every usable matrix in `mats` (2-D views into
   // `pack`; duplicates, e.g. a tied lm_head, are copied once), releases their
   // pages in the pack, and reads every other tensor of the pack in (what
-  // prefault() did). Without any usable matrix: pack.load_for_cpu().
+  // prefault() did). When tiling is off (enabled() is false, or the copies
+  // would not fit in memory: Pack::anonymous_copy_fits) or no matrix is
+  // usable: pack.load_for_cpu() instead.
   void build(const Pack& pack, const std::vector<TensorView>& mats, ThreadPool* pool) {
+    if (!enabled() || !pack.anonymous_copy_fits()) {
+      pack.load_for_cpu();
+      return;
+    }
     std::vector<TensorView> todo;
     int64_t total = 0;
     for (const TensorView& v : mats) {
