@@ -1,6 +1,7 @@
 // Gated delta rule, chunked (WY) form over full 64-token chunks on tensor
 // cores, updating the f32 state pool in place (declared in
 // kernels/cuda/gdn_chunked.h).
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -19,9 +20,7 @@ constexpr int kPad = 8;                          // bf16 padding per shared row 
 constexpr int kLd = kC + 4;                      // f32 row stride of A and T
 constexpr int kB = 16;                           // block size of the blocked triangular inverse
 constexpr int kPrepThreads = 256;
-constexpr int kStateThreads = 128;
-constexpr int kNv = 32;             // value columns per block of the state pass
-constexpr int kLdv = kNv + kPad;    // bf16 row stride of its [k][kNv] shared operands
+constexpr int kStateThreads = 256;
 constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 lanes x 16 B)
 
 // note: the math. Per token t the recurrent form is
@@ -48,9 +47,17 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 // incoming state: gcum, K K^T and Q K^T (mma), A, P, T (f32 on CUDA cores),
 // W (mma), and the operands of the state pass as mma A fragments in the
 // workspace. (2) gdn_chunk_state_kernel, one block per (item, value head,
-// 32 value columns), walks the item's chunks in order: new_v = T' V - W S,
-// O = gamma Q S + P new_v, S' = gamma_63 S + K^T (e^{..} new_v), the state
-// tile kept in registers (f32) for the whole item.
+// 16 or 32 value columns), walks the item's chunks in order: new_v = T' V -
+// W S, O = gamma Q S + P new_v, S' = gamma_63 S + K^T (e^{..} new_v), the
+// state tile kept in registers (f32) for the whole item.
+//
+// note: measured on the H100 (Qwen3.5-0.8B heads: 16 x Dk 128 x Dv 128, us
+// per launch, BM_GatedDeltaRuleChunked): 1 x 512 tokens 59.8 -> 29.9 (prep
+// 18.5 -> 13.5: the diagonal-block inverse on all 256 threads instead of 64,
+// the off-diagonal blocks 2 x 2 per thread, all blocks of a diagonal at once;
+// state 41 -> 19.4: record staged in shared memory by cp.async instead of
+// L2 -> L1 loads, 8 warps in two roles, 16 value columns per block), 8 x 512
+// 186 -> 175.
 //
 // note: precision per product (mma.sync m16n8k16, bf16 inputs, f32
 // accumulate). q, k, v are bf16 already: bf16 x bf16 products are exact in
@@ -68,12 +75,14 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 // Measured on the H100 against the float64 chunked reference
 // (tests/cuda/test_gdn_chunked.cpp, relative L2, 1..9 chunks, Dk 16..128):
 // state 1.4e-6 .. 2.9e-6 (session 2's f32 CUDA-core kernel: 1.6e-7 ..
-// 5.2e-7), outputs 2.2e-3 .. 2.4e-3 (1.7e-3 is the bf16 rounding of the
+// 5.2e-7), outputs 2.3e-3 .. 2.4e-3 (1.7e-3 is the bf16 rounding of the
 // outputs alone, which the f32 kernel reached). The extra output error is
 // P in bf16; a hi/lo P would cost 4 more mma per k tile of (3) and 8 KiB
 // more workspace per chunk and head. Against the recurrent kernel: state
-// 3.3e-6, outputs 2.6e-3; the bf16 generate tests' agreement with the CPU
-// on qwen3.5-sample is unchanged (810 of 960 tokens, 16 of 20 cases).
+// 3.3e-6, outputs 2.6e-3. The 4-lane forward substitution of the diagonal
+// T blocks (session 4) left these figures where they were (session 3:
+// state 1.4e-6 .. 2.9e-6, outputs 2.2e-3 .. 2.4e-3, vs recurrent 3.3e-6 /
+// 2.6e-3).
 //
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
 // and the column alone (mma k-steps ascending, hi before lo), so the result
@@ -81,7 +90,9 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 
 // Workspace record of one (chunk, value head), byte offsets. A fragment
 // tiles (16 x 16 bf16, 32 lanes x uint4 in lane order, tile (row tile, k
-// tile) at index rt * k_tiles + kt):
+// tile) at index rt * k_tiles + kt). Part A (up to a_bytes) is what the
+// state pass reads before new_v exists, part B the rest: each is staged into
+// shared memory while the other half of the chunk runs.
 template <int DK>
 struct Rec {
   static constexpr int kKt = DK / 16;
@@ -89,31 +100,19 @@ struct Rec {
   static constexpr int64_t w_lo = w_hi + 4 * kKt * kTile;  // -W lo
   static constexpr int64_t t_hi = w_lo + 4 * kKt * kTile;  // T' = T diag(beta) hi [64][64]
   static constexpr int64_t t_lo = t_hi + 16 * kTile;       // T' lo
-  static constexpr int64_t p = t_lo + 16 * kTile;          // P [64][64]
-  static constexpr int64_t qf = p + 16 * kTile;            // Q [64][DK]
-  static constexpr int64_t kt = qf + 4 * kKt * kTile;      // K^T [DK][64]: kKt x 4 tiles
-  static constexpr int64_t eg = kt + 4 * kKt * kTile;      // f32 [64] gamma_i
-  static constexpr int64_t kd = eg + kC * 4;               // f32 [64] e^{gcum_63 - gcum_j}
-  static constexpr int64_t bytes = kd + kC * 4;
+  static constexpr int64_t qf = t_lo + 16 * kTile;         // Q [64][DK]
+  static constexpr int64_t kd = qf + 4 * kKt * kTile;      // f32 [64] e^{gcum_63 - gcum_j}
+  static constexpr int64_t a_bytes = kd + kC * 4;
+  static constexpr int64_t p = a_bytes;                // P [64][64]
+  static constexpr int64_t kt = p + 16 * kTile;        // K^T [DK][64]: kKt x 4 tiles
+  static constexpr int64_t eg = kt + 4 * kKt * kTile;  // f32 [64] gamma_i
+  static constexpr int64_t bytes = eg + kC * 4;
+  static constexpr int64_t b_bytes = bytes - a_bytes;
 };
 
 __device__ __forceinline__ uint4* frag_at(uint8_t* rec, int64_t off, int tile, int lane) {
   return reinterpret_cast<uint4*>(rec + off + tile * kTile) + lane;
 }
-__device__ __forceinline__ void load_frag(uint32_t (&a)[4], const uint8_t* rec, int64_t off,
-                                          int tile, int lane) {
-  const uint4 x = __ldg(reinterpret_cast<const uint4*>(rec + off + tile * kTile) + lane);
-  a[0] = x.x;
-  a[1] = x.y;
-  a[2] = x.z;
-  a[3] = x.w;
-}
-
-// Asks for the 128-byte line at p in L1 (a hint; nothing waits for it).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
 // x, y as bf16 pairs hi = bf16(x, y) and lo = bf16(x - hi_x, y - hi_y).
 __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x, y);
@@ -185,14 +184,21 @@ __global__ void __launch_bounds__(kPrepThreads)
     Bt[tid] = beta[(r0 + tid) * hv + h];
   }
   __syncthreads();
-  // (1) gcum: one serial sum (fixed order).
+  // (1) gcum: one serial sum (fixed order), in registers.
   if (tid == 0) {
+    float4 x[kC / 4];
+#pragma unroll
+    for (int i = 0; i < kC / 4; ++i) x[i] = reinterpret_cast<const float4*>(Gc)[i];
     float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kC; ++i) {
-      acc += Gc[i];
-      Gc[i] = acc;
+    for (int i = 0; i < kC / 4; ++i) {
+      x[i].x = acc += x[i].x;
+      x[i].y = acc += x[i].y;
+      x[i].z = acc += x[i].z;
+      x[i].w = acc += x[i].w;
     }
+#pragma unroll
+    for (int i = 0; i < kC / 4; ++i) reinterpret_cast<float4*>(Gc)[i] = x[i];
   }
   __syncthreads();
   if (tid < kC) {
@@ -255,43 +261,81 @@ __global__ void __launch_bounds__(kPrepThreads)
     }
   }
   __syncthreads();
-  // (3a) T = (I + A)^-1, f32 on CUDA cores. The diagonal 16 x 16 blocks,
-  // column m of block b by thread 16 b + m: t_i = 0 (i < m), 1 (i = m),
-  // -sum_{m<=j<i} A_ij t_j (i > m).
-  if (tid < kC) {
-    const int b0 = (tid >> 4) * kB, m = b0 + (tid & (kB - 1));
-    for (int i = b0; i < m; ++i) Tm[i * kLd + m] = 0.0f;
-    Tm[m * kLd + m] = 1.0f;
-    for (int i = m + 1; i < b0 + kB; ++i) {
-      float acc = 0.0f;
-      for (int j = m; j < i; ++j) acc += Am[i * kLd + j] * Tm[j * kLd + m];
-      Tm[i * kLd + m] = -acc;
+  // (3a) T = (I + A)^-1, f32 on CUDA cores. The diagonal 16 x 16 blocks by
+  // forward substitution, column m of block b by the 4 lanes 4 (16 b + m)
+  // + q (q = 0..3): t_i = 0 (i < m), 1 (i = m), -sum_{j<i} A_ij t_j (i > m;
+  // t_j = 0 below m). Lane q sums j = q, q + 4, ... (ascending) and keeps
+  // those t_j in registers; the four partial sums are added as (p0 + p1) +
+  // (p2 + p3) (every lane gets the same bits).
+  // note: the order differs from a plain serial sum (a 15-step chain of
+  // 4-term sums instead of a 120-term chain on 64 threads); the errors are
+  // measured in tests/cuda/test_gdn_chunked.cpp.
+  {
+    const int col = tid >> 2, q = tid & 3;
+    const int b0 = (col >> 4) * kB, mr = col & (kB - 1);
+    float tq[kB / 4];
+#pragma unroll
+    for (int s = 0; s < kB / 4; ++s) tq[s] = 4 * s + q == mr ? 1.0f : 0.0f;
+    const float* arow = Am + b0 * kLd + b0 + q;
+#pragma unroll
+    for (int ri = 1; ri < kB; ++ri) {
+      float part = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kB / 4; ++s)
+        if (4 * s < ri && 4 * s + q < ri) part += arow[ri * kLd + 4 * s] * tq[s];
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      const float ti = ri > mr ? -part : (ri == mr ? 1.0f : 0.0f);
+      if (q == (ri & 3)) tq[ri >> 2] = ti;
     }
+#pragma unroll
+    for (int s = 0; s < kB / 4; ++s) Tm[(b0 + 4 * s + q) * kLd + b0 + mr] = tq[s];
   }
   __syncthreads();
-  // (3b) Blocks below the diagonal, block diagonal dist = 1, 2, 3:
-  // M = sum_{c<=k<r} A_rk T_kc (ascending k, z), then T_rc = -T_rr M. Thread
-  // (x, y) = (tid / 16, tid % 16) computes element (x, y) of each block.
+  // (3b) Blocks below the diagonal, block diagonal dist = 1, 2, 3, all
+  // blocks of one diagonal at once (64 threads each, 2 x 2 elements per
+  // thread: rows x, x + 8, columns y, y + 1): M = sum_{c<=k<r} A_rk T_kc
+  // (ascending k, z), then T_rc = -T_rr M.
   {
-    const int x = tid >> 4, y = tid & (kB - 1);
+    const int cb = tid >> 6, x = (tid >> 3) & 7, y = (tid & 7) * 2;
     for (int dist = 1; dist < kC / kB; ++dist) {
-      for (int cb = 0; cb + dist < kC / kB; ++cb) {
-        const int rb = cb + dist;
-        float acc = 0.0f;
-        for (int kb = cb; kb < rb; ++kb)
+      const int rb = cb + dist;
+      const bool on = rb < kC / kB;
+      if (on) {
+        float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+        const float* a0 = Am + (rb * kB + x) * kLd;
+        for (int kb = cb; kb < rb; ++kb) {
 #pragma unroll
-          for (int z = 0; z < kB; ++z)
-            acc += Am[(rb * kB + x) * kLd + kb * kB + z] * Tm[(kb * kB + z) * kLd + cb * kB + y];
-        Mb[(cb * kB + x) * kB + y] = acc;
+          for (int z = 0; z < kB; ++z) {
+            const float2 t =
+                *reinterpret_cast<const float2*>(Tm + (kb * kB + z) * kLd + cb * kB + y);
+            const float u0 = a0[kb * kB + z], u1 = a0[8 * kLd + kb * kB + z];
+            acc[0][0] += u0 * t.x;
+            acc[0][1] += u0 * t.y;
+            acc[1][0] += u1 * t.x;
+            acc[1][1] += u1 * t.y;
+          }
+        }
+        *reinterpret_cast<float2*>(Mb + (cb * kB + x) * kB + y) = make_float2(acc[0][0], acc[0][1]);
+        *reinterpret_cast<float2*>(Mb + (cb * kB + x + 8) * kB + y) =
+            make_float2(acc[1][0], acc[1][1]);
       }
       __syncthreads();
-      for (int cb = 0; cb + dist < kC / kB; ++cb) {
-        const int rb = cb + dist;
-        float acc = 0.0f;
+      if (on) {
+        float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+        const float* t0 = Tm + (rb * kB + x) * kLd + rb * kB;
 #pragma unroll
-        for (int z = 0; z < kB; ++z)
-          acc += Tm[(rb * kB + x) * kLd + rb * kB + z] * Mb[(cb * kB + z) * kB + y];
-        Tm[(rb * kB + x) * kLd + cb * kB + y] = -acc;
+        for (int z = 0; z < kB; ++z) {
+          const float2 m = *reinterpret_cast<const float2*>(Mb + (cb * kB + z) * kB + y);
+          const float u0 = t0[z], u1 = t0[8 * kLd + z];
+          acc[0][0] += u0 * m.x;
+          acc[0][1] += u0 * m.y;
+          acc[1][0] += u1 * m.x;
+          acc[1][1] += u1 * m.y;
+        }
+        float* o = Tm + (rb * kB + x) * kLd + cb * kB + y;
+        *reinterpret_cast<float2*>(o) = make_float2(-acc[0][0], -acc[0][1]);
+        *reinterpret_cast<float2*>(o + 8 * kLd) = make_float2(-acc[1][0], -acc[1][1]);
       }
       __syncthreads();
     }
@@ -381,280 +425,344 @@ __global__ void __launch_bounds__(kPrepThreads)
   }
 }
 
-// ---- (2) the state pass, one block per (item, value head, 32 columns) ----
+// ---- (2) the state pass, one block per (item, value head, 16 or 32 columns) ----
 
-// note: 32 value columns and 4 warps per block (warp w: rows 16 w.. of the
-// chunk, state row tiles w, w + 4, ...), at most 128 registers: 4 blocks
-// per SM. Measured on the H100 (Qwen3.5-0.8B heads, us for 1 x 512 / 8 x
-// 512 tokens): 32 columns 59.8 / 186, 64 columns (8 warps) 76.1 / 185, 128
-// columns (16 warps) 107 / 192: a long prompt's chain of chunks is latency
-// bound, so more blocks per head win there and cost nothing at 8 x 512.
-template <int DK>
-struct StateSmem {                               // byte offsets; bf16 [rows][kLdv] each
-  static constexpr int sh = 0;                   // S hi [DK]
-  static constexpr int sl = sh + DK * kLdv * 2;  // S lo [DK]
-  static constexpr int nh = sl + DK * kLdv * 2;  // new_v hi [64]
-  static constexpr int nl = nh + kC * kLdv * 2;  // new_v lo
-  static constexpr int dh = nl + kC * kLdv * 2;  // e^{gcum_63 - gcum_j} new_v hi
-  static constexpr int dl = dh + kC * kLdv * 2;  // ... lo
-  static constexpr int vs = dl + kC * kLdv * 2;  // V tile [64]
-  static constexpr int total = vs + kC * kLdv * 2;
+// note: 8 warps per block with two roles. Phase A (needs the state): warps
+// 0-3 new_v = T' V - W S for chunk rows 16 w.., warps 4-7 Q S for rows
+// 16 (w - 4)..; phase B (needs new_v): warps 4-7 O = gamma Q S + P new_v,
+// and warp w updates state row tile w (S' = gamma_63 S + K^T (e^{..} new_v),
+// f32 in registers for the whole item). Each phase's half of the chunk's
+// record is copied (cp.async) into shared memory while the other phase runs,
+// so the chain of chunks waits on shared memory, not on L2. NV = 16 value
+// columns per block when 32-column blocks would leave SMs idle (one long
+// prompt: twice the blocks, half the chain per block), else 32 (half the
+// record traffic); every output and state element is computed the same way
+// in both (its own mma rows and columns, same k order).
+template <int DK, int NV>
+struct StateSmem {                                                    // byte offsets
+  static constexpr int ld = NV + kPad;                                // bf16 row stride below
+  static constexpr int ra = 0;                                        // record part A
+  static constexpr int rb = ra + static_cast<int>(Rec<DK>::a_bytes);  // record part B
+  static constexpr int sh = rb + static_cast<int>(Rec<DK>::b_bytes);  // bf16 [DK][ld] S hi
+  static constexpr int sl = sh + DK * ld * 2;                         // S lo
+  static constexpr int nh = sl + DK * ld * 2;                         // bf16 [64][ld] new_v hi
+  static constexpr int nl = nh + kC * ld * 2;                         // new_v lo
+  static constexpr int dh = nl + kC * ld * 2;  // e^{gcum_63 - gcum_j} new_v hi
+  static constexpr int dl = dh + kC * ld * 2;  // ... lo
+  static constexpr int v0 = dl + kC * ld * 2;  // bf16 [2][64][ld] V tiles
+  static constexpr int total = v0 + 2 * kC * ld * 2;
 };
 
-// Stores the pair (x, y) at row r, column c of the hi and lo arrays.
-__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, int r, int c, float x, float y) {
+// Stores the pair (x, y) at row r, column c of the hi and lo arrays (row
+// stride ld).
+__device__ __forceinline__ void put_split(bf16* hi, bf16* lo, int ld, int r, int c, float x,
+                                          float y) {
   uint32_t h, l;
   split2(x, y, h, l);
-  *reinterpret_cast<uint32_t*>(hi + r * kLdv + c) = h;
-  *reinterpret_cast<uint32_t*>(lo + r * kLdv + c) = l;
+  *reinterpret_cast<uint32_t*>(hi + r * ld + c) = h;
+  *reinterpret_cast<uint32_t*>(lo + r * ld + c) = l;
 }
 
-// B fragments for n tiles 2 nd, 2 nd + 1 and k tile kt of a [k][kNv] bf16
+// B fragments for n tiles 2 nd, 2 nd + 1 and k tile kt of a [k][ld] bf16
 // shared array: b[0], b[1] and b[2], b[3].
-__device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* m, int kt, int nd, int lane) {
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* m, int ld, int kt, int nd,
+                                       int lane) {
   const int key = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  ldmatrix_x4_trans(b, smem_addr(m + key * kLdv + nd * 16 + (lane >> 4) * 8));
+  ldmatrix_x4_trans(b, smem_addr(m + key * ld + nd * 16 + (lane >> 4) * 8));
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kStateThreads, 4)
+// A fragment tile `tile` of a record part staged in shared memory.
+__device__ __forceinline__ void frag_smem(uint32_t (&a)[4], const uint8_t* part, int64_t off,
+                                          int tile, int lane) {
+  const uint4 x = *reinterpret_cast<const uint4*>(part + off + tile * kTile + lane * 16);
+  a[0] = x.x;
+  a[1] = x.y;
+  a[2] = x.z;
+  a[3] = x.w;
+}
+
+template <int DK, int NV>
+__global__ void __launch_bounds__(kStateThreads, 1)
     gdn_chunk_state_kernel(const bf16* __restrict__ v, int64_t ldv, float* state_pool,
                            const int32_t* __restrict__ slot, const int32_t* __restrict__ first_row,
                            const int32_t* __restrict__ chunk_start, bf16* __restrict__ out,
-                           int64_t ldo, int hv, int dv, const uint8_t* __restrict__ ws) {
-  using L = StateSmem<DK>;
+                           int64_t ldo, int hv, int dv, const uint8_t* __restrict__ ws, bool vec_v,
+                           bool pair_out) {
+  using L = StateSmem<DK, NV>;
   using R = Rec<DK>;
   constexpr int kKt = DK / 16;
-  constexpr int kMt = kKt > 4 ? kKt / 4 : 1;  // state row tiles per warp
-  constexpr int kNf = kNv / 8;                // n tiles of the value columns
-  __shared__ uint4 smem_u4[L::total / 16];
+  constexpr int kNf = NV / 8;  // n tiles of the value columns
+  constexpr int ld = L::ld;
+  extern __shared__ uint4 smem_u4[];
   uint8_t* sm = reinterpret_cast<uint8_t*>(smem_u4);
+  const uint8_t* Ra = sm + L::ra;
+  const uint8_t* Rb = sm + L::rb;
   bf16* Sh = reinterpret_cast<bf16*>(sm + L::sh);
   bf16* Sl = reinterpret_cast<bf16*>(sm + L::sl);
   bf16* Nh = reinterpret_cast<bf16*>(sm + L::nh);
   bf16* Nl = reinterpret_cast<bf16*>(sm + L::nl);
   bf16* Dh = reinterpret_cast<bf16*>(sm + L::dh);
   bf16* Dl = reinterpret_cast<bf16*>(sm + L::dl);
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L::vs);
+  bf16* V0 = reinterpret_cast<bf16*>(sm + L::v0);
 
   const int tile = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
-  // (w & 3: the compiler then knows w < 4; 40 bytes of spills at 128
-  // registers instead of 144)
-  const int tid = threadIdx.x, lane = tid & 31, w = (tid >> 5) & 3;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, rt = w & 3;
   const int gq = lane >> 2, cq = lane & 3;
-  const int c0 = tile * kNv;
+  const int c0 = tile * NV;
   const int cs = chunk_start[item], n_chunks = chunk_start[item + 1] - cs;
   if (n_chunks <= 0) return;
   float* S = state_pool + (static_cast<int64_t>(slot[item]) * hv + h) * DK * dv;
-
-  // The state tile in C fragment layout: row tiles w, w + 4, ... of Dk.
-  float st[kMt][kNf][4];
-#pragma unroll
-  for (int mi = 0; mi < kMt; ++mi) {
-    const int mt = w + 4 * mi;
-#pragma unroll
-    for (int nf = 0; nf < kNf; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int d = mt * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
-        st[mi][nf][e] = mt < kKt && col < dv ? S[static_cast<int64_t>(d) * dv + col] : 0.0f;
+  const int64_t row0 = first_row[item];
+  auto rec_at = [&](int c) { return ws + (static_cast<int64_t>(cs + c) * hv + h) * R::bytes; };
+  auto stage = [&](int dst, const uint8_t* src, int bytes) {
+    for (int o = tid * 16; o < bytes; o += kStateThreads * 16)
+      cp_async_16(smem_addr(sm + dst + o), src + o, true);
+  };
+  // Chunk c's V tile (zero past dv) into buffer c & 1.
+  auto stage_v = [&](int c) {
+    bf16* Vs = V0 + (c & 1) * kC * ld;
+    const int64_t r0 = row0 + static_cast<int64_t>(c) * kC;
+    const bf16* vh = v + static_cast<int64_t>(h) * dv;
+    if (vec_v) {
+      for (int e = tid; e < kC * (NV / 8); e += kStateThreads) {
+        const int i = e / (NV / 8), cc = (e % (NV / 8)) * 8;
+        const bool ok = c0 + cc < dv;
+        cp_async_16(smem_addr(Vs + i * ld + cc), ok ? vh + (r0 + i) * ldv + c0 + cc : v, ok);
       }
-  }
-  auto put_state = [&] {
-#pragma unroll
-    for (int mi = 0; mi < kMt; ++mi) {
-      const int mt = w + 4 * mi;
-      if (mt < kKt) {
-#pragma unroll
-        for (int nf = 0; nf < kNf; ++nf) {
-          const int d = mt * 16 + gq, col = nf * 8 + 2 * cq;
-          put_split(Sh, Sl, d, col, st[mi][nf][0], st[mi][nf][1]);
-          put_split(Sh, Sl, d + 8, col, st[mi][nf][2], st[mi][nf][3]);
-        }
+    } else {
+      for (int e = tid; e < kC * NV; e += kStateThreads) {
+        const int i = e / NV, cc = e % NV;
+        Vs[i * ld + cc] = c0 + cc < dv ? vh[(r0 + i) * ldv + c0 + cc] : __float2bfloat16_rn(0.0f);
       }
     }
   };
-  // The chunk's V tile, 16 rows per thread (column `lane`), zero past dv.
-  constexpr int kVr = kC / (kStateThreads / 32);
-  bf16 vn[kVr];
-  auto fetch_v = [&](int64_t rv) {
-    const int col = c0 + lane;
+
+  // Warp w's state row tile w (if w < kKt) in C fragment layout.
+  const bool has_state = w < kKt;
+  float st[kNf][4];
 #pragma unroll
-    for (int i = 0; i < kVr; ++i)
-      vn[i] = col < dv ? v[(rv + w + 4 * i) * ldv + static_cast<int64_t>(h) * dv + col]
-                       : __float2bfloat16_rn(0.0f);
+  for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = w * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
+      st[nf][e] = has_state && col < dv ? S[static_cast<int64_t>(d) * dv + col] : 0.0f;
+    }
+  auto put_state = [&] {
+    if (has_state) {
+#pragma unroll
+      for (int nf = 0; nf < kNf; ++nf) {
+        const int d = w * 16 + gq, col = nf * 8 + 2 * cq;
+        put_split(Sh, Sl, ld, d, col, st[nf][0], st[nf][1]);
+        put_split(Sh, Sl, ld, d + 8, col, st[nf][2], st[nf][3]);
+      }
+    }
   };
+
+  stage(L::ra, rec_at(0), static_cast<int>(R::a_bytes));
+  stage_v(0);
+  cp_async_commit();
   put_state();
-  fetch_v(first_row[item]);
   for (int c = 0; c < n_chunks; ++c) {
-    const int64_t r0 = static_cast<int64_t>(first_row[item]) + static_cast<int64_t>(c) * kC;
-    const uint8_t* rec = ws + (static_cast<int64_t>(cs + c) * hv + h) * R::bytes;
-#pragma unroll
-    for (int i = 0; i < kVr; ++i) Vs[(w + 4 * i) * kLdv + lane] = vn[i];
-    __syncthreads();
-    // (1) new_v = T' V - W S and Q S for rows 16 w.. of the chunk.
-    float nv[kNf][4], qs[kNf][4];
+    const int64_t r0 = row0 + static_cast<int64_t>(c) * kC;
+    cp_async_wait<0>();
+    __syncthreads();  // part A, V and S of chunk c in place; part B, V (c + 1) free
+    stage(L::rb, rec_at(c) + R::a_bytes, static_cast<int>(R::b_bytes));
+    if (c + 1 < n_chunks) stage_v(c + 1);
+    cp_async_commit();
+    const bf16* Vs = V0 + (c & 1) * kC * ld;
+    // Phase A: new_v (warps 0-3) or Q S (warps 4-7) for rows 16 rt..
+    float acc[kNf][4];
 #pragma unroll
     for (int n = 0; n < kNf; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) nv[n][e] = qs[n][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    if (w < 4) {
 #pragma unroll
-    for (int kt = 0; kt < kC / 16; ++kt) {
-      uint32_t th[4], tl[4];
-      load_frag(th, rec, R::t_hi, w * 4 + kt, lane);
-      load_frag(tl, rec, R::t_lo, w * 4 + kt, lane);
+      for (int kt = 0; kt < kC / 16; ++kt) {
+        uint32_t th[4], tl[4];
+        frag_smem(th, Ra, R::t_hi, rt * 4 + kt, lane);
+        frag_smem(tl, Ra, R::t_lo, rt * 4 + kt, lane);
 #pragma unroll
-      for (int nd = 0; nd < kNv / 16; ++nd) {
-        uint32_t b[4];
-        load_b(b, Vs, kt, nd, lane);
-        mma_bf16(nv[2 * nd], th, b[0], b[1]);
-        mma_bf16(nv[2 * nd], tl, b[0], b[1]);
-        mma_bf16(nv[2 * nd + 1], th, b[2], b[3]);
-        mma_bf16(nv[2 * nd + 1], tl, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int kt = 0; kt < kKt; ++kt) {
-      uint32_t wh[4], wl[4], qa[4];
-      load_frag(wh, rec, R::w_hi, w * kKt + kt, lane);
-      load_frag(wl, rec, R::w_lo, w * kKt + kt, lane);
-      load_frag(qa, rec, R::qf, w * kKt + kt, lane);
-#pragma unroll
-      for (int nd = 0; nd < kNv / 16; ++nd) {
-        uint32_t bh[4], bl[4];
-        load_b(bh, Sh, kt, nd, lane);
-        load_b(bl, Sl, kt, nd, lane);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float(&acc)[4] = nv[2 * nd + half];
-          mma_bf16(acc, wh, bh[2 * half], bh[2 * half + 1]);
-          mma_bf16(acc, wh, bl[2 * half], bl[2 * half + 1]);
-          mma_bf16(acc, wl, bh[2 * half], bh[2 * half + 1]);
-          mma_bf16(qs[2 * nd + half], qa, bh[2 * half], bh[2 * half + 1]);
-          mma_bf16(qs[2 * nd + half], qa, bl[2 * half], bl[2 * half + 1]);
+        for (int nd = 0; nd < NV / 16; ++nd) {
+          uint32_t b[4];
+          load_b(b, Vs, ld, kt, nd, lane);
+          mma_bf16(acc[2 * nd], th, b[0], b[1]);
+          mma_bf16(acc[2 * nd], tl, b[0], b[1]);
+          mma_bf16(acc[2 * nd + 1], th, b[2], b[3]);
+          mma_bf16(acc[2 * nd + 1], tl, b[2], b[3]);
         }
       }
-    }
-    // (2) new_v and e^{gcum_63 - gcum_i} new_v to shared memory (hi/lo).
-    const float* eg = reinterpret_cast<const float*>(rec + R::eg);
-    const float* kd = reinterpret_cast<const float*>(rec + R::kd);
-    const int i0 = w * 16 + gq, i1 = i0 + 8;
-    {
+#pragma unroll
+      for (int kt = 0; kt < kKt; ++kt) {
+        uint32_t wh[4], wl[4];
+        frag_smem(wh, Ra, R::w_hi, rt * kKt + kt, lane);
+        frag_smem(wl, Ra, R::w_lo, rt * kKt + kt, lane);
+#pragma unroll
+        for (int nd = 0; nd < NV / 16; ++nd) {
+          uint32_t bh[4], bl[4];
+          load_b(bh, Sh, ld, kt, nd, lane);
+          load_b(bl, Sl, ld, kt, nd, lane);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float(&a)[4] = acc[2 * nd + half];
+            mma_bf16(a, wh, bh[2 * half], bh[2 * half + 1]);
+            mma_bf16(a, wh, bl[2 * half], bl[2 * half + 1]);
+            mma_bf16(a, wl, bh[2 * half], bh[2 * half + 1]);
+          }
+        }
+      }
+      // new_v and e^{gcum_63 - gcum_i} new_v to shared memory (hi/lo).
+      const float* kd = reinterpret_cast<const float*>(Ra + R::kd);
+      const int i0 = rt * 16 + gq, i1 = i0 + 8;
       const float k0 = kd[i0], k1 = kd[i1];
 #pragma unroll
       for (int nf = 0; nf < kNf; ++nf) {
         const int col = nf * 8 + 2 * cq;
-        put_split(Nh, Nl, i0, col, nv[nf][0], nv[nf][1]);
-        put_split(Nh, Nl, i1, col, nv[nf][2], nv[nf][3]);
-        put_split(Dh, Dl, i0, col, k0 * nv[nf][0], k0 * nv[nf][1]);
-        put_split(Dh, Dl, i1, col, k1 * nv[nf][2], k1 * nv[nf][3]);
+        put_split(Nh, Nl, ld, i0, col, acc[nf][0], acc[nf][1]);
+        put_split(Nh, Nl, ld, i1, col, acc[nf][2], acc[nf][3]);
+        put_split(Dh, Dl, ld, i0, col, k0 * acc[nf][0], k0 * acc[nf][1]);
+        put_split(Dh, Dl, ld, i1, col, k1 * acc[nf][2], k1 * acc[nf][3]);
       }
-    }
-    __syncthreads();
-    if (c + 1 < n_chunks) {
-      // note: the next chunk's V tile to registers and this warp's fragments
-      // of its record to L1 while this chunk finishes: the state chain of a
-      // long prompt waits on nothing but L1 from chunk to chunk.
-      fetch_v(r0 + kC);
-      const uint8_t* nx = rec + static_cast<int64_t>(hv) * R::bytes;
-      const int lo = lane * 16;
-#pragma unroll
-      for (int kt = 0; kt < kC / 16; ++kt) {
-        prefetch_l1(nx + R::t_hi + (w * 4 + kt) * kTile + lo);
-        prefetch_l1(nx + R::t_lo + (w * 4 + kt) * kTile + lo);
-        prefetch_l1(nx + R::p + (w * 4 + kt) * kTile + lo);
-#pragma unroll
-        for (int mi = 0; mi < kMt; ++mi)
-          if (w + 4 * mi < kKt) prefetch_l1(nx + R::kt + ((w + 4 * mi) * 4 + kt) * kTile + lo);
-      }
+    } else {
 #pragma unroll
       for (int kt = 0; kt < kKt; ++kt) {
-        prefetch_l1(nx + R::w_hi + (w * kKt + kt) * kTile + lo);
-        prefetch_l1(nx + R::w_lo + (w * kKt + kt) * kTile + lo);
-        prefetch_l1(nx + R::qf + (w * kKt + kt) * kTile + lo);
+        uint32_t qa[4];
+        frag_smem(qa, Ra, R::qf, rt * kKt + kt, lane);
+#pragma unroll
+        for (int nd = 0; nd < NV / 16; ++nd) {
+          uint32_t bh[4], bl[4];
+          load_b(bh, Sh, ld, kt, nd, lane);
+          load_b(bl, Sl, ld, kt, nd, lane);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            mma_bf16(acc[2 * nd + half], qa, bh[2 * half], bh[2 * half + 1]);
+            mma_bf16(acc[2 * nd + half], qa, bl[2 * half], bl[2 * half + 1]);
+          }
+        }
       }
-      if (lane < 4) prefetch_l1(nx + R::eg + lane * 128);
     }
-    // (3) O = diag(gamma) Q S + P new_v.
-    {
+    cp_async_wait<0>();
+    __syncthreads();  // new_v, part B and V (c + 1) in place; part A, S free
+    if (c + 1 < n_chunks) {
+      stage(L::ra, rec_at(c + 1), static_cast<int>(R::a_bytes));
+      cp_async_commit();
+    }
+    // Phase B.
+    const float* eg = reinterpret_cast<const float*>(Rb + (R::eg - R::a_bytes));
+    if (w >= 4) {
+      // O = diag(gamma) Q S + P new_v.
       float po[kNf][4];
 #pragma unroll
       for (int n = 0; n < kNf; ++n) po[n][0] = po[n][1] = po[n][2] = po[n][3] = 0.0f;
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt) {
         uint32_t pa[4];
-        load_frag(pa, rec, R::p, w * 4 + kt, lane);
+        frag_smem(pa, Rb, R::p - R::a_bytes, rt * 4 + kt, lane);
 #pragma unroll
-        for (int nd = 0; nd < kNv / 16; ++nd) {
+        for (int nd = 0; nd < NV / 16; ++nd) {
           uint32_t bh[4], bl[4];
-          load_b(bh, Nh, kt, nd, lane);
-          load_b(bl, Nl, kt, nd, lane);
+          load_b(bh, Nh, ld, kt, nd, lane);
+          load_b(bl, Nl, ld, kt, nd, lane);
           mma_bf16(po[2 * nd], pa, bh[0], bh[1]);
           mma_bf16(po[2 * nd], pa, bl[0], bl[1]);
           mma_bf16(po[2 * nd + 1], pa, bh[2], bh[3]);
           mma_bf16(po[2 * nd + 1], pa, bl[2], bl[3]);
         }
       }
+      const int i0 = rt * 16 + gq, i1 = i0 + 8;
       const float e0 = eg[i0], e1 = eg[i1];
       bf16* o0 = out + (r0 + i0) * ldo + static_cast<int64_t>(h) * dv;
       bf16* o1 = out + (r0 + i1) * ldo + static_cast<int64_t>(h) * dv;
 #pragma unroll
       for (int nf = 0; nf < kNf; ++nf) {
         const int col = c0 + nf * 8 + 2 * cq;
-        if (col < dv) {
-          o0[col] = __float2bfloat16_rn(e0 * qs[nf][0] + po[nf][0]);
-          o1[col] = __float2bfloat16_rn(e1 * qs[nf][2] + po[nf][2]);
-        }
-        if (col + 1 < dv) {
-          o0[col + 1] = __float2bfloat16_rn(e0 * qs[nf][1] + po[nf][1]);
-          o1[col + 1] = __float2bfloat16_rn(e1 * qs[nf][3] + po[nf][3]);
-        }
-      }
-    }
-    // (4) S' = gamma_63 S + K^T (e^{gcum_63 - gcum_j} new_v).
-    {
-      const float decay = eg[kC - 1];
-#pragma unroll
-      for (int mi = 0; mi < kMt; ++mi) {
-        const int mt = w + 4 * mi;
-        if (mt < kKt) {
-#pragma unroll
-          for (int nf = 0; nf < kNf; ++nf)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[mi][nf][e] *= decay;
-#pragma unroll
-          for (int kt = 0; kt < kC / 16; ++kt) {
-            uint32_t ka[4];
-            load_frag(ka, rec, R::kt, mt * 4 + kt, lane);
-#pragma unroll
-            for (int nd = 0; nd < kNv / 16; ++nd) {
-              uint32_t bh[4], bl[4];
-              load_b(bh, Dh, kt, nd, lane);
-              load_b(bl, Dl, kt, nd, lane);
-              mma_bf16(st[mi][2 * nd], ka, bh[0], bh[1]);
-              mma_bf16(st[mi][2 * nd], ka, bl[0], bl[1]);
-              mma_bf16(st[mi][2 * nd + 1], ka, bh[2], bh[3]);
-              mma_bf16(st[mi][2 * nd + 1], ka, bl[2], bl[3]);
-            }
+        const float x0 = e0 * acc[nf][0] + po[nf][0], x1 = e0 * acc[nf][1] + po[nf][1];
+        const float y0 = e1 * acc[nf][2] + po[nf][2], y1 = e1 * acc[nf][3] + po[nf][3];
+        if (pair_out && col + 1 < dv) {
+          *reinterpret_cast<__nv_bfloat162*>(o0 + col) = __floats2bfloat162_rn(x0, x1);
+          *reinterpret_cast<__nv_bfloat162*>(o1 + col) = __floats2bfloat162_rn(y0, y1);
+        } else {
+          if (col < dv) {
+            o0[col] = __float2bfloat16_rn(x0);
+            o1[col] = __float2bfloat16_rn(y0);
+          }
+          if (col + 1 < dv) {
+            o0[col + 1] = __float2bfloat16_rn(x1);
+            o1[col + 1] = __float2bfloat16_rn(y1);
           }
         }
       }
     }
-    put_state();
-  }
-#pragma unroll
-  for (int mi = 0; mi < kMt; ++mi) {
-    const int mt = w + 4 * mi;
-    if (mt < kKt) {
+    if (has_state) {
+      // S' = gamma_63 S + K^T (e^{gcum_63 - gcum_j} new_v), rows 16 w..
+      const float decay = eg[kC - 1];
 #pragma unroll
       for (int nf = 0; nf < kNf; ++nf)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = mt * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
-          if (col < dv) S[static_cast<int64_t>(d) * dv + col] = st[mi][nf][e];
+        for (int e = 0; e < 4; ++e) st[nf][e] *= decay;
+#pragma unroll
+      for (int kt = 0; kt < kC / 16; ++kt) {
+        uint32_t ka[4];
+        frag_smem(ka, Rb, R::kt - R::a_bytes, w * 4 + kt, lane);
+#pragma unroll
+        for (int nd = 0; nd < NV / 16; ++nd) {
+          uint32_t bh[4], bl[4];
+          load_b(bh, Dh, ld, kt, nd, lane);
+          load_b(bl, Dl, ld, kt, nd, lane);
+          mma_bf16(st[2 * nd], ka, bh[0], bh[1]);
+          mma_bf16(st[2 * nd], ka, bl[0], bl[1]);
+          mma_bf16(st[2 * nd + 1], ka, bh[2], bh[3]);
+          mma_bf16(st[2 * nd + 1], ka, bl[2], bl[3]);
         }
+      }
+      put_state();
     }
   }
+  if (has_state) {
+#pragma unroll
+    for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = w * 16 + gq + (e >> 1) * 8, col = c0 + nf * 8 + 2 * cq + (e & 1);
+        if (col < dv) S[static_cast<int64_t>(d) * dv + col] = st[nf][e];
+      }
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    QTK_CUDA_CHECK(cudaGetDevice(&dev));
+    QTK_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+template <int DK, int NV>
+void launch_state(const bf16* v, int64_t ldv, float* state_pool, const int32_t* slot,
+                  const int32_t* first_row, const int32_t* chunk_start, int64_t count,
+                  const uint8_t* ws, bf16* out, int64_t ldo, int64_t hv, int64_t dv,
+                  cudaStream_t stream) {
+  constexpr int bytes = StateSmem<DK, NV>::total;
+  static const bool attr_set = [] {
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_state_kernel<DK, NV>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)attr_set;
+  // 16-byte copies of V rows when every 8-column group starts 16-byte
+  // aligned and lies wholly inside or outside dv; bf16 pairs for the output.
+  const bool vec_v = reinterpret_cast<uintptr_t>(v) % 16 == 0 && ldv % 8 == 0 && dv % 8 == 0;
+  const bool pair_out = reinterpret_cast<uintptr_t>(out) % 4 == 0 && ldo % 2 == 0 && dv % 2 == 0;
+  // Value tiles fastest: the blocks of one (item, head) read the same
+  // workspace records at about the same time (L2).
+  const dim3 grid(static_cast<unsigned>((dv + NV - 1) / NV), static_cast<unsigned>(hv),
+                  static_cast<unsigned>(count));
+  gdn_chunk_state_kernel<DK, NV><<<grid, kStateThreads, bytes, stream>>>(
+      v, ldv, state_pool, slot, first_row, chunk_start, out, ldo, static_cast<int>(hv),
+      static_cast<int>(dv), ws, vec_v, pair_out);
+  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <int DK>
@@ -682,14 +790,12 @@ void launch_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, cons
          stream>>>(q, ldq, k, ldk, g, beta, first_row, chunk_start, static_cast<int>(count),
                    static_cast<int>(hk), static_cast<int>(hv), ws, vec);
   QTK_CUDA_CHECK_LAUNCH();
-  // Value tiles fastest: the blocks of one (item, head) read the same
-  // workspace records at about the same time (L2).
-  const dim3 grid(static_cast<unsigned>((dv + kNv - 1) / kNv), static_cast<unsigned>(hv),
-                  static_cast<unsigned>(count));
-  gdn_chunk_state_kernel<DK>
-      <<<grid, kStateThreads, 0, stream>>>(v, ldv, state_pool, slot, first_row, chunk_start, out,
-                                           ldo, static_cast<int>(hv), static_cast<int>(dv), ws);
-  QTK_CUDA_CHECK_LAUNCH();
+  if (gdn_chunked_state_columns(count, hv, dv) == 16)
+    launch_state<DK, 16>(v, ldv, state_pool, slot, first_row, chunk_start, count, ws, out, ldo, hv,
+                         dv, stream);
+  else
+    launch_state<DK, 32>(v, ldv, state_pool, slot, first_row, chunk_start, count, ws, out, ldo, hv,
+                         dv, stream);
 }
 
 template <class T>
@@ -723,6 +829,17 @@ int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk
                    " is not supported (expected 16, 32, 64 or 128)");
   }
   return total_chunks * hv * rec;
+}
+
+int gdn_chunked_state_columns(int64_t count, int64_t hv, int64_t dv) {
+  // QTK_GDN_STATE_COLUMNS=16 or 32 fixes the width (A/B measurements; the
+  // results are the same bits).
+  static const int forced = [] {
+    const char* e = std::getenv("QTK_GDN_STATE_COLUMNS");
+    return e ? std::atoi(e) : 0;
+  }();
+  if (forced == 16 || forced == 32) return forced;
+  return (dv + 31) / 32 * hv * count < sm_count() ? 16 : 32;
 }
 
 void gated_delta_rule_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, const bf16* v,

@@ -21,7 +21,7 @@ constexpr int64_t kGdnChunk = 64;
 
 // Bytes of device workspace gated_delta_rule_chunked needs for `total_chunks`
 // chunks of `hv` value heads at key head dim `dk` (the state-independent
-// products of every chunk: ~105 KiB per chunk and head at dk 128). Throws for
+// products of every chunk: ~89 KiB per chunk and head at dk 128). Throws for
 // an unsupported dk.
 int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk);
 
@@ -52,6 +52,12 @@ void gated_delta_rule_chunked(const __nv_bfloat16* q, int64_t ldq, const __nv_bf
                               int64_t total_chunks, void* workspace, __nv_bfloat16* out,
                               int64_t ldo, int64_t hk, int64_t hv, int64_t dk, int64_t dv,
                               cudaStream_t stream);
+
+// Value columns per block of the state pass for a launch of `count` items
+// (16 when 32-column blocks would not fill the GPU's SMs, else 32). Every
+// output and state element is computed the same way in both (tests check
+// bit equality); exposed so tests can tell which one a launch takes.
+int gdn_chunked_state_columns(int64_t count, int64_t hv, int64_t dv);
 
 // dst[dst_rows[i], 0..cols-1] = src[src_rows[i], 0..cols-1] for i < n
 // (exact copies; rows int32 [n] in device memory, nullptr = i). Gathers the

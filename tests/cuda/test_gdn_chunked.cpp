@@ -383,6 +383,46 @@ TEST(GdnChunked, BitIdenticalAcrossBatchesAndChunkSplits) {
   EXPECT_TRUE(bitwise_equal(alone.second.data(), odd.second.data(), alone.second.size()));
 }
 
+// The state pass takes 16 value columns per block for a small launch and 32
+// for a large one (gdn_chunked_state_columns): a sequence's outputs and state
+// are the same bits either way, with full, partial (dv 48: 16-byte V copies
+// with zero-filled groups) and odd (dv 37: element-wise V loads) tiles.
+TEST(GdnChunked, BitIdenticalAcrossStateColumnWidths) {
+  for (const Dims d : {Dims{2, 4, 128, 128, -0.5f, -0.01f}, Dims{1, 2, 64, 48, -0.5f, -0.01f},
+                       Dims{1, 2, 32, 37, -0.5f, -0.01f}}) {
+    ASSERT_EQ(gdn_chunked_state_columns(1, d.hv, d.dv), 16);
+    int64_t many = 2;
+    while (gdn_chunked_state_columns(many, d.hv, d.dv) != 32) ++many;
+    const int32_t n0 = 3;  // chunks of sequence 0; the others have 1
+    const int64_t tokens = (n0 + many - 1) * kC, ss = d.hv * d.dk * d.dv, wq = d.hk * d.dk,
+                  wv = d.hv * d.dv;
+    const Inputs in = random_inputs(tokens, d.hk, d.hv, d.dk, d.dv, d.g_lo, d.g_hi, 120);
+    const auto st = random_floats(many * ss, -0.5f, 0.5f, 125);
+    DeviceInputs<T> dev(in);
+    auto run = [&](int64_t count) {
+      std::vector<int32_t> slot, first, chunks;
+      for (int64_t i = 0; i < count; ++i) {
+        slot.push_back(static_cast<int32_t>(i));
+        first.push_back(i == 0 ? 0 : static_cast<int32_t>((n0 + i - 1) * kC));
+        chunks.push_back(i == 0 ? n0 : 1);
+      }
+      DeviceBuffer<float> state(st);
+      DeviceBuffer<T> out(tokens * wv);
+      run_chunked(dev.q.get(), wq, dev.k.get(), wq, dev.v.get(), wv, dev.g.get(), dev.beta.get(),
+                  state.get(), slot, first, chunks, out.get(), wv, d.hk, d.hv, d.dk, d.dv);
+      const std::vector<float> s = state.download();
+      const std::vector<T> o = out.download();
+      return std::make_pair(std::vector<T>(o.begin(), o.begin() + n0 * kC * wv),
+                            std::vector<float>(s.begin(), s.begin() + ss));
+    };
+    const auto narrow = run(1), wide = run(many);
+    EXPECT_TRUE(bitwise_equal(narrow.first.data(), wide.first.data(), narrow.first.size()))
+        << "dk " << d.dk << " dv " << d.dv;
+    EXPECT_TRUE(bitwise_equal(narrow.second.data(), wide.second.data(), narrow.second.size()))
+        << "dk " << d.dk << " dv " << d.dv;
+  }
+}
+
 TEST(GdnChunkedErrors, RejectsUnsupportedSizes) {
   EXPECT_THROW(gated_delta_rule_chunked(nullptr, 0, nullptr, 0, nullptr, 0, nullptr, nullptr,
                                         nullptr, nullptr, nullptr, nullptr, 1, 1, nullptr, nullptr,
