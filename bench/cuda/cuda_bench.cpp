@@ -332,6 +332,7 @@ void BM_GatedDeltaRuleChunked(benchmark::State& state) {
 BENCHMARK(BM_GatedDeltaRuleChunked)
     ->Args({1, 512})
     ->Args({8, 512})
+    ->Args({64, 128})  // a prefill step of 64 prompts of 128 tokens (batch 128 e2e)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

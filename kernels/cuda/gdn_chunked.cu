@@ -52,12 +52,17 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 // state tile kept in registers (f32) for the whole item.
 //
 // note: measured on the H100 (Qwen3.5-0.8B heads: 16 x Dk 128 x Dv 128, us
-// per launch, BM_GatedDeltaRuleChunked): 1 x 512 tokens 59.8 -> 29.9 (prep
-// 18.5 -> 13.5: the diagonal-block inverse on all 256 threads instead of 64,
-// the off-diagonal blocks 2 x 2 per thread, all blocks of a diagonal at once;
-// state 41 -> 19.4: record staged in shared memory by cp.async instead of
-// L2 -> L1 loads, 8 warps in two roles, 16 value columns per block), 8 x 512
-// 186 -> 175.
+// per launch, BM_GatedDeltaRuleChunked; prep + state from ncu): 1 x 512
+// tokens 59.8 -> 30.0 (prep 18.5 -> 12.5: the diagonal-block inverse on all
+// 256 threads instead of 64, the off-diagonal blocks 2 x 2 per thread with
+// all blocks of a diagonal at once, beta gamma computed once per token;
+// state 41 -> 19.8: record staged in shared memory instead of L2 -> L1
+// loads, 8 warps in two roles, 16 value columns per block), 8 x 512 186 ->
+// 173, 64 x 128 (a batch-128 prefill step) 393 (prep 125, state 279: 4096
+// blocks at one per SM). The bulk copies and the two mma chains per tile
+// (below) came with no measurable change at 1 x 512 (state 19.4 us with
+// per-thread cp.async and one chain); what bounds the state pass now is not
+// established (no profile of this version).
 //
 // note: precision per product (mma.sync m16n8k16, bf16 inputs, f32
 // accumulate). q, k, v are bf16 already: bf16 x bf16 products are exact in
@@ -80,9 +85,11 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 // P in bf16; a hi/lo P would cost 4 more mma per k tile of (3) and 8 KiB
 // more workspace per chunk and head. Against the recurrent kernel: state
 // 3.3e-6, outputs 2.6e-3. The 4-lane forward substitution of the diagonal
-// T blocks (session 4) left these figures where they were (session 3:
-// state 1.4e-6 .. 2.9e-6, outputs 2.2e-3 .. 2.4e-3, vs recurrent 3.3e-6 /
-// 2.6e-3).
+// T blocks and the two-chain mma sums (session 4) left these figures where
+// they were: state 1.4e-6 .. 2.9e-6, outputs 2.3e-3 .. 2.4e-3, vs recurrent
+// 3.3e-6 / 2.6e-3 (session 3: 1.4e-6 .. 2.9e-6, 2.2e-3 .. 2.4e-3, 3.3e-6 /
+// 2.6e-3); the bf16 generate tests still agree with the CPU on 810 of 960
+// qwen3.5-sample tokens and every invariance case is byte-identical.
 //
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
 // and the column alone (mma k-steps ascending, hi before lo), so the result
@@ -131,7 +138,8 @@ struct PrepSmem {                                  // byte offsets
   static constexpr int mb = tm + kC * kLd * 4;     // f32 [3][16][16] scratch of the inverse
   static constexpr int gc = mb + 3 * kB * kB * 4;  // f32 [64] g, then gcum
   static constexpr int bt = gc + kC * 4;           // f32 [64] beta
-  static constexpr int total = bt + kC * 4;
+  static constexpr int bg = bt + kC * 4;           // f32 [64] beta_j gamma_j
+  static constexpr int total = bg + kC * 4;
 };
 
 template <int DK>
@@ -153,6 +161,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   float* Mb = reinterpret_cast<float*>(sm + L::mb);
   float* Gc = reinterpret_cast<float*>(sm + L::gc);
   float* Bt = reinterpret_cast<float*>(sm + L::bt);
+  float* Bg = reinterpret_cast<float*>(sm + L::bg);
 
   const int chunk = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -202,6 +211,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   }
   __syncthreads();
   if (tid < kC) {
+    Bg[tid] = Bt[tid] * expf(Gc[tid]);
     reinterpret_cast<float*>(rec + R::eg)[tid] = expf(Gc[tid]);
     reinterpret_cast<float*>(rec + R::kd)[tid] = expf(Gc[kC - 1] - Gc[tid]);
   }
@@ -348,11 +358,11 @@ __global__ void __launch_bounds__(kPrepThreads)
       const int i = rt * 16 + gq + (r & 1) * 8, j = kt * 16 + 2 * cq + (r >> 1) * 8;
       float x0 = 0.0f, x1 = 0.0f;
       if (j <= i) {
-        const float s = with_gamma ? Bt[j] * expf(Gc[j]) : Bt[j];
+        const float s = with_gamma ? Bg[j] : Bt[j];
         x0 = Tm[i * kLd + j] * s;
       }
       if (j + 1 <= i) {
-        const float s = with_gamma ? Bt[j + 1] * expf(Gc[j + 1]) : Bt[j + 1];
+        const float s = with_gamma ? Bg[j + 1] : Bt[j + 1];
         x1 = Tm[i * kLd + j + 1] * s;
       }
       split2(x0, x1, hi[r], lo[r]);
@@ -432,12 +442,56 @@ __global__ void __launch_bounds__(kPrepThreads)
 // 16 (w - 4)..; phase B (needs new_v): warps 4-7 O = gamma Q S + P new_v,
 // and warp w updates state row tile w (S' = gamma_63 S + K^T (e^{..} new_v),
 // f32 in registers for the whole item). Each phase's half of the chunk's
-// record is copied (cp.async) into shared memory while the other phase runs,
+// record is copied into shared memory while the other phase runs,
 // so the chain of chunks waits on shared memory, not on L2. NV = 16 value
 // columns per block when 32-column blocks would leave SMs idle (one long
 // prompt: twice the blocks, half the chain per block), else 32 (half the
 // record traffic); every output and state element is computed the same way
-// in both (its own mma rows and columns, same k order).
+// in both (its own mma rows and columns, same k order). Every product sums
+// its k tiles in two interleaved mma chains (even and odd k tiles, added
+// once at the end): a warp holds only 2 (16 columns) or 4 output tiles, so a
+// single chain per tile waited on the mma latency step after step.
+// note: on sm_90 each record part arrives by one bulk copy (the copy
+// engine; cp.async.bulk, completion counted on an mbarrier) instead of ~20
+// cp.async per thread per chunk; the compute_80 PTX keeps cp.async.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QTK_GDN_BULK 1
+#else
+#define QTK_GDN_BULK 0
+#endif
+
+#if QTK_GDN_BULK
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, int bytes,
+                                              uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+#endif
+
 template <int DK, int NV>
 struct StateSmem {                                                    // byte offsets
   static constexpr int ld = NV + kPad;                                // bf16 row stride below
@@ -447,10 +501,11 @@ struct StateSmem {                                                    // byte of
   static constexpr int sl = sh + DK * ld * 2;                         // S lo
   static constexpr int nh = sl + DK * ld * 2;                         // bf16 [64][ld] new_v hi
   static constexpr int nl = nh + kC * ld * 2;                         // new_v lo
-  static constexpr int dh = nl + kC * ld * 2;  // e^{gcum_63 - gcum_j} new_v hi
-  static constexpr int dl = dh + kC * ld * 2;  // ... lo
-  static constexpr int v0 = dl + kC * ld * 2;  // bf16 [2][64][ld] V tiles
-  static constexpr int total = v0 + 2 * kC * ld * 2;
+  static constexpr int dh = nl + kC * ld * 2;       // e^{gcum_63 - gcum_j} new_v hi
+  static constexpr int dl = dh + kC * ld * 2;       // ... lo
+  static constexpr int v0 = dl + kC * ld * 2;       // bf16 [2][64][ld] V tiles
+  static constexpr int bar = v0 + 2 * kC * ld * 2;  // 2 mbarriers (record parts A, B)
+  static constexpr int total = bar + 16;
 };
 
 // Stores the pair (x, y) at row r, column c of the hi and lo arrays (row
@@ -514,9 +569,39 @@ __global__ void __launch_bounds__(kStateThreads, 1)
   float* S = state_pool + (static_cast<int64_t>(slot[item]) * hv + h) * DK * dv;
   const int64_t row0 = first_row[item];
   auto rec_at = [&](int c) { return ws + (static_cast<int64_t>(cs + c) * hv + h) * R::bytes; };
-  auto stage = [&](int dst, const uint8_t* src, int bytes) {
+  // Part 0 (A) or 1 (B) of chunk c's record into shared memory: one bulk
+  // copy on sm_90 (completion on an mbarrier, phase c & 1), else cp.async
+  // by every thread (completion with the V copies' group).
+  const uint32_t bar = smem_addr(sm + L::bar);
+#if QTK_GDN_BULK
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    mbar_init(bar + 8, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+#endif
+  auto stage_rec = [&](int part, int c) {
+    const uint8_t* src = rec_at(c) + (part ? R::a_bytes : 0);
+    const int dst = part ? L::rb : L::ra;
+    const int bytes = static_cast<int>(part ? R::b_bytes : R::a_bytes);
+#if QTK_GDN_BULK
+    if (tid == 0) {
+      mbar_expect_tx(bar + 8 * part, bytes);
+      bulk_copy_g2s(smem_addr(sm + dst), src, bytes, bar + 8 * part);
+    }
+#else
     for (int o = tid * 16; o < bytes; o += kStateThreads * 16)
       cp_async_16(smem_addr(sm + dst + o), src + o, true);
+#endif
+  };
+  auto wait_rec = [&](int part, int c) {
+#if QTK_GDN_BULK
+    mbar_wait(bar + 8 * part, c & 1);
+#else
+    (void)part;
+    (void)c;
+#endif
   };
   // Chunk c's V tile (zero past dv) into buffer c & 1.
   auto stage_v = [&](int c) {
@@ -557,25 +642,31 @@ __global__ void __launch_bounds__(kStateThreads, 1)
       }
     }
   };
+  // Accumulator pairs: k tiles alternate between [0] and [1] (two
+  // independent mma chains), summed as [0] + [1] at the end.
+  auto zero2 = [](float(&a)[2][kNf][4]) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+      for (int n = 0; n < kNf; ++n) a[p][n][0] = a[p][n][1] = a[p][n][2] = a[p][n][3] = 0.0f;
+  };
 
-  stage(L::ra, rec_at(0), static_cast<int>(R::a_bytes));
+  stage_rec(0, 0);
   stage_v(0);
   cp_async_commit();
   put_state();
   for (int c = 0; c < n_chunks; ++c) {
     const int64_t r0 = row0 + static_cast<int64_t>(c) * kC;
+    wait_rec(0, c);
     cp_async_wait<0>();
     __syncthreads();  // part A, V and S of chunk c in place; part B, V (c + 1) free
-    stage(L::rb, rec_at(c) + R::a_bytes, static_cast<int>(R::b_bytes));
+    stage_rec(1, c);
     if (c + 1 < n_chunks) stage_v(c + 1);
     cp_async_commit();
     const bf16* Vs = V0 + (c & 1) * kC * ld;
     // Phase A: new_v (warps 0-3) or Q S (warps 4-7) for rows 16 rt..
-    float acc[kNf][4];
-#pragma unroll
-    for (int n = 0; n < kNf; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    float acc[2][kNf][4];
+    zero2(acc);
     if (w < 4) {
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt) {
@@ -586,10 +677,12 @@ __global__ void __launch_bounds__(kStateThreads, 1)
         for (int nd = 0; nd < NV / 16; ++nd) {
           uint32_t b[4];
           load_b(b, Vs, ld, kt, nd, lane);
-          mma_bf16(acc[2 * nd], th, b[0], b[1]);
-          mma_bf16(acc[2 * nd], tl, b[0], b[1]);
-          mma_bf16(acc[2 * nd + 1], th, b[2], b[3]);
-          mma_bf16(acc[2 * nd + 1], tl, b[2], b[3]);
+          float(&a0)[4] = acc[kt & 1][2 * nd];
+          float(&a1)[4] = acc[kt & 1][2 * nd + 1];
+          mma_bf16(a0, th, b[0], b[1]);
+          mma_bf16(a0, tl, b[0], b[1]);
+          mma_bf16(a1, th, b[2], b[3]);
+          mma_bf16(a1, tl, b[2], b[3]);
         }
       }
 #pragma unroll
@@ -604,7 +697,7 @@ __global__ void __launch_bounds__(kStateThreads, 1)
           load_b(bl, Sl, ld, kt, nd, lane);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            float(&a)[4] = acc[2 * nd + half];
+            float(&a)[4] = acc[kt & 1][2 * nd + half];
             mma_bf16(a, wh, bh[2 * half], bh[2 * half + 1]);
             mma_bf16(a, wh, bl[2 * half], bl[2 * half + 1]);
             mma_bf16(a, wl, bh[2 * half], bh[2 * half + 1]);
@@ -618,10 +711,13 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 #pragma unroll
       for (int nf = 0; nf < kNf; ++nf) {
         const int col = nf * 8 + 2 * cq;
-        put_split(Nh, Nl, ld, i0, col, acc[nf][0], acc[nf][1]);
-        put_split(Nh, Nl, ld, i1, col, acc[nf][2], acc[nf][3]);
-        put_split(Dh, Dl, ld, i0, col, k0 * acc[nf][0], k0 * acc[nf][1]);
-        put_split(Dh, Dl, ld, i1, col, k1 * acc[nf][2], k1 * acc[nf][3]);
+        float nv[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) nv[e] = acc[0][nf][e] + acc[1][nf][e];
+        put_split(Nh, Nl, ld, i0, col, nv[0], nv[1]);
+        put_split(Nh, Nl, ld, i1, col, nv[2], nv[3]);
+        put_split(Dh, Dl, ld, i0, col, k0 * nv[0], k0 * nv[1]);
+        put_split(Dh, Dl, ld, i1, col, k1 * nv[2], k1 * nv[3]);
       }
     } else {
 #pragma unroll
@@ -635,25 +731,26 @@ __global__ void __launch_bounds__(kStateThreads, 1)
           load_b(bl, Sl, ld, kt, nd, lane);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            mma_bf16(acc[2 * nd + half], qa, bh[2 * half], bh[2 * half + 1]);
-            mma_bf16(acc[2 * nd + half], qa, bl[2 * half], bl[2 * half + 1]);
+            float(&a)[4] = acc[kt & 1][2 * nd + half];
+            mma_bf16(a, qa, bh[2 * half], bh[2 * half + 1]);
+            mma_bf16(a, qa, bl[2 * half], bl[2 * half + 1]);
           }
         }
       }
     }
+    wait_rec(1, c);
     cp_async_wait<0>();
     __syncthreads();  // new_v, part B and V (c + 1) in place; part A, S free
     if (c + 1 < n_chunks) {
-      stage(L::ra, rec_at(c + 1), static_cast<int>(R::a_bytes));
+      stage_rec(0, c + 1);
       cp_async_commit();
     }
     // Phase B.
     const float* eg = reinterpret_cast<const float*>(Rb + (R::eg - R::a_bytes));
     if (w >= 4) {
       // O = diag(gamma) Q S + P new_v.
-      float po[kNf][4];
-#pragma unroll
-      for (int n = 0; n < kNf; ++n) po[n][0] = po[n][1] = po[n][2] = po[n][3] = 0.0f;
+      float po[2][kNf][4];
+      zero2(po);
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt) {
         uint32_t pa[4];
@@ -663,10 +760,12 @@ __global__ void __launch_bounds__(kStateThreads, 1)
           uint32_t bh[4], bl[4];
           load_b(bh, Nh, ld, kt, nd, lane);
           load_b(bl, Nl, ld, kt, nd, lane);
-          mma_bf16(po[2 * nd], pa, bh[0], bh[1]);
-          mma_bf16(po[2 * nd], pa, bl[0], bl[1]);
-          mma_bf16(po[2 * nd + 1], pa, bh[2], bh[3]);
-          mma_bf16(po[2 * nd + 1], pa, bl[2], bl[3]);
+          float(&a0)[4] = po[kt & 1][2 * nd];
+          float(&a1)[4] = po[kt & 1][2 * nd + 1];
+          mma_bf16(a0, pa, bh[0], bh[1]);
+          mma_bf16(a0, pa, bl[0], bl[1]);
+          mma_bf16(a1, pa, bh[2], bh[3]);
+          mma_bf16(a1, pa, bl[2], bl[3]);
         }
       }
       const int i0 = rt * 16 + gq, i1 = i0 + 8;
@@ -676,30 +775,30 @@ __global__ void __launch_bounds__(kStateThreads, 1)
 #pragma unroll
       for (int nf = 0; nf < kNf; ++nf) {
         const int col = c0 + nf * 8 + 2 * cq;
-        const float x0 = e0 * acc[nf][0] + po[nf][0], x1 = e0 * acc[nf][1] + po[nf][1];
-        const float y0 = e1 * acc[nf][2] + po[nf][2], y1 = e1 * acc[nf][3] + po[nf][3];
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o[e] =
+              (e < 2 ? e0 : e1) * (acc[0][nf][e] + acc[1][nf][e]) + (po[0][nf][e] + po[1][nf][e]);
         if (pair_out && col + 1 < dv) {
-          *reinterpret_cast<__nv_bfloat162*>(o0 + col) = __floats2bfloat162_rn(x0, x1);
-          *reinterpret_cast<__nv_bfloat162*>(o1 + col) = __floats2bfloat162_rn(y0, y1);
+          *reinterpret_cast<__nv_bfloat162*>(o0 + col) = __floats2bfloat162_rn(o[0], o[1]);
+          *reinterpret_cast<__nv_bfloat162*>(o1 + col) = __floats2bfloat162_rn(o[2], o[3]);
         } else {
           if (col < dv) {
-            o0[col] = __float2bfloat16_rn(x0);
-            o1[col] = __float2bfloat16_rn(y0);
+            o0[col] = __float2bfloat16_rn(o[0]);
+            o1[col] = __float2bfloat16_rn(o[2]);
           }
           if (col + 1 < dv) {
-            o0[col + 1] = __float2bfloat16_rn(x1);
-            o1[col + 1] = __float2bfloat16_rn(y1);
+            o0[col + 1] = __float2bfloat16_rn(o[1]);
+            o1[col + 1] = __float2bfloat16_rn(o[3]);
           }
         }
       }
     }
     if (has_state) {
       // S' = gamma_63 S + K^T (e^{gcum_63 - gcum_j} new_v), rows 16 w..
-      const float decay = eg[kC - 1];
-#pragma unroll
-      for (int nf = 0; nf < kNf; ++nf)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[nf][e] *= decay;
+      float ds[2][kNf][4];
+      zero2(ds);
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt) {
         uint32_t ka[4];
@@ -709,12 +808,19 @@ __global__ void __launch_bounds__(kStateThreads, 1)
           uint32_t bh[4], bl[4];
           load_b(bh, Dh, ld, kt, nd, lane);
           load_b(bl, Dl, ld, kt, nd, lane);
-          mma_bf16(st[2 * nd], ka, bh[0], bh[1]);
-          mma_bf16(st[2 * nd], ka, bl[0], bl[1]);
-          mma_bf16(st[2 * nd + 1], ka, bh[2], bh[3]);
-          mma_bf16(st[2 * nd + 1], ka, bl[2], bl[3]);
+          float(&a0)[4] = ds[kt & 1][2 * nd];
+          float(&a1)[4] = ds[kt & 1][2 * nd + 1];
+          mma_bf16(a0, ka, bh[0], bh[1]);
+          mma_bf16(a0, ka, bl[0], bl[1]);
+          mma_bf16(a1, ka, bh[2], bh[3]);
+          mma_bf16(a1, ka, bl[2], bl[3]);
         }
       }
+      const float decay = eg[kC - 1];
+#pragma unroll
+      for (int nf = 0; nf < kNf; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nf][e] = decay * st[nf][e] + (ds[0][nf][e] + ds[1][nf][e]);
       put_state();
     }
   }
