@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gdn_chunked.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv_mma.h"
 
 namespace {
 
@@ -174,6 +175,45 @@ BENCHMARK(BM_Gemm)
     ->ArgsProduct({{1, 128, 512}, {4096, 6144}, {1024}, {1}, {1}})
     ->Args({1, 1024, 3072, 1, 1})
     ->Args({512, 1024, 3072, 1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The own skinny product (gemv_mma.cu) alone. Args: M, N, K, warps per
+// block. note: each call reads another copy of the weights (>= 128 MB in
+// all), so the weights come from DRAM as in a decode step, never from the
+// 50 MB L2 left warm by the previous call.
+void BM_Gemv(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const int warps = static_cast<int>(state.range(3));
+  const int64_t copies = std::max<int64_t>(1, ((int64_t{128} << 20) + N * K * 2 - 1) / (N * K * 2));
+  Buf<float> xf(M * K), wf(N * K);
+  bf16 *x, *w, *y;
+  QTK_CUDA_CHECK(cudaMalloc(&x, M * K * 2));
+  QTK_CUDA_CHECK(cudaMalloc(&w, copies * N * K * 2));
+  QTK_CUDA_CHECK(cudaMalloc(&y, M * N * 2));
+  qc::convert_f32_to_bf16(xf.p, x, M * K, nullptr);
+  for (int64_t c = 0; c < copies; ++c) qc::convert_f32_to_bf16(wf.p, w + c * N * K, N * K, nullptr);
+  QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  int64_t call = 0;
+  time_kernel(state, [&](cudaStream_t s) {
+    qc::gemv_bf16<bf16>(x, K, w + (call++ % copies) * N * K, K, y, N, M, N, K, s, warps);
+  });
+  set_bytes(state, 2.0 * (M * K + N * K + M * N));
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+}
+// Qwen3-0.6B qkv, o, gate_up, down and a 16384-column lm_head block;
+// Qwen3-8B gate_up and down.
+BENCHMARK(BM_Gemv)
+    ->ArgsProduct({{1}, {4096}, {1024}, {1, 2, 4}})
+    ->ArgsProduct({{1}, {1024}, {2048}, {1, 2, 4}})
+    ->ArgsProduct({{1}, {6144}, {1024}, {1, 2, 4}})
+    ->ArgsProduct({{1}, {1024}, {3072}, {1, 2, 4}})
+    ->ArgsProduct({{1}, {16384}, {1024}, {1, 2, 4}})
+    ->ArgsProduct({{1, 8, 16}, {24576}, {4096}, {2}})
+    ->Args({1, 4096, 12288, 2})
+    ->Args({16, 6144, 1024, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -26,6 +27,7 @@ __global__ void kv_cache_write_kernel(const T* __restrict__ k, int64_t ldk, cons
                                       int64_t ldv, int64_t tokens, int64_t width,
                                       const int64_t* __restrict__ slot_mapping, T* k_cache,
                                       T* v_cache) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * width) return;
   const int64_t t = i / width, e = i % width;
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                            const int32_t* __restrict__ block_table, int num_seqs,
                            int64_t max_blocks, int block_size, int hkv, int d, int group,
                            float scale) {
+  pdl_begin();
   extern __shared__ float smem[];
   constexpr int kWarps = kAttnThreads / 32;
   float* qs = smem;              // [d]
@@ -178,8 +181,8 @@ void kv_cache_write(const T* k, int64_t ldk, const T* v, int64_t ldv, int64_t to
                     cudaStream_t stream) {
   const int64_t n = tokens * hkv * d;
   if (n == 0) return;
-  kv_cache_write_kernel<T><<<grid_1d(n, 256), 256, 0, stream>>>(k, ldk, v, ldv, tokens, hkv * d,
-                                                                slot_mapping, k_cache, v_cache);
+  launch_kernel(kv_cache_write_kernel<T>, grid_1d(n, 256), 256, 0, stream, k, ldk, v, ldv, tokens,
+                hkv * d, slot_mapping, k_cache, v_cache);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -206,10 +209,10 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
   enable_large_smem<T>();
   const size_t smem = static_cast<size_t>(5 * d + 32 + b.max_seq_len) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(b.total_tokens), static_cast<unsigned>(hq));
-  paged_attention_kernel<T><<<grid, kAttnThreads, smem, stream>>>(
-      q, ldq, k_cache, v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
-      static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
-      static_cast<int>(hkv), static_cast<int>(d), static_cast<int>(hq / hkv), scale);
+  launch_kernel(paged_attention_kernel<T>, grid, kAttnThreads, smem, stream, q, ldq, k_cache,
+                v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
+                static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
+                static_cast<int>(hkv), static_cast<int>(d), static_cast<int>(hq / hkv), scale);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

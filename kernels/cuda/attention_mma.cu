@@ -38,6 +38,7 @@
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace qtk::cuda {
@@ -222,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                          const int32_t* __restrict__ q_start, const int32_t* __restrict__ seq_len,
                          const int32_t* __restrict__ block_table, int num_seqs, int64_t max_blocks,
                          int block_size, int hkv, int group, float scale_log2) {
+  pdl_begin();
   constexpr int kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // bf16 [kRows][kLd]
@@ -431,6 +433,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
                            const int32_t* __restrict__ seq_len,
                            const int32_t* __restrict__ block_table, int64_t max_blocks,
                            int block_size, int hkv, int group, int max_tiles, float scale_log2) {
+  pdl_begin();
   constexpr int kW = split_warps<D>();
   constexpr int kWarpKeys = kKeys / kW;  // scores per warp
   constexpr int kWarpCols = D / kW;      // output columns per warp
@@ -578,6 +581,7 @@ template <int D>
 __global__ void attention_merge_kernel(const float* __restrict__ partials, bf16* __restrict__ out,
                                        int64_t ldo, const int32_t* __restrict__ seq_len,
                                        int64_t rows, int hq) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -630,15 +634,15 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
                                             static_cast<int>(split_smem_bytes<D>(16))));
       });
       const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
-      attention_split_kernel<D>
-          <<<grid, 32 * split_warps<D>(), split_smem_bytes<D>(group), stream>>>(
-              q, ldq, k_cache, v_cache, b.partials, b.q_start, b.seq_len, b.block_table,
-              b.max_blocks, static_cast<int>(b.block_size), static_cast<int>(hkv), group,
-              static_cast<int>(max_tiles), scale * kLog2e);
+      launch_kernel(attention_split_kernel<D>, grid, 32 * split_warps<D>(),
+                    split_smem_bytes<D>(group), stream, q, ldq, k_cache, v_cache, b.partials,
+                    b.q_start, b.seq_len, b.block_table, b.max_blocks,
+                    static_cast<int>(b.block_size), static_cast<int>(hkv), group,
+                    static_cast<int>(max_tiles), scale * kLog2e);
       QTK_CUDA_CHECK_LAUNCH();
       const int64_t rows = b.total_tokens * hq;
-      attention_merge_kernel<D><<<grid_1d(rows, 4), 128, 0, stream>>>(
-          b.partials, out, ldo, b.seq_len, rows, static_cast<int>(hq));
+      launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out,
+                    ldo, b.seq_len, rows, static_cast<int>(hq));
       QTK_CUDA_CHECK_LAUNCH();
       return;
     }
@@ -656,10 +660,10 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
   const int64_t blocks =
       std::min<int64_t>(b.total_tokens, (b.total_tokens + tpt - 1) / tpt + b.num_seqs);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(hkv));
-  attention_mma_kernel<D><<<grid, kThreads, smem_bytes<D>(), stream>>>(
-      q, ldq, k_cache, v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
-      static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
-      static_cast<int>(hkv), group, scale * kLog2e);
+  launch_kernel(attention_mma_kernel<D>, grid, kThreads, smem_bytes<D>(), stream, q, ldq, k_cache,
+                v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
+                static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
+                static_cast<int>(hkv), group, scale * kLog2e);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

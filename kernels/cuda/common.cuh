@@ -23,8 +23,30 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// Programmatic dependent launch (kernels/cuda/launch.cuh): wait until the
+// previous kernel of the stream has completed and its writes are visible,
+// then allow the next kernel to be launched. Every kernel started through
+// launch_kernel() calls this before touching activations and before any return.
+// note: compiled out below sm_90 (launch_kernel() sets the attribute only on 9.0).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One step of a sum of squares: ss + v * v with one rounding. Every RMSNorm
+// whose bits another kernel must reproduce (add_rmsnorm, the fused norm of
+// gemv_mma.cu) accumulates through this.
+__device__ __forceinline__ float rms_square_add(float ss, float v) { return __fmaf_rn(v, v, ss); }
 
 // note: xor butterfly: every lane ends with the same value, and the order of
 // the additions depends only on the warp size, never on the data or the grid.

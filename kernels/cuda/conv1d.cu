@@ -4,6 +4,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -19,6 +20,7 @@ __global__ void conv1d_kernel(const T* __restrict__ x, int64_t ldx, T* __restric
                               const float* __restrict__ state_pool,
                               const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
                               int num_seqs, int64_t tokens, bool apply_silu) {
+  pdl_begin();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * channels) return;
   const int t = static_cast<int>(idx / channels), c = static_cast<int>(idx % channels);
@@ -40,6 +42,7 @@ template <class T>
 __global__ void conv1d_state_kernel(const T* __restrict__ x, int64_t ldx, int channels, int kernel,
                                     float* state_pool, const int32_t* __restrict__ slot,
                                     const int32_t* __restrict__ q_start, int num_seqs) {
+  pdl_begin();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(num_seqs) * channels) return;
   const int s = static_cast<int>(idx / channels), c = static_cast<int>(idx % channels);
@@ -65,13 +68,13 @@ void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels,
   if (num_seqs == 0) return;
   const int c = static_cast<int>(channels), k = static_cast<int>(kernel);
   if (tokens > 0) {
-    conv1d_kernel<T><<<grid_1d(tokens * channels, 256), 256, 0, stream>>>(
-        x, ldx, y, ldy, c, w, k, state_pool, slot, q_start, static_cast<int>(num_seqs), tokens,
-        apply_silu);
+    launch_kernel(conv1d_kernel<T>, grid_1d(tokens * channels, 256), 256, 0, stream, x, ldx, y, ldy,
+                  c, w, k, state_pool, slot, q_start, static_cast<int>(num_seqs), tokens,
+                  apply_silu);
     QTK_CUDA_CHECK_LAUNCH();
   }
-  conv1d_state_kernel<T><<<grid_1d(num_seqs * channels, 256), 256, 0, stream>>>(
-      x, ldx, c, k, state_pool, slot, q_start, static_cast<int>(num_seqs));
+  launch_kernel(conv1d_state_kernel<T>, grid_1d(num_seqs * channels, 256), 256, 0, stream, x, ldx,
+                c, k, state_pool, slot, q_start, static_cast<int>(num_seqs));
   QTK_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -17,6 +18,7 @@ constexpr int kThreads = 256;
 template <class T>
 __global__ void swiglu_kernel(const T* __restrict__ gate_up, int64_t ld, T* __restrict__ out,
                               int64_t ldo, int64_t tokens, int64_t inter) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * inter) return;
   const int64_t t = i / inter, c = i % inter;
@@ -27,6 +29,7 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, int64_t ld, T* __re
 template <class T>
 __global__ void sigmoid_mul_kernel(T* x, int64_t ldx, const T* __restrict__ gate, int64_t ldg,
                                    int64_t rows, int64_t cols) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -38,6 +41,7 @@ __global__ void gdn_gates_kernel(const T* __restrict__ a, int64_t lda, const T* 
                                  int64_t ldb, const float* __restrict__ A,
                                  const float* __restrict__ dt_bias, float* g, float* beta,
                                  int64_t tokens, int64_t hv) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hv) return;
   const int64_t t = i / hv, h = i % hv;
@@ -50,6 +54,7 @@ __global__ void gdn_gates_kernel(const T* __restrict__ a, int64_t lda, const T* 
 template <class T, class Table>
 __global__ void embedding_kernel(const Table* __restrict__ table, int64_t hidden,
                                  const int32_t* __restrict__ ids, int64_t n, T* out, int64_t ldo) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * hidden) return;
   const int64_t r = i / hidden, c = i % hidden;
@@ -89,6 +94,7 @@ __device__ __forceinline__ void fold(Top2& t, float v, int c) {
 // batch-1 decode step's largest fixed cost after lm_head.
 __global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int64_t vocab,
                               int32_t* ids, float* margin) {
+  pdl_begin();
   constexpr int kUnroll = 4;
   __shared__ Top2 part[32];
   const float* row = logits + blockIdx.x * ld;
@@ -141,10 +147,12 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int6
 }
 
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* y, int64_t n) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* y, int64_t n) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __bfloat162float(x[i]);
 }
@@ -155,8 +163,8 @@ template <class T>
 void swiglu(const T* gate_up, int64_t ld, T* out, int64_t ldo, int64_t tokens, int64_t inter,
             cudaStream_t stream) {
   if (tokens * inter == 0) return;
-  swiglu_kernel<T><<<grid_1d(tokens * inter, kThreads), kThreads, 0, stream>>>(gate_up, ld, out,
-                                                                               ldo, tokens, inter);
+  launch_kernel(swiglu_kernel<T>, grid_1d(tokens * inter, kThreads), kThreads, 0, stream, gate_up,
+                ld, out, ldo, tokens, inter);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -164,8 +172,8 @@ template <class T>
 void sigmoid_mul(T* x, int64_t ldx, const T* gate, int64_t ldg, int64_t rows, int64_t cols,
                  cudaStream_t stream) {
   if (rows * cols == 0) return;
-  sigmoid_mul_kernel<T>
-      <<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(x, ldx, gate, ldg, rows, cols);
+  launch_kernel(sigmoid_mul_kernel<T>, grid_1d(rows * cols, kThreads), kThreads, 0, stream, x, ldx,
+                gate, ldg, rows, cols);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -174,8 +182,8 @@ void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
                const float* dt_bias, float* g, float* beta, int64_t tokens, int64_t hv,
                cudaStream_t stream) {
   if (tokens * hv == 0) return;
-  gdn_gates_kernel<T><<<grid_1d(tokens * hv, kThreads), kThreads, 0, stream>>>(
-      a, lda, b, ldb, A, dt_bias, g, beta, tokens, hv);
+  launch_kernel(gdn_gates_kernel<T>, grid_1d(tokens * hv, kThreads), kThreads, 0, stream, a, lda, b,
+                ldb, A, dt_bias, g, beta, tokens, hv);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -185,11 +193,11 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
   if (n * hidden == 0) return;
   const unsigned grid = grid_1d(n * hidden, kThreads);
   if (table_type == DType::BF16) {
-    embedding_kernel<T, bf16>
-        <<<grid, kThreads, 0, stream>>>(static_cast<const bf16*>(table), hidden, ids, n, out, ldo);
+    launch_kernel(embedding_kernel<T, bf16>, grid, kThreads, 0, stream,
+                  static_cast<const bf16*>(table), hidden, ids, n, out, ldo);
   } else if (table_type == DType::F32) {
-    embedding_kernel<T, float>
-        <<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table), hidden, ids, n, out, ldo);
+    launch_kernel(embedding_kernel<T, float>, grid, kThreads, 0, stream,
+                  static_cast<const float*>(table), hidden, ids, n, out, ldo);
   } else {
     fail_message("embedding_lookup: table dtype " + std::string(dtype_name(table_type)) +
                  " is not supported (expected BF16 or F32)");
@@ -200,18 +208,19 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
 void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
                  float* margin, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(logits, ld, vocab, ids, margin);
+  launch_kernel(argmax_kernel, static_cast<unsigned>(rows), 1024, 0, stream, logits, ld, vocab, ids,
+                margin);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
 void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  f32_to_bf16_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  launch_kernel(f32_to_bf16_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, y, n);
   QTK_CUDA_CHECK_LAUNCH();
 }
 void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  bf16_to_f32_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  launch_kernel(bf16_to_f32_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, y, n);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

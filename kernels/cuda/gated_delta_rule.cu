@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
                          const float* __restrict__ beta, float* state_pool,
                          const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
                          T* __restrict__ out, int64_t ldo, int hk, int hv, int dv) {
+  pdl_begin();
   constexpr int DK = kGdnWarps * R;
   __shared__ float qs[2][DK], ks[2][DK];
   __shared__ float pkv[kGdnWarps][kGdnCols], po[kGdnWarps][kGdnCols];
@@ -111,9 +113,9 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
                 int64_t hv, int64_t dv, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hv),
                   static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols));
-  gdn_recurrent_kernel<T, R><<<grid, kGdnWarps * 32, 0, stream>>>(
-      q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
-      static_cast<int>(hv), static_cast<int>(dv));
+  launch_kernel(gdn_recurrent_kernel<T, R>, grid, kGdnWarps * 32, 0, stream, q, ldq, k, ldk, v, ldv,
+                g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
+                static_cast<int>(hv), static_cast<int>(dv));
   QTK_CUDA_CHECK_LAUNCH();
 }
 

@@ -93,8 +93,9 @@ struct Gemm::Plan {
     int64_t time_m = 0;                            // the M the candidates are timed at
     std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
     int algo_id = -1, tile = -1, stages = -1;
-    bool usable = false;  // algo (a verified cuBLASLt alternate) serves the range
-    bool own = false;     // the own skinny kernel (gemv_mma.cu) serves it, verified
+    bool usable = false;     // algo (a verified cuBLASLt alternate) serves the range
+    bool own = false;        // the own skinny kernel (gemv_mma.cu) serves it, verified
+    bool own_equal = false;  // the own kernel gave the plan algorithm's bits (maybe slower)
     std::string status = "not verified";
   };
   std::vector<Alt> alts;
@@ -430,6 +431,7 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
         for (int64_t r = 0; r < m && same; ++r)
           same = std::memcmp(&h0[r * p.ldy * out_es], &h1[r * p.ldy * out_es], p.n * out_es) == 0;
       }
+      alt.own_equal = same;
       if (same) {
         own(alt.time_m, y1);  // warm-up
         QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
@@ -510,6 +512,47 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x,
                                   l.first, &beta, y, l.second, y, l.second, algo, nullptr, 0,
                                   stream));
+}
+
+bool Gemm::own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
+                         int64_t ldy, DType out, cudaStream_t stream) {
+  if (m < 1 || m > kSmallMaxM || n == 0) return false;
+  Plan& p = plan(n, k, ldx, ldw, ldy, DType::BF16, out);
+  if (!p.ok) return false;
+  if (!p.alts_checked) verify_alternates(p, w, stream);
+  for (const auto& alt : p.alts)
+    if (m >= alt.lo && m <= alt.hi) return alt.own_equal;
+  return false;
+}
+
+bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y,
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, DType out,
+                           cudaStream_t stream) {
+  // The shape class of the unfused call: x = the normed rows, stride ldd.
+  if (!own_bit_equal(m, n, k, an.ldd, w, ldw, ldy, out, stream) ||
+      !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
+    return false;
+  const auto* wb = static_cast<const bf16*>(w);
+  if (out == DType::F32)
+    add_rmsnorm_gemv_bf16<float>(an, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+  else
+    add_rmsnorm_gemv_bf16<bf16>(an, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+  return true;
+}
+
+bool Gemm::run_swiglu(const void* gate_up, int64_t ld, int64_t ldx, const void* w, int64_t ldw,
+                      void* y, int64_t ldy, int64_t m, int64_t n, int64_t k, DType out,
+                      cudaStream_t stream) {
+  if (!own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
+      !swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
+    return false;
+  const auto* gb = static_cast<const bf16*>(gate_up);
+  const auto* wb = static_cast<const bf16*>(w);
+  if (out == DType::F32)
+    swiglu_gemv_bf16<float>(gb, ld, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+  else
+    swiglu_gemv_bf16<bf16>(gb, ld, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+  return true;
 }
 
 std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,

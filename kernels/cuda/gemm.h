@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/gemv_mma.h"
 #include "loaders/dtype.h"
 
 namespace qtk::cuda {
@@ -46,6 +47,22 @@ class Gemm {
   void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int64_t m,
            int64_t n, int64_t k, DType in, DType out, cudaStream_t stream);
 
+  // The decode step's "add, then norm, then project" in one launch: with
+  // the normed rows h = rmsnorm(residual + delta) * weight (add_rmsnorm's
+  // bits) and residual_out = residual + delta, y = h w^T. Only bf16 inputs,
+  // M <= 16, and a shape class (x stride an.ldd) whose small-M range the own
+  // skinny kernel serves bit-equal to the plan algorithm (gemv_mma.h); then
+  // the output is bit for bit add_rmsnorm followed by run(). Returns false,
+  // having launched nothing, otherwise (the caller runs the two steps).
+  bool run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y, int64_t ldy,
+                       int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
+
+  // The same for "SwiGLU, then project" (down_proj): y = act w^T with act =
+  // swiglu of gate_up (bf16 [m, 2k], row stride ld), as swiglu (cuda_kernels.h)
+  // followed by run() with x = act of row stride ldx (the shape class).
+  bool run_swiglu(const void* gate_up, int64_t ld, int64_t ldx, const void* w, int64_t ldw, void* y,
+                  int64_t ldy, int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
+
   // A short description of the algorithm fixed for a shape class (for logs).
   std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                        DType out);
@@ -55,6 +72,10 @@ class Gemm {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
   Plan& plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in, DType out);
   void find_alternates(Plan& p);
+  // True when the own skinny kernel gave the plan algorithm's bits for the
+  // small-M range holding m of this bf16 shape class (verifying it first).
+  bool own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
+                     int64_t ldy, DType out, cudaStream_t stream);
   void verify_alternates(Plan& p, const void* w, cudaStream_t stream);
 
   static constexpr int64_t kSmallMaxM = 16;   // the smallest alternate range: 1..16

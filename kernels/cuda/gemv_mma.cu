@@ -1,4 +1,5 @@
 // Skinny tensor-core products (declared in kernels/cuda/gemv_mma.h).
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -6,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv_mma.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace qtk::cuda {
@@ -14,120 +16,329 @@ namespace {
 using namespace dev;
 using bf16 = __nv_bfloat16;
 
-constexpr int kKT = 128;      // k per pipeline stage
-constexpr int kLd = kKT + 8;  // bf16 per shared row: ldmatrix rows hit distinct banks
-constexpr int kVec = 8;       // bf16 per 16-byte copy
+constexpr int kKT = 128;             // k per pipeline stage
+constexpr int kLd = kKT + 8;         // bf16 per shared row: ldmatrix rows hit distinct banks
+constexpr int kVec = 8;              // bf16 per 16-byte copy
+constexpr int kChunks = kKT / kVec;  // 16-byte copies per row and stage
+constexpr int kStages = 8;
 
-// note: one warp owns 16 output columns (weight rows) and walks K alone: the
-// accumulation is one chain, so the only parallelism is N / 16 warps (64 for
-// N = 1024). To stream a weight tile of 16 x K fast anyway, a warp keeps
-// kStages - 1 stages of 16 x 128 weights (4 KiB each) in flight with
-// cp.async: 44 KiB per warp for NT = 1.
-template <int NT>
-__host__ __device__ constexpr int stages() {
-  return NT == 1 ? 12 : 8;
+// note: the work split. The accumulation of one output is a single chain of
+// K/16 mma steps (that order is what makes the kernel bit-equal to
+// cuBLASLt's), so parallelism comes only from the outputs: each warp owns 8
+// of them (the mma's n8 side holds the weight rows; the m16 side holds the
+// m <= MT token rows, the rest zero), i.e. N/8 independent chains. A block
+// of WB warps shares each stage's copy of the token rows. Weight bytes in
+// flight: kStages - 1 stages of WB * 8 rows x 128 columns per block.
+// How the token rows reach the product: streamed per stage with the
+// weights (kStreamX), or computed once into shared memory before the loop
+// from the add + RMSNorm (kAddRmsNorm) or the SwiGLU (kSwiglu) in front.
+constexpr int kStreamX = 0, kAddRmsNorm = 1, kSwiglu = 2;
+
+template <int WB, int MT, int kPro>
+constexpr int stage_rows() {
+  return WB * 8 + (kPro != kStreamX ? 0 : MT);  // weight rows first, then token rows
 }
-template <int NT>
-constexpr size_t smem_bytes() {
-  return static_cast<size_t>(stages<NT>()) * (16 + 8 * NT) * kLd * sizeof(bf16);
+// The token rows of the fused add + RMSNorm variant stay in shared memory
+// for the whole K (normalized once, before the loop), zero past k.
+__host__ __device__ inline int64_t resident_ld(int64_t k) { return (k + kKT - 1) / kKT * kKT + 8; }
+template <int WB, int MT, int kPro>
+size_t smem_bytes(int64_t k) {
+  const size_t stages = static_cast<size_t>(kStages) * stage_rows<WB, MT, kPro>() * kLd;
+  return (stages + (kPro != kStreamX ? static_cast<size_t>(MT * resident_ld(k)) : 0)) *
+         sizeof(bf16);
+}
+constexpr size_t kMaxSmem = 220 * 1024;
+
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
 }
 
-// NT token tiles of 8 (m <= 8 * NT).
-template <int NT, class OUT>
-__global__ void __launch_bounds__(32)
+// note: the row loads below are batched kBatch at a time into registers
+// before any store: a store through a pointer the compiler cannot tell
+// apart from the loaded rows would otherwise hold every next load back by a
+// full L2 round trip (the first version ran 10-30 us per launch that way).
+constexpr int kBatch = 8;
+
+// note: the fused add + RMSNorm gives, bit for bit, what add_rmsnorm
+// (norm.cu) stores: that kernel runs kRmsThreads = 256 threads per row,
+// thread t sums the squares of columns t, t + 256, ... in increasing order
+// (dev::rms_square_add), each warp adds its 32 sums by the xor butterfly,
+// and the 8 warp totals are added in warp order. Here kThreads threads play
+// the 256: thread t is those with ids t + kThreads * j, so each physical
+// warp holds whole virtual warps (warp + WB * j), lane for lane, and runs
+// the same butterfly on each. The row's sums (rounded to bf16, as the
+// residual is stored) wait in xres between the two passes; every block
+// computes them, block 0 also stores the new residual.
+template <int kThreads>
+__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* xres, int ldres) {
+  constexpr int kRmsThreads = 256;
+  constexpr int J = kRmsThreads / kThreads;  // virtual threads per thread
+  static_assert(J * kThreads == kRmsThreads && kBatch % J == 0, "virtual threads split evenly");
+  __shared__ float red[kGemvMaxM][kRmsThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Thread tid's columns are tid + kThreads * q; column q belongs to its
+  // virtual thread q % J, and each virtual thread meets its columns in
+  // increasing order, as in add_rmsnorm.
+  for (int r = 0; r < m; ++r) {
+    const bf16* __restrict__ rr = an.residual + static_cast<int64_t>(r) * an.ldr;
+    const bf16* __restrict__ dr = an.delta + static_cast<int64_t>(r) * an.ldd;
+    bf16* __restrict__ ro = an.residual_out + static_cast<int64_t>(r) * an.ldo;
+    float ss[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) ss[j] = 0.0f;
+    for (int q0 = 0; tid + kThreads * q0 < k; q0 += kBatch) {
+      float a[kBatch], d[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = tid + kThreads * (q0 + u);
+        a[u] = c < k ? to_f(rr[c]) : 0.0f;
+        d[u] = c < k ? to_f(dr[c]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = tid + kThreads * (q0 + u);
+        if (c < k) {
+          const bf16 sum = from_f<bf16>(a[u] + d[u]);
+          xres[r * ldres + c] = sum;
+          if (blockIdx.x == 0) ro[c] = sum;
+          ss[u % J] = rms_square_add(ss[u % J], to_f(sum));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const float t = warp_sum(ss[j]);
+      if (lane == 0) red[r][warp + (kThreads / 32) * j] = t;
+    }
+  }
+  __syncthreads();
+  for (int r = 0; r < m; ++r) {
+    float ss = 0.0f;
+    for (int v = 0; v < kRmsThreads / 32; ++v) ss += red[r][v];
+    const float inv = rsqrtf(ss / static_cast<float>(k) + an.eps);
+    // Each thread rescales the columns it summed (no barrier needed).
+    for (int q0 = 0; tid + kThreads * q0 < k; q0 += kBatch) {
+      float wv[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = tid + kThreads * (q0 + u);
+        wv[u] = c < k ? an.weight[c] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = tid + kThreads * (q0 + u);
+        if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * wv[u]);
+      }
+    }
+  }
+}
+
+// note: the SwiGLU in front of down_proj, element for element the value
+// swiglu (elementwise.cu) stores: bf16(silu(gate) * up) through the same
+// dev::silu. gate_up rows: k gate values, then k up values.
+template <int kThreads>
+__device__ void swiglu_rows(const bf16* __restrict__ gate_up, int64_t ld, int m, int k, bf16* xres,
+                            int ldres) {
+  for (int r = 0; r < m; ++r) {
+    const bf16* __restrict__ row = gate_up + static_cast<int64_t>(r) * ld;
+    for (int q0 = 0; threadIdx.x + kThreads * q0 < k; q0 += kBatch) {
+      float g[kBatch], u[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int c = threadIdx.x + kThreads * (q0 + i);
+        g[i] = c < k ? to_f(row[c]) : 0.0f;
+        u[i] = c < k ? to_f(row[k + c]) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int c = threadIdx.x + kThreads * (q0 + i);
+        if (c < k) xres[r * ldres + c] = from_f<bf16>(silu(g[i]) * u[i]);
+      }
+    }
+  }
+}
+
+// Zeros the columns past k (up to the stage width) of the m rows, then the
+// barrier before the product reads them.
+// note: rows m.. stay as they are: row t of the mma's A operand reaches
+// only output row t, and rows past m are never stored.
+template <int kThreads>
+__device__ void zero_k_tail(int m, int k, bf16* xres, int ldres) {
+  const int tail = ldres - 8 - k;  // k rounded up to the stage width, minus k
+  for (int i = threadIdx.x; i < m * tail; i += kThreads)
+    xres[(i / tail) * ldres + k + i % tail] = from_f<bf16>(0.0f);
+  __syncthreads();
+}
+
+template <int WB, int MT, int kPro, class OUT>
+__global__ void __launch_bounds__(WB * 32)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
-                OUT* __restrict__ y, int64_t ldy, int m, int n, int k) {
-  constexpr int kS = stages<NT>();
-  constexpr int kRows = 16 + 8 * NT;  // weight rows, then token rows, per stage
+                OUT* __restrict__ y, int64_t ldy, int m, int n, int k, AddRmsNormInput an) {
+  constexpr int kThreads = WB * 32;
+  constexpr int kRows = stage_rows<WB, MT, kPro>();
+  constexpr int kWCopies = WB * 8 * kChunks / kThreads;  // = 4: weight copies per thread
+  constexpr int kXCopies = kPro != kStreamX ? 0 : MT * kChunks / kThreads;  // token-row copies
+  static_assert(kWCopies * kThreads == WB * 8 * kChunks, "weight copies split evenly");
+  static_assert(kPro != kStreamX || kXCopies * kThreads == MT * kChunks,
+                "token copies split evenly");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sm = reinterpret_cast<bf16*>(smem_raw);  // bf16 [kS][kRows][kLd]
-  const int lane = threadIdx.x;
-  const int n0 = blockIdx.x * 16;
+  bf16* sm = reinterpret_cast<bf16*>(smem_raw);  // bf16 [kStages][kRows][kLd]
+  bf16* xres = sm + kStages * kRows * kLd;       // resident rows: bf16 [MT][resident_ld(k)]
+  const int ldres = static_cast<int>(resident_ld(k));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * (WB * 8);
   const int tiles = (k + kKT - 1) / kKT;
 
-  auto issue = [&](int kt) {
-    bf16* st = sm + (kt % kS) * kRows * kLd;
-    const int k0 = kt * kKT;
-    for (int i = lane; i < kRows * (kKT / kVec); i += 32) {
-      const int r = i / (kKT / kVec), cv = i % (kKT / kVec);
-      const int kk = k0 + cv * kVec;
-      const bf16* src = w;
-      bool valid = kk < k;
-      if (r < 16) {
-        valid = valid && n0 + r < n;
-        if (valid) src = w + static_cast<int64_t>(n0 + r) * ldw + kk;
-      } else {
-        valid = valid && r - 16 < m;
-        if (valid) src = x + static_cast<int64_t>(r - 16) * ldx + kk;
-      }
-      cp_async_16(smem_addr(st + r * kLd + cv * kVec), src, valid);
+  // This thread's copies: copy j of a stage is row (tid + j * kThreads) /
+  // kChunks, 16-byte column (tid % kChunks) (kThreads is a multiple of 16).
+  const int cv = tid % kChunks;
+  const bf16* wsrc[kWCopies];
+  bool wok[kWCopies];
+#pragma unroll
+  for (int j = 0; j < kWCopies; ++j) {
+    const int r = (tid + j * kThreads) / kChunks;
+    wok[j] = n0 + r < n;
+    wsrc[j] = w + (wok[j] ? static_cast<int64_t>(n0 + r) * ldw : 0) + cv * kVec;
+  }
+  auto issue_w = [&](int kt) {
+    bf16* st = sm + (kt % kStages) * kRows * kLd;
+    const int kk = kt * kKT + cv * kVec;
+#pragma unroll
+    for (int j = 0; j < kWCopies; ++j) {
+      const int r = (tid + j * kThreads) / kChunks;
+      cp_async_16(smem_addr(st + r * kLd + cv * kVec), wsrc[j] + kt * kKT, wok[j] && kk < k);
+    }
+  };
+  auto issue_x = [&](int kt) {
+    bf16* st = sm + (kt % kStages) * kRows * kLd + WB * 8 * kLd;
+    const int kk = kt * kKT + cv * kVec;
+#pragma unroll
+    for (int j = 0; j < kXCopies; ++j) {
+      const int r = (tid + j * kThreads) / kChunks;
+      const bool ok = r < m && kk < k;
+      cp_async_16(smem_addr(st + r * kLd + cv * kVec), x + (ok ? r * ldx + kk : 0), ok);
     }
   };
 
-  float acc[NT][4];
+  // note: the weights are constants, so they are fetched before the wait for
+  // the previous kernel (PDL): the block's whole weight panel is requested
+  // into L2 and the first stages into shared memory while the producer of x
+  // still runs. Only x waits.
+  if (lane == 0) {
+    const int r0 = warp * 8;
+    for (int r = r0; r < r0 + 8 && n0 + r < n; ++r)
+      prefetch_l2(w + static_cast<int64_t>(n0 + r) * ldw, static_cast<uint32_t>(k) * 2u);
+  }
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < tiles) issue_w(s);
+  pdl_begin();
+  if constexpr (kPro == kAddRmsNorm) add_rmsnorm_rows<kThreads>(an, m, k, xres, ldres);
+  if constexpr (kPro == kSwiglu) swiglu_rows<kThreads>(x, ldx, m, k, xres, ldres);
+  if constexpr (kPro != kStreamX) zero_k_tail<kThreads>(m, k, xres, ldres);
+    // Commit groups: group 0 holds the weight stages above and x stage 0;
+    // group s holds x stage s; then each group one whole stage.
 #pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (s < tiles) issue(s);
+  for (int s = 0; s < kStages - 1; ++s) {
+    if constexpr (kPro == kStreamX)
+      if (s < tiles) issue_x(s);
     cp_async_commit();
   }
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int kt = 0; kt < tiles; ++kt) {
-    cp_async_wait<kS - 2>();                      // stage kt landed (this lane's copies)
-    __syncwarp();                                 // ... and every lane's
-    if (kt + kS - 1 < tiles) issue(kt + kS - 1);  // into the stage read at kt - 1
+    cp_async_wait<kStages - 2>();  // stage kt landed (this thread's copies)
+    __syncthreads();               // ... and every thread's; stage kt - 1 is free
+    if (kt + kStages - 1 < tiles) {
+      issue_w(kt + kStages - 1);
+      if constexpr (kPro == kStreamX) issue_x(kt + kStages - 1);
+    }
     cp_async_commit();
-    const bf16* ws = sm + (kt % kS) * kRows * kLd;
-    const bf16* xs = ws + 16 * kLd;
+    const bf16* ws = sm + (kt % kStages) * kRows * kLd + warp * 8 * kLd;
+    // The token rows of this stage: row r at xs + r * ldxs.
+    const bf16* xs =
+        kPro != kStreamX ? xres + kt * kKT : sm + (kt % kStages) * kRows * kLd + WB * 8 * kLd;
+    const int ldxs = kPro != kStreamX ? ldres : kLd;
     // note: zero-filled k past the end add +0 products, as any kernel's
     // zero-padded K tail does.
+    // note: all fragments of the stage are loaded before its mma chain: the
+    // asm statements keep their order, and a load between two mma steps
+    // would add its latency to every step of the chain.
+    uint32_t a[kKT / 16][4], b[kKT / 16][2];
 #pragma unroll
     for (int kk = 0; kk < kKT / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(ws + (lane & 15) * kLd + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        uint32_t b[2];
-        ldmatrix_x2(b,
-                    smem_addr(xs + (t * 8 + (lane & 7)) * kLd + kk * 16 + ((lane >> 3) & 1) * 8));
-        mma_bf16(acc[t], a, b[0], b[1]);
+      if constexpr (MT == 16) {
+        ldmatrix_x4(a[kk], smem_addr(xs + (lane & 15) * ldxs + kk * 16 + (lane >> 4) * 8));
+      } else {  // token rows 8..15 are zero
+        uint32_t a2[2];
+        ldmatrix_x2(a2, smem_addr(xs + (lane & 7) * ldxs + kk * 16 + ((lane >> 3) & 1) * 8));
+        a[kk][0] = a2[0];
+        a[kk][1] = 0u;
+        a[kk][2] = a2[1];
+        a[kk][3] = 0u;
       }
+      ldmatrix_x2(b[kk], smem_addr(ws + (lane & 7) * kLd + kk * 16 + ((lane >> 3) & 1) * 8));
     }
-    __syncwarp();  // every lane is done with stage kt before it is refilled
+#pragma unroll
+    for (int kk = 0; kk < kKT / 16; ++kk) mma_bf16(acc, a[kk], b[kk][0], b[kk][1]);
   }
   cp_async_wait<0>();
+  // C fragment: d0 (token g, output 2c), d1 (g, 2c+1), d2 (g+8, 2c), d3 (g+8, 2c+1).
   const int g = lane >> 2, c = lane & 3;
-  auto put = [&](int row, int col, float v) {
-    if (row < m && n0 + col < n) {
+  const int col = n0 + warp * 8 + 2 * c;
+  auto put = [&](int row, int cc, float v) {
+    if (row < m && cc < n) {
       if constexpr (std::is_same_v<OUT, float>)
-        y[static_cast<int64_t>(row) * ldy + n0 + col] = v;
+        y[static_cast<int64_t>(row) * ldy + cc] = v;
       else
-        y[static_cast<int64_t>(row) * ldy + n0 + col] = __float2bfloat16_rn(v);
+        y[static_cast<int64_t>(row) * ldy + cc] = __float2bfloat16_rn(v);
     }
   };
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    // C fragment: d0 (col g, token 2c), d1 (g, 2c+1), d2 (g+8, 2c), d3 (g+8, 2c+1).
-    put(t * 8 + 2 * c, g, acc[t][0]);
-    put(t * 8 + 2 * c + 1, g, acc[t][1]);
-    put(t * 8 + 2 * c, g + 8, acc[t][2]);
-    put(t * 8 + 2 * c + 1, g + 8, acc[t][3]);
+  put(g, col, acc[0]);
+  put(g, col + 1, acc[1]);
+  if constexpr (MT == 16) {
+    put(g + 8, col, acc[2]);
+    put(g + 8, col + 1, acc[3]);
   }
 }
 
-template <int NT, class OUT>
+template <int WB, int MT, int kPro, class OUT>
 void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy, int64_t m,
-            int64_t n, int64_t k, cudaStream_t stream) {
+            int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<NT, OUT>,
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<WB, MT, kPro, OUT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_bytes<NT>())));
+                                        static_cast<int>(kMaxSmem)));
   });
-  const unsigned blocks = static_cast<unsigned>((n + 15) / 16);
-  gemv_kernel<NT, OUT><<<blocks, 32, smem_bytes<NT>(), stream>>>(
-      x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+  const unsigned blocks = static_cast<unsigned>((n + WB * 8 - 1) / (WB * 8));
+  launch_kernel(gemv_kernel<WB, MT, kPro, OUT>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
+                stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), an);
   QTK_CUDA_CHECK_LAUNCH();
+}
+
+template <int kPro, class OUT>
+void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy,
+              int64_t m, int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream,
+              int warps) {
+  if (warps != 0 && warps != 1 && warps != 2 && warps != 4)
+    fail_message("gemv_bf16: warps per block " + std::to_string(warps) +
+                 " (expected 0, 1, 2 or 4)");
+  // note: 4 warps per block was the fastest or within 3 % of it on every
+  // Qwen3-0.6B decode shape on the H100 (BM_Gemv: N 1024 K 3072 1 / 2 / 4
+  // warps 6.50 / 7.79 / 6.42 us; N 16384 K 1024 16.0 / 14.9 / 14.1 us).
+  if (warps == 0) warps = 4;
+  if (m <= 8) {
+    if (warps == 1) return launch<1, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 4) return launch<4, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    return launch<2, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+  }
+  if (warps == 1) return launch<1, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+  if (warps == 4) return launch<4, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+  return launch<2, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
 }
 
 }  // namespace
@@ -143,20 +354,70 @@ bool gemv_bf16_supported(const void* x, int64_t ldx, const void* w, int64_t ldw,
 
 template <class OUT>
 void gemv_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy,
-               int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+               int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps) {
   if (m <= 0 || n <= 0) return;
   if (!gemv_bf16_supported(x, ldx, w, ldw, m, k))
     fail_message("gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
                  std::to_string(k) + "; m <= 16, k and strides multiples of 8, aligned pointers)");
-  if (m <= 8)
-    launch<1, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, stream);
-  else
-    launch<2, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, stream);
+  dispatch<kStreamX, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, warps);
 }
 
-template void gemv_bf16<float>(const __nv_bfloat16*, int64_t, const bf16*, int64_t, float*, int64_t,
-                               int64_t, int64_t, int64_t, cudaStream_t);
+bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_t ldw, int64_t m,
+                                int64_t k) {
+  if (!gemv_bf16_supported(an.delta, an.ldd, w, ldw, m, k)) return false;
+  if (smem_bytes<1, 16, true>(k) > kMaxSmem) return false;
+  // note: every block reads the old residual while block 0 writes the new
+  // one, so the two must not overlap.
+  const auto* a = reinterpret_cast<const char*>(an.residual);
+  const auto* b = reinterpret_cast<const char*>(an.residual_out);
+  const int64_t span = ((m - 1) * std::max(an.ldr, an.ldo) + k) * 2;
+  return an.residual != nullptr && an.residual_out != nullptr && an.weight != nullptr &&
+         (b >= a + span || a >= b + span);
+}
+
+template <class OUT>
+void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const bf16* w, int64_t ldw, OUT* y,
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                           int warps) {
+  if (m <= 0 || n <= 0) return;
+  if (!add_rmsnorm_gemv_supported(an, w, ldw, m, k))
+    fail_message("add_rmsnorm_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
+                 std::to_string(k) +
+                 "; m <= 16, k and strides multiples of 8, aligned pointers, the rows in shared "
+                 "memory, residual_out apart from residual)");
+  dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, warps);
+}
+
+bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64_t ldw, int64_t m,
+                           int64_t k) {
+  return gemv_bf16_supported(gate_up, ld, w, ldw, m, k) &&
+         smem_bytes<1, 16, kSwiglu>(k) <= kMaxSmem;
+}
+
+template <class OUT>
+void swiglu_gemv_bf16(const bf16* gate_up, int64_t ld, const bf16* w, int64_t ldw, OUT* y,
+                      int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                      int warps) {
+  if (m <= 0 || n <= 0) return;
+  if (!swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
+    fail_message("swiglu_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
+                 std::to_string(k) +
+                 "; m <= 16, k and strides multiples of 8, aligned pointers, the rows in shared "
+                 "memory)");
+  dispatch<kSwiglu, OUT>(gate_up, ld, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, warps);
+}
+
+template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, int64_t,
+                               int64_t, int64_t, cudaStream_t, int);
 template void gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t, int64_t,
-                              int64_t, int64_t, cudaStream_t);
+                              int64_t, int64_t, cudaStream_t, int);
+template void swiglu_gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t,
+                                      int64_t, int64_t, int64_t, cudaStream_t, int);
+template void swiglu_gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t,
+                                     int64_t, int64_t, int64_t, cudaStream_t, int);
+template void add_rmsnorm_gemv_bf16<float>(const AddRmsNormInput&, const bf16*, int64_t, float*,
+                                           int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
+template void add_rmsnorm_gemv_bf16<bf16>(const AddRmsNormInput&, const bf16*, int64_t, bf16*,
+                                          int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
 
 }  // namespace qtk::cuda

@@ -18,16 +18,57 @@ bool gemv_bf16_supported(const void* x, int64_t ldx, const void* w, int64_t ldw,
 
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < n: x bf16 [m, k] (row
 // stride ldx), w bf16 [n, k] (HF layout, row stride ldw), y f32 or bf16
-// [m, n] (row stride ldy). One warp per 16 output columns walks the whole K
+// [m, n] (row stride ldy). One warp per 8 output columns walks the whole K
 // with mma.sync m16n8k16 (bf16 in, f32 accumulate), k-steps of 16 in
 // increasing order into one accumulator from zero; the bf16 output is the
 // f32 sum rounded to nearest even. No split over K, so each output is one
-// fixed chain whatever m is.
+// fixed chain whatever m is. `warps` (1, 2 or 4; 0 = 4) warps per block
+// share the token rows of each stage; it changes the speed, never a bit.
+// Launched with PDL (kernels/cuda/launch.cuh): the weights are prefetched
+// before the wait for the kernel that produces x.
 // note: used by Gemm only for a shape class where it produced, on this GPU,
 // bit for bit the output of the cuBLASLt algorithm that serves every other
 // M (gemm.cpp, verify_alternates); otherwise it is not used at all.
+// The fused "add, then norm" in front of a skinny product (the decode
+// step's post-attention norm before gate_up and the next layer's input norm
+// before its first projection): residual_out = bf16(residual + delta) for m
+// rows of k values, then y = gemv(rmsnorm(residual_out) * weight). Each
+// output is bit for bit add_rmsnorm (cuda_kernels.h) followed by gemv_bf16
+// (tested); the normed rows are not stored. residual_out must not overlap
+// residual (the other blocks still read it).
+struct AddRmsNormInput {
+  const __nv_bfloat16* residual = nullptr;  // bf16 [m, k], row stride ldr
+  int64_t ldr = 0;
+  const __nv_bfloat16* delta = nullptr;  // bf16 [m, k], row stride ldd
+  int64_t ldd = 0;
+  const float* weight = nullptr;  // f32 [k]
+  float eps = 0.0f;
+  __nv_bfloat16* residual_out = nullptr;  // bf16 [m, k], row stride ldo
+  int64_t ldo = 0;
+};
+
+bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_t ldw, int64_t m,
+                                int64_t k);
+
+template <class OUT>
+void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const __nv_bfloat16* w, int64_t ldw, OUT* y,
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                           int warps = 0);
+
+// The SwiGLU in front of a skinny product (down_proj at decode): y =
+// gemv(bf16(silu(gate) * up)) with gate_up bf16 [m, 2k] (row stride ld: k
+// gate values, then k up values). Bit for bit swiglu (cuda_kernels.h)
+// followed by gemv_bf16 (tested); the activations are not stored.
+bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64_t ldw, int64_t m,
+                           int64_t k);
+
+template <class OUT>
+void swiglu_gemv_bf16(const __nv_bfloat16* gate_up, int64_t ld, const __nv_bfloat16* w, int64_t ldw,
+                      OUT* y, int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                      int warps = 0);
+
 template <class OUT>
 void gemv_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, OUT* y,
-               int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+               int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps = 0);
 
 }  // namespace qtk::cuda

@@ -4,6 +4,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -18,6 +19,7 @@ constexpr int kRowThreads = 256;
 template <class T>
 __global__ void rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const float* __restrict__ w,
                                T* y, int64_t ldy, int cols, float eps) {
+  pdl_begin();
   __shared__ float red[32];
   const T* xr = x + blockIdx.x * ldx;
   T* yr = y + blockIdx.x * ldy;
@@ -40,6 +42,7 @@ template <class T>
 __global__ void add_rmsnorm_kernel(T* residual, int64_t ldr, const T* __restrict__ x, int64_t ldx,
                                    const float* __restrict__ w, T* y, int64_t ldy, int cols,
                                    float eps) {
+  pdl_begin();
   constexpr int kCached = 8;  // columns per thread in registers: cols <= 2048 fully
   __shared__ float red[32];
   T* rr = residual + blockIdx.x * ldr;
@@ -56,14 +59,13 @@ __global__ void add_rmsnorm_kernel(T* residual, int64_t ldr, const T* __restrict
       rr[c] = sum;  // note: the norm reads the residual as stored (rounded to T)
       v[i] = to_f(sum);
       wv[i] = w[c];
-      ss += v[i] * v[i];
+      ss = rms_square_add(ss, v[i]);
     }
   }
   for (int c = static_cast<int>(threadIdx.x) + kCached * step; c < cols; c += step) {
     const T sum = from_f<T>(to_f(rr[c]) + to_f(xr[c]));
     rr[c] = sum;
-    const float f = to_f(sum);
-    ss += f * f;
+    ss = rms_square_add(ss, to_f(sum));
   }
   ss = block_sum(ss, red);  // its barriers also order the stores above
   const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
@@ -84,6 +86,7 @@ template <class T>
 __global__ void gated_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ z,
                                      int64_t ldz, const float* __restrict__ w, T* y, int64_t ldy,
                                      int64_t rows, int heads, int dim, float eps) {
+  pdl_begin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -104,6 +107,7 @@ __global__ void gated_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const
 template <class T>
 __global__ void l2norm_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim, float eps,
                               float scale) {
+  pdl_begin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -150,6 +154,7 @@ __device__ __forceinline__ float2 rope_cos_sin(int j, int32_t pos, const RopePar
 }
 
 __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams rope) {
+  pdl_begin();
   const int half = static_cast<int>(rope.rotary_dim / 2);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= positions * half) return;
@@ -195,6 +200,7 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, i
                                     const float* __restrict__ norm_w, float eps,
                                     const int32_t* __restrict__ positions, int64_t tokens,
                                     RopeParams rope) {
+  pdl_begin();
   __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
   const int warp = threadIdx.x >> 5;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -215,6 +221,7 @@ __global__ void qkv_rope_cache_kernel(T* qkv, int64_t ld, int64_t rows, int hq, 
                                       const int32_t* __restrict__ positions, int64_t tokens,
                                       RopeParams rope, const int64_t* __restrict__ slot_mapping,
                                       T* k_cache, T* v_cache) {
+  pdl_begin();
   __shared__ float buf[kWarpsPerBlock][kMaxHeadDim];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -242,8 +249,8 @@ template <class T>
 void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t rows, int64_t cols,
              float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  launch_kernel(rmsnorm_kernel<T>, static_cast<unsigned>(rows), kRowThreads, 0, stream, x, ldx, w,
+                y, ldy, static_cast<int>(cols), eps);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -254,7 +261,7 @@ void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
   RopeParams p = rope;
   p.table = nullptr;
   p.table_positions = 0;
-  rope_table_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(table, positions, p);
+  launch_kernel(rope_table_kernel, grid_1d(n, 256), 256, 0, stream, table, positions, p);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -262,8 +269,8 @@ template <class T>
 void add_rmsnorm(T* residual, int64_t ldr, const T* x, int64_t ldx, const float* w, T* y,
                  int64_t ldy, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  add_rmsnorm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      residual, ldr, x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  launch_kernel(add_rmsnorm_kernel<T>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
+                residual, ldr, x, ldx, w, y, ldy, static_cast<int>(cols), eps);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -273,8 +280,9 @@ void gated_rmsnorm(const T* x, int64_t ldx, const T* z, int64_t ldz, const float
                    cudaStream_t stream) {
   const int64_t rows = tokens * heads;
   if (rows == 0) return;
-  gated_rmsnorm_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      x, ldx, z, ldz, w, y, ldy, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps);
+  launch_kernel(gated_rmsnorm_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
+                stream, x, ldx, z, ldz, w, y, ldy, rows, static_cast<int>(heads),
+                static_cast<int>(head_dim), eps);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -283,8 +291,8 @@ void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
                   float scale, cudaStream_t stream) {
   const int64_t rows = tokens * heads;
   if (rows == 0) return;
-  l2norm_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps, scale);
+  launch_kernel(l2norm_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream, x,
+                ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps, scale);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -298,9 +306,9 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
                  std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
   const int64_t rows = tokens * heads;
   if (rows == 0) return;
-  qk_norm_rope_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), norm_w, eps, positions,
-      tokens, rope);
+  launch_kernel(qk_norm_rope_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
+                stream, x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), norm_w,
+                eps, positions, tokens, rope);
   QTK_CUDA_CHECK_LAUNCH();
 }
 
@@ -315,9 +323,10 @@ void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv,
                  std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
   const int64_t rows = tokens * (hq + 2 * hkv);
   if (rows == 0) return;
-  qkv_rope_cache_kernel<T><<<grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      qkv, ld, rows, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(head_dim),
-      q_norm_w, k_norm_w, eps, positions, tokens, rope, slot_mapping, k_cache, v_cache);
+  launch_kernel(qkv_rope_cache_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
+                stream, qkv, ld, rows, static_cast<int>(hq), static_cast<int>(hkv),
+                static_cast<int>(head_dim), q_norm_w, k_norm_w, eps, positions, tokens, rope,
+                slot_mapping, k_cache, v_cache);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

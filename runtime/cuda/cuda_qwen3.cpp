@@ -20,6 +20,7 @@
 #include "runtime/cuda/decode_graphs.h"
 #include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/device_upload.h"
+#include "runtime/cuda/fused_steps.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
 
@@ -92,6 +93,7 @@ class CudaQwen3 final : public CudaModel {
     const int64_t T = std::max<int64_t>(max_tokens, max_seqs);
     bool grew = false;
     grew |= ensure(x_, T * c.hidden_size * sizeof(T_));
+    grew |= ensure(x2_, T * c.hidden_size * sizeof(T_));
     grew |= ensure(h_, T * c.hidden_size * sizeof(T_));
     grew |= ensure(qkv_, T * (c.q_dim() + 2 * c.kv_dim()) * sizeof(T_));
     grew |= ensure(attn_, T * c.q_dim() * sizeof(T_));
@@ -170,7 +172,6 @@ class CudaQwen3 final : public CudaModel {
     const int64_t I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
     const int64_t qkv_ld = c.q_dim() + 2 * c.kv_dim();
     const float eps = static_cast<float>(c.rms_norm_eps);
-    T_* x = x_.as<T_>();
     T_* h = h_.as<T_>();
     T_* q = qkv_.as<T_>();
     const DType dt = dtype_of<T_>();
@@ -187,12 +188,18 @@ class CudaQwen3 final : public CudaModel {
     ab.partial_rows = partial_rows_;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 
-    cuda::embedding_lookup<T_>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
-    cuda::rmsnorm<T_>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+    cuda::ResidualStream<T_> rs{x_.as<T_>(), x2_.as<T_>()};
+    cuda::embedding_lookup<T_>(embed_.as(), dt, H, token_ids_, T, rs.x, H, stream_);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Layer& l = layers_[li];
-      // Self-attention block (h holds the normed input).
-      gemm_.run(h, H, l.qkv_proj.as(), H, q, qkv_ld, T, qkv_ld, H, dt, dt, stream_);
+      // Self-attention block: the input norm of x, projected to q, k, v.
+      if (li == 0) {
+        cuda::rmsnorm<T_>(rs.x, H, l.input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+        gemm_.run(h, H, l.qkv_proj.as(), H, q, qkv_ld, T, qkv_ld, H, dt, dt, stream_);
+      } else {  // x += the previous layer's MLP output (in h) first
+        cuda::add_norm_gemm<T_>(gemm_, rs, h, l.input_layernorm.as<float>(), eps, h,
+                                l.qkv_proj.as(), q, qkv_ld, T, qkv_ld, H, stream_);
+      }
       // q/k norms, RoPE and the K/V cache write in one launch.
       cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(), l.k_norm.as<float>(),
                                eps, positions_, rope_, slot_mapping_, kv_k(li), kv_v(li), stream_);
@@ -200,19 +207,15 @@ class CudaQwen3 final : public CudaModel {
                                 Hkv, D, scale, stream_);
       gemm_.run(attn_.as(), c.q_dim(), l.o_proj.as(), c.q_dim(), h, H, T, H, c.q_dim(), dt, dt,
                 stream_);
-      // x += attention output; h = post-attention norm of x.
-      cuda::add_rmsnorm<T_>(x, H, h, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps,
-                            stream_);
-      // MLP block.
-      gemm_.run(h, H, l.gate_up_proj.as(), H, gate_up_.as(), 2 * I, T, 2 * I, H, dt, dt, stream_);
-      cuda::swiglu<T_>(gate_up_.as<T_>(), 2 * I, act_.as<T_>(), I, T, I, stream_);
-      gemm_.run(act_.as(), I, l.down_proj.as(), I, h, H, T, H, I, dt, dt, stream_);
-      // x += MLP output; h = the next layer's input norm of x (the final norm
-      // after the last layer).
-      const float* next_norm =
-          li + 1 < c.num_layers ? layers_[li + 1].input_layernorm.as<float>() : norm_.as<float>();
-      cuda::add_rmsnorm<T_>(x, H, h, H, next_norm, h, H, T, H, eps, stream_);
+      // MLP block: x += attention output; the post-attention norm of x,
+      // projected to gate and up.
+      cuda::add_norm_gemm<T_>(gemm_, rs, h, l.post_attention_layernorm.as<float>(), eps, h,
+                              l.gate_up_proj.as(), gate_up_.as(), 2 * I, T, 2 * I, H, stream_);
+      cuda::swiglu_gemm<T_>(gemm_, gate_up_.as<T_>(), act_.as<T_>(), l.down_proj.as(), h, H, T, H,
+                            I, stream_);
     }
+    // x += the last MLP output; h = the final norm of x.
+    cuda::add_rmsnorm<T_>(rs.x, H, h, H, norm_.as<float>(), h, H, T, H, eps, stream_);
     // Logits only for the last row of each sequence that samples: gather the
     // final-normed rows (embedding_lookup over h as a table), then lm_head.
     const int64_t r = static_cast<int64_t>(logit_rows_.size());
@@ -304,7 +307,7 @@ class CudaQwen3 final : public CudaModel {
   DeviceMemory k_cache_, v_cache_;  // T [layers][num_blocks, block_size, Hkv, D]
 
   // Scratch (T = tokens of the largest step).
-  DeviceMemory x_;        // T [T, hidden] residual stream
+  DeviceMemory x_, x2_;   // T [T, hidden] residual stream (two: cuda::ResidualStream)
   DeviceMemory h_;        // T [T, hidden] normed input / sublayer output
   DeviceMemory qkv_;      // T [T, (Hq + 2*Hkv)*head_dim]
   DeviceMemory attn_;     // T [T, Hq*head_dim]

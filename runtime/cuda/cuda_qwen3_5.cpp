@@ -16,6 +16,7 @@
 #include "runtime/cuda/cuda_models.h"
 #include "runtime/cuda/decode_graphs.h"
 #include "runtime/cuda/device_upload.h"
+#include "runtime/cuda/fused_steps.h"
 #include "runtime/kv_cache.h"
 
 namespace qtk {
@@ -27,9 +28,12 @@ using cuda::ensure;
 using cuda::upload_matrix;
 using cuda::upload_vector;
 
+// Rows of the GDN in_proj: q, k, v (the conv channels), z, b, a.
 int64_t in_proj_rows(const ModelConfig& c) {
   return c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads;
 }
+// Rows of the full-attention qkv_proj: q and its output gate, k, v.
+int64_t full_proj_rows(const ModelConfig& c) { return 2 * c.q_dim() + 2 * c.kv_dim(); }
 
 // One decoder layer in device memory (Act = f32 or bf16 by precision).
 struct Qwen3_5DeviceLayer {
@@ -88,8 +92,7 @@ class CudaQwen3_5 final : public CudaModel {
       l.gate_up_proj = upload_matrix<Act>(pack, p + "mlp.gate_up_proj", 2 * I, H);
       l.down_proj = upload_matrix<Act>(pack, p + "mlp.down_proj", H, I);
       if (l.kind == LayerKind::kFull) {
-        l.qkv_proj =
-            upload_matrix<Act>(pack, p + "self_attn.qkv_proj", 2 * c.q_dim() + 2 * c.kv_dim(), H);
+        l.qkv_proj = upload_matrix<Act>(pack, p + "self_attn.qkv_proj", full_proj_rows(c), H);
         l.q_norm = upload_vector(pack, p + "self_attn.q_norm", D);
         l.k_norm = upload_vector(pack, p + "self_attn.k_norm", D);
         l.o_proj = upload_matrix<Act>(pack, p + "self_attn.o_proj", H, c.q_dim());
@@ -163,9 +166,10 @@ class CudaQwen3_5 final : public CudaModel {
     const size_t a = sizeof(Act);
     bool grew = false;
     grew |= ensure(x_, T * c.hidden_size * a);
+    grew |= ensure(x2_, T * c.hidden_size * a);
     grew |= ensure(h_, T * c.hidden_size * a);
     grew |= ensure(mix_, T * c.hidden_size * a);
-    grew |= ensure(proj_, T * std::max(2 * c.q_dim() + 2 * c.kv_dim(), in_proj_rows(c)) * a);
+    grew |= ensure(proj_, T * std::max(full_proj_rows(c), in_proj_rows(c)) * a);
     grew |= ensure(conv_, T * c.linear_conv_dim() * a);
     grew |= ensure(core_, T * std::max(c.q_dim(), c.linear_value_dim()) * a);
     grew |= ensure(g_, T * c.linear_num_value_heads * sizeof(float));
@@ -247,27 +251,38 @@ class CudaQwen3_5 final : public CudaModel {
     const int64_t T = b.num_tokens, H = c.hidden_size, I = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
     const DType dt = dtype_of<Act>();
-    Act* x = x_.as<Act>();
     Act* h = h_.as<Act>();
     Act* mix = mix_.as<Act>();
 
-    cuda::embedding_lookup<Act>(embed_.as(), dt, H, token_ids_, T, x, H, stream_);
-    cuda::rmsnorm<Act>(x, H, layers_[0].input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+    cuda::ResidualStream<Act> rs{x_.as<Act>(), x2_.as<Act>()};
+    cuda::embedding_lookup<Act>(embed_.as(), dt, H, token_ids_, T, rs.x, H, stream_);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Qwen3_5DeviceLayer& l = layers_[li];
-      if (l.kind == LayerKind::kFull)
-        full_attention(l, b, max_seq_len, h, mix);
+      // The mixer's input projection (full attention: q+gate, k, v; GDN:
+      // in_proj) of the input norm of x, into proj_.
+      const bool full = l.kind == LayerKind::kFull;
+      const void* w_in = full ? l.qkv_proj.as() : l.in_proj.as();
+      const int64_t n_in = full ? full_proj_rows(c) : in_proj_rows(c);
+      if (li == 0) {
+        cuda::rmsnorm<Act>(rs.x, H, l.input_layernorm.as<float>(), h, H, T, H, eps, stream_);
+        gemm_.run(h, H, w_in, H, proj_.as(), n_in, T, n_in, H, dt, dt, stream_);
+      } else {  // x += the previous layer's MLP output (in mix) first
+        cuda::add_norm_gemm<Act>(gemm_, rs, mix, l.input_layernorm.as<float>(), eps, h, w_in,
+                                 proj_.as(), n_in, T, n_in, H, stream_);
+      }
+      if (full)
+        full_attention(l, b, max_seq_len, mix);
       else
-        linear_attention(l, b, h, mix);
-      cuda::add_rmsnorm<Act>(x, H, mix, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps,
-                             stream_);
-      gemm_.run(h, H, l.gate_up_proj.as(), H, gate_up_.as(), 2 * I, T, 2 * I, H, dt, dt, stream_);
-      cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
-      gemm_.run(act_.as(), I, l.down_proj.as(), I, mix, H, T, H, I, dt, dt, stream_);
-      const float* next_norm =
-          li + 1 < c.num_layers ? layers_[li + 1].input_layernorm.as<float>() : norm_.as<float>();
-      cuda::add_rmsnorm<Act>(x, H, mix, H, next_norm, h, H, T, H, eps, stream_);
+        linear_attention(l, b, mix);
+      // MLP block: x += the mixer's output; the post-attention norm of x,
+      // projected to gate and up.
+      cuda::add_norm_gemm<Act>(gemm_, rs, mix, l.post_attention_layernorm.as<float>(), eps, h,
+                               l.gate_up_proj.as(), gate_up_.as(), 2 * I, T, 2 * I, H, stream_);
+      cuda::swiglu_gemm<Act>(gemm_, gate_up_.as<Act>(), act_.as<Act>(), l.down_proj.as(), mix, H, T,
+                             H, I, stream_);
     }
+    // x += the last MLP output; h = the final norm of x.
+    cuda::add_rmsnorm<Act>(rs.x, H, mix, H, norm_.as<float>(), h, H, T, H, eps, stream_);
     const int64_t r = static_cast<int64_t>(logit_rows_.size());
     if (r > 0) {
       cuda::embedding_lookup<Act>(h, dt, H, rows_, r, last_.as<Act>(), H, stream_);
@@ -278,19 +293,19 @@ class CudaQwen3_5 final : public CudaModel {
   }
 
  private:
+  // Both mixers start from their input projection in proj_ (run_layers).
   void full_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, int64_t max_seq_len,
-                      const Act* h, Act* out) {
+                      Act* out) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, H = c.hidden_size, D = c.head_dim;
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
-    const int64_t ld = 2 * c.q_dim() + 2 * c.kv_dim();
+    const int64_t ld = full_proj_rows(c);
     const float eps = static_cast<float>(c.rms_norm_eps);
     const DType dt = dtype_of<Act>();
     Act* q = proj_.as<Act>();
     const Act* gate = q + c.q_dim();
     Act* k = q + 2 * c.q_dim();
     const Act* v = k + c.kv_dim();
-    gemm_.run(h, H, l.qkv_proj.as(), H, q, ld, T, ld, H, dt, dt, stream_);
     cuda::qk_norm_rope<Act>(q, ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_, stream_);
     cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
                             stream_);
@@ -314,7 +329,7 @@ class CudaQwen3_5 final : public CudaModel {
     gemm_.run(core, c.q_dim(), l.o_proj.as(), c.q_dim(), out, H, T, H, c.q_dim(), dt, dt, stream_);
   }
 
-  void linear_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, const Act* h, Act* out) {
+  void linear_attention(const Qwen3_5DeviceLayer& l, const StepBatch& b, Act* out) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size;
     const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
@@ -323,7 +338,6 @@ class CudaQwen3_5 final : public CudaModel {
     const int64_t ld = in_proj_rows(c);
     const DType dt = dtype_of<Act>();
     Act* proj = proj_.as<Act>();
-    gemm_.run(h, H, l.in_proj.as(), H, proj, ld, T, ld, H, dt, dt, stream_);
     const Act* z = proj + C;
     const Act* bcol = z + Vd;
     const Act* acol = bcol + Hv;
@@ -511,16 +525,17 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory conv_state_;  // f32 [slots][GDN layers][conv_dim, K-1]
   DeviceMemory rec_state_;   // f32 [slots][GDN layers][Hv, Dk, Dv]
 
-  DeviceMemory x_, h_, mix_;  // Act [T, hidden]: residual, normed input, block output
-  DeviceMemory proj_;         // Act [T, max(qkv width, in_proj width)]
-  DeviceMemory conv_;         // Act [T, conv_dim]
-  DeviceMemory core_;         // Act [T, max(Hq*D, Hv*Dv)]
-  DeviceMemory g_, beta_;     // f32 [T, Hv]
-  DeviceMemory gate_up_;      // Act [T, 2*intermediate]
-  DeviceMemory act_;          // Act [T, intermediate]
-  DeviceMemory last_;         // Act [seqs, hidden]
-  DeviceMemory logits_;       // f32 [seqs, vocab]
-  DeviceMemory greedy_;       // int32 ids then f32 margins [seqs] (forward_greedy)
+  DeviceMemory x_, x2_, h_, mix_;  // Act [T, hidden]: residual (two: cuda::ResidualStream),
+                                   // normed input, block output
+  DeviceMemory proj_;              // Act [T, max(qkv width, in_proj width)]
+  DeviceMemory conv_;              // Act [T, conv_dim]
+  DeviceMemory core_;              // Act [T, max(Hq*D, Hv*Dv)]
+  DeviceMemory g_, beta_;          // f32 [T, Hv]
+  DeviceMemory gate_up_;           // Act [T, 2*intermediate]
+  DeviceMemory act_;               // Act [T, intermediate]
+  DeviceMemory last_;              // Act [seqs, hidden]
+  DeviceMemory logits_;            // f32 [seqs, vocab]
+  DeviceMemory greedy_;            // int32 ids then f32 margins [seqs] (forward_greedy)
   // bf16 steps with chunked GDN tokens: the recurrent kernel's compact batch.
   DeviceMemory tail_conv_;  // Act [T, conv_dim]: q, k, v rows
   DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output

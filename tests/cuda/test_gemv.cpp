@@ -1,10 +1,11 @@
 // The skinny tensor-core product (kernels/cuda/gemv_mma.h): against the
 // float64 reference on awkward sizes and padded strides, and row invariance:
-// row r of an m-row call (either token-tile variant) is bitwise equal to the
-// 1-row call of row r.
+// row r of an m-row call (either token-tile variant, any warps per block)
+// is bitwise equal to the 1-row call of row r.
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemv_mma.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
@@ -34,6 +35,16 @@ void check_gemv(int64_t n, int64_t k) {
     DeviceBuffer<Out> y(m * ldy);
     gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
     const auto got = y.download();
+    // note: the warps-per-block variants split the same chains differently
+    // over blocks: every bit must be the same.
+    for (const int warps : {1, 4}) {
+      DeviceBuffer<Out> yv(m * ldy);
+      gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, yv.get(), ldy, m, n, k, nullptr, warps);
+      const auto gv = yv.download();
+      for (int64_t r = 0; r < m; ++r)
+        ASSERT_TRUE(bitwise_equal(&gv[r * ldy], &got[r * ldy], n))
+            << "n " << n << " k " << k << " m " << m << " row " << r << " warps " << warps;
+    }
     std::vector<Out> dense;
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < n; ++c) {
@@ -62,6 +73,109 @@ TEST(Gemv, Bf16OutMatchesReferenceAndRowsAreInvariant) {
     check_gemv<bf16>(n, k);
 }
 
+// The fused add + RMSNorm + product against its two steps, add_rmsnorm then
+// gemv_bf16: the same bits in y and in the new residual, for every m, with
+// padded strides and the warps-per-block variants.
+template <class Out>
+void check_add_rmsnorm_gemv(int64_t n, int64_t k) {
+  const int64_t ld = k + 8, ldw = k + 16, ldy = n + 3, max_m = kGemvMaxM;
+  const float eps = 1e-6f;
+  const auto res_h = to_device_type<bf16>(random_floats(max_m * ld, -2, 2, 71));
+  const auto delta_h = to_device_type<bf16>(random_floats(max_m * ld, -2, 2, 72));
+  DeviceBuffer<bf16> delta(delta_h), w(to_device_type<bf16>(random_floats(n * ldw, -1, 1, 73)));
+  DeviceBuffer<float> norm_w(random_floats(k, 0.5f, 1.5f, 74));
+  for (int64_t m = 1; m <= max_m; ++m) {
+    // The two steps: add_rmsnorm in place on a copy of the residual, then the product.
+    DeviceBuffer<bf16> res_two(res_h), normed(m * ld);
+    add_rmsnorm<bf16>(res_two.get(), ld, delta.get(), ld, norm_w.get(), normed.get(), ld, m, k, eps,
+                      nullptr);
+    DeviceBuffer<Out> y_two(m * ldy);
+    gemv_bf16<Out>(normed.get(), ld, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
+    const auto want_y = y_two.download();
+    const auto want_res = res_two.download();
+    for (const int warps : {0, 1, 4}) {
+      DeviceBuffer<bf16> res(res_h), res_out(max_m * ld);
+      AddRmsNormInput an;
+      an.residual = res.get();
+      an.ldr = ld;
+      an.delta = delta.get();
+      an.ldd = ld;
+      an.weight = norm_w.get();
+      an.eps = eps;
+      an.residual_out = res_out.get();
+      an.ldo = ld;
+      ASSERT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), ldw, m, k));
+      DeviceBuffer<Out> y(m * ldy);
+      add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, warps);
+      const auto got_y = y.download();
+      const auto got_res = res_out.download();
+      for (int64_t r = 0; r < m; ++r) {
+        ASSERT_TRUE(bitwise_equal(&got_y[r * ldy], &want_y[r * ldy], n))
+            << "y: n " << n << " k " << k << " m " << m << " row " << r << " warps " << warps;
+        ASSERT_TRUE(bitwise_equal(&got_res[r * ld], &want_res[r * ld], k))
+            << "residual: n " << n << " k " << k << " m " << m << " row " << r;
+      }
+      // The old residual is only read.
+      ASSERT_TRUE(bitwise_equal(res.download().data(), res_h.data(), res_h.size()));
+    }
+  }
+}
+
+TEST(Gemv, AddRmsNormFusedEqualsTheTwoSteps) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 8}, {300, 1000}, {64, 2056}})
+    check_add_rmsnorm_gemv<float>(n, k);
+  check_add_rmsnorm_gemv<bf16>(1024, 1024);
+}
+
+// The fused SwiGLU + product against swiglu then gemv_bf16.
+template <class Out>
+void check_swiglu_gemv(int64_t n, int64_t k) {
+  const int64_t ld = 2 * k + 8, lda = k + 8, ldw = k + 16, ldy = n + 3, max_m = kGemvMaxM;
+  DeviceBuffer<bf16> gate_up(to_device_type<bf16>(random_floats(max_m * ld, -4, 4, 81)));
+  DeviceBuffer<bf16> w(to_device_type<bf16>(random_floats(n * ldw, -1, 1, 82)));
+  for (int64_t m = 1; m <= max_m; ++m) {
+    DeviceBuffer<bf16> act(m * lda);
+    swiglu<bf16>(gate_up.get(), ld, act.get(), lda, m, k, nullptr);
+    DeviceBuffer<Out> y_two(m * ldy);
+    gemv_bf16<Out>(act.get(), lda, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
+    const auto want = y_two.download();
+    for (const int warps : {0, 1, 4}) {
+      ASSERT_TRUE(swiglu_gemv_supported(gate_up.get(), ld, w.get(), ldw, m, k));
+      DeviceBuffer<Out> y(m * ldy);
+      swiglu_gemv_bf16<Out>(gate_up.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, warps);
+      const auto got = y.download();
+      for (int64_t r = 0; r < m; ++r)
+        ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
+            << "n " << n << " k " << k << " m " << m << " row " << r << " warps " << warps;
+    }
+  }
+}
+
+TEST(Gemv, SwigluFusedEqualsTheTwoSteps) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 8}, {300, 1000}})
+    check_swiglu_gemv<float>(n, k);
+  check_swiglu_gemv<bf16>(1024, 3072);
+}
+
+TEST(Gemv, AddRmsNormNeedsADistinctResidualOut) {
+  DeviceBuffer<bf16> a(4096), w(4096);
+  DeviceBuffer<float> nw(64);
+  AddRmsNormInput an;
+  an.residual = a.get();
+  an.ldr = 64;
+  an.delta = a.get() + 2048;
+  an.ldd = 64;
+  an.weight = nw.get();
+  an.residual_out = a.get() + 512;
+  an.ldo = 64;
+  EXPECT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), 64, 4, 64));
+  EXPECT_FALSE(add_rmsnorm_gemv_supported(an, w.get(), 64, 16, 64));  // rows overlap
+  an.residual_out = a.get();
+  EXPECT_FALSE(add_rmsnorm_gemv_supported(an, w.get(), 64, 1, 64));
+  EXPECT_THROW(add_rmsnorm_gemv_bf16<float>(an, w.get(), 64, nullptr, 64, 1, 8, 64, nullptr),
+               std::exception);
+}
+
 TEST(Gemv, SupportedShapes) {
   DeviceBuffer<bf16> a(4096);
   EXPECT_TRUE(gemv_bf16_supported(a.get(), 64, a.get(), 64, 1, 64));
@@ -72,6 +186,8 @@ TEST(Gemv, SupportedShapes) {
   EXPECT_FALSE(gemv_bf16_supported(a.get(), 63, a.get(), 64, 1, 56));      // ldx % 8
   EXPECT_FALSE(gemv_bf16_supported(a.get() + 1, 64, a.get(), 64, 1, 64));  // alignment
   EXPECT_THROW(gemv_bf16<float>(a.get(), 64, a.get(), 64, nullptr, 64, 1, 8, 60, nullptr),
+               std::exception);
+  EXPECT_THROW(gemv_bf16<float>(a.get(), 64, a.get(), 64, nullptr, 64, 1, 8, 64, nullptr, 3),
                std::exception);
 }
 
