@@ -3,6 +3,7 @@
 #include <cfloat>
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -15,15 +16,39 @@ namespace {
 using namespace dev;
 constexpr int kThreads = 256;
 
+// One thread per kSwigluPer consecutive columns of a token row (grid: x =
+// tokens, y = column blocks); with `vec` (bf16, 16-byte aligned rows) the
+// gate, up and output columns move as one 16-byte access each.
+// note: the element formula is the scalar one, so the bits do not change;
+// at the prefill's 8192 tokens the one-thread-per-element form with int64
+// division ran at ~1.2 TB/s (S4-5: 121 us per call, 11 % of the step).
+constexpr int kSwigluPer = 8;
+
 template <class T>
 __global__ void swiglu_kernel(const T* __restrict__ gate_up, int64_t ld, T* __restrict__ out,
-                              int64_t ldo, int64_t tokens, int64_t inter) {
+                              int64_t ldo, int inter, bool vec) {
   pdl_begin();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= tokens * inter) return;
-  const int64_t t = i / inter, c = i % inter;
-  const float g = to_f(gate_up[t * ld + c]), u = to_f(gate_up[t * ld + inter + c]);
-  out[t * ldo + c] = from_f<T>(silu(g) * u);
+  const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * kSwigluPer;
+  if (c0 >= inter) return;
+  const T* g = gate_up + static_cast<int64_t>(blockIdx.x) * ld;
+  const T* u = g + inter;
+  T* o = out + static_cast<int64_t>(blockIdx.x) * ldo;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (vec) {
+      const uint4 gv = *reinterpret_cast<const uint4*>(g + c0);
+      const uint4 uv = *reinterpret_cast<const uint4*>(u + c0);
+      const auto* gh = reinterpret_cast<const T*>(&gv);
+      const auto* uh = reinterpret_cast<const T*>(&uv);
+      uint4 ov;
+      auto* oh = reinterpret_cast<T*>(&ov);
+#pragma unroll
+      for (int j = 0; j < kSwigluPer; ++j) oh[j] = from_f<T>(silu(to_f(gh[j])) * to_f(uh[j]));
+      *reinterpret_cast<uint4*>(o + c0) = ov;
+      return;
+    }
+  }
+  for (int c = c0; c < c0 + kSwigluPer && c < inter; ++c)
+    o[c] = from_f<T>(silu(to_f(g[c])) * to_f(u[c]));
 }
 
 template <class T>
@@ -163,8 +188,17 @@ template <class T>
 void swiglu(const T* gate_up, int64_t ld, T* out, int64_t ldo, int64_t tokens, int64_t inter,
             cudaStream_t stream) {
   if (tokens * inter == 0) return;
-  launch_kernel(swiglu_kernel<T>, grid_1d(tokens * inter, kThreads), kThreads, 0, stream, gate_up,
-                ld, out, ldo, tokens, inter);
+  if (tokens > INT32_MAX || inter > INT32_MAX / 2)
+    fail_message("swiglu: " + std::to_string(tokens) + " tokens x " + std::to_string(inter) +
+                 " columns is too large");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = std::is_same_v<T, bf16> && ld % 8 == 0 && ldo % 8 == 0 && inter % 8 == 0 &&
+                   aligned(gate_up) && aligned(out);
+  const dim3 grid(
+      static_cast<unsigned>(tokens),
+      static_cast<unsigned>((inter + kThreads * kSwigluPer - 1) / (kThreads * kSwigluPer)));
+  launch_kernel(swiglu_kernel<T>, grid, kThreads, 0, stream, gate_up, ld, out, ldo,
+                static_cast<int>(inter), vec);
   QTK_CUDA_CHECK_LAUNCH();
 }
 

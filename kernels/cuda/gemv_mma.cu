@@ -49,68 +49,67 @@ size_t smem_bytes(int64_t k) {
 }
 constexpr size_t kMaxSmem = 220 * 1024;
 
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// note: the row loads below are batched kBatch at a time into registers
-// before any store: a store through a pointer the compiler cannot tell
-// apart from the loaded rows would otherwise hold every next load back by a
-// full L2 round trip (the first version ran 10-30 us per launch that way).
-constexpr int kBatch = 8;
+// The fused variants run kFusedWarps warps per block and hold up to
+// kMaxPer columns of a row per thread in registers, so k <= kFusedMaxK.
+// note: each row is loaded in one batch, all loads issued before any store
+// or arithmetic: a store through a pointer the compiler cannot tell apart
+// from the loaded rows would otherwise hold every next load back by a full
+// L2 round trip (a first version with scalar load-store loops cost ~15 us
+// per launch), and the norm weights, constants, are loaded before the PDL
+// wait.
+constexpr int kFusedWarps = 4;
+constexpr int kFusedThreads = kFusedWarps * 32;
+constexpr int kMaxPer = 32;
+constexpr int64_t kFusedMaxK = int64_t{kMaxPer} * kFusedThreads;
 
 // note: the fused add + RMSNorm gives, bit for bit, what add_rmsnorm
 // (norm.cu) stores: that kernel runs kRmsThreads = 256 threads per row,
 // thread t sums the squares of columns t, t + 256, ... in increasing order
 // (dev::rms_square_add), each warp adds its 32 sums by the xor butterfly,
-// and the 8 warp totals are added in warp order. Here kThreads threads play
-// the 256: thread t is those with ids t + kThreads * j, so each physical
-// warp holds whole virtual warps (warp + WB * j), lane for lane, and runs
-// the same butterfly on each. The row's sums (rounded to bf16, as the
-// residual is stored) wait in xres between the two passes; every block
-// computes them, block 0 also stores the new residual.
-template <int kThreads>
-__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* xres, int ldres) {
+// and the 8 warp totals are added in warp order. Here the kFusedThreads
+// threads play the 256: thread t is those with ids t + kFusedThreads * j,
+// so each physical warp holds whole virtual warps, lane for lane, and runs
+// the same butterfly on each. Thread t's columns are t + kFusedThreads * u;
+// column u belongs to its virtual thread u % J, and each virtual thread
+// meets its columns in increasing order. The row's sums (rounded to bf16,
+// as the residual is stored) wait in xres between the two passes; every
+// block computes them, block 0 also stores the new residual. nw: this
+// thread's norm weights (column u in nw[u]).
+__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kMaxPer], int m,
+                                 int k, bf16* xres, int ldres) {
   constexpr int kRmsThreads = 256;
-  constexpr int J = kRmsThreads / kThreads;  // virtual threads per thread
-  static_assert(J * kThreads == kRmsThreads && kBatch % J == 0, "virtual threads split evenly");
+  constexpr int J = kRmsThreads / kFusedThreads;  // virtual threads per thread
+  static_assert(J * kFusedThreads == kRmsThreads && kMaxPer % J == 0, "virtual threads");
   __shared__ float red[kGemvMaxM][kRmsThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // Thread tid's columns are tid + kThreads * q; column q belongs to its
-  // virtual thread q % J, and each virtual thread meets its columns in
-  // increasing order, as in add_rmsnorm.
   for (int r = 0; r < m; ++r) {
     const bf16* __restrict__ rr = an.residual + static_cast<int64_t>(r) * an.ldr;
     const bf16* __restrict__ dr = an.delta + static_cast<int64_t>(r) * an.ldd;
     bf16* __restrict__ ro = an.residual_out + static_cast<int64_t>(r) * an.ldo;
+    float a[kMaxPer], d[kMaxPer];
+#pragma unroll
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      a[u] = c < k ? to_f(rr[c]) : 0.0f;
+      d[u] = c < k ? to_f(dr[c]) : 0.0f;
+    }
     float ss[J];
 #pragma unroll
     for (int j = 0; j < J; ++j) ss[j] = 0.0f;
-    for (int q0 = 0; tid + kThreads * q0 < k; q0 += kBatch) {
-      float a[kBatch], d[kBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = tid + kThreads * (q0 + u);
-        a[u] = c < k ? to_f(rr[c]) : 0.0f;
-        d[u] = c < k ? to_f(dr[c]) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = tid + kThreads * (q0 + u);
-        if (c < k) {
-          const bf16 sum = from_f<bf16>(a[u] + d[u]);
-          xres[r * ldres + c] = sum;
-          if (blockIdx.x == 0) ro[c] = sum;
-          ss[u % J] = rms_square_add(ss[u % J], to_f(sum));
-        }
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      if (c < k) {
+        const bf16 sum = from_f<bf16>(a[u] + d[u]);
+        xres[r * ldres + c] = sum;
+        if (blockIdx.x == 0) ro[c] = sum;
+        ss[u % J] = rms_square_add(ss[u % J], to_f(sum));
       }
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const float t = warp_sum(ss[j]);
-      if (lane == 0) red[r][warp + (kThreads / 32) * j] = t;
+      if (lane == 0) red[r][warp + kFusedWarps * j] = t;
     }
   }
   __syncthreads();
@@ -119,18 +118,10 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* 
     for (int v = 0; v < kRmsThreads / 32; ++v) ss += red[r][v];
     const float inv = rsqrtf(ss / static_cast<float>(k) + an.eps);
     // Each thread rescales the columns it summed (no barrier needed).
-    for (int q0 = 0; tid + kThreads * q0 < k; q0 += kBatch) {
-      float wv[kBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = tid + kThreads * (q0 + u);
-        wv[u] = c < k ? an.weight[c] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = tid + kThreads * (q0 + u);
-        if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * wv[u]);
-      }
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * nw[u]);
     }
   }
 }
@@ -138,24 +129,21 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* 
 // note: the SwiGLU in front of down_proj, element for element the value
 // swiglu (elementwise.cu) stores: bf16(silu(gate) * up) through the same
 // dev::silu. gate_up rows: k gate values, then k up values.
-template <int kThreads>
 __device__ void swiglu_rows(const bf16* __restrict__ gate_up, int64_t ld, int m, int k, bf16* xres,
                             int ldres) {
   for (int r = 0; r < m; ++r) {
     const bf16* __restrict__ row = gate_up + static_cast<int64_t>(r) * ld;
-    for (int q0 = 0; threadIdx.x + kThreads * q0 < k; q0 += kBatch) {
-      float g[kBatch], u[kBatch];
+    float g[kMaxPer], up[kMaxPer];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int c = threadIdx.x + kThreads * (q0 + i);
-        g[i] = c < k ? to_f(row[c]) : 0.0f;
-        u[i] = c < k ? to_f(row[k + c]) : 0.0f;
-      }
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = threadIdx.x + kFusedThreads * u;
+      g[u] = c < k ? to_f(row[c]) : 0.0f;
+      up[u] = c < k ? to_f(row[k + c]) : 0.0f;
+    }
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int c = threadIdx.x + kThreads * (q0 + i);
-        if (c < k) xres[r * ldres + c] = from_f<bf16>(silu(g[i]) * u[i]);
-      }
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = threadIdx.x + kFusedThreads * u;
+      if (c < k) xres[r * ldres + c] = from_f<bf16>(silu(g[u]) * up[u]);
     }
   }
 }
@@ -222,21 +210,28 @@ __global__ void __launch_bounds__(WB * 32)
     }
   };
 
-  // note: the weights are constants, so they are fetched before the wait for
-  // the previous kernel (PDL): the block's whole weight panel is requested
-  // into L2 and the first stages into shared memory while the producer of x
-  // still runs. Only x waits.
-  if (lane == 0) {
-    const int r0 = warp * 8;
-    for (int r = r0; r < r0 + 8 && n0 + r < n; ++r)
-      prefetch_l2(w + static_cast<int64_t>(n0 + r) * ldw, static_cast<uint32_t>(k) * 2u);
-  }
+  // note: the weights are constants, so their first stages are fetched
+  // into shared memory before the wait for the previous kernel (PDL), while
+  // the producer of x still runs. Only x waits.
+  // note: an L2 prefetch of the block's whole weight panel here
+  // (cp.async.bulk.prefetch.L2) was tried and made every shape slower from
+  // DRAM (H100, BM_Gemv: N 24576 K 4096 70 -> 98 us, N 6144 K 1024 5.1 ->
+  // 6.1 us) and the Qwen3-0.6B batch-1 step 1.15 -> 1.26 ms (S4-5).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < tiles) issue_w(s);
+  float nw[kMaxPer];  // kAddRmsNorm: this thread's norm weights
+  if constexpr (kPro == kAddRmsNorm) {
+#pragma unroll
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      nw[u] = c < k ? an.weight[c] : 0.0f;
+    }
+  }
   pdl_begin();
-  if constexpr (kPro == kAddRmsNorm) add_rmsnorm_rows<kThreads>(an, m, k, xres, ldres);
-  if constexpr (kPro == kSwiglu) swiglu_rows<kThreads>(x, ldx, m, k, xres, ldres);
+  static_assert(kPro == kStreamX || kThreads == kFusedThreads, "fused variants: 4 warps");
+  if constexpr (kPro == kAddRmsNorm) add_rmsnorm_rows(an, nw, m, k, xres, ldres);
+  if constexpr (kPro == kSwiglu) swiglu_rows(x, ldx, m, k, xres, ldres);
   if constexpr (kPro != kStreamX) zero_k_tail<kThreads>(m, k, xres, ldres);
     // Commit groups: group 0 holds the weight stages above and x stage 0;
     // group s holds x stage s; then each group one whole stage.
@@ -327,18 +322,25 @@ void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, in
   if (warps != 0 && warps != 1 && warps != 2 && warps != 4)
     fail_message("gemv_bf16: warps per block " + std::to_string(warps) +
                  " (expected 0, 1, 2 or 4)");
-  // note: 4 warps per block was the fastest or within 3 % of it on every
-  // Qwen3-0.6B decode shape on the H100 (BM_Gemv: N 1024 K 3072 1 / 2 / 4
-  // warps 6.50 / 7.79 / 6.42 us; N 16384 K 1024 16.0 / 14.9 / 14.1 us).
-  if (warps == 0) warps = 4;
-  if (m <= 8) {
-    if (warps == 1) return launch<1, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    if (warps == 4) return launch<4, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    return launch<2, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+  // note: 4 warps per block was the fastest or within 4 % of it on every
+  // Qwen3-0.6B decode shape but one on the H100 (S4-5, BM_Gemv 1 / 2 / 4
+  // warps: N 1024 K 3072 6.38 / 7.73 / 6.39 us; N 16384 K 1024 14.0 / 13.5
+  // / 12.7 us; N 4096 K 1024 3.68 / 3.93 / 4.11 us).
+  if constexpr (kPro != kStreamX) {
+    if (m <= 8)
+      return launch<kFusedWarps, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    return launch<kFusedWarps, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+  } else {
+    if (warps == 0) warps = 4;
+    if (m <= 8) {
+      if (warps == 1) return launch<1, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      if (warps == 4) return launch<4, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      return launch<2, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    }
+    if (warps == 1) return launch<1, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 4) return launch<4, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    return launch<2, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
   }
-  if (warps == 1) return launch<1, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-  if (warps == 4) return launch<4, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-  return launch<2, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
 }
 
 }  // namespace
@@ -365,7 +367,7 @@ void gemv_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, i
 bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_t ldw, int64_t m,
                                 int64_t k) {
   if (!gemv_bf16_supported(an.delta, an.ldd, w, ldw, m, k)) return false;
-  if (smem_bytes<1, 16, true>(k) > kMaxSmem) return false;
+  if (k > kFusedMaxK || smem_bytes<kFusedWarps, 16, kAddRmsNorm>(k) > kMaxSmem) return false;
   // note: every block reads the old residual while block 0 writes the new
   // one, so the two must not overlap.
   const auto* a = reinterpret_cast<const char*>(an.residual);
@@ -377,34 +379,31 @@ bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_
 
 template <class OUT>
 void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const bf16* w, int64_t ldw, OUT* y,
-                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                           int warps) {
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return;
   if (!add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     fail_message("add_rmsnorm_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
                  std::to_string(k) +
-                 "; m <= 16, k and strides multiples of 8, aligned pointers, the rows in shared "
-                 "memory, residual_out apart from residual)");
-  dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, warps);
+                 "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers, "
+                 "residual_out apart from residual)");
+  dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, 0);
 }
 
 bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64_t ldw, int64_t m,
                            int64_t k) {
-  return gemv_bf16_supported(gate_up, ld, w, ldw, m, k) &&
-         smem_bytes<1, 16, kSwiglu>(k) <= kMaxSmem;
+  return gemv_bf16_supported(gate_up, ld, w, ldw, m, k) && k <= kFusedMaxK &&
+         smem_bytes<kFusedWarps, 16, kSwiglu>(k) <= kMaxSmem;
 }
 
 template <class OUT>
 void swiglu_gemv_bf16(const bf16* gate_up, int64_t ld, const bf16* w, int64_t ldw, OUT* y,
-                      int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                      int warps) {
+                      int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return;
   if (!swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
     fail_message("swiglu_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
                  std::to_string(k) +
-                 "; m <= 16, k and strides multiples of 8, aligned pointers, the rows in shared "
-                 "memory)");
-  dispatch<kSwiglu, OUT>(gate_up, ld, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, warps);
+                 "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers)");
+  dispatch<kSwiglu, OUT>(gate_up, ld, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, 0);
 }
 
 template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, int64_t,
@@ -412,12 +411,12 @@ template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float
 template void gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t, int64_t,
                               int64_t, int64_t, cudaStream_t, int);
 template void swiglu_gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t,
-                                      int64_t, int64_t, int64_t, cudaStream_t, int);
+                                      int64_t, int64_t, int64_t, cudaStream_t);
 template void swiglu_gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t,
-                                     int64_t, int64_t, int64_t, cudaStream_t, int);
+                                     int64_t, int64_t, int64_t, cudaStream_t);
 template void add_rmsnorm_gemv_bf16<float>(const AddRmsNormInput&, const bf16*, int64_t, float*,
-                                           int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
+                                           int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 template void add_rmsnorm_gemv_bf16<bf16>(const AddRmsNormInput&, const bf16*, int64_t, bf16*,
-                                          int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
+                                          int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 
 }  // namespace qtk::cuda

@@ -35,7 +35,8 @@ bool gemv_bf16_supported(const void* x, int64_t ldx, const void* w, int64_t ldw,
 // rows of k values, then y = gemv(rmsnorm(residual_out) * weight). Each
 // output is bit for bit add_rmsnorm (cuda_kernels.h) followed by gemv_bf16
 // (tested); the normed rows are not stored. residual_out must not overlap
-// residual (the other blocks still read it).
+// residual (the other blocks still read it). k <= 4096 (the row is held in
+// registers); the supported() functions say whether a call qualifies.
 struct AddRmsNormInput {
   const __nv_bfloat16* residual = nullptr;  // bf16 [m, k], row stride ldr
   int64_t ldr = 0;
@@ -52,8 +53,7 @@ bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_
 
 template <class OUT>
 void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const __nv_bfloat16* w, int64_t ldw, OUT* y,
-                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                           int warps = 0);
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 // The SwiGLU in front of a skinny product (down_proj at decode): y =
 // gemv(bf16(silu(gate) * up)) with gate_up bf16 [m, 2k] (row stride ld: k
@@ -64,8 +64,7 @@ bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64
 
 template <class OUT>
 void swiglu_gemv_bf16(const __nv_bfloat16* gate_up, int64_t ld, const __nv_bfloat16* w, int64_t ldw,
-                      OUT* y, int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                      int warps = 0);
+                      OUT* y, int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 template <class OUT>
 void gemv_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, OUT* y,

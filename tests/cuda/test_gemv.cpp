@@ -75,7 +75,7 @@ TEST(Gemv, Bf16OutMatchesReferenceAndRowsAreInvariant) {
 
 // The fused add + RMSNorm + product against its two steps, add_rmsnorm then
 // gemv_bf16: the same bits in y and in the new residual, for every m, with
-// padded strides and the warps-per-block variants.
+// padded strides.
 template <class Out>
 void check_add_rmsnorm_gemv(int64_t n, int64_t k) {
   const int64_t ld = k + 8, ldw = k + 16, ldy = n + 3, max_m = kGemvMaxM;
@@ -93,7 +93,7 @@ void check_add_rmsnorm_gemv(int64_t n, int64_t k) {
     gemv_bf16<Out>(normed.get(), ld, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
     const auto want_y = y_two.download();
     const auto want_res = res_two.download();
-    for (const int warps : {0, 1, 4}) {
+    {
       DeviceBuffer<bf16> res(res_h), res_out(max_m * ld);
       AddRmsNormInput an;
       an.residual = res.get();
@@ -106,12 +106,12 @@ void check_add_rmsnorm_gemv(int64_t n, int64_t k) {
       an.ldo = ld;
       ASSERT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), ldw, m, k));
       DeviceBuffer<Out> y(m * ldy);
-      add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, warps);
+      add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
       const auto got_y = y.download();
       const auto got_res = res_out.download();
       for (int64_t r = 0; r < m; ++r) {
         ASSERT_TRUE(bitwise_equal(&got_y[r * ldy], &want_y[r * ldy], n))
-            << "y: n " << n << " k " << k << " m " << m << " row " << r << " warps " << warps;
+            << "y: n " << n << " k " << k << " m " << m << " row " << r;
         ASSERT_TRUE(bitwise_equal(&got_res[r * ld], &want_res[r * ld], k))
             << "residual: n " << n << " k " << k << " m " << m << " row " << r;
       }
@@ -139,14 +139,14 @@ void check_swiglu_gemv(int64_t n, int64_t k) {
     DeviceBuffer<Out> y_two(m * ldy);
     gemv_bf16<Out>(act.get(), lda, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
     const auto want = y_two.download();
-    for (const int warps : {0, 1, 4}) {
+    {
       ASSERT_TRUE(swiglu_gemv_supported(gate_up.get(), ld, w.get(), ldw, m, k));
       DeviceBuffer<Out> y(m * ldy);
-      swiglu_gemv_bf16<Out>(gate_up.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, warps);
+      swiglu_gemv_bf16<Out>(gate_up.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
       const auto got = y.download();
       for (int64_t r = 0; r < m; ++r)
         ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
-            << "n " << n << " k " << k << " m " << m << " row " << r << " warps " << warps;
+            << "n " << n << " k " << k << " m " << m << " row " << r;
     }
   }
 }

@@ -256,6 +256,30 @@ TYPED_TEST(NormTest, RopeTableGivesTheInlineValues) {
   }
 }
 
+// swiglu's 16-byte path (bf16, aligned rows, inter % 8 == 0; several
+// column blocks) gives the bits of its element-wise path (odd row stride).
+TYPED_TEST(NormTest, SwigluVectorPathEqualsScalarPath) {
+  using T = TypeParam;
+  const int64_t tokens = 5, inter = 2056, ld_vec = 2 * inter + 8, ld_odd = 2 * inter + 1;
+  const auto f = random_floats(tokens * 2 * inter, -6, 6, 15);
+  std::vector<float> fv(tokens * ld_vec, 0.0f), fo(tokens * ld_odd, 0.0f);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < 2 * inter; ++i)
+      fv[t * ld_vec + i] = fo[t * ld_odd + i] = f[t * 2 * inter + i];
+  DeviceBuffer<T> gv(to_device_type<T>(fv)), go(to_device_type<T>(fo));
+  DeviceBuffer<T> ov(tokens * inter), oo(tokens * inter);
+  swiglu<T>(gv.get(), ld_vec, ov.get(), inter, tokens, inter, nullptr);
+  swiglu<T>(go.get(), ld_odd, oo.get(), inter, tokens, inter, nullptr);
+  const auto a = ov.download(), b = oo.download();
+  EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size()));
+  Vec ref(tokens * inter);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < inter; ++i)
+      ref[t * inter + i] = silu_d(to_float(to_device_type<T>({f[t * 2 * inter + i]})[0])) *
+                           to_float(to_device_type<T>({f[t * 2 * inter + inter + i]})[0]);
+  EXPECT_LT(rel_error(a, ref), tolerance<T>());
+}
+
 TYPED_TEST(NormTest, SwigluSigmoidMulAndGates) {
   using T = TypeParam;
   const int64_t tokens = 21, inter = 333;
