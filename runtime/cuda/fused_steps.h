@@ -37,15 +37,14 @@ void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const floa
                    float eps, T* h, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n,
                    int64_t hidden, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
-    AddRmsNormInput an;
-    an.residual = rs.x;
-    an.ldr = hidden;
-    an.delta = delta;
-    an.ldd = hidden;
-    an.weight = norm_w;
-    an.eps = eps;
-    an.residual_out = rs.spare;
-    an.ldo = hidden;
+    const AddRmsNormInput an{.residual = rs.x,
+                             .ldr = hidden,
+                             .delta = delta,
+                             .ldd = hidden,
+                             .weight = norm_w,
+                             .eps = eps,
+                             .residual_out = rs.spare,
+                             .ldo = hidden};
     if (gemm.run_add_rmsnorm(an, w, hidden, y, ldy, rows, n, hidden, DType::BF16, stream)) {
       std::swap(rs.x, rs.spare);
       return;
