@@ -375,9 +375,9 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     // note: the small-M range (a decode step's products) is timed with the
     // weights out of L2, as in a step, where each layer's weights are read
     // once: a kFlushBytes write between runs evicts them. Back to back, a
-    // product whose weights fit the 50 MB L2 is timed at L2 speed, which
-    // picked kernels that are slower from DRAM (S4-3: cuBLASLt at N 1024
-    // K 2048 and on the 16384-column lm_head blocks).
+    // product whose weights fit the 50 MB L2 is timed at L2 speed, which is
+    // not what a step sees (on the H100 the cold timing moved Qwen3-0.6B's
+    // qkv and gate_up products from the own kernel to cuBLASLt, S4-4).
     const bool cold = alt.lo == 1;
     if (cold && flush == nullptr) QTK_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
     auto timed = [&](const auto& run) {

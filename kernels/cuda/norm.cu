@@ -14,6 +14,9 @@ using namespace dev;
 // note: one block of kRowThreads per row whatever the row count; thread t sums
 // columns t, t+256, ... in order, then block_sum's fixed tree. The order thus
 // depends on cols only.
+// note: the fused add + RMSNorm in front of the GEMV (gemv_mma.cu) replays
+// add_rmsnorm's order with 256 virtual threads: change both together
+// (tests/cuda/test_gemv.cpp compares their bits).
 constexpr int kRowThreads = 256;
 
 template <class T>
