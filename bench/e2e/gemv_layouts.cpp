@@ -27,6 +27,19 @@ static inline __m512 ldw(const uint16_t* p) {
 }
 static inline float red(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+// Prefetches bytes [0, n) of p, one line per 64 bytes; HINT 0:T0 1:T1 2:NTA.
+template <int HINT>
+static inline void prefetch_lines(const char* p, int n) {
+  for (int b = 0; b < n; b += 64) {
+    if (HINT == 0)
+      _mm_prefetch(p + b, _MM_HINT_T0);
+    else if (HINT == 1)
+      _mm_prefetch(p + b, _MM_HINT_T1);
+    else
+      _mm_prefetch(p + b, _MM_HINT_NTA);
+  }
+}
+
 // PF: prefetch distance in tiles (0 = none); HINT 0:T0 1:T1 2:NTA
 template <int NR, int PF, int HINT>
 void gemv(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, int64_t K) {
@@ -36,15 +49,7 @@ void gemv(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, i
     const uint16_t* t = w + n * K;
     const char* next = (const char*)(t + PF * NR * K);
     for (int64_t k = 0; k < K; k += 16, next += NR * 32) {
-      if (PF)
-        for (int b = 0; b < NR * 32; b += 64) {
-          if (HINT == 0)
-            _mm_prefetch(next + b, _MM_HINT_T0);
-          else if (HINT == 1)
-            _mm_prefetch(next + b, _MM_HINT_T1);
-          else
-            _mm_prefetch(next + b, _MM_HINT_NTA);
-        }
+      if (PF) prefetch_lines<HINT>(next, NR * 32);
       __m512 xv = _mm512_loadu_ps(x + k);
       for (int j = 0; j < NR; ++j) acc[j] = _mm512_fmadd_ps(xv, ldw(t + j * K + k), acc[j]);
     }
@@ -60,15 +65,7 @@ void gemvp(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, 
     for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
     const uint16_t* t = w + n * K;
     for (int64_t k = 0; k < K; k += 16, t += NR * 16) {
-      if (PFB)
-        for (int b = 0; b < NR * 32; b += 64) {
-          if (HINT == 0)
-            _mm_prefetch((const char*)t + PFB + b, _MM_HINT_T0);
-          else if (HINT == 2)
-            _mm_prefetch((const char*)t + PFB + b, _MM_HINT_NTA);
-          else
-            _mm_prefetch((const char*)t + PFB + b, _MM_HINT_T1);
-        }
+      if (PFB) prefetch_lines<HINT>((const char*)t + PFB, NR * 32);
       __m512 xv = _mm512_loadu_ps(x + k);
       for (int j = 0; j < NR; ++j) acc[j] = _mm512_fmadd_ps(xv, ldw(t + j * 16), acc[j]);
     }

@@ -183,7 +183,6 @@ void kv_cache_write(const T* k, int64_t ldk, const T* v, int64_t ldv, int64_t to
   if (n == 0) return;
   launch_kernel(kv_cache_write_kernel<T>, grid_1d(n, 256), 256, 0, stream, k, ldk, v, ldv, tokens,
                 hkv * d, slot_mapping, k_cache, v_cache);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -213,7 +212,6 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
                 v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
                 static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
                 static_cast<int>(hkv), static_cast<int>(d), static_cast<int>(hq / hkv), scale);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 #define QTK_INSTANTIATE(T)                                                                         \

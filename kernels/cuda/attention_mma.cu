@@ -639,11 +639,9 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
                     b.q_start, b.seq_len, b.block_table, b.max_blocks,
                     static_cast<int>(b.block_size), static_cast<int>(hkv), group,
                     static_cast<int>(max_tiles), scale * kLog2e);
-      QTK_CUDA_CHECK_LAUNCH();
       const int64_t rows = b.total_tokens * hq;
       launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out,
                     ldo, b.seq_len, rows, static_cast<int>(hq));
-      QTK_CUDA_CHECK_LAUNCH();
       return;
     }
   }
@@ -664,7 +662,6 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
                 v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,
                 static_cast<int>(b.num_seqs), b.max_blocks, static_cast<int>(b.block_size),
                 static_cast<int>(hkv), group, scale * kLog2e);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -71,11 +71,9 @@ void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels,
     launch_kernel(conv1d_kernel<T>, grid_1d(tokens * channels, 256), 256, 0, stream, x, ldx, y, ldy,
                   c, w, k, state_pool, slot, q_start, static_cast<int>(num_seqs), tokens,
                   apply_silu);
-    QTK_CUDA_CHECK_LAUNCH();
   }
   launch_kernel(conv1d_state_kernel<T>, grid_1d(num_seqs * channels, 256), 256, 0, stream, x, ldx,
                 c, k, state_pool, slot, q_start, static_cast<int>(num_seqs));
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template void causal_conv1d<float>(const float*, int64_t, float*, int64_t, int64_t, const float*,

@@ -199,7 +199,6 @@ void swiglu(const T* gate_up, int64_t ld, T* out, int64_t ldo, int64_t tokens, i
       static_cast<unsigned>((inter + kThreads * kSwigluPer - 1) / (kThreads * kSwigluPer)));
   launch_kernel(swiglu_kernel<T>, grid, kThreads, 0, stream, gate_up, ld, out, ldo,
                 static_cast<int>(inter), vec);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -208,7 +207,6 @@ void sigmoid_mul(T* x, int64_t ldx, const T* gate, int64_t ldg, int64_t rows, in
   if (rows * cols == 0) return;
   launch_kernel(sigmoid_mul_kernel<T>, grid_1d(rows * cols, kThreads), kThreads, 0, stream, x, ldx,
                 gate, ldg, rows, cols);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -218,7 +216,6 @@ void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
   if (tokens * hv == 0) return;
   launch_kernel(gdn_gates_kernel<T>, grid_1d(tokens * hv, kThreads), kThreads, 0, stream, a, lda, b,
                 ldb, A, dt_bias, g, beta, tokens, hv);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -236,7 +233,6 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
     fail_message("embedding_lookup: table dtype " + std::string(dtype_name(table_type)) +
                  " is not supported (expected BF16 or F32)");
   }
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
@@ -244,18 +240,15 @@ void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, i
   if (rows == 0) return;
   launch_kernel(argmax_kernel, static_cast<unsigned>(rows), 1024, 0, stream, logits, ld, vocab, ids,
                 margin);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch_kernel(f32_to_bf16_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, y, n);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch_kernel(bf16_to_f32_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, y, n);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 #define QTK_INSTANTIATE(T)                                                                      \

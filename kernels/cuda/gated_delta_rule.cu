@@ -116,7 +116,6 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
   launch_kernel(gdn_recurrent_kernel<T, R>, grid, kGdnWarps * 32, 0, stream, q, ldq, k, ldk, v, ldv,
                 g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
                 static_cast<int>(hv), static_cast<int>(dv));
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -316,7 +316,6 @@ void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int6
   launch_kernel(gemv_kernel<WB, MT, kPro, OUT>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
                 stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), an);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <int kPro, class OUT>

@@ -12,8 +12,10 @@
 // dev::pdl_begin() before its first global read or write of activations and
 // before it can exit, so completion stays transitive along the chain; the
 // arithmetic and its order are untouched (the outputs are the same bits with
-// PDL on or off). Kernels launched otherwise (cuBLASLt, the chunked GDN) are
-// ordinary full dependencies. QTK_PDL=0 turns it off.
+// PDL on or off). A launch that fails throws (QTK_CUDA_CHECK on
+// cudaLaunchKernelEx), so callers need no check of their own. Kernels
+// launched otherwise (cuBLASLt, the chunked GDN) are ordinary full
+// dependencies. QTK_PDL=0 turns it off.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -254,7 +254,6 @@ void rmsnorm(const T* x, int64_t ldx, const float* w, T* y, int64_t ldy, int64_t
   if (rows == 0) return;
   launch_kernel(rmsnorm_kernel<T>, static_cast<unsigned>(rows), kRowThreads, 0, stream, x, ldx, w,
                 y, ldy, static_cast<int>(cols), eps);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
@@ -265,7 +264,6 @@ void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
   p.table = nullptr;
   p.table_positions = 0;
   launch_kernel(rope_table_kernel, grid_1d(n, 256), 256, 0, stream, table, positions, p);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -274,7 +272,6 @@ void add_rmsnorm(T* residual, int64_t ldr, const T* x, int64_t ldx, const float*
   if (rows == 0) return;
   launch_kernel(add_rmsnorm_kernel<T>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
                 residual, ldr, x, ldx, w, y, ldy, static_cast<int>(cols), eps);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -286,7 +283,6 @@ void gated_rmsnorm(const T* x, int64_t ldx, const T* z, int64_t ldz, const float
   launch_kernel(gated_rmsnorm_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
                 stream, x, ldx, z, ldz, w, y, ldy, rows, static_cast<int>(heads),
                 static_cast<int>(head_dim), eps);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -296,7 +292,6 @@ void l2norm_heads(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
   if (rows == 0) return;
   launch_kernel(l2norm_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream, x,
                 ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), eps, scale);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -312,7 +307,6 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
   launch_kernel(qk_norm_rope_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
                 stream, x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), norm_w,
                 eps, positions, tokens, rope);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -330,7 +324,6 @@ void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv,
                 stream, qkv, ld, rows, static_cast<int>(hq), static_cast<int>(hkv),
                 static_cast<int>(head_dim), q_norm_w, k_norm_w, eps, positions, tokens, rope,
                 slot_mapping, k_cache, v_cache);
-  QTK_CUDA_CHECK_LAUNCH();
 }
 
 #define QTK_INSTANTIATE(T)                                                                         \

@@ -93,31 +93,29 @@ void check_add_rmsnorm_gemv(int64_t n, int64_t k) {
     gemv_bf16<Out>(normed.get(), ld, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
     const auto want_y = y_two.download();
     const auto want_res = res_two.download();
-    {
-      DeviceBuffer<bf16> res(res_h), res_out(max_m * ld);
-      AddRmsNormInput an;
-      an.residual = res.get();
-      an.ldr = ld;
-      an.delta = delta.get();
-      an.ldd = ld;
-      an.weight = norm_w.get();
-      an.eps = eps;
-      an.residual_out = res_out.get();
-      an.ldo = ld;
-      ASSERT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), ldw, m, k));
-      DeviceBuffer<Out> y(m * ldy);
-      add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
-      const auto got_y = y.download();
-      const auto got_res = res_out.download();
-      for (int64_t r = 0; r < m; ++r) {
-        ASSERT_TRUE(bitwise_equal(&got_y[r * ldy], &want_y[r * ldy], n))
-            << "y: n " << n << " k " << k << " m " << m << " row " << r;
-        ASSERT_TRUE(bitwise_equal(&got_res[r * ld], &want_res[r * ld], k))
-            << "residual: n " << n << " k " << k << " m " << m << " row " << r;
-      }
-      // The old residual is only read.
-      ASSERT_TRUE(bitwise_equal(res.download().data(), res_h.data(), res_h.size()));
+    DeviceBuffer<bf16> res(res_h), res_out(max_m * ld);
+    AddRmsNormInput an;
+    an.residual = res.get();
+    an.ldr = ld;
+    an.delta = delta.get();
+    an.ldd = ld;
+    an.weight = norm_w.get();
+    an.eps = eps;
+    an.residual_out = res_out.get();
+    an.ldo = ld;
+    ASSERT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), ldw, m, k));
+    DeviceBuffer<Out> y(m * ldy);
+    add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
+    const auto got_y = y.download();
+    const auto got_res = res_out.download();
+    for (int64_t r = 0; r < m; ++r) {
+      ASSERT_TRUE(bitwise_equal(&got_y[r * ldy], &want_y[r * ldy], n))
+          << "y: n " << n << " k " << k << " m " << m << " row " << r;
+      ASSERT_TRUE(bitwise_equal(&got_res[r * ld], &want_res[r * ld], k))
+          << "residual: n " << n << " k " << k << " m " << m << " row " << r;
     }
+    // The old residual is only read.
+    ASSERT_TRUE(bitwise_equal(res.download().data(), res_h.data(), res_h.size()));
   }
 }
 
@@ -139,15 +137,13 @@ void check_swiglu_gemv(int64_t n, int64_t k) {
     DeviceBuffer<Out> y_two(m * ldy);
     gemv_bf16<Out>(act.get(), lda, w.get(), ldw, y_two.get(), ldy, m, n, k, nullptr);
     const auto want = y_two.download();
-    {
-      ASSERT_TRUE(swiglu_gemv_supported(gate_up.get(), ld, w.get(), ldw, m, k));
-      DeviceBuffer<Out> y(m * ldy);
-      swiglu_gemv_bf16<Out>(gate_up.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
-      const auto got = y.download();
-      for (int64_t r = 0; r < m; ++r)
-        ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
-            << "n " << n << " k " << k << " m " << m << " row " << r;
-    }
+    ASSERT_TRUE(swiglu_gemv_supported(gate_up.get(), ld, w.get(), ldw, m, k));
+    DeviceBuffer<Out> y(m * ldy);
+    swiglu_gemv_bf16<Out>(gate_up.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
+    const auto got = y.download();
+    for (int64_t r = 0; r < m; ++r)
+      ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
+          << "n " << n << " k " << k << " m " << m << " row " << r;
   }
 }
 
