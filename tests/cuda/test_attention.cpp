@@ -192,13 +192,14 @@ TYPED_TEST(AttentionTest, RowsIdenticalAcrossPromptChunking) {
 }
 
 // A decode step (one token per sequence) with the split workspace equals the
-// same step without it, bit for bit, for contexts of 1 to 8 key tiles and
-// past them (no split); and it matches the reference.
+// same step without it, bit for bit, for contexts of 1 to kAttentionSplitTiles
+// key tiles and past them (no split); and it matches the reference.
 TYPED_TEST(AttentionTest, DecodeSplitOverKeyTilesEqualsOneBlockPerRow) {
   using T = TypeParam;
-  const std::vector<SeqSpec> dec = {{1, 1, 41},   {64, 1, 42},  {65, 1, 43}, {300, 1, 44},
-                                    {511, 1, 45}, {512, 1, 46}, {129, 1, 47}};
-  const std::vector<SeqSpec> longer = {{513, 1, 48}, {7, 1, 49}};
+  const int most = static_cast<int>(64 * kAttentionSplitTiles);  // keys the split takes
+  const std::vector<SeqSpec> dec = {{1, 1, 41},    {64, 1, 42},       {65, 1, 43},   {300, 1, 44},
+                                    {1000, 1, 45}, {most - 1, 1, 46}, {most, 1, 47}, {129, 1, 48}};
+  const std::vector<SeqSpec> longer = {{most + 1, 1, 49}, {7, 1, 50}};
   for (const auto& sh : kShapes)
     for (const auto* batch : {&dec, &longer}) {
       const auto with = run_attention<T>(*batch, 16, sh, 50, true);
