@@ -141,7 +141,16 @@ TEST(Faults, ConvertSigtermCleansUp) {
     if (WIFSIGNALED(status)) {
       ++interrupted;
       EXPECT_EQ(WTERMSIG(status), SIGTERM);
-      EXPECT_TRUE(list_dir(t.path()).empty()) << "left behind: " << list_dir(t.path()).front();
+      // note: a SIGTERM that lands after the final rename (the pack is
+      // complete, convert is on its way out) leaves that whole pack; any
+      // earlier one must leave nothing at all.
+      const auto left = list_dir(t.path());
+      if (left.size() == 1 && left[0] == "OUT.pack") {
+        EXPECT_TRUE(pack_verifies(t / "OUT.pack")) << "a partial OUT.pack after SIGTERM";
+        fs::remove(t / "OUT.pack");
+      } else {
+        EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
+      }
     } else {
       ASSERT_EQ(WEXITSTATUS(status), 0);  // it finished first
       EXPECT_TRUE(pack_verifies(t / "OUT.pack"));
