@@ -28,13 +28,13 @@ namespace {
 
 using qtk::cuda::dev::mma_bf16;
 
-#define CHECK(x)                                                                 \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));              \
-      std::exit(1);                                                              \
-    }                                                                            \
+#define CHECK(x)                                                    \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                 \
+    }                                                               \
   } while (0)
 
 // CHAINS independent accumulators, each a chain of `steps` dependent mma.
@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
 
   // 1. Latency and issue rate.
   std::vector<uint32_t> seed(64);
-  for (int i = 0; i < 64; ++i) seed[i] = (uint32_t(to_bf16_bits(1e-3f)) << 16) | to_bf16_bits(1e-3f);
+  for (int i = 0; i < 64; ++i)
+    seed[i] = (uint32_t(to_bf16_bits(1e-3f)) << 16) | to_bf16_bits(1e-3f);
   uint32_t* in;
   float* out;
   long long* cyc;
@@ -167,8 +168,7 @@ int main(int argc, char** argv) {
     all_equal = all_equal && diff == 0;
     std::printf("c ~ N(0, %g): mma(a,b,c) != mma(a,b,0)+c in %lld of %lld outputs (%.4f%%)", scale,
                 static_cast<long long>(diff), static_cast<long long>(na), 100.0 * diff / na);
-    if (first >= 0)
-      std::printf("; e.g. c %.9g: %.9g vs %.9g", hc[first], h1[first], h2[first]);
+    if (first >= 0) std::printf("; e.g. c %.9g: %.9g vs %.9g", hc[first], h1[first], h2[first]);
     std::printf("\n");
   }
   std::printf("verdict: the accumulator input %s a separate f32 addition\n",
