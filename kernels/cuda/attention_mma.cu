@@ -13,7 +13,7 @@
 //  - S = Q K^T per 16x8 fragment: mma k-steps over dims 0..D-1 in order of 16;
 //  - masked keys (past the row's causal end) get -inf, so p = 0 exactly;
 //    keys past the block's last row are zero-filled;
-//  - D <= 128, "merged tiles": the tile's own softmax: m_t = row max (the
+//  - "merged tiles" (every D): the tile's own softmax: m_t = row max (the
 //    thread's 16 scores in order, then the quad xor 1, xor 2), p =
 //    exp2(s*scale*log2e - m_t), l_t = row sum (thread's scores in order, then
 //    the quad xor 1, xor 2), O_t = P V from zero with P rounded to bf16 (the
@@ -21,12 +21,10 @@
 //    the row's running (m, l, O) absorbs (m_t, l_t, O_t), tile by tile in key
 //    order: m' = max(m, m_t), a = exp2(m - m'), b = exp2(m_t - m'),
 //    l' = l*a + l_t*b, O' = O*a + O_t*b (each product and sum rounded once,
-//    no FMA). Tiles past a row's last key are skipped;
-//  - D = 256: the classic online softmax (rescale O and l in place per tile;
-//    registers do not hold a second O), the row sum reduced over the quad at
-//    the end.
+//    no FMA). Tiles past a row's last key are skipped. D = 256 forms O_t and
+//    absorbs it 64 columns at a time (the same per-element chains);
 // A row therefore has the same value inside a 64-row prefill tile, alone in
-// a decode block, or (merged tiles) as per-tile partials computed by separate
+// a decode block, or as per-tile partials computed by separate
 // blocks and absorbed by attention_merge_kernel in the same order with the
 // same arithmetic: mma computes each output element from its own row and
 // column only. Nothing depends on the batch, the block size, the block
@@ -53,9 +51,19 @@ constexpr int kPad = 8;  // bf16 padding per shared row: ldmatrix rows hit disti
 constexpr int kVec = 8;  // bf16 per 16-byte copy
 constexpr int64_t kMaxSplitTiles = kAttentionSplitTiles;
 
+// note: every head dimension now takes the merged-tile arithmetic (the
+// header note); D = 256 computes a tile's P V 64 columns at a time, as
+// registers do not hold a second 256-column O (each element is the same
+// chain over the tile's key k-steps either way). Before session 5, D = 256
+// used the classic online softmax and so had no split decode path.
 template <int D>
 __host__ __device__ constexpr bool merged_tiles() {
-  return D <= 128;
+  return D <= 256;
+}
+// Output columns per P V pass of the row kernel.
+template <int D>
+__host__ __device__ constexpr int pv_chunk() {
+  return D <= 128 ? D : 64;
 }
 
 template <int D>
@@ -348,32 +356,38 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     if (active) {
       if constexpr (merged_tiles<D>()) {
-        float ot[D / 8][4];
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
-        tile_pv<D>(ot, sc, vs, lane);
-        if (kt * kKeys < nk0) {  // the tile holds keys of row r0
-          float mn, a, b;
-          absorb_factors(m0, mt0, mn, a, b);
-          l0 = absorb(l0, a, lt0, b);
-#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            o[i][0] = absorb(o[i][0], a, ot[i][0], b);
-            o[i][1] = absorb(o[i][1], a, ot[i][1], b);
-          }
-          m0 = mn;
+        // The tile holds keys of row r0 (h0) / r1 (h1): absorb its partial.
+        const bool h0 = kt * kKeys < nk0, h1 = kt * kKeys < nk1;
+        float mn0 = 0.0f, a0 = 0.0f, b0 = 0.0f, mn1 = 0.0f, a1 = 0.0f, b1 = 0.0f;
+        if (h0) {
+          absorb_factors(m0, mt0, mn0, a0, b0);
+          l0 = absorb(l0, a0, lt0, b0);
         }
-        if (kt * kKeys < nk1) {
-          float mn, a, b;
-          absorb_factors(m1, mt1, mn, a, b);
-          l1 = absorb(l1, a, lt1, b);
-#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            o[i][2] = absorb(o[i][2], a, ot[i][2], b);
-            o[i][3] = absorb(o[i][3], a, ot[i][3], b);
-          }
-          m1 = mn;
+        if (h1) {
+          absorb_factors(m1, mt1, mn1, a1, b1);
+          l1 = absorb(l1, a1, lt1, b1);
         }
+        constexpr int kC = pv_chunk<D>();
+#pragma unroll
+        for (int c0 = 0; c0 < D; c0 += kC) {
+          float ot[kC / 8][4];
+#pragma unroll
+          for (int i = 0; i < kC / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
+          tile_pv<D, kC>(ot, sc, vs + c0, lane);
+#pragma unroll
+          for (int i = 0; i < kC / 8; ++i) {
+            if (h0) {
+              o[c0 / 8 + i][0] = absorb(o[c0 / 8 + i][0], a0, ot[i][0], b0);
+              o[c0 / 8 + i][1] = absorb(o[c0 / 8 + i][1], a0, ot[i][1], b0);
+            }
+            if (h1) {
+              o[c0 / 8 + i][2] = absorb(o[c0 / 8 + i][2], a1, ot[i][2], b1);
+              o[c0 / 8 + i][3] = absorb(o[c0 / 8 + i][3], a1, ot[i][3], b1);
+            }
+          }
+        }
+        if (h0) m0 = mn0;
+        if (h1) m1 = mn1;
       } else {
         tile_pv<D>(o, sc, vs, lane);
       }

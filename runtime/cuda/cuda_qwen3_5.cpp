@@ -178,6 +178,14 @@ class CudaQwen3_5 final : public CudaModel {
     grew |= ensure(act_, T * c.intermediate_size * a);
     grew |= ensure(last_, max_seqs * c.hidden_size * a);
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    if constexpr (std::is_same_v<Act, cuda::bf16>) {
+      // Decode steps (padded to power-of-two buckets) may split each row's
+      // key tiles over blocks: cuda::AttentionBatch::partials.
+      partial_rows_ =
+          std::max(partial_rows_, cuda::decode_bucket(max_seqs) * c.num_attention_heads);
+      grew |= ensure(partials_,
+                     cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
+    }
     if (prefill_alignment() > 1) {
       // The compact batch of the tokens the recurrent kernel takes in a step
       // with chunked tokens: q, k, v rows, g and beta, and its output.
@@ -321,6 +329,8 @@ class CudaQwen3_5 final : public CudaModel {
     ab.block_size = kv_block_size_;
     ab.total_tokens = T;
     ab.max_seq_len = max_seq_len;
+    ab.partials = partials_.as<float>();
+    ab.partial_rows = partial_rows_;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     Act* core = core_.as<Act>();
     cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
@@ -541,6 +551,8 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output
   DeviceMemory tail_gb_;    // f32 [T, Hv] g, then f32 [T, Hv] beta
   DeviceMemory gdn_ws_;     // the chunked kernel's workspace (T / 64 chunks)
+  DeviceMemory partials_;   // f32 attention split workspace (bf16 only), partial_rows_ rows
+  int64_t partial_rows_ = 0;
   DeviceMemory step_;       // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
