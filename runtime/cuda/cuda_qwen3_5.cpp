@@ -552,8 +552,8 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory tail_gb_;    // f32 [T, Hv] g, then f32 [T, Hv] beta
   DeviceMemory gdn_ws_;     // the chunked kernel's workspace (T / 64 chunks)
   DeviceMemory partials_;   // f32 attention split workspace (bf16 only), partial_rows_ rows
+  DeviceMemory step_;       // int32 step arrays
   int64_t partial_rows_ = 0;
-  DeviceMemory step_;  // int32 step arrays
   std::vector<int32_t> host_step_, logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
