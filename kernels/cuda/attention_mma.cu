@@ -51,15 +51,6 @@ constexpr int kPad = 8;  // bf16 padding per shared row: ldmatrix rows hit disti
 constexpr int kVec = 8;  // bf16 per 16-byte copy
 constexpr int64_t kMaxSplitTiles = kAttentionSplitTiles;
 
-// note: every head dimension now takes the merged-tile arithmetic (the
-// header note); D = 256 computes a tile's P V 64 columns at a time, as
-// registers do not hold a second 256-column O (each element is the same
-// chain over the tile's key k-steps either way). Before session 5, D = 256
-// used the classic online softmax and so had no split decode path.
-template <int D>
-__host__ __device__ constexpr bool merged_tiles() {
-  return D <= 256;
-}
 // Output columns per P V pass of the row kernel.
 template <int D>
 __host__ __device__ constexpr int pv_chunk() {
@@ -309,45 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     float mt0 = 0.0f, mt1 = 0.0f, lt0 = 0.0f, lt1 = 0.0f;
     if (active) {
       mask_scale(sc, kt, c, nk0, nk1, scale_log2);
-      if constexpr (merged_tiles<D>()) {
-        tile_softmax(sc, mt0, mt1, lt0, lt1);
-      } else {
-        // Online softmax: the running max absorbs the tile's, O and the
-        // per-thread sums are rescaled in place.
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) {
-          mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
-          mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
-        }
-        const float new0 = fmaxf(m0, quad_max(mx0)), new1 = fmaxf(m1, quad_max(mx1));
-        // note: a row with no key yet keeps base 0, so exp2(-inf - 0) = 0
-        // everywhere instead of NaN.
-        const float base0 = new0 == -INFINITY ? 0.0f : new0;
-        const float base1 = new1 == -INFINITY ? 0.0f : new1;
-        const float alpha0 = exp2f(m0 - base0), alpha1 = exp2f(m1 - base1);
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) {
-          sc[n][0] = exp2f(sc[n][0] - base0);
-          sc[n][1] = exp2f(sc[n][1] - base0);
-          sc[n][2] = exp2f(sc[n][2] - base1);
-          sc[n][3] = exp2f(sc[n][3] - base1);
-          sum0 += sc[n][0] + sc[n][1];
-          sum1 += sc[n][2] + sc[n][3];
-        }
-        l0 = l0 * alpha0 + sum0;
-        l1 = l1 * alpha1 + sum1;
-        m0 = new0;
-        m1 = new1;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[i][0] *= alpha0;
-          o[i][1] *= alpha0;
-          o[i][2] *= alpha1;
-          o[i][3] *= alpha1;
-        }
-      }
+      tile_softmax(sc, mt0, mt1, lt0, lt1);
     }
     if (more)
       cp_async_wait<1>();  // V tile kt landed (K tile kt+1 may be in flight)
@@ -355,42 +308,38 @@ __global__ void __launch_bounds__(kThreads, 2)
       cp_async_wait<0>();
     __syncthreads();
     if (active) {
-      if constexpr (merged_tiles<D>()) {
-        // The tile holds keys of row r0 (h0) / r1 (h1): absorb its partial.
-        const bool h0 = kt * kKeys < nk0, h1 = kt * kKeys < nk1;
-        float mn0 = 0.0f, a0 = 0.0f, b0 = 0.0f, mn1 = 0.0f, a1 = 0.0f, b1 = 0.0f;
-        if (h0) {
-          absorb_factors(m0, mt0, mn0, a0, b0);
-          l0 = absorb(l0, a0, lt0, b0);
-        }
-        if (h1) {
-          absorb_factors(m1, mt1, mn1, a1, b1);
-          l1 = absorb(l1, a1, lt1, b1);
-        }
-        constexpr int kC = pv_chunk<D>();
+      // The tile holds keys of row r0 (h0) / r1 (h1): absorb its partial.
+      const bool h0 = kt * kKeys < nk0, h1 = kt * kKeys < nk1;
+      float mn0 = 0.0f, a0 = 0.0f, b0 = 0.0f, mn1 = 0.0f, a1 = 0.0f, b1 = 0.0f;
+      if (h0) {
+        absorb_factors(m0, mt0, mn0, a0, b0);
+        l0 = absorb(l0, a0, lt0, b0);
+      }
+      if (h1) {
+        absorb_factors(m1, mt1, mn1, a1, b1);
+        l1 = absorb(l1, a1, lt1, b1);
+      }
+      constexpr int kC = pv_chunk<D>();
 #pragma unroll
-        for (int c0 = 0; c0 < D; c0 += kC) {
-          float ot[kC / 8][4];
+      for (int c0 = 0; c0 < D; c0 += kC) {
+        float ot[kC / 8][4];
 #pragma unroll
-          for (int i = 0; i < kC / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
-          tile_pv<D, kC>(ot, sc, vs + c0, lane);
+        for (int i = 0; i < kC / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
+        tile_pv<D, kC>(ot, sc, vs + c0, lane);
 #pragma unroll
-          for (int i = 0; i < kC / 8; ++i) {
-            if (h0) {
-              o[c0 / 8 + i][0] = absorb(o[c0 / 8 + i][0], a0, ot[i][0], b0);
-              o[c0 / 8 + i][1] = absorb(o[c0 / 8 + i][1], a0, ot[i][1], b0);
-            }
-            if (h1) {
-              o[c0 / 8 + i][2] = absorb(o[c0 / 8 + i][2], a1, ot[i][2], b1);
-              o[c0 / 8 + i][3] = absorb(o[c0 / 8 + i][3], a1, ot[i][3], b1);
-            }
+        for (int i = 0; i < kC / 8; ++i) {
+          if (h0) {
+            o[c0 / 8 + i][0] = absorb(o[c0 / 8 + i][0], a0, ot[i][0], b0);
+            o[c0 / 8 + i][1] = absorb(o[c0 / 8 + i][1], a0, ot[i][1], b0);
+          }
+          if (h1) {
+            o[c0 / 8 + i][2] = absorb(o[c0 / 8 + i][2], a1, ot[i][2], b1);
+            o[c0 / 8 + i][3] = absorb(o[c0 / 8 + i][3], a1, ot[i][3], b1);
           }
         }
-        if (h0) m0 = mn0;
-        if (h1) m1 = mn1;
-      } else {
-        tile_pv<D>(o, sc, vs, lane);
       }
+      if (h0) m0 = mn0;
+      if (h1) m1 = mn1;
     }
     __syncthreads();  // every warp is done with V tile kt
     if (more) {
@@ -399,10 +348,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   if (!active) return;
-  if constexpr (!merged_tiles<D>()) {
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-  }
   const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   auto store = [&](int r, int col, float x, float y) {
     const int64_t t = q0 + t_begin + r / group;
@@ -638,26 +583,23 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
   // each row's key tiles over blocks (latency: one tile per block instead of
   // a walk) when the caller gave a workspace; the values are the row
   // kernel's (header note), so this choice may depend on the batch.
-  if constexpr (merged_tiles<D>()) {
-    if (b.partials != nullptr && b.total_tokens == b.num_seqs && group <= 16 &&
-        max_tiles <= kMaxSplitTiles && b.total_tokens * hq <= b.partial_rows) {
-      static std::once_flag once_split;
-      std::call_once(once_split, [] {
-        QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(split_smem_bytes<D>(16))));
-      });
-      const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
-      launch_kernel(attention_split_kernel<D>, grid, 32 * split_warps<D>(),
-                    split_smem_bytes<D>(group), stream, q, ldq, k_cache, v_cache, b.partials,
-                    b.q_start, b.seq_len, b.block_table, b.max_blocks,
-                    static_cast<int>(b.block_size), static_cast<int>(hkv), group,
-                    static_cast<int>(max_tiles), scale * kLog2e);
-      const int64_t rows = b.total_tokens * hq;
-      launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out,
-                    ldo, b.seq_len, rows, static_cast<int>(hq));
-      return;
-    }
+  if (b.partials != nullptr && b.total_tokens == b.num_seqs && group <= 16 &&
+      max_tiles <= kMaxSplitTiles && b.total_tokens * hq <= b.partial_rows) {
+    static std::once_flag once_split;
+    std::call_once(once_split, [] {
+      QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(split_smem_bytes<D>(16))));
+    });
+    const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
+    launch_kernel(attention_split_kernel<D>, grid, 32 * split_warps<D>(),
+                  split_smem_bytes<D>(group), stream, q, ldq, k_cache, v_cache, b.partials,
+                  b.q_start, b.seq_len, b.block_table, b.max_blocks, static_cast<int>(b.block_size),
+                  static_cast<int>(hkv), group, static_cast<int>(max_tiles), scale * kLog2e);
+    const int64_t rows = b.total_tokens * hq;
+    launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out, ldo,
+                  b.seq_len, rows, static_cast<int>(hq));
+    return;
   }
   static std::once_flag once;
   std::call_once(once, [] {

@@ -104,10 +104,9 @@ class CudaQwen3 final : public CudaModel {
     if constexpr (std::is_same_v<T_, cuda::bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
-      partial_rows_ =
-          std::max(partial_rows_, cuda::decode_bucket(max_seqs) * c.num_attention_heads);
-      grew |= ensure(partials_,
-                     cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
+      grew |=
+          cuda::ensure_attention_partials(partials_, partial_rows_, cuda::decode_bucket(max_seqs),
+                                          c.num_attention_heads, c.head_dim);
     }
     grew |= cuda::ensure_rope_table(rope_table_, rope_, max_context, stream_);
     if (grew) graphs_.clear();

@@ -181,10 +181,9 @@ class CudaQwen3_5 final : public CudaModel {
     if constexpr (std::is_same_v<Act, cuda::bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
-      partial_rows_ =
-          std::max(partial_rows_, cuda::decode_bucket(max_seqs) * c.num_attention_heads);
-      grew |= ensure(partials_,
-                     cuda::attention_partials_floats(partial_rows_, c.head_dim) * sizeof(float));
+      grew |=
+          cuda::ensure_attention_partials(partials_, partial_rows_, cuda::decode_bucket(max_seqs),
+                                          c.num_attention_heads, c.head_dim);
     }
     if (prefill_alignment() > 1) {
       // The compact batch of the tokens the recurrent kernel takes in a step

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -85,6 +86,15 @@ inline bool ensure(DeviceMemory& m, size_t bytes) {
   if (m.bytes() >= bytes) return false;
   m = DeviceMemory(bytes);
   return true;
+}
+
+// The attention split workspace (cuda::AttentionBatch::partials) for decode
+// steps of up to `seqs` sequences (the padded bucket) x `heads` query heads;
+// `rows` keeps the capacity. True when it was reallocated.
+inline bool ensure_attention_partials(DeviceMemory& partials, int64_t& rows, int64_t seqs,
+                                      int64_t heads, int64_t head_dim) {
+  rows = std::max(rows, seqs * heads);
+  return ensure(partials, attention_partials_floats(rows, head_dim) * sizeof(float));
 }
 
 // The RoPE (cos, sin) table for positions 0..max_context-1 (rope.table), grown
