@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rope.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -384,14 +385,78 @@ constexpr int kScoreLd = kKeys + 4;  // f32 row stride of the shared score tile
 // P V for its own D / W output columns (each output element the same chain
 // over key k-steps 0..3 from zero). Four warps per block instead of one put
 // four times as many warps on each SM for the same shared memory.
+// Row R's tile partials absorbed in key order, exactly as the row kernel
+// absorbs its tiles, then O / l rounded to bf16 (times sigmoid(gate) when
+// gate is given: sigmoid_mul's formula on that bf16) into out_row; by one
+// warp. p: the row's tile 0 partial; n_tiles >= 1.
+// note: each tile's loads are issued before the previous tile is absorbed
+// (the absorbs stay in order): the partials come from L2, and a walk that
+// waited for each tile's loads in turn cost one L2 round trip per tile.
 template <int D>
+__device__ __forceinline__ void merge_row(const float* p, int n_tiles, bf16* out_row,
+                                          const bf16* gate_row) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kPer = (D + 31) / 32;
+  float o[kPer], x[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  auto fetch = [&](const float* pt, float(&xv)[kPer], float& mt, float& lt) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) xv[i] = lane + 32 * i < D ? __ldcg(pt + lane + 32 * i) : 0.0f;
+    mt = __ldcg(pt + D);
+    lt = __ldcg(pt + D + 1);
+  };
+  float mt, lt;
+  fetch(p, x, mt, lt);
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    float xn[kPer], mtn = 0.0f, ltn = 0.0f;
+    if (kt + 1 < n_tiles) fetch(p + (kt + 1) * (D + 2), xn, mtn, ltn);
+    float mn, a, b;
+    absorb_factors(m, mt, mn, a, b);
+    l = absorb(l, a, lt, b);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) o[i] = absorb(o[i], a, x[i], b);
+    m = mn;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) x[i] = xn[i];
+    mt = mtn;
+    lt = ltn;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d >= D) continue;
+    bf16 y = __float2bfloat16_rn(o[i] * inv);
+    if (gate_row != nullptr) y = from_f<bf16>(to_f(y) * sigmoid(to_f(gate_row[d])));
+    out_row[d] = y;
+  }
+}
+
+// The decode step's raw attention inputs for the fused form of the split
+// kernel (decode_attention): the rows before q_norm / k_norm and RoPE.
+struct FusedInput {
+  const bf16* k = nullptr;  // bf16 [tokens, hkv * D] (row stride ldk)
+  const bf16* v = nullptr;  // bf16 [tokens, hkv * D] (ldv)
+  int64_t ldk = 0, ldv = 0;
+  const float* q_norm = nullptr;  // f32 [D] or null
+  const float* k_norm = nullptr;  // f32 [D] or null
+  float eps = 0.0f;
+  const int32_t* positions = nullptr;  // [3][tokens]
+  int64_t tokens = 0;
+  RopeParams rope;
+  const int64_t* slot_mapping = nullptr;  // [tokens]; < 0: a padding row, nothing written
+};
+
+template <int D, bool kFused>
 __global__ void __launch_bounds__(32 * split_warps<D>())
-    attention_split_kernel(const bf16* __restrict__ q, int64_t ldq,
-                           const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    attention_split_kernel(const bf16* __restrict__ q, int64_t ldq, bf16* k_cache, bf16* v_cache,
                            float* __restrict__ partials, const int32_t* __restrict__ q_start,
                            const int32_t* __restrict__ seq_len,
                            const int32_t* __restrict__ block_table, int64_t max_blocks,
-                           int block_size, int hkv, int group, int max_tiles, float scale_log2) {
+                           int block_size, int hkv, int group, int max_tiles, float scale_log2,
+                           FusedInput fi) {
   pdl_begin();
   constexpr int kW = split_warps<D>();
   constexpr int kWarpKeys = kKeys / kW;  // scores per warp
@@ -410,11 +475,17 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   __shared__ int64_t key_off[kKeys];  // each key's row offset in the cache, -1 past the context
   const int n_keys = seq_len[s];
   if (kt * kKeys >= n_keys) return;
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+  // fused: the last tile's block owns the step's new key (tile row new_key).
+  const bool new_here = kFused && kt == n_tiles - 1;
+  const int new_key = n_keys - 1 - kt * kKeys;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t = q_start[s];  // the step's one token of sequence s
   const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
   const int64_t width = static_cast<int64_t>(hkv) * D;
-  for (int i = tid; i < (group + 1) * (D / kVec); i += 32 * kW) {
+  // The query rows (fused: only the zero row here, the rows below).
+  for (int i = kFused ? group * (D / kVec) + tid : tid; i < (group + 1) * (D / kVec);
+       i += 32 * kW) {
     const int r = i / (D / kVec), cv = i % (D / kVec);
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r < group)
@@ -425,10 +496,13 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   // note: each key's cache offset (block table lookup, division by the
   // block size) is computed once, by one thread, not once per 16-byte copy:
   // the copies were instruction-bound (ncu: DRAM 48 % of peak at batch 128).
+  // (-1: past the context, zero-filled; -2: the fused step's new key, which
+  // this block computes and stores itself)
   if (tid < kKeys) {
     const int j = kt * kKeys + tid;
     key_off[tid] =
-        j < n_keys
+        new_here && tid == new_key ? -2
+        : j < n_keys
             ? (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
                   static_cast<int64_t>(kvh) * D
             : -1;
@@ -438,6 +512,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
     for (int i = tid; i < kKeys * (D / kVec); i += 32 * kW) {
       const int r = i / (D / kVec), cv = i % (D / kVec);
       const int64_t off = key_off[r];
+      if (off == -2) continue;
       cp_async_16(smem_addr(dst + r * kLd + cv * kVec), cache + (off < 0 ? 0 : off + cv * kVec),
                   off >= 0);
     }
@@ -446,6 +521,37 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   cp_async_commit();
   load(vs, v_cache);
   cp_async_commit();
+  if constexpr (kFused) {
+    // While the tiles load: the group's query rows (q_norm + RoPE), and in
+    // the last tile's block the new key (k_norm + RoPE) and value, each
+    // into shared memory and (key, value) into the cache slot. One warp per
+    // row, with qk_norm_rope's arithmetic (dev::norm_rope_lane) and its
+    // bf16 rounding, so the values are the ones the unfused kernels store.
+    static_assert(D % 32 == 0, "fused rows: D / 32 columns per lane");
+    constexpr int kPer = D / 32;
+    const int64_t slot = fi.slot_mapping[t];
+    for (int r = warp; r < group + (new_here ? 2 : 0); r += kW) {
+      const bf16* src = r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
+                        : r == group ? fi.k + t * fi.ldk + static_cast<int64_t>(kvh) * D
+                                     : fi.v + t * fi.ldv + static_cast<int64_t>(kvh) * D;
+      float v[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) v[i] = to_f(src[lane + 32 * i]);
+      if (r <= group)
+        norm_rope_lane<kPer>(v, D, r < group ? fi.q_norm : fi.k_norm, fi.eps, fi.positions,
+                             fi.tokens, t, fi.rope);
+      bf16* dst = r < group ? qs + r * kLd : (r == group ? ks : vs) + new_key * kLd;
+      bf16* cache = r < group || slot < 0 ? nullptr
+                                          : (r == group ? k_cache : v_cache) + slot * width +
+                                                static_cast<int64_t>(kvh) * D;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const bf16 y = from_f<bf16>(v[i]);
+        dst[lane + 32 * i] = y;
+        if (cache != nullptr) cache[lane + 32 * i] = y;
+      }
+    }
+  }
   cp_async_wait<1>();  // K landed (V may be in flight)
   __syncthreads();
   const int g = lane >> 2, c = lane & 3;
@@ -533,74 +639,61 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   }
 }
 
-// One warp per row (token t = sequence t in a decode step, query head h):
-// absorbs the row's tile partials in key order, exactly as the row kernel
-// does, and writes O / l.
 template <int D>
 __global__ void attention_merge_kernel(const float* __restrict__ partials, bf16* __restrict__ out,
-                                       int64_t ldo, const int32_t* __restrict__ seq_len,
-                                       int64_t rows, int hq) {
+                                       int64_t ldo, const bf16* __restrict__ gate, int64_t ldg,
+                                       const int32_t* __restrict__ seq_len, int64_t rows, int hq) {
   pdl_begin();
-  const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int64_t t = row / hq;
-  const int h = static_cast<int>(row % hq);
-  const int n_tiles = (seq_len[t] + kKeys - 1) / kKeys;
-  constexpr int kPer = (D + 31) / 32;
-  float o[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int kt = 0; kt < n_tiles; ++kt) {
-    const float* p = partials + (row * kMaxSplitTiles + kt) * (D + 2);
-    float mn, a, b;
-    absorb_factors(m, p[D], mn, a, b);
-    l = absorb(l, a, p[D + 1], b);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int d = lane + 32 * i;
-      if (d < D) o[i] = absorb(o[i], a, p[d], b);
-    }
-    m = mn;
-  }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int d = lane + 32 * i;
-    if (d < D) out[t * ldo + static_cast<int64_t>(h) * D + d] = __float2bfloat16_rn(o[i] * inv);
-  }
+  const int64_t t = row / hq, col = (row % hq) * D;
+  merge_row<D>(partials + row * kMaxSplitTiles * (D + 2), (seq_len[t] + kKeys - 1) / kKeys,
+               out + t * ldo + col, gate != nullptr ? gate + t * ldg + col : nullptr);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// True when a decode step (one token per sequence) with short contexts
+// splits each row's key tiles over blocks (latency: one tile per block
+// instead of a walk): the caller gave a workspace and the contexts fit it.
+// The values are the row kernel's (header note), so this choice may depend
+// on the batch.
+bool split_applies(const AttentionBatch& b, int64_t hq, int group) {
+  const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
+  return b.partials != nullptr && b.total_tokens == b.num_seqs && group <= 16 &&
+         max_tiles <= kMaxSplitTiles && b.total_tokens * hq <= b.partial_rows;
+}
+
+// The split kernel (fused or not) with its merge; needs split_applies().
+template <int D, bool kFused>
+void launch_split(const bf16* q, int64_t ldq, bf16* k_cache, bf16* v_cache, bf16* out, int64_t ldo,
+                  const bf16* gate, int64_t ldg, const AttentionBatch& b, int64_t hkv, int group,
+                  float scale, const FusedInput& fi, cudaStream_t stream) {
+  static std::once_flag once_split;
+  std::call_once(once_split, [] {
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, kFused>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(split_smem_bytes<D>(16))));
+  });
+  const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
+  const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
+  launch_kernel(attention_split_kernel<D, kFused>, grid, 32 * split_warps<D>(),
+                split_smem_bytes<D>(group), stream, q, ldq, k_cache, v_cache, b.partials, b.q_start,
+                b.seq_len, b.block_table, b.max_blocks, static_cast<int>(b.block_size),
+                static_cast<int>(hkv), group, static_cast<int>(max_tiles), scale * kLog2e, fi);
+  const int64_t rows = b.total_tokens * hkv * group;
+  launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out, ldo,
+                gate, ldg, b.seq_len, rows, static_cast<int>(hkv * group));
 }
 
 template <int D>
 void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache, bf16* out,
             int64_t ldo, const AttentionBatch& b, int64_t hkv, int group, float scale,
             cudaStream_t stream) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const int64_t hq = hkv * group;
-  const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
-  // note: a decode step (one token per sequence) with short contexts splits
-  // each row's key tiles over blocks (latency: one tile per block instead of
-  // a walk) when the caller gave a workspace; the values are the row
-  // kernel's (header note), so this choice may depend on the batch.
-  if (b.partials != nullptr && b.total_tokens == b.num_seqs && group <= 16 &&
-      max_tiles <= kMaxSplitTiles && b.total_tokens * hq <= b.partial_rows) {
-    static std::once_flag once_split;
-    std::call_once(once_split, [] {
-      QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(split_smem_bytes<D>(16))));
-    });
-    const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
-    launch_kernel(attention_split_kernel<D>, grid, 32 * split_warps<D>(),
-                  split_smem_bytes<D>(group), stream, q, ldq, k_cache, v_cache, b.partials,
-                  b.q_start, b.seq_len, b.block_table, b.max_blocks, static_cast<int>(b.block_size),
-                  static_cast<int>(hkv), group, static_cast<int>(max_tiles), scale * kLog2e);
-    const int64_t rows = b.total_tokens * hq;
-    launch_kernel(attention_merge_kernel<D>, grid_1d(rows, 4), 128, 0, stream, b.partials, out, ldo,
-                  b.seq_len, rows, static_cast<int>(hq));
-    return;
-  }
+  if (split_applies(b, hkv * group, group))
+    // (the unfused kernel only reads the cache)
+    return launch_split<D, false>(q, ldq, const_cast<bf16*>(k_cache), const_cast<bf16*>(v_cache),
+                                  out, ldo, nullptr, 0, b, hkv, group, scale, FusedInput{}, stream);
   static std::once_flag once;
   std::call_once(once, [] {
     QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<D>,
@@ -628,6 +721,44 @@ bool attention_mma_supported(const bf16* q, int64_t ldq, const bf16* out, int64_
   if (hkv <= 0 || hq % hkv != 0 || kRows % (hq / hkv) != 0) return false;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return aligned(q) && aligned(out) && ldq % kVec == 0 && ldo % 2 == 0;
+}
+
+bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
+                      int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
+                      float scale, cudaStream_t stream) {
+  if (!attention_mma_supported(in.q, in.ldq, out, ldo, hq, hkv, d) || d % 32 != 0 ||
+      !dev::rope_pairs_in_lane(in.rope) || in.rope.rotary_dim > d)
+    return false;
+  const int group = static_cast<int>(hq / hkv);
+  if (!split_applies(b, hq, group)) return false;
+  FusedInput fi;
+  fi.k = in.k;
+  fi.v = in.v;
+  fi.ldk = in.ldk;
+  fi.ldv = in.ldv;
+  fi.q_norm = in.q_norm;
+  fi.k_norm = in.k_norm;
+  fi.eps = in.eps;
+  fi.positions = in.positions;
+  fi.tokens = b.total_tokens;
+  fi.rope = in.rope;
+  fi.slot_mapping = in.slot_mapping;
+  switch (d) {
+    case 64:
+      launch_split<64, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
+                             group, scale, fi, stream);
+      return true;
+    case 128:
+      launch_split<128, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
+                              group, scale, fi, stream);
+      return true;
+    case 256:
+      launch_split<256, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
+                              group, scale, fi, stream);
+      return true;
+    default:
+      return false;
+  }
 }
 
 void paged_attention_mma(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache,

@@ -188,6 +188,37 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
                      int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
                      float scale, cudaStream_t stream);
 
+// The decode step's attention from the raw projections, in one launch where
+// it applies: q_norm + RoPE of the query heads, k_norm + RoPE of the step's
+// key, the K/V cache write of the step's key and value, the attention, and
+// optionally the sigmoid output gate. Bit for bit the result of qk_norm_rope
+// (q, then k) + kv_cache_write + paged_attention (+ sigmoid_mul on out), or
+// of qkv_rope_cache + paged_attention (tests/cuda/test_attention.cpp).
+// Applies (returns true) only to bf16 decode steps that paged_attention
+// would split over key tiles (AttentionBatch::partials given, one token per
+// sequence, contexts within kAttentionSplitTiles tiles), head_dim 64, 128 or
+// 256, GQA group <= 16, and RoPE whose rotate_half pairs sit in one lane
+// (rotary_dim / 2 a multiple of 32); otherwise returns false having launched
+// nothing, and the caller runs the separate kernels. The q and k buffers are
+// left as they were (unlike qk_norm_rope's in-place result).
+struct DecodeAttentionInput {
+  const bf16* q = nullptr;  // bf16 [tokens, Hq * D] raw query heads (row stride ldq)
+  const bf16* k = nullptr;  // bf16 [tokens, Hkv * D] raw key heads (ldk)
+  const bf16* v = nullptr;  // bf16 [tokens, Hkv * D] value heads (ldv)
+  int64_t ldq = 0, ldk = 0, ldv = 0;
+  const float* q_norm = nullptr;  // f32 [D], or null: no query norm
+  const float* k_norm = nullptr;  // f32 [D], or null: no key norm
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;     // [3][tokens] (axis 0 only without M-RoPE)
+  RopeParams rope;                        // as for qk_norm_rope
+  const int64_t* slot_mapping = nullptr;  // [tokens] cache slots; < 0: write nothing
+  const bf16* gate = nullptr;             // optional: out *= sigmoid(gate), bf16 [tokens, Hq * D]
+  int64_t ldg = 0;
+};
+bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
+                      int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
+                      float scale, cudaStream_t stream);
+
 // Causal depthwise conv1d over a varlen batch, continuing each sequence from
 // its state and updating the state in place (prefill chunk and one-token
 // decode alike). x, y: [tokens, C] strides ldx, ldy (y may not alias x);

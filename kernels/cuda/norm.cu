@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/rope.cuh"
 
 namespace qtk::cuda {
 namespace {
@@ -124,38 +125,6 @@ __global__ void l2norm_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim
   for (int c = lane; c < dim; c += 32) xr[c] = from_f<T>(to_f(xr[c]) * inv);
 }
 
-// The position axis that rotary frequency j reads (0 t, 1 h, 2 w).
-__device__ __forceinline__ int rope_axis(int j, const RopeParams& p) {
-  if (p.n_sections == 0) return 0;
-  if (p.interleaved) {
-    // note: transformers' apply_interleaved_mrope: frequencies start on the
-    // temporal axis; j % 3 == 1 (== 2) below 3*section[1] (3*section[2])
-    // take the height (width) axis.
-    int axis = 0;
-    for (int a = 1; a < 3; ++a)
-      if (j % 3 == a && j < 3 * p.sections[a]) axis = a;
-    return axis;
-  }
-  if (j < p.sections[0]) return 0;
-  if (j < p.sections[0] + p.sections[1]) return 1;
-  return 2;
-}
-
-// (cos, sin) of frequency j at position pos, each rounded to float.
-__device__ __forceinline__ float2 rope_cos_sin(int j, int32_t pos, const RopeParams& rope) {
-  const int rd = static_cast<int>(rope.rotary_dim);
-  // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
-  const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
-  const float p = static_cast<float>(
-      pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
-  float inv_freq = 1.0f / p;
-  if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
-  const float angle = __fmul_rn(inv_freq, static_cast<float>(pos));  // float32, as the reference
-  double s, c;
-  sincos(static_cast<double>(angle), &s, &c);
-  return make_float2(static_cast<float>(c), static_cast<float>(s));
-}
-
 __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams rope) {
   pdl_begin();
   const int half = static_cast<int>(rope.rotary_dim / 2);
@@ -165,13 +134,27 @@ __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams r
 }
 
 // One (token, head) row of head_dim values, by one warp: optional RMSNorm,
-// then RoPE, written back in place. v: the warp's f32 scratch [dim].
+// then RoPE, written back in place. v: the warp's f32 scratch [dim] (used
+// only when a rotate_half pair can span two lanes).
 template <class T>
 __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __restrict__ norm_w,
                                               float eps, const int32_t* __restrict__ positions,
                                               int64_t tokens, int64_t t, const RopeParams& rope,
                                               float* v) {
   const int lane = threadIdx.x & 31;
+  if (rope_pairs_in_lane(rope)) {
+    // note: the form the fused decode attention (attention_mma.cu) shares,
+    // so that both store the same bits.
+    constexpr int kPer = kMaxHeadDim / 32;
+    float r[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) r[i] = lane + 32 * i < dim ? to_f(xr[lane + 32 * i]) : 0.0f;
+    norm_rope_lane<kPer>(r, dim, norm_w, eps, positions, tokens, t, rope);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < dim) xr[lane + 32 * i] = from_f<T>(r[i]);
+    return;
+  }
   float ss = 0.0f;
   for (int c = lane; c < dim; c += 32) {
     const float a = to_f(xr[c]);
@@ -185,11 +168,7 @@ __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __res
   __syncwarp();
   const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
   for (int j = lane; j < half; j += 32) {
-    const int axis = rope_axis(j, rope);
-    const int32_t pos = positions[axis * tokens + t];
-    const float2 cs = pos >= 0 && pos < rope.table_positions
-                          ? rope.table[static_cast<int64_t>(pos) * half + j]
-                          : rope_cos_sin(j, pos, rope);
+    const float2 cs = rope_cos_sin_at(j, t, positions, tokens, rope);
     const double cf = cs.x, sf = cs.y;
     const double a = v[j], b = v[j + half];
     xr[j] = from_f<T>(static_cast<float>(a * cf - b * sf));

@@ -21,6 +21,7 @@
 #include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/cuda/fused_steps.h"
+#include "runtime/cuda/step_io.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
 
@@ -101,6 +102,7 @@ class CudaQwen3 final : public CudaModel {
     grew |= ensure(act_, T * c.intermediate_size * sizeof(T_));
     grew |= ensure(last_, max_seqs * c.hidden_size * sizeof(T_));
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    grew |= greedy_.reserve(max_seqs);
     if constexpr (std::is_same_v<T_, cuda::bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
@@ -126,6 +128,7 @@ class CudaQwen3 final : public CudaModel {
   // One step; logits to the host, or the greedy ids and margins.
   void run_step(const StepBatch& step, KvCache& kv, float* logits, int32_t* ids, float* margins) {
     const int64_t S0 = step.num_seqs;
+    const bool greedy = ids != nullptr;
     const int64_t max_len = *std::max_element(step.seq_len, step.seq_len + S0);
     const bool graph = cuda::decode_graphs_enabled() && cuda::is_decode_step(step) &&
                        cuda::context_bucket(max_len) <= cuda::paged_attention_max_context();
@@ -139,33 +142,28 @@ class CudaQwen3 final : public CudaModel {
     const int64_t ctx = graph ? cuda::context_bucket(max_len) : max_len;
     upload_step(b);
     if (graph) {
-      const cuda::DecodeGraphs::Key key{b.num_seqs, b.max_blocks, kv_blocks_, kv_block_size_, ctx};
-      graphs_.run(key, stream_, [&] { run_layers(b, ctx); });
+      const cuda::DecodeGraphs::Key key{b.num_seqs,     b.max_blocks, kv_blocks_,
+                                        kv_block_size_, ctx,          greedy};
+      graphs_.run(key, stream_, [&] { run_layers(b, ctx, greedy); });
     } else {
-      run_layers(b, ctx);
+      run_layers(b, ctx, greedy);
     }
-    // Logits of the real sequences (padding rows come after them).
-    const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
+    // The real sequences' rows (padding rows come after them).
+    const int64_t rows = static_cast<int64_t>(logit_rows_.size());
+    const int64_t r = graph ? S0 : rows;
     if (r > 0 && logits != nullptr)
       QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
-    if (r > 0 && ids != nullptr) {
-      ensure(greedy_, r * (sizeof(int32_t) + sizeof(float)));
-      int32_t* dev_ids = greedy_.as<int32_t>();
-      float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
-      cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
-                        dev_margins, stream_);
-      QTK_CUDA_CHECK(
-          cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-      QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
+    if (r > 0 && greedy) {
+      greedy_.read(rows, r, ids, margins, stream_);
+      return;
     }
     QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   // Everything between the step upload and the logits copy: what a decode
   // graph captures.
-  void run_layers(const StepBatch& b, int64_t max_seq_len) {
+  void run_layers(const StepBatch& b, int64_t max_seq_len, bool greedy) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, S = b.num_seqs, H = c.hidden_size, D = c.head_dim;
     const int64_t I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
@@ -199,11 +197,15 @@ class CudaQwen3 final : public CudaModel {
         cuda::add_norm_gemm<T_>(gemm_, rs, h, l.input_layernorm.as<float>(), eps, h,
                                 l.qkv_proj.as(), q, qkv_ld, T, qkv_ld, H, stream_);
       }
-      // q/k norms, RoPE and the K/V cache write in one launch.
-      cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(), l.k_norm.as<float>(),
-                               eps, positions_, rope_, slot_mapping_, kv_k(li), kv_v(li), stream_);
-      cuda::paged_attention<T_>(q, qkv_ld, kv_k(li), kv_v(li), attn_.as<T_>(), c.q_dim(), ab, Hq,
-                                Hkv, D, scale, stream_);
+      // q/k norms, RoPE, the K/V cache write and the attention: one launch
+      // at decode in bf16 (cuda::decode_attention), else two.
+      if (!decode_attention(l, li, ab, scale)) {
+        cuda::qkv_rope_cache<T_>(q, qkv_ld, T, Hq, Hkv, D, l.q_norm.as<float>(),
+                                 l.k_norm.as<float>(), eps, positions_, rope_, slot_mapping_,
+                                 kv_k(li), kv_v(li), stream_);
+        cuda::paged_attention<T_>(q, qkv_ld, kv_k(li), kv_v(li), attn_.as<T_>(), c.q_dim(), ab, Hq,
+                                  Hkv, D, scale, stream_);
+      }
       gemm_.run(attn_.as(), c.q_dim(), l.o_proj.as(), c.q_dim(), h, H, T, H, c.q_dim(), dt, dt,
                 stream_);
       // MLP block: x += attention output; the post-attention norm of x,
@@ -223,6 +225,7 @@ class CudaQwen3 final : public CudaModel {
       const void* head = tied_ ? embed_.as() : lm_head_.as();
       gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
                 DType::F32, stream_);
+      if (greedy) greedy_.argmax(logits_.as<float>(), c.vocab_size, r, stream_);
     }
   }
 
@@ -244,6 +247,31 @@ class CudaQwen3 final : public CudaModel {
     graphs_.clear();
   }
   T_* kv_k(int64_t layer) { return k_cache_.as<T_>() + layer * kv_layer_elems_; }
+
+  // The whole attention of a bf16 decode step in one launch, from the raw
+  // q, k, v rows in qkv_; false (nothing launched) where it does not apply.
+  bool decode_attention(const Layer& l, int64_t li, const cuda::AttentionBatch& ab, float scale) {
+    if constexpr (!std::is_same_v<T_, bf16>) {
+      return false;
+    } else {
+      const ModelConfig& c = cfg_;
+      const int64_t ld = c.q_dim() + 2 * c.kv_dim();
+      cuda::DecodeAttentionInput in;
+      in.q = qkv_.as<bf16>();
+      in.k = in.q + c.q_dim();
+      in.v = in.k + c.kv_dim();
+      in.ldq = in.ldk = in.ldv = ld;
+      in.q_norm = l.q_norm.as<float>();
+      in.k_norm = l.k_norm.as<float>();
+      in.eps = static_cast<float>(c.rms_norm_eps);
+      in.positions = positions_;
+      in.rope = rope_;
+      in.slot_mapping = slot_mapping_;
+      return cuda::decode_attention(in, kv_k(li), kv_v(li), attn_.as<bf16>(), c.q_dim(), ab,
+                                    c.num_attention_heads, c.num_kv_heads, c.head_dim, scale,
+                                    stream_);
+    }
+  }
   T_* kv_v(int64_t layer) { return v_cache_.as<T_>() + layer * kv_layer_elems_; }
 
   // Copies the step's small arrays to the device in one transfer.
@@ -306,17 +334,18 @@ class CudaQwen3 final : public CudaModel {
   DeviceMemory k_cache_, v_cache_;  // T [layers][num_blocks, block_size, Hkv, D]
 
   // Scratch (T = tokens of the largest step).
-  DeviceMemory x_, x2_;   // T [T, hidden] residual stream (two: cuda::ResidualStream)
-  DeviceMemory h_;        // T [T, hidden] normed input / sublayer output
-  DeviceMemory qkv_;      // T [T, (Hq + 2*Hkv)*head_dim]
-  DeviceMemory attn_;     // T [T, Hq*head_dim]
-  DeviceMemory gate_up_;  // T [T, 2*intermediate]
-  DeviceMemory act_;      // T [T, intermediate]
-  DeviceMemory last_;     // T [seqs, hidden] rows that get logits
-  DeviceMemory logits_;   // f32 [seqs, vocab]
-  DeviceMemory greedy_;   // int32 ids then f32 margins [seqs] (forward_greedy)
-  DeviceMemory step_;     // int32 step arrays (see upload_step)
-  std::vector<int32_t> host_step_, logit_rows_;
+  DeviceMemory x_, x2_;          // T [T, hidden] residual stream (two: cuda::ResidualStream)
+  DeviceMemory h_;               // T [T, hidden] normed input / sublayer output
+  DeviceMemory qkv_;             // T [T, (Hq + 2*Hkv)*head_dim]
+  DeviceMemory attn_;            // T [T, Hq*head_dim]
+  DeviceMemory gate_up_;         // T [T, 2*intermediate]
+  DeviceMemory act_;             // T [T, intermediate]
+  DeviceMemory last_;            // T [seqs, hidden] rows that get logits
+  DeviceMemory logits_;          // f32 [seqs, vocab]
+  cuda::GreedyReadback greedy_;  // ids and margins of forward_greedy
+  DeviceMemory step_;            // int32 step arrays (see upload_step)
+  cuda::PinnedVector<int32_t> host_step_;  // the step arrays on their way up
+  std::vector<int32_t> logit_rows_;
   const int64_t* slot_mapping_ = nullptr;
   const int32_t *token_ids_ = nullptr, *positions_ = nullptr, *q_start_ = nullptr,
                 *seq_len_ = nullptr, *block_table_ = nullptr, *rows_ = nullptr;

@@ -17,6 +17,7 @@
 #include "runtime/cuda/decode_graphs.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/cuda/fused_steps.h"
+#include "runtime/cuda/step_io.h"
 #include "runtime/kv_cache.h"
 
 namespace qtk {
@@ -178,6 +179,7 @@ class CudaQwen3_5 final : public CudaModel {
     grew |= ensure(act_, T * c.intermediate_size * a);
     grew |= ensure(last_, max_seqs * c.hidden_size * a);
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
+    grew |= greedy_.reserve(max_seqs);
     if constexpr (std::is_same_v<Act, cuda::bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
@@ -212,6 +214,7 @@ class CudaQwen3_5 final : public CudaModel {
   // One step; logits to the host, or the greedy ids and margins.
   void run_step(const StepBatch& step, KvCache& kv, float* logits, int32_t* ids, float* margins) {
     const int64_t S0 = step.num_seqs;
+    const bool greedy = ids != nullptr;
     for (int64_t s = 0; s < S0; ++s)
       if (step.state_slot[s] < 0 || step.state_slot[s] >= slots_)
         fail("CUDA Qwen3.5: state slot {} outside the {} reserved", step.state_slot[s], slots_);
@@ -228,32 +231,28 @@ class CudaQwen3_5 final : public CudaModel {
     // (a decode step has no chunked tokens; its padded copy's array is short)
     upload_step(b, graph ? nullptr : step.aligned_tokens);
     if (graph) {
-      const cuda::DecodeGraphs::Key key{b.num_seqs, b.max_blocks, kv_blocks_, kv_block_size_, ctx};
-      graphs_.run(key, stream_, [&] { run_layers(b, ctx); });
+      const cuda::DecodeGraphs::Key key{b.num_seqs,     b.max_blocks, kv_blocks_,
+                                        kv_block_size_, ctx,          greedy};
+      graphs_.run(key, stream_, [&] { run_layers(b, ctx, greedy); });
     } else {
-      run_layers(b, ctx);
+      run_layers(b, ctx, greedy);
     }
-    const int64_t r = graph ? S0 : static_cast<int64_t>(logit_rows_.size());
+    // The real sequences' rows (padding rows come after them).
+    const int64_t rows = static_cast<int64_t>(logit_rows_.size());
+    const int64_t r = graph ? S0 : rows;
     if (r > 0 && logits != nullptr)
       QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
-    if (r > 0 && ids != nullptr) {
-      ensure(greedy_, r * (sizeof(int32_t) + sizeof(float)));
-      int32_t* dev_ids = greedy_.as<int32_t>();
-      float* dev_margins = reinterpret_cast<float*>(dev_ids + r);
-      cuda::argmax_rows(logits_.as<float>(), cfg_.vocab_size, r, cfg_.vocab_size, dev_ids,
-                        dev_margins, stream_);
-      QTK_CUDA_CHECK(
-          cudaMemcpyAsync(ids, dev_ids, r * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-      QTK_CUDA_CHECK(cudaMemcpyAsync(margins, dev_margins, r * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
+    if (r > 0 && greedy) {
+      greedy_.read(rows, r, ids, margins, stream_);
+      return;
     }
     QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   // Everything between the step upload and the logits copy: what a decode
   // graph captures.
-  void run_layers(const StepBatch& b, int64_t max_seq_len) {
+  void run_layers(const StepBatch& b, int64_t max_seq_len, bool greedy) {
     const ModelConfig& c = cfg_;
     const int64_t T = b.num_tokens, H = c.hidden_size, I = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -296,6 +295,7 @@ class CudaQwen3_5 final : public CudaModel {
       const void* head = tied_ ? embed_.as() : lm_head_.as();
       gemm_.run(last_.as(), H, head, H, logits_.as(), c.vocab_size, r, c.vocab_size, H, dt,
                 DType::F32, stream_);
+      if (greedy) greedy_.argmax(logits_.as<float>(), c.vocab_size, r, stream_);
     }
   }
 
@@ -313,12 +313,8 @@ class CudaQwen3_5 final : public CudaModel {
     const Act* gate = q + c.q_dim();
     Act* k = q + 2 * c.q_dim();
     const Act* v = k + c.kv_dim();
-    cuda::qk_norm_rope<Act>(q, ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_, stream_);
-    cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
-                            stream_);
     Act* kc = k_cache_.as<Act>() + l.kind_index * kv_layer_elems_;
     Act* vc = v_cache_.as<Act>() + l.kind_index * kv_layer_elems_;
-    cuda::kv_cache_write<Act>(k, ld, v, ld, T, Hkv, D, slot_mapping_, kc, vc, stream_);
     cuda::AttentionBatch ab;
     ab.num_seqs = b.num_seqs;
     ab.q_start = q_start_;
@@ -332,9 +328,34 @@ class CudaQwen3_5 final : public CudaModel {
     ab.partial_rows = partial_rows_;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     Act* core = core_.as<Act>();
-    cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
-    // Gated attention: each head's output times sigmoid(its gate).
-    cuda::sigmoid_mul<Act>(core, c.q_dim(), gate, ld, T, c.q_dim(), stream_);
+    bool fused = false;
+    if constexpr (std::is_same_v<Act, cuda::bf16>) {
+      // A bf16 decode step: norms, RoPE, the cache write, the attention and
+      // the output gate in one launch, the same values as the steps below.
+      cuda::DecodeAttentionInput in;
+      in.q = q;
+      in.k = k;
+      in.v = v;
+      in.gate = gate;
+      in.ldq = in.ldk = in.ldv = in.ldg = ld;
+      in.q_norm = l.q_norm.as<float>();
+      in.k_norm = l.k_norm.as<float>();
+      in.eps = eps;
+      in.positions = positions_;
+      in.rope = rope_;
+      in.slot_mapping = slot_mapping_;
+      fused = cuda::decode_attention(in, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
+    }
+    if (!fused) {
+      cuda::qk_norm_rope<Act>(q, ld, T, Hq, D, l.q_norm.as<float>(), eps, positions_, rope_,
+                              stream_);
+      cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, l.k_norm.as<float>(), eps, positions_, rope_,
+                              stream_);
+      cuda::kv_cache_write<Act>(k, ld, v, ld, T, Hkv, D, slot_mapping_, kc, vc, stream_);
+      cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
+      // Gated attention: each head's output times sigmoid(its gate).
+      cuda::sigmoid_mul<Act>(core, c.q_dim(), gate, ld, T, c.q_dim(), stream_);
+    }
     gemm_.run(core, c.q_dim(), l.o_proj.as(), c.q_dim(), out, H, T, H, c.q_dim(), dt, dt, stream_);
   }
 
@@ -544,7 +565,7 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory act_;               // Act [T, intermediate]
   DeviceMemory last_;              // Act [seqs, hidden]
   DeviceMemory logits_;            // f32 [seqs, vocab]
-  DeviceMemory greedy_;            // int32 ids then f32 margins [seqs] (forward_greedy)
+  cuda::GreedyReadback greedy_;    // ids and margins of forward_greedy
   // bf16 steps with chunked GDN tokens: the recurrent kernel's compact batch.
   DeviceMemory tail_conv_;  // Act [T, conv_dim]: q, k, v rows
   DeviceMemory tail_core_;  // Act [T, Hv*Dv]: its output
@@ -553,7 +574,8 @@ class CudaQwen3_5 final : public CudaModel {
   DeviceMemory partials_;   // f32 attention split workspace (bf16 only), partial_rows_ rows
   DeviceMemory step_;       // int32 step arrays
   int64_t partial_rows_ = 0;
-  std::vector<int32_t> host_step_, logit_rows_;
+  cuda::PinnedVector<int32_t> host_step_;  // the step arrays on their way up
+  std::vector<int32_t> logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
   int64_t n_items_ = 0, n_tail_ = 0, n_chunks_ = 0;

@@ -45,8 +45,9 @@ inline int64_t decode_bucket(int64_t seqs) {
 
 class DecodeGraphs {
  public:
-  // bucket, block-table width, kv blocks, block size, context bucket
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+  // bucket, block-table width, kv blocks, block size, context bucket,
+  // whether the graph ends in the greedy argmax (1) or with the logits (0)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
   DecodeGraphs() = default;
   DecodeGraphs(const DecodeGraphs&) = delete;

@@ -2,6 +2,7 @@
 // bit-identical rows across batch compositions, block sizes and chunkings.
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -209,6 +210,183 @@ TYPED_TEST(AttentionTest, DecodeSplitOverKeyTilesEqualsOneBlockPerRow) {
           << "D " << sh.d << " contexts up to " << (*batch)[0].seq_len;
       EXPECT_LT(rel_error(with.out, with.ref), tolerance<T>()) << "D " << sh.d;
     }
+}
+
+// ---- decode_attention: the whole decode attention in one launch ---------------
+
+struct FusedCase {
+  int64_t hq, hkv, d;
+  RopeParams rope;
+  bool gate;        // Qwen3.5's sigmoid output gate
+  bool qkv_layout;  // Qwen3's [q | k | v] rows (also checked against qkv_rope_cache)
+};
+
+// One decode step both ways: the separate kernels (qk_norm_rope on q and k,
+// kv_cache_write, paged_attention with the split workspace, sigmoid_mul) and
+// decode_attention. The contexts (history in a shuffled, NaN-poisoned
+// cache) span 1 key to kAttentionSplitTiles tiles; one padding row (slot -1)
+// must write nothing. Returns false when decode_attention declined.
+bool fused_matches_separate(const FusedCase& fc, const std::vector<int32_t>& lens,
+                            int64_t block_size, uint32_t seed, std::string* why) {
+  const int64_t D = fc.d, hq = fc.hq, hkv = fc.hkv, kvw = hkv * D, qw = hq * D;
+  const int64_t S = static_cast<int64_t>(lens.size()) + 1;  // + the padding row
+  // Row layout: [q | gate | k | v] (Qwen3.5) or [q | k | v] (Qwen3), padded.
+  const int64_t q_off = 0, g_off = qw, k_off = fc.gate ? 2 * qw : qw, v_off = k_off + kvw;
+  const int64_t ld = v_off + kvw + 8;
+  int64_t mb = 1;
+  for (int32_t n : lens) mb = std::max<int64_t>(mb, (n + block_size - 1) / block_size);
+  const int64_t num_blocks = S * mb + 3;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+  std::vector<int32_t> bt(S * mb), seq_len, q_start, pos(3 * S);
+  std::vector<int64_t> slot(S);
+  for (int64_t i = 0; i < S * mb; ++i) bt[i] = perm[i];
+  const size_t cache_elems = num_blocks * block_size * kvw;
+  std::vector<bf16> kc(cache_elems, from_float<bf16>(NAN)), vc = kc;
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t n = s + 1 < S ? lens[s] : 1;
+    seq_len.push_back(n);
+    q_start.push_back(static_cast<int32_t>(s));
+    for (int a = 0; a < 3; ++a) pos[a * S + s] = n - 1 + 5 * a;  // M-RoPE axes differ
+    slot[s] = s + 1 < S
+                  ? int64_t(bt[s * mb + (n - 1) / block_size]) * block_size + (n - 1) % block_size
+                  : -1;
+    const auto hist = to_device_type<bf16>(random_floats(2 * n * kvw, -1.5f, 1.5f, seed + s));
+    for (int32_t p = 0; p + 1 < n; ++p) {  // the history; key n - 1 is the step's
+      const int64_t sl = int64_t(bt[s * mb + p / block_size]) * block_size + p % block_size;
+      std::copy(&hist[p * kvw], &hist[(p + 1) * kvw], &kc[sl * kvw]);
+      std::copy(&hist[(n + p) * kvw], &hist[(n + p + 1) * kvw], &vc[sl * kvw]);
+    }
+  }
+  q_start.push_back(static_cast<int32_t>(S));
+  const auto raw = to_device_type<bf16>(random_floats(S * ld, -2.0f, 2.0f, seed + 101));
+  const auto qn = random_floats(D, 0.5f, 1.5f, seed + 102),
+             kn = random_floats(D, 0.5f, 1.5f, seed + 103);
+  DeviceBuffer<float> qnd(qn), knd(kn);
+  DeviceBuffer<int32_t> posd(pos), qsd(q_start), sld(seq_len), btd(bt);
+  DeviceBuffer<int64_t> slotd(slot);
+  DeviceBuffer<float2> table(64 * (fc.rope.rotary_dim / 2));
+  RopeParams rope = fc.rope;
+  rope_table_build(table.get(), 64, rope, nullptr);  // positions past 64: computed inline
+  rope.table = table.get();
+  rope.table_positions = 64;
+  AttentionBatch b;
+  b.num_seqs = S;
+  b.q_start = qsd.get();
+  b.seq_len = sld.get();
+  b.block_table = btd.get();
+  b.max_blocks = mb;
+  b.block_size = block_size;
+  b.total_tokens = S;
+  b.max_seq_len = *std::max_element(seq_len.begin(), seq_len.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float eps = 1e-6f;
+  struct Result {
+    std::vector<bf16> out, k, v;
+  };
+  auto run = [&](bool fused, bool qkv_kernel, bool* took) {
+    DeviceBuffer<bf16> x(raw), kd(kc), vd(vc), out(S * qw);
+    DeviceBuffer<float> partials(attention_partials_floats(S * hq, D));
+    AttentionBatch bb = b;
+    bb.partials = partials.get();
+    bb.partial_rows = S * hq;
+    bf16* q = x.get() + q_off;
+    bf16* k = x.get() + k_off;
+    bf16* v = x.get() + v_off;
+    const bf16* g = fc.gate ? x.get() + g_off : nullptr;
+    if (fused) {
+      DecodeAttentionInput in;
+      in.q = q;
+      in.k = k;
+      in.v = v;
+      in.gate = g;
+      in.ldq = in.ldk = in.ldv = in.ldg = ld;
+      in.q_norm = qnd.get();
+      in.k_norm = knd.get();
+      in.eps = eps;
+      in.positions = posd.get();
+      in.rope = rope;
+      in.slot_mapping = slotd.get();
+      *took =
+          decode_attention(in, kd.get(), vd.get(), out.get(), qw, bb, hq, hkv, D, scale, nullptr);
+    } else {
+      if (qkv_kernel) {
+        qkv_rope_cache<bf16>(q, ld, S, hq, hkv, D, qnd.get(), knd.get(), eps, posd.get(), rope,
+                             slotd.get(), kd.get(), vd.get(), nullptr);
+      } else {
+        qk_norm_rope<bf16>(q, ld, S, hq, D, qnd.get(), eps, posd.get(), rope, nullptr);
+        qk_norm_rope<bf16>(k, ld, S, hkv, D, knd.get(), eps, posd.get(), rope, nullptr);
+        kv_cache_write<bf16>(k, ld, v, ld, S, hkv, D, slotd.get(), kd.get(), vd.get(), nullptr);
+      }
+      paged_attention<bf16>(q, ld, kd.get(), vd.get(), out.get(), qw, bb, hq, hkv, D, scale,
+                            nullptr);
+      if (g != nullptr) sigmoid_mul<bf16>(out.get(), qw, g, ld, S, qw, nullptr);
+    }
+    return Result{out.download(), kd.download(), vd.download()};
+  };
+  bool took = false;
+  const Result one = run(true, false, &took);
+  if (!took) return false;
+  std::vector<Result> refs = {run(false, false, nullptr)};
+  if (fc.qkv_layout) refs.push_back(run(false, true, nullptr));
+  const size_t real = (S - 1) * qw;  // the padding row's output is not compared
+  for (const Result& r : refs) {
+    if (!bitwise_equal(one.out.data(), r.out.data(), real)) *why += " out differs;";
+    if (!bitwise_equal(one.k.data(), r.k.data(), cache_elems)) *why += " K cache differs;";
+    if (!bitwise_equal(one.v.data(), r.v.data(), cache_elems)) *why += " V cache differs;";
+  }
+  for (size_t i = 0; i < real; ++i)
+    if (!std::isfinite(to_float(one.out[i]))) {
+      *why += " non-finite output;";
+      break;
+    }
+  return true;
+}
+
+TEST(DecodeAttention, OneLaunchEqualsSeparateKernels) {
+  RopeParams plain;  // Qwen3: rotary = head_dim, theta 1e6
+  plain.rotary_dim = 128;
+  plain.theta = 1e6;
+  RopeParams mrope;  // Qwen3.5: head 256, rotary 64, M-RoPE [11, 11, 10] interleaved
+  mrope.rotary_dim = 64;
+  mrope.theta = 1e7;
+  mrope.sections[0] = 11;
+  mrope.sections[1] = 11;
+  mrope.sections[2] = 10;
+  mrope.n_sections = 3;
+  mrope.interleaved = true;
+  RopeParams r64 = plain;
+  r64.rotary_dim = 64;
+  const std::vector<FusedCase> cases = {
+      {16, 8, 128, plain, false, true},  // Qwen3-0.6B
+      {8, 2, 256, mrope, true, false},   // Qwen3.5-0.8B
+      {32, 2, 128, plain, false, true},  // group 16
+      {4, 4, 64, r64, true, false},      // group 1, D 64
+  };
+  const int most = static_cast<int>(64 * kAttentionSplitTiles);
+  const std::vector<int32_t> lens = {1, 2, 63, 64, 65, 129, 300, most - 1, most, 77};
+  for (const auto& fc : cases)
+    for (const int64_t bs : {int64_t{16}, int64_t{5}}) {
+      std::string why;
+      ASSERT_TRUE(fused_matches_separate(fc, lens, bs, 900 + static_cast<uint32_t>(fc.d), &why))
+          << "decode_attention declined D " << fc.d << " group " << fc.hq / fc.hkv;
+      EXPECT_TRUE(why.empty()) << "D " << fc.d << " group " << fc.hq / fc.hkv << " block size "
+                               << bs << ":" << why;
+    }
+}
+
+// Where the one-launch form does not apply it launches nothing and says so.
+TEST(DecodeAttention, DeclinesWhatItDoesNotCover) {
+  RopeParams rope;
+  rope.rotary_dim = 32;  // rotate_half pairs 16 apart: across lanes
+  rope.theta = 1e6;
+  std::string why;
+  EXPECT_FALSE(fused_matches_separate({8, 2, 64, rope, false, true}, {5, 70}, 16, 3, &why));
+  rope.rotary_dim = 64;
+  const int past = static_cast<int>(64 * kAttentionSplitTiles) + 1;  // no split: a walk
+  EXPECT_FALSE(fused_matches_separate({8, 2, 64, rope, false, true}, {past}, 16, 4, &why));
+  EXPECT_TRUE(why.empty()) << why;
 }
 
 TEST(AttentionErrors, RejectsUnsupportedShapes) {

@@ -1,0 +1,116 @@
+// RoPE on the device: the frequency -> position-axis map (M-RoPE), the
+// (cos, sin) pairs, and the per-head norm + RoPE of one warp with the head's
+// values in registers (shared by norm.cu's kernels and the fused decode
+// attention, so that both store the same bits).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace qtk::cuda::dev {
+
+// The position axis that rotary frequency j reads (0 t, 1 h, 2 w).
+__device__ __forceinline__ int rope_axis(int j, const RopeParams& p) {
+  if (p.n_sections == 0) return 0;
+  if (p.interleaved) {
+    // note: transformers' apply_interleaved_mrope: frequencies start on the
+    // temporal axis; j % 3 == 1 (== 2) below 3*section[1] (3*section[2])
+    // take the height (width) axis.
+    int axis = 0;
+    for (int a = 1; a < 3; ++a)
+      if (j % 3 == a && j < 3 * p.sections[a]) axis = a;
+    return axis;
+  }
+  if (j < p.sections[0]) return 0;
+  if (j < p.sections[0] + p.sections[1]) return 1;
+  return 2;
+}
+
+// (cos, sin) of frequency j at position pos, each rounded to float.
+__device__ __forceinline__ float2 rope_cos_sin(int j, int32_t pos, const RopeParams& rope) {
+  const int rd = static_cast<int>(rope.rotary_dim);
+  // float32 like transformers: base ** (arange(0, dim, 2).float() / dim), then 1 / that.
+  const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
+  const float p = static_cast<float>(
+      pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
+  float inv_freq = 1.0f / p;
+  if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
+  const float angle = __fmul_rn(inv_freq, static_cast<float>(pos));  // float32, as the reference
+  double s, c;
+  sincos(static_cast<double>(angle), &s, &c);
+  return make_float2(static_cast<float>(c), static_cast<float>(s));
+}
+
+// (cos, sin) of frequency j for token t: from the table where it has the
+// position, else computed (the same values).
+__device__ __forceinline__ float2 rope_cos_sin_at(int j, int64_t t,
+                                                  const int32_t* __restrict__ positions,
+                                                  int64_t tokens, const RopeParams& rope) {
+  const int half = static_cast<int>(rope.rotary_dim / 2);
+  const int32_t pos = positions[rope_axis(j, rope) * tokens + t];
+  return pos >= 0 && pos < rope.table_positions ? rope.table[static_cast<int64_t>(pos) * half + j]
+                                                : rope_cos_sin(j, pos, rope);
+}
+
+// True when every rotate_half pair (j, j + rotary_dim/2) falls in one lane
+// of a warp that holds columns lane + 32 i: rotary_dim/2 a multiple of 32.
+__host__ __device__ inline bool rope_pairs_in_lane(const RopeParams& rope) {
+  return rope.rotary_dim > 0 && (rope.rotary_dim / 2) % 32 == 0;
+}
+
+// The rotation of norm_rope_lane: rotate_half pairs (register i, register
+// i + pairs) for i < pairs = rotary_dim / 64. note: pairs is dispatched to a
+// constant (P) so that the registers are indexed statically (a runtime index
+// would put v in local memory).
+template <int kPer, int P = 1>
+__device__ __forceinline__ void rope_lane(float (&v)[kPer], int pairs,
+                                          const int32_t* __restrict__ positions, int64_t tokens,
+                                          int64_t t, const RopeParams& rope) {
+  if constexpr (P <= kPer / 2) {
+    if (pairs != P) return rope_lane<kPer, P + 1>(v, pairs, positions, tokens, t, rope);
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const float2 cs = rope_cos_sin_at(lane + 32 * i, t, positions, tokens, rope);
+      const double cf = cs.x, sf = cs.y;
+      const double a = v[i], b = v[i + P];
+      v[i] = static_cast<float>(a * cf - b * sf);
+      v[i + P] = static_cast<float>(b * cf + a * sf);
+    }
+  }
+}
+
+// One (token t, head) row of dim <= 32 * kPer values, by one warp, lane
+// holding column lane + 32 i in v[i] (zero past dim): optional RMSNorm
+// (weights norm_w), then RoPE of the first rotary_dim columns; v ends with
+// the f32 values the caller rounds and stores. Needs rope_pairs_in_lane.
+// note: the arithmetic and its order are norm_rope_row's (norm.cu): the sum
+// of squares over the lane's columns in increasing order then warp_sum,
+// v * inv * w, and the rotation in double from the f32 (cos, sin).
+template <int kPer>
+__device__ __forceinline__ void norm_rope_lane(float (&v)[kPer], int dim,
+                                               const float* __restrict__ norm_w, float eps,
+                                               const int32_t* __restrict__ positions,
+                                               int64_t tokens, int64_t t, const RopeParams& rope) {
+  const int lane = threadIdx.x & 31;
+  if (norm_w != nullptr) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < dim) {
+        const float a = v[i];
+        ss += a * a;
+      }
+    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < dim) v[i] = v[i] * inv * norm_w[lane + 32 * i];
+  }
+  rope_lane<kPer>(v, static_cast<int>(rope.rotary_dim / 64), positions, tokens, t, rope);
+}
+
+}  // namespace qtk::cuda::dev

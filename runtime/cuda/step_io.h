@@ -1,0 +1,88 @@
+// The host ends of a step's transfers: the step arrays going up and the
+// greedy ids and margins coming back, through page-locked host memory.
+//
+// note: a batch-1 decode step of Qwen3-0.6B is ~1.1 ms, of which the layers
+// are ~0.9 ms (H100, S6-1: each kernel left out in turn). The rest was the
+// step's own traffic: the upload from pageable memory (a staging copy), an
+// argmax launched after the graph, and two pageable device-to-host copies,
+// each its own round trip. Page-locked buffers make each transfer one DMA,
+// the argmax runs inside the captured graph, and ids and margins come back
+// in one copy.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "runtime/cuda/device_memory.h"
+#include "runtime/cuda/device_upload.h"
+
+namespace qtk::cuda {
+
+// A grow-only array in page-locked host memory (cudaHostAlloc). resize()
+// does not keep the contents when it grows: callers fill it after resizing.
+template <class T>
+class PinnedVector {
+ public:
+  PinnedVector() = default;
+  ~PinnedVector() {
+    if (p_) cudaFreeHost(p_);
+  }
+  PinnedVector(const PinnedVector&) = delete;
+  PinnedVector& operator=(const PinnedVector&) = delete;
+
+  void resize(int64_t n) {
+    if (n > cap_) {
+      if (p_) cudaFreeHost(std::exchange(p_, nullptr));
+      QTK_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), 0));
+      cap_ = n;
+    }
+    size_ = n;
+  }
+  T* data() { return p_; }
+  int64_t size() const { return size_; }
+
+ private:
+  T* p_ = nullptr;
+  int64_t size_ = 0, cap_ = 0;
+};
+
+// Greedy results of a step: argmax on the device (capturable, so a decode
+// graph holds it), then one copy of ids and margins to the host.
+class GreedyReadback {
+ public:
+  // Room for `rows` rows (the padded bucket of a graph step); true when the
+  // device buffer moved (graphs that captured it must go).
+  bool reserve(int64_t rows) {
+    cap_ = std::max(cap_, rows);
+    return ensure(dev_, static_cast<size_t>(2 * cap_) * sizeof(int32_t));
+  }
+  // ids and margins of `rows` rows of logits (f32, row stride vocab).
+  // Layout on the device: int32 ids [rows], then f32 margins [rows].
+  void argmax(const float* logits, int64_t vocab, int64_t rows, cudaStream_t stream) {
+    int32_t* ids = dev_.as<int32_t>();
+    argmax_rows(logits, vocab, rows, vocab, ids, reinterpret_cast<float*>(ids + rows), stream);
+  }
+  // The first n of the `rows` rows of the step's argmax() (a replayed graph
+  // ran it: rows is the graph's, not the last host call's) to the host, in
+  // one transfer; waits for the stream.
+  void read(int64_t rows, int64_t n, int32_t* ids, float* margins, cudaStream_t stream) {
+    host_.resize(2 * rows);
+    QTK_CUDA_CHECK(cudaMemcpyAsync(host_.data(), dev_.as(), 2 * rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::memcpy(ids, host_.data(), n * sizeof(int32_t));
+    std::memcpy(margins, host_.data() + rows, n * sizeof(float));
+  }
+
+ private:
+  DeviceMemory dev_;  // int32 ids [rows] then f32 margins [rows] of the last argmax
+  PinnedVector<int32_t> host_;
+  int64_t cap_ = 0;
+};
+
+}  // namespace qtk::cuda
