@@ -43,6 +43,17 @@ __device__ __forceinline__ void pdl_begin() {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// The GDN gates of one (token, value head): g = A * softplus(a + dt_bias)
+// (softplus(x) = x for x > 20, like torch) and beta = sigmoid(b); shared by
+// gdn_gates and the fused recurrent kernel so that both give the same bits.
+__device__ __forceinline__ void gdn_gate_values(float a, float b, float A, float dt_bias, float& g,
+                                                float& beta) {
+  const float x = a + dt_bias;
+  const float sp = x > 20.0f ? x : log1pf(expf(x));
+  g = A * sp;
+  beta = sigmoid(b);
+}
+
 // One step of a sum of squares: ss + v * v with one rounding. Every RMSNorm
 // whose bits another kernel must reproduce (add_rmsnorm, the fused norm of
 // gemv_mma.cu) accumulates through this.

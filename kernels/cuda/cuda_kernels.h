@@ -244,4 +244,26 @@ void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T*
                       const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out, int64_t ldo,
                       int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream);
 
+// The same from the conv output before the l2norms and from the gates'
+// inputs: l2norm_heads of q (scale q_scale) and of k (scale 1), gdn_gates
+// and gated_delta_rule in one launch, bit for bit their results (tested);
+// q and k are left as they were. A decode step's linear attention: three
+// launches per GDN layer fewer.
+template <class T>
+struct GdnRawInput {
+  const T* a = nullptr;  // [tokens, Hv] stride lda: the dt input of gdn_gates
+  const T* b = nullptr;  // [tokens, Hv] stride ldb: the beta input
+  int64_t lda = 0, ldb = 0;
+  const float* A = nullptr;        // f32 [Hv] (= -exp(A_log))
+  const float* dt_bias = nullptr;  // f32 [Hv]
+  float eps = 1e-6f;               // of both l2norms
+  float q_scale = 1.0f;            // q's l2norm scale (Dk^-0.5)
+};
+template <class T>
+void gated_delta_rule_fused(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
+                            int64_t ldv, const GdnRawInput<T>& raw, float* state_pool,
+                            const int32_t* slot, const int32_t* q_start, int64_t num_seqs,
+                            int64_t tokens, T* out, int64_t ldo, int64_t hk, int64_t hv, int64_t dk,
+                            int64_t dv, cudaStream_t stream);
+
 }  // namespace qtk::cuda

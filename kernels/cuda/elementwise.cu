@@ -70,10 +70,7 @@ __global__ void gdn_gates_kernel(const T* __restrict__ a, int64_t lda, const T* 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hv) return;
   const int64_t t = i / hv, h = i % hv;
-  const float x = to_f(a[t * lda + h]) + dt_bias[h];
-  const float sp = x > 20.0f ? x : log1pf(expf(x));  // torch softplus, threshold 20
-  g[i] = A[h] * sp;
-  beta[i] = sigmoid(to_f(b[t * ldb + h]));
+  gdn_gate_values(to_f(a[t * lda + h]), to_f(b[t * ldb + h]), A[h], dt_bias[h], g[i], beta[i]);
 }
 
 template <class T, class Table>

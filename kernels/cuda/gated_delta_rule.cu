@@ -24,13 +24,20 @@ constexpr int kGdnCols = 32;
 // note: fixed order: each column's k^T S and q^T S are 4 per-warp serial sums
 // over the warp's rows, added warp 0 + 1 + 2 + 3. The order depends only on
 // Dk, so a row's result does not depend on the batch.
-template <class T, int R>
+// kRaw (gated_delta_rule_fused): q and k arrive before their l2norm and the
+// gates as the projection's a, b columns; each block normalises the key
+// head's q and k rows and computes its head's g and beta per token, with
+// l2norm_heads' and gdn_gates' arithmetic (the sum of squares of lane l over
+// columns l, l + 32, ... in order, then warp_sum; values rounded to T as
+// those kernels store them), so the results are the unfused calls' bits.
+template <class T, int R, bool kRaw>
 __global__ void __launch_bounds__(kGdnWarps * 32)
     gdn_recurrent_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
                          const T* __restrict__ v, int64_t ldv, const float* __restrict__ g,
                          const float* __restrict__ beta, float* state_pool,
                          const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
-                         T* __restrict__ out, int64_t ldo, int hk, int hv, int dv) {
+                         T* __restrict__ out, int64_t ldo, int hk, int hv, int dv,
+                         GdnRawInput<T> raw) {
   pdl_begin();
   constexpr int DK = kGdnWarps * R;
   __shared__ float qs[2][DK], ks[2][DK];
@@ -58,8 +65,14 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
       qn[e] = i < DK ? to_f(q[static_cast<int64_t>(t) * ldq + kh * DK + i]) : 0.0f;
       kn[e] = i < DK ? to_f(k[static_cast<int64_t>(t) * ldk + kh * DK + i]) : 0.0f;
     }
-    gn = g[static_cast<int64_t>(t) * hv + h];
-    bn = beta[static_cast<int64_t>(t) * hv + h];
+    if constexpr (kRaw) {
+      gdn_gate_values(to_f(raw.a[static_cast<int64_t>(t) * raw.lda + h]),
+                      to_f(raw.b[static_cast<int64_t>(t) * raw.ldb + h]), raw.A[h], raw.dt_bias[h],
+                      gn, bn);
+    } else {
+      gn = g[static_cast<int64_t>(t) * hv + h];
+      bn = beta[static_cast<int64_t>(t) * hv + h];
+    }
     vn = active ? to_f(v[static_cast<int64_t>(t) * ldv + h * dv + j]) : 0.0f;
   };
   if (t0 < t1) load(t0);
@@ -78,11 +91,34 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
     const float vj = vn;
     if (t + 1 < t1) load(t + 1);
     __syncthreads();
+    // kRaw: the l2norm factors of this token's q and k rows (every warp
+    // computes both, from the raw rows in shared memory), applied as each
+    // value is read, rounded to T as l2norm_heads stores it.
+    float inv_q = 1.0f, inv_k = 1.0f;
+    if constexpr (kRaw) {
+      float ssq = 0.0f, ssk = 0.0f;
+#pragma unroll
+      for (int c = lane; c < DK; c += 32) {
+        const float a = qs[buf][c], b2 = ks[buf][c];
+        ssq += a * a;
+        ssk += b2 * b2;
+      }
+      inv_q = rsqrtf(warp_sum(ssq) + raw.eps) * raw.q_scale;
+      inv_k = rsqrtf(warp_sum(ssk) + raw.eps) * 1.0f;
+    }
+    auto qv = [&](int i) {
+      if constexpr (kRaw) return to_f(from_f<T>(qs[buf][i] * inv_q));
+      return qs[buf][i];
+    };
+    auto kv_ = [&](int i) {
+      if constexpr (kRaw) return to_f(from_f<T>(ks[buf][i] * inv_k));
+      return ks[buf][i];
+    };
     float acc = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       st[r] *= decay;
-      acc += ks[buf][w * R + r] * st[r];
+      acc += kv_(w * R + r) * st[r];
     }
     pkv[w][lane] = acc;
     __syncthreads();
@@ -91,8 +127,8 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      st[r] += ks[buf][w * R + r] * delta;
-      o += qs[buf][w * R + r] * st[r];
+      st[r] += kv_(w * R + r) * delta;
+      o += qv(w * R + r) * st[r];
     }
     po[w][lane] = o;
     __syncthreads();
@@ -106,16 +142,48 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
   }
 }
 
-template <class T, int R>
+template <class T, int R, bool kRaw>
 void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
                 const float* g, const float* beta, float* state_pool, const int32_t* slot,
                 const int32_t* q_start, int64_t num_seqs, T* out, int64_t ldo, int64_t hk,
-                int64_t hv, int64_t dv, cudaStream_t stream) {
+                int64_t hv, int64_t dv, const GdnRawInput<T>& raw, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hv),
                   static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols));
-  launch_kernel(gdn_recurrent_kernel<T, R>, grid, kGdnWarps * 32, 0, stream, q, ldq, k, ldk, v, ldv,
-                g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
-                static_cast<int>(hv), static_cast<int>(dv));
+  launch_kernel(gdn_recurrent_kernel<T, R, kRaw>, grid, kGdnWarps * 32, 0, stream, q, ldq, k, ldk,
+                v, ldv, g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
+                static_cast<int>(hv), static_cast<int>(dv), raw);
+}
+
+template <class T, bool kRaw>
+void dispatch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,
+                  const float* g, const float* beta, float* state_pool, const int32_t* slot,
+                  const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out, int64_t ldo,
+                  int64_t hk, int64_t hv, int64_t dk, int64_t dv, const GdnRawInput<T>& raw,
+                  cudaStream_t stream) {
+  if (hk <= 0 || hv % hk != 0)
+    fail_message("gated_delta_rule: " + std::to_string(hv) + " value heads over " +
+                 std::to_string(hk) + " key heads (must divide)");
+  if (num_seqs == 0 || tokens == 0) return;
+  switch (dk) {
+    case 16:
+      return launch_gdn<T, 4, kRaw>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
+                                    num_seqs, out, ldo, hk, hv, dv, raw, stream);
+    case 32:
+      return launch_gdn<T, 8, kRaw>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
+                                    num_seqs, out, ldo, hk, hv, dv, raw, stream);
+    case 64:
+      return launch_gdn<T, 16, kRaw>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
+                                     num_seqs, out, ldo, hk, hv, dv, raw, stream);
+    case 128:
+      return launch_gdn<T, 32, kRaw>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
+                                     num_seqs, out, ldo, hk, hv, dv, raw, stream);
+    case 256:
+      return launch_gdn<T, 64, kRaw>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start,
+                                     num_seqs, out, ldo, hk, hv, dv, raw, stream);
+    default:
+      fail_message("gated_delta_rule: key head dim " + std::to_string(dk) +
+                   " is not supported (expected 16, 32, 64, 128 or 256)");
+  }
 }
 
 }  // namespace
@@ -125,36 +193,34 @@ void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T*
                       const float* g, const float* beta, float* state_pool, const int32_t* slot,
                       const int32_t* q_start, int64_t num_seqs, int64_t tokens, T* out, int64_t ldo,
                       int64_t hk, int64_t hv, int64_t dk, int64_t dv, cudaStream_t stream) {
-  if (hk <= 0 || hv % hk != 0)
-    fail_message("gated_delta_rule: " + std::to_string(hv) + " value heads over " +
-                 std::to_string(hk) + " key heads (must divide)");
-  if (num_seqs == 0 || tokens == 0) return;
-  switch (dk) {
-    case 16:
-      return launch_gdn<T, 4>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
-                              out, ldo, hk, hv, dv, stream);
-    case 32:
-      return launch_gdn<T, 8>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
-                              out, ldo, hk, hv, dv, stream);
-    case 64:
-      return launch_gdn<T, 16>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
-                               out, ldo, hk, hv, dv, stream);
-    case 128:
-      return launch_gdn<T, 32>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
-                               out, ldo, hk, hv, dv, stream);
-    case 256:
-      return launch_gdn<T, 64>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
-                               out, ldo, hk, hv, dv, stream);
-    default:
-      fail_message("gated_delta_rule: key head dim " + std::to_string(dk) +
-                   " is not supported (expected 16, 32, 64, 128 or 256)");
-  }
+  dispatch_gdn<T, false>(q, ldq, k, ldk, v, ldv, g, beta, state_pool, slot, q_start, num_seqs,
+                         tokens, out, ldo, hk, hv, dk, dv, GdnRawInput<T>{}, stream);
+}
+
+template <class T>
+void gated_delta_rule_fused(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
+                            int64_t ldv, const GdnRawInput<T>& raw, float* state_pool,
+                            const int32_t* slot, const int32_t* q_start, int64_t num_seqs,
+                            int64_t tokens, T* out, int64_t ldo, int64_t hk, int64_t hv, int64_t dk,
+                            int64_t dv, cudaStream_t stream) {
+  dispatch_gdn<T, true>(q, ldq, k, ldk, v, ldv, nullptr, nullptr, state_pool, slot, q_start,
+                        num_seqs, tokens, out, ldo, hk, hv, dk, dv, raw, stream);
 }
 
 template void gated_delta_rule<float>(const float*, int64_t, const float*, int64_t, const float*,
                                       int64_t, const float*, const float*, float*, const int32_t*,
                                       const int32_t*, int64_t, int64_t, float*, int64_t, int64_t,
                                       int64_t, int64_t, int64_t, cudaStream_t);
+template void gated_delta_rule_fused<float>(const float*, int64_t, const float*, int64_t,
+                                            const float*, int64_t, const GdnRawInput<float>&,
+                                            float*, const int32_t*, const int32_t*, int64_t,
+                                            int64_t, float*, int64_t, int64_t, int64_t, int64_t,
+                                            int64_t, cudaStream_t);
+template void gated_delta_rule_fused<bf16>(const bf16*, int64_t, const bf16*, int64_t, const bf16*,
+                                           int64_t, const GdnRawInput<bf16>&, float*,
+                                           const int32_t*, const int32_t*, int64_t, int64_t, bf16*,
+                                           int64_t, int64_t, int64_t, int64_t, int64_t,
+                                           cudaStream_t);
 template void gated_delta_rule<bf16>(const bf16*, int64_t, const bf16*, int64_t, const bf16*,
                                      int64_t, const float*, const float*, float*, const int32_t*,
                                      const int32_t*, int64_t, int64_t, bf16*, int64_t, int64_t,

@@ -380,17 +380,26 @@ class CudaQwen3_5 final : public CudaModel {
     Act* q = conv;
     Act* k = conv + Hk * Dk;
     const Act* v = conv + 2 * Hk * Dk;
-    cuda::l2norm_heads<Act>(q, C, T, Hk, Dk, 1e-6f,
-                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk))), stream_);
-    cuda::l2norm_heads<Act>(k, C, T, Hk, Dk, 1e-6f, 1.0f, stream_);
-    cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(), g_.as<float>(),
-                         beta_.as<float>(), T, Hv, stream_);
+    const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
     Act* core = core_.as<Act>();
     if (n_items_ == 0) {
-      cuda::gated_delta_rule<Act>(q, C, k, C, v, C, g_.as<float>(), beta_.as<float>(),
-                                  rec_state_.as<float>(), vslot, q_start_, S, T, core, Vd, Hk, Hv,
-                                  Dk, Dv, stream_);
+      // Every token recurrent (decode steps, short prompts): the l2norms and
+      // the gates inside the recurrent kernel's launch (same bits).
+      cuda::GdnRawInput<Act> raw;
+      raw.a = acol;
+      raw.b = bcol;
+      raw.lda = raw.ldb = ld;
+      raw.A = l.A.as<float>();
+      raw.dt_bias = l.dt_bias.as<float>();
+      raw.eps = 1e-6f;
+      raw.q_scale = q_scale;
+      cuda::gated_delta_rule_fused<Act>(q, C, k, C, v, C, raw, rec_state_.as<float>(), vslot,
+                                        q_start_, S, T, core, Vd, Hk, Hv, Dk, Dv, stream_);
     } else if constexpr (std::is_same_v<Act, cuda::bf16>) {
+      cuda::l2norm_heads<Act>(q, C, T, Hk, Dk, 1e-6f, q_scale, stream_);
+      cuda::l2norm_heads<Act>(k, C, T, Hk, Dk, 1e-6f, 1.0f, stream_);
+      cuda::gdn_gates<Act>(acol, ld, bcol, ld, l.A.as<float>(), l.dt_bias.as<float>(),
+                           g_.as<float>(), beta_.as<float>(), T, Hv, stream_);
       // note: prompt tokens in full aligned chunks go through the chunked
       // form first (they are the leading tokens of each sequence's run), then
       // the rest of each run (prompt tail, generated tokens) through the

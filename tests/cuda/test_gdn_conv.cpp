@@ -146,6 +146,69 @@ TYPED_TEST(GdnTest, RecurrentVarlenMatchesReference) {
   }
 }
 
+// The fused form (the l2norms and gates in the recurrent launch) equals
+// l2norm_heads (q, k) + gdn_gates + gated_delta_rule bit for bit: output and
+// state, over a varlen batch with 1- to 33-token runs, in a conv-like row
+// layout [q | k | v] and gate columns [z.. | b | a] of another buffer.
+TYPED_TEST(GdnTest, FusedNormsAndGatesEqualTheSeparateKernels) {
+  using T = TypeParam;
+  struct Dims {
+    int64_t hk, hv, dk, dv;
+  };
+  for (const Dims d : {Dims{2, 4, 32, 24}, Dims{16, 16, 128, 128}, Dims{2, 2, 64, 40}}) {
+    const std::vector<int32_t> q_len = {1, 9, 33, 1}, slot = {3, 0, 1, 2};
+    std::vector<int32_t> q_start = {0};
+    for (auto n : q_len) q_start.push_back(q_start.back() + n);
+    const int64_t tokens = q_start.back(), slots = 4, ss = d.hv * d.dk * d.dv;
+    const int64_t C = 2 * d.hk * d.dk + d.hv * d.dv, ldc = C + 8;  // conv rows
+    const int64_t ldp = 3 * d.hv + 5;                              // projection rows: ., b, a
+    const auto conv = to_device_type<T>(random_floats(tokens * ldc, -1.5f, 1.5f, 50));
+    const auto proj = to_device_type<T>(random_floats(tokens * ldp, -3.0f, 3.0f, 51));
+    const auto A = random_floats(d.hv, -2.0f, -0.1f, 52), dt = random_floats(d.hv, -1, 1, 53);
+    const auto st = random_floats(slots * ss, -0.5f, 0.5f, 54);
+    DeviceBuffer<int32_t> sd(slot), qs(q_start);
+    DeviceBuffer<float> Ad(A), dtd(dt);
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(d.dk));
+    auto run = [&](bool fused) {
+      DeviceBuffer<T> x(conv), p(proj), out(tokens * d.hv * d.dv);
+      DeviceBuffer<float> state(st), g(tokens * d.hv), beta(tokens * d.hv);
+      T* q = x.get();
+      T* k = q + d.hk * d.dk;
+      const T* v = k + d.hk * d.dk;
+      const T* b = p.get() + d.hv;
+      const T* a = p.get() + 2 * d.hv;
+      if (fused) {
+        GdnRawInput<T> raw;
+        raw.a = a;
+        raw.b = b;
+        raw.lda = raw.ldb = ldp;
+        raw.A = Ad.get();
+        raw.dt_bias = dtd.get();
+        raw.eps = 1e-6f;
+        raw.q_scale = q_scale;
+        gated_delta_rule_fused<T>(q, ldc, k, ldc, v, ldc, raw, state.get(), sd.get(), qs.get(), 4,
+                                  tokens, out.get(), d.hv * d.dv, d.hk, d.hv, d.dk, d.dv, nullptr);
+      } else {
+        l2norm_heads<T>(q, ldc, tokens, d.hk, d.dk, 1e-6f, q_scale, nullptr);
+        l2norm_heads<T>(k, ldc, tokens, d.hk, d.dk, 1e-6f, 1.0f, nullptr);
+        gdn_gates<T>(a, ldp, b, ldp, Ad.get(), dtd.get(), g.get(), beta.get(), tokens, d.hv,
+                     nullptr);
+        gated_delta_rule<T>(q, ldc, k, ldc, v, ldc, g.get(), beta.get(), state.get(), sd.get(),
+                            qs.get(), 4, tokens, out.get(), d.hv * d.dv, d.hk, d.hv, d.dk, d.dv,
+                            nullptr);
+      }
+      return std::make_pair(out.download(), state.download());
+    };
+    const auto [o1, s1] = run(true);
+    const auto [o2, s2] = run(false);
+    EXPECT_TRUE(bitwise_equal(o1.data(), o2.data(), o1.size())) << "dk " << d.dk;
+    EXPECT_TRUE(bitwise_equal(s1.data(), s2.data(), s1.size())) << "dk " << d.dk;
+    // The state really moved (the comparison is not of two untouched copies).
+    EXPECT_FALSE(bitwise_equal(s1.data(), st.data(), s1.size())) << "dk " << d.dk;
+    for (const T& y : o1) ASSERT_TRUE(std::isfinite(to_float(y))) << "dk " << d.dk;
+  }
+}
+
 // ---- gated delta rule: the transformers fixture ----------------------------
 
 struct Fixture {
