@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
     for (int i = tid; i < kKeys * (D / kVec); i += 32 * kW) {
       const int r = i / (D / kVec), cv = i % (D / kVec);
       const int64_t off = key_off[r];
-      if (off == -2) continue;
+      if (kFused && off == -2) continue;  // (the unfused kernel: no test in this loop)
       cp_async_16(smem_addr(dst + r * kLd + cv * kVec), cache + (off < 0 ? 0 : off + cv * kVec),
                   off >= 0);
     }

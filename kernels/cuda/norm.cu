@@ -134,27 +134,18 @@ __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams r
 }
 
 // One (token, head) row of head_dim values, by one warp: optional RMSNorm,
-// then RoPE, written back in place. v: the warp's f32 scratch [dim] (used
-// only when a rotate_half pair can span two lanes).
+// then RoPE, written back in place. v: the warp's f32 scratch [dim].
+// note: dev::norm_rope_lane (rope.cuh, the fused decode attention) does the
+// same operations in the same order with the row in registers; the two are
+// compared bit for bit (tests/cuda/test_attention.cpp). Tried in S6: this
+// function on that register form; the batch-128 Qwen3-0.6B step was ~3%
+// slower (S6-8, S6-9), so it keeps its own.
 template <class T>
 __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __restrict__ norm_w,
                                               float eps, const int32_t* __restrict__ positions,
                                               int64_t tokens, int64_t t, const RopeParams& rope,
                                               float* v) {
   const int lane = threadIdx.x & 31;
-  if (rope_pairs_in_lane(rope)) {
-    // note: the form the fused decode attention (attention_mma.cu) shares,
-    // so that both store the same bits.
-    constexpr int kPer = kMaxHeadDim / 32;
-    float r[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) r[i] = lane + 32 * i < dim ? to_f(xr[lane + 32 * i]) : 0.0f;
-    norm_rope_lane<kPer>(r, dim, norm_w, eps, positions, tokens, t, rope);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i < dim) xr[lane + 32 * i] = from_f<T>(r[i]);
-    return;
-  }
   float ss = 0.0f;
   for (int c = lane; c < dim; c += 32) {
     const float a = to_f(xr[c]);

@@ -1,7 +1,9 @@
 // RoPE on the device: the frequency -> position-axis map (M-RoPE), the
-// (cos, sin) pairs, and the per-head norm + RoPE of one warp with the head's
-// values in registers (shared by norm.cu's kernels and the fused decode
-// attention, so that both store the same bits).
+// (cos, sin) pairs (shared by norm.cu's kernels and the fused decode
+// attention), and the per-head norm + RoPE of one warp with the head's
+// values in registers (the fused decode attention; norm.cu's norm_rope_row
+// does the same operations in the same order on a row in shared memory,
+// and the two are compared bit for bit in tests/cuda/test_attention.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
