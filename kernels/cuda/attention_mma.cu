@@ -434,19 +434,11 @@ __device__ __forceinline__ void merge_row(const float* p, int n_tiles, bf16* out
   }
 }
 
-// The decode step's raw attention inputs for the fused form of the split
-// kernel (decode_attention): the rows before q_norm / k_norm and RoPE.
+// The fused form's inputs (decode_attention): the step's raw rows and its
+// token count (the row stride of positions).
 struct FusedInput {
-  const bf16* k = nullptr;  // bf16 [tokens, hkv * D] (row stride ldk)
-  const bf16* v = nullptr;  // bf16 [tokens, hkv * D] (ldv)
-  int64_t ldk = 0, ldv = 0;
-  const float* q_norm = nullptr;  // f32 [D] or null
-  const float* k_norm = nullptr;  // f32 [D] or null
-  float eps = 0.0f;
-  const int32_t* positions = nullptr;  // [3][tokens]
+  DecodeAttentionInput in;
   int64_t tokens = 0;
-  RopeParams rope;
-  const int64_t* slot_mapping = nullptr;  // [tokens]; < 0: a padding row, nothing written
 };
 
 template <int D, bool kFused>
@@ -529,17 +521,18 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
     // bf16 rounding, so the values are the ones the unfused kernels store.
     static_assert(D % 32 == 0, "fused rows: D / 32 columns per lane");
     constexpr int kPer = D / 32;
-    const int64_t slot = fi.slot_mapping[t];
+    const DecodeAttentionInput& in = fi.in;
+    const int64_t slot = in.slot_mapping[t];
     for (int r = warp; r < group + (new_here ? 2 : 0); r += kW) {
       const bf16* src = r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
-                        : r == group ? fi.k + t * fi.ldk + static_cast<int64_t>(kvh) * D
-                                     : fi.v + t * fi.ldv + static_cast<int64_t>(kvh) * D;
+                        : r == group ? in.k + t * in.ldk + static_cast<int64_t>(kvh) * D
+                                     : in.v + t * in.ldv + static_cast<int64_t>(kvh) * D;
       float v[kPer];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) v[i] = to_f(src[lane + 32 * i]);
       if (r <= group)
-        norm_rope_lane<kPer>(v, D, r < group ? fi.q_norm : fi.k_norm, fi.eps, fi.positions,
-                             fi.tokens, t, fi.rope);
+        norm_rope_lane<kPer>(v, D, r < group ? in.q_norm : in.k_norm, in.eps, in.positions,
+                             fi.tokens, t, in.rope);
       bf16* dst = r < group ? qs + r * kLd : (r == group ? ks : vs) + new_key * kLd;
       bf16* cache = r < group || slot < 0 ? nullptr
                                           : (r == group ? k_cache : v_cache) + slot * width +
@@ -731,18 +724,7 @@ bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cac
     return false;
   const int group = static_cast<int>(hq / hkv);
   if (!split_applies(b, hq, group)) return false;
-  FusedInput fi;
-  fi.k = in.k;
-  fi.v = in.v;
-  fi.ldk = in.ldk;
-  fi.ldv = in.ldv;
-  fi.q_norm = in.q_norm;
-  fi.k_norm = in.k_norm;
-  fi.eps = in.eps;
-  fi.positions = in.positions;
-  fi.tokens = b.total_tokens;
-  fi.rope = in.rope;
-  fi.slot_mapping = in.slot_mapping;
+  const FusedInput fi{in, b.total_tokens};
   switch (d) {
     case 64:
       launch_split<64, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,

@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
+#include "tests/cuda/rope_cases.h"
 
 namespace qtk::cuda::test {
 namespace {
@@ -345,17 +346,7 @@ bool fused_matches_separate(const FusedCase& fc, const std::vector<int32_t>& len
 }
 
 TEST(DecodeAttention, OneLaunchEqualsSeparateKernels) {
-  RopeParams plain;  // Qwen3: rotary = head_dim, theta 1e6
-  plain.rotary_dim = 128;
-  plain.theta = 1e6;
-  RopeParams mrope;  // Qwen3.5: head 256, rotary 64, M-RoPE [11, 11, 10] interleaved
-  mrope.rotary_dim = 64;
-  mrope.theta = 1e7;
-  mrope.sections[0] = 11;
-  mrope.sections[1] = 11;
-  mrope.sections[2] = 10;
-  mrope.n_sections = 3;
-  mrope.interleaved = true;
+  const RopeParams plain = plain_rope(), mrope = qwen35_mrope();
   RopeParams r64 = plain;
   r64.rotary_dim = 64;
   const std::vector<FusedCase> cases = {

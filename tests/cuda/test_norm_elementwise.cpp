@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
+#include "tests/cuda/rope_cases.h"
 
 namespace qtk::cuda::test {
 namespace {
@@ -79,28 +80,6 @@ TYPED_TEST(NormTest, L2NormHeads) {
     const Vec ref = l2norm_ref(to_double(xh), tokens * heads, dim, 1e-6, scale);
     EXPECT_LT(rel_error(x.download(), ref), tolerance<T>()) << dim;
   }
-}
-
-// Qwen3-like RoPE: rotary 128, theta 1e6.
-RopeParams plain_rope() {
-  RopeParams p;
-  p.rotary_dim = 128;
-  p.theta = 1e6;
-  return p;
-}
-
-// Qwen3.5-0.8B: head 256, partial 0.25 (rotary 64), theta 1e7, M-RoPE
-// sections [11, 11, 10] interleaved.
-RopeParams qwen35_mrope() {
-  RopeParams p;
-  p.rotary_dim = 64;
-  p.theta = 1e7;
-  p.sections[0] = 11;
-  p.sections[1] = 11;
-  p.sections[2] = 10;
-  p.n_sections = 3;
-  p.interleaved = true;
-  return p;
 }
 
 struct RopeCase {
