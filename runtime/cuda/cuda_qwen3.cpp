@@ -247,6 +247,7 @@ class CudaQwen3 final : public CudaModel {
     graphs_.clear();
   }
   T_* kv_k(int64_t layer) { return k_cache_.as<T_>() + layer * kv_layer_elems_; }
+  T_* kv_v(int64_t layer) { return v_cache_.as<T_>() + layer * kv_layer_elems_; }
 
   // The whole attention of a bf16 decode step in one launch, from the raw
   // q, k, v rows in qkv_; false (nothing launched) where it does not apply.
@@ -280,7 +281,6 @@ class CudaQwen3 final : public CudaModel {
                                     stream_);
     }
   }
-  T_* kv_v(int64_t layer) { return v_cache_.as<T_>() + layer * kv_layer_elems_; }
 
   // Copies the step's small arrays to the device in one transfer.
   void upload_step(const StepBatch& b) {
