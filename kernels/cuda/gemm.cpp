@@ -137,10 +137,24 @@ int64_t default_ref_m() {
     fail("QTK_GEMM_REF_M: expected an integer in 1..65536, found \"{}\"", v);
   return m;
 }
+
+// QTK_FUSED_MAX_M: the largest M whose decode-step norm / SwiGLU is fused
+// into the projection's launch (0..16; default 16, 0 = never).
+int64_t fused_max_m() {
+  const char* v = std::getenv("QTK_FUSED_MAX_M");
+  if (v == nullptr || *v == '\0') return kGemvMaxM;
+  char* end = nullptr;
+  const long long m = std::strtoll(v, &end, 10);
+  if (*end != '\0' || m < 0 || m > kGemvMaxM)
+    fail("QTK_FUSED_MAX_M: expected an integer in 0..{}, found \"{}\"", kGemvMaxM, v);
+  return m;
+}
 }  // namespace
 
 Gemm::Gemm(int64_t ref_m)
-    : ref_m_(ref_m > 0 ? ref_m : default_ref_m()), alternates_(alternates_enabled()) {
+    : ref_m_(ref_m > 0 ? ref_m : default_ref_m()),
+      alternates_(alternates_enabled()),
+      fused_max_m_(fused_max_m()) {
   cublasLtHandle_t h = nullptr;
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
@@ -545,7 +559,7 @@ bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw
                            int64_t ldy, int64_t m, int64_t n, int64_t k, DType out,
                            cudaStream_t stream) {
   // The shape class of the unfused call: x = the normed rows, stride ldd.
-  if (!own_bit_equal(m, n, k, an.ldd, w, ldw, ldy, out, stream) ||
+  if (m > fused_max_m_ || !own_bit_equal(m, n, k, an.ldd, w, ldw, ldy, out, stream) ||
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;
   const auto* wb = static_cast<const bf16*>(w);
@@ -559,7 +573,7 @@ bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw
 bool Gemm::run_swiglu(const void* gate_up, int64_t ld, int64_t ldx, const void* w, int64_t ldw,
                       void* y, int64_t ldy, int64_t m, int64_t n, int64_t k, DType out,
                       cudaStream_t stream) {
-  if (!own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
+  if (m > fused_max_m_ || !own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
       !swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
     return false;
   const auto* gb = static_cast<const bf16*>(gate_up);

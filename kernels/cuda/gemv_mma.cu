@@ -53,58 +53,42 @@ __host__ __device__ size_t smem_bytes(int64_t k) {
 }
 constexpr size_t kMaxSmem = 220 * 1024;
 
-// The fused variants run kFusedWarps warps per block and hold up to
-// kMaxPer columns of a row per thread in registers, so k <= kFusedMaxK.
+// The fused variants run kFusedWarps warps per block; k <= kFusedMaxK.
 // note: their token rows reach shared memory through batched 16-byte loads
 // (load_chunks): every load of a batch is issued before any store, and a
 // batch covers all m rows where registers allow, so the m rows cost one or
 // a few L2 round trips, not m. Row by row, the prologue was most of a
-// decode step at batch 8 (H100, S7-1: Qwen3-0.6B 2.41 ms per step at batch
-// 8 against 1.16 at batch 1 and 1.62 at batch 32). The norm weights,
-// constants, are loaded before the PDL wait.
+// decode step at batch 8 and 16 (H100, S7-4 under ncu: the fused add +
+// RMSNorm launch 10 us at m = 1, 22 us at 8, 47 us at 16).
 constexpr int kFusedWarps = 4;
 constexpr int kFusedThreads = kFusedWarps * 32;
-constexpr int kMaxPer = 32;
-constexpr int64_t kFusedMaxK = int64_t{kMaxPer} * kFusedThreads;
+constexpr int64_t kFusedMaxK = 4096;
 
 // The fused add + RMSNorm stages the delta rows of up to this many token
 // rows at a time in shared memory behind the resident rows (all m rows when
 // they fit: k <= 1024 at m = 16); 0: not even one row fits.
 template <int MT>
 __host__ __device__ int norm_group_rows(int64_t m, int64_t k) {
-  const size_t used = smem_bytes<kFusedWarps, MT, kAddRmsNorm>(k), row = static_cast<size_t>(resident_ld(k)) * 2;
+  const size_t used = smem_bytes<kFusedWarps, MT, kAddRmsNorm>(k);
+  const size_t row = static_cast<size_t>(resident_ld(k)) * 2;
   const size_t fit = used >= kMaxSmem ? 0 : (kMaxSmem - used) / row;
   return static_cast<int>(fit < static_cast<size_t>(m) ? fit : m);
 }
 
-// note: the fused add + RMSNorm gives, bit for bit, what add_rmsnorm
-// (norm.cu) stores: that kernel runs kRmsThreads = 256 threads per row,
-// thread t sums the squares of columns t, t + 256, ... in increasing order
-// (dev::rms_square_add), each warp adds its 32 sums by the xor butterfly,
-// and the 8 warp totals are added in warp order. Here the kFusedThreads
-// threads play the 256: thread t is those with ids t + kFusedThreads * j,
-// so each physical warp holds whole virtual warps, lane for lane, and runs
-// the same butterfly on each. Thread t's columns are t + kFusedThreads * u;
-// column u belongs to its virtual thread u % J, and each virtual thread
-// meets its columns in increasing order. The row's sums (rounded to bf16,
-// as the residual is stored) wait in xres between the two passes; every
-// block computes them, block 0 also stores the new residual. nw: this
-// thread's norm weights (column u in nw[u]).
 // Batched 16-byte loads: item i (< items) is loaded by load(i, v) into two
-// 16-byte registers and handed to use(i, v); kChunkBatch items per thread
-// are in flight before the first use.
-constexpr int kChunkBatch = 8;
-template <int kThreads, class Load, class Use>
+// 16-byte registers and handed to use(i, v); kBatch items per thread are in
+// flight before the first use.
+template <int kThreads, int kBatch, class Load, class Use>
 __device__ void load_chunks(int items, Load load, Use use) {
-  for (int i0 = 0; i0 < items; i0 += kThreads * kChunkBatch) {
-    uint4 v[kChunkBatch][2];
+  for (int i0 = 0; i0 < items; i0 += kThreads * kBatch) {
+    uint4 v[kBatch][2];
 #pragma unroll
-    for (int j = 0; j < kChunkBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       const int i = i0 + threadIdx.x + kThreads * j;
       if (i < items) load(i, v[j]);
     }
 #pragma unroll
-    for (int j = 0; j < kChunkBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       const int i = i0 + threadIdx.x + kThreads * j;
       if (i < items) use(i, v[j]);
     }
@@ -118,19 +102,34 @@ __device__ __forceinline__ void st_chunk(bf16* p, const uint4& v) {
   *reinterpret_cast<uint4*>(p) = v;
 }
 
-// dstage: bf16 [norm_group_rows][ldres], the delta rows of one group (the
-// residual rows of the group go straight to their xres rows).
-__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kMaxPer], int m,
-                                 int k, bf16* xres, int ldres, bf16* dstage, int group) {
-  constexpr int kRmsThreads = 256;
-  constexpr int J = kRmsThreads / kFusedThreads;  // virtual threads per thread
-  static_assert(J * kFusedThreads == kRmsThreads && kMaxPer % J == 0, "virtual threads");
-  __shared__ float red[kGemvMaxM][kRmsThreads / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// note: the fused add + RMSNorm gives, bit for bit, what add_rmsnorm
+// (norm.cu) stores: that kernel runs kRmsThreads = 256 threads per row,
+// thread t sums the squares of columns t, t + 256, ... in increasing order
+// (dev::rms_square_add), each warp adds its 32 sums by the xor butterfly,
+// and the 8 warp totals are added in warp order. Here one warp takes a whole
+// row (rows w, w + 4, ... on warp w, so up to 4 rows at once): lane l plays
+// the 8 threads l + 32 v (v = 0..7, the 8 warps), meeting its columns l +
+// 32 j (j = v + 8 i) in increasing order, so ss[v] is thread l + 32 v's sum;
+// the warp then runs warp v's butterfly on ss[v] for each v and adds the 8
+// totals in order, and rescales the columns it summed. The row's sums
+// (rounded to bf16, as the residual is stored) wait in xres between the
+// two passes; every block computes them, block 0 also stores the new
+// residual. Rows go through shared memory in groups of `group` (the delta
+// rows in dstage: bf16 [group][ldres]; the residual rows straight into
+// their xres rows).
+// note: session 6's form ran each row on all 4 warps (8 columns per thread,
+// a block barrier between the passes), one row after the other: at m = 16
+// the fused launch took 47 us against 10 us at m = 1 (ncu S7-4).
+__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* xres, int ldres,
+                                 bf16* dstage, int group) {
+  constexpr int kRmsWarps = 8;  // add_rmsnorm's 256 threads
+  constexpr int kUnroll = 32;   // columns per lane per pass of the inner loop
+  static_assert(kUnroll % kRmsWarps == 0, "whole virtual warps per pass");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int per = k / kVec;  // 16-byte chunks per row
   for (int r0 = 0; r0 < m; r0 += group) {
     const int rows = min(group, m - r0);
-    load_chunks<kFusedThreads>(
+    load_chunks<kFusedThreads, 8>(
         rows * per,
         [&](int i, uint4(&v)[2]) {
           const int r = r0 + i / per, c = i % per * kVec;
@@ -143,40 +142,45 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kM
           st_chunk(dstage + rr * ldres + c, v[1]);
         });
     __syncthreads();
-    for (int rr = 0; rr < rows; ++rr) {
+    for (int rr = warp; rr < rows; rr += kFusedWarps) {
       const int r = r0 + rr;
+      bf16* xr = xres + r * ldres;
+      const bf16* dr = dstage + rr * ldres;
       bf16* __restrict__ ro = an.residual_out + static_cast<int64_t>(r) * an.ldo;
-      float ss[J];
+      float ss[kRmsWarps];
 #pragma unroll
-      for (int j = 0; j < J; ++j) ss[j] = 0.0f;
+      for (int v = 0; v < kRmsWarps; ++v) ss[v] = 0.0f;
+      for (int c0 = 0; c0 < k; c0 += 32 * kUnroll) {
 #pragma unroll
-      for (int u = 0; u < kMaxPer; ++u) {
-        const int c = tid + kFusedThreads * u;
-        if (c < k) {
-          const bf16 sum = from_f<bf16>(to_f(xres[r * ldres + c]) + to_f(dstage[rr * ldres + c]));
-          xres[r * ldres + c] = sum;
-          if (blockIdx.x == 0) ro[c] = sum;
-          ss[u % J] = rms_square_add(ss[u % J], to_f(sum));
+        for (int j = 0; j < kUnroll; ++j) {
+          const int c = c0 + lane + 32 * j;
+          if (c < k) {
+            const bf16 sum = from_f<bf16>(to_f(xr[c]) + to_f(dr[c]));
+            xr[c] = sum;
+            if (blockIdx.x == 0) ro[c] = sum;
+            ss[j % kRmsWarps] = rms_square_add(ss[j % kRmsWarps], to_f(sum));
+          }
         }
       }
+      float tot = 0.0f;
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const float t = warp_sum(ss[j]);
-        if (lane == 0) red[r][warp + kFusedWarps * j] = t;
+      for (int v = 0; v < kRmsWarps; ++v) tot += warp_sum(ss[v]);
+      const float inv = rsqrtf(tot / static_cast<float>(k) + an.eps);
+      for (int c0 = 0; c0 < k; c0 += 32 * kUnroll) {
+        float nw[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int c = c0 + lane + 32 * j;
+          nw[j] = c < k ? __ldg(an.weight + c) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int c = c0 + lane + 32 * j;
+          if (c < k) xr[c] = from_f<bf16>(to_f(xr[c]) * inv * nw[j]);
+        }
       }
     }
-    __syncthreads();  // dstage is refilled by the next group
-  }
-  for (int r = 0; r < m; ++r) {
-    float ss = 0.0f;
-    for (int v = 0; v < kRmsThreads / 32; ++v) ss += red[r][v];
-    const float inv = rsqrtf(ss / static_cast<float>(k) + an.eps);
-    // Each thread rescales the columns it summed (no barrier needed).
-#pragma unroll
-    for (int u = 0; u < kMaxPer; ++u) {
-      const int c = tid + kFusedThreads * u;
-      if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * nw[u]);
-    }
+    __syncthreads();  // dstage is refilled by the next group; xres is read next
   }
 }
 
@@ -186,7 +190,7 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kM
 __device__ void swiglu_rows(const bf16* __restrict__ gate_up, int64_t ld, int m, int k, bf16* xres,
                             int ldres) {
   const int per = k / kVec;  // 16-byte chunks per row
-  load_chunks<kFusedThreads>(
+  load_chunks<kFusedThreads, 16>(
       m * per,
       [&](int i, uint4(&v)[2]) {
         const bf16* row = gate_up + static_cast<int64_t>(i / per) * ld + i % per * kVec;
@@ -276,18 +280,10 @@ __global__ void __launch_bounds__(WB * 32)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < tiles) issue_w(s);
-  float nw[kMaxPer];  // kAddRmsNorm: this thread's norm weights
-  if constexpr (kPro == kAddRmsNorm) {
-#pragma unroll
-    for (int u = 0; u < kMaxPer; ++u) {
-      const int c = tid + kFusedThreads * u;
-      nw[u] = c < k ? an.weight[c] : 0.0f;
-    }
-  }
   pdl_begin();
   static_assert(kPro == kStreamX || kThreads == kFusedThreads, "fused variants: 4 warps");
   if constexpr (kPro == kAddRmsNorm)
-    add_rmsnorm_rows(an, nw, m, k, xres, ldres, xres + MT * ldres, norm_group_rows<MT>(m, k));
+    add_rmsnorm_rows(an, m, k, xres, ldres, xres + MT * ldres, norm_group_rows<MT>(m, k));
   if constexpr (kPro == kSwiglu) swiglu_rows(x, ldx, m, k, xres, ldres);
   if constexpr (kPro != kStreamX) zero_k_tail<kThreads>(m, k, xres, ldres);
     // Commit groups: group 0 holds the weight stages above and x stage 0;
