@@ -139,10 +139,17 @@ int64_t default_ref_m() {
 }
 
 // QTK_FUSED_MAX_M: the largest M whose decode-step norm / SwiGLU is fused
-// into the projection's launch (0..16; default 16, 0 = never).
+// into the projection's launch (0..16, 0 = never; default 1).
+// note: the fused launch computes its norm or SwiGLU in every block, before
+// the product, so its cost grows with M; the separate launches compute each
+// row once, and PDL overlaps them. On the H100 the separate launches were
+// faster from M = 2 on (S7-5, Qwen3-0.6B decode step with fusion up to 16 /
+// none: batch 2 1.46 / 1.29 ms, 8 2.15 / 1.31, 16 3.44 / 1.46; Qwen3.5-0.8B
+// batch 16 3.83 / 1.81), while at M = 1 the fused launch saves a launch.
+constexpr int64_t kFusedMaxMDefault = 1;
 int64_t fused_max_m() {
   const char* v = std::getenv("QTK_FUSED_MAX_M");
-  if (v == nullptr || *v == '\0') return kGemvMaxM;
+  if (v == nullptr || *v == '\0') return kFusedMaxMDefault;
   char* end = nullptr;
   const long long m = std::strtoll(v, &end, 10);
   if (*end != '\0' || m < 0 || m > kGemvMaxM)

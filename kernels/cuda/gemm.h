@@ -50,8 +50,9 @@ class Gemm {
   // The decode step's "add, then norm, then project" in one launch: with
   // the normed rows h = rmsnorm(residual + delta) * weight (add_rmsnorm's
   // bits) and residual_out = residual + delta, y = h w^T. Only bf16 inputs,
-  // M <= 16, and a shape class (x stride an.ldd) whose small-M range the own
-  // skinny kernel serves bit-equal to the plan algorithm (gemv_mma.h); then
+  // M <= QTK_FUSED_MAX_M (default 1, at most 16), and a shape class (x
+  // stride an.ldd) whose small-M range the own skinny kernel serves
+  // bit-equal to the plan algorithm (gemv_mma.h); then
   // the output is bit for bit add_rmsnorm followed by run(). Returns false,
   // having launched nothing, otherwise (the caller runs the two steps).
   bool run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y, int64_t ldy,

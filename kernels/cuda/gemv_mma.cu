@@ -46,141 +46,87 @@ constexpr int stage_rows() {
 // K (computed once, before the loop; zero from k to the stage width).
 __host__ __device__ inline int64_t resident_ld(int64_t k) { return (k + kKT - 1) / kKT * kKT + 8; }
 template <int WB, int MT, int kPro>
-__host__ __device__ size_t smem_bytes(int64_t k) {
+size_t smem_bytes(int64_t k) {
   const size_t stages = static_cast<size_t>(kStages) * stage_rows<WB, MT, kPro>() * kLd;
   return (stages + (kPro != kStreamX ? static_cast<size_t>(MT * resident_ld(k)) : 0)) *
          sizeof(bf16);
 }
 constexpr size_t kMaxSmem = 220 * 1024;
 
-// The fused variants run kFusedWarps warps per block; k <= kFusedMaxK.
-// note: their token rows reach shared memory through batched 16-byte loads
-// (load_chunks): every load of a batch is issued before any store, and a
-// batch covers all m rows where registers allow, so the m rows cost one or
-// a few L2 round trips, not m. Row by row, the prologue was most of a
-// decode step at batch 8 and 16 (H100, S7-4 under ncu: the fused add +
-// RMSNorm launch 10 us at m = 1, 22 us at 8, 47 us at 16).
+// The fused variants run kFusedWarps warps per block and hold up to
+// kMaxPer columns of a row per thread in registers, so k <= kFusedMaxK.
+// note: each row is loaded in one batch, all loads issued before any store
+// or arithmetic: a store through a pointer the compiler cannot tell apart
+// from the loaded rows would otherwise hold every next load back by a full
+// L2 round trip (a first version with scalar load-store loops cost ~15 us
+// per launch), and the norm weights, constants, are loaded before the PDL
+// wait.
 constexpr int kFusedWarps = 4;
 constexpr int kFusedThreads = kFusedWarps * 32;
-constexpr int64_t kFusedMaxK = 4096;
-
-// The fused add + RMSNorm stages the delta rows of up to this many token
-// rows at a time in shared memory behind the resident rows (all m rows when
-// they fit: k <= 1024 at m = 16); 0: not even one row fits.
-template <int MT>
-__host__ __device__ int norm_group_rows(int64_t m, int64_t k) {
-  const size_t used = smem_bytes<kFusedWarps, MT, kAddRmsNorm>(k);
-  const size_t row = static_cast<size_t>(resident_ld(k)) * 2;
-  const size_t fit = used >= kMaxSmem ? 0 : (kMaxSmem - used) / row;
-  return static_cast<int>(fit < static_cast<size_t>(m) ? fit : m);
-}
-
-// Batched 16-byte loads: item i (< items) is loaded by load(i, v) into two
-// 16-byte registers and handed to use(i, v); kBatch items per thread are in
-// flight before the first use.
-template <int kThreads, int kBatch, class Load, class Use>
-__device__ void load_chunks(int items, Load load, Use use) {
-  for (int i0 = 0; i0 < items; i0 += kThreads * kBatch) {
-    uint4 v[kBatch][2];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + threadIdx.x + kThreads * j;
-      if (i < items) load(i, v[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + threadIdx.x + kThreads * j;
-      if (i < items) use(i, v[j]);
-    }
-  }
-}
-
-__device__ __forceinline__ uint4 ld_chunk(const bf16* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
-__device__ __forceinline__ void st_chunk(bf16* p, const uint4& v) {
-  *reinterpret_cast<uint4*>(p) = v;
-}
+constexpr int kMaxPer = 32;
+constexpr int64_t kFusedMaxK = int64_t{kMaxPer} * kFusedThreads;
 
 // note: the fused add + RMSNorm gives, bit for bit, what add_rmsnorm
 // (norm.cu) stores: that kernel runs kRmsThreads = 256 threads per row,
 // thread t sums the squares of columns t, t + 256, ... in increasing order
 // (dev::rms_square_add), each warp adds its 32 sums by the xor butterfly,
-// and the 8 warp totals are added in warp order. Here one warp takes a whole
-// row (rows w, w + 4, ... on warp w, so up to 4 rows at once): lane l plays
-// the 8 threads l + 32 v (v = 0..7, the 8 warps), meeting its columns l +
-// 32 j (j = v + 8 i) in increasing order, so ss[v] is thread l + 32 v's sum;
-// the warp then runs warp v's butterfly on ss[v] for each v and adds the 8
-// totals in order, and rescales the columns it summed. The row's sums
-// (rounded to bf16, as the residual is stored) wait in xres between the
-// two passes; every block computes them, block 0 also stores the new
-// residual. Rows go through shared memory in groups of `group` (the delta
-// rows in dstage: bf16 [group][ldres]; the residual rows straight into
-// their xres rows).
-// note: session 6's form ran each row on all 4 warps (8 columns per thread,
-// a block barrier between the passes), one row after the other: at m = 16
-// the fused launch took 47 us against 10 us at m = 1 (ncu S7-4).
-__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* xres, int ldres,
-                                 bf16* dstage, int group) {
-  constexpr int kRmsWarps = 8;  // add_rmsnorm's 256 threads
-  constexpr int kUnroll = 32;   // columns per lane per pass of the inner loop
-  static_assert(kUnroll % kRmsWarps == 0, "whole virtual warps per pass");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int per = k / kVec;  // 16-byte chunks per row
-  for (int r0 = 0; r0 < m; r0 += group) {
-    const int rows = min(group, m - r0);
-    load_chunks<kFusedThreads, 8>(
-        rows * per,
-        [&](int i, uint4(&v)[2]) {
-          const int r = r0 + i / per, c = i % per * kVec;
-          v[0] = ld_chunk(an.residual + static_cast<int64_t>(r) * an.ldr + c);
-          v[1] = ld_chunk(an.delta + static_cast<int64_t>(r) * an.ldd + c);
-        },
-        [&](int i, const uint4(&v)[2]) {
-          const int rr = i / per, c = i % per * kVec;
-          st_chunk(xres + (r0 + rr) * ldres + c, v[0]);
-          st_chunk(dstage + rr * ldres + c, v[1]);
-        });
-    __syncthreads();
-    for (int rr = warp; rr < rows; rr += kFusedWarps) {
-      const int r = r0 + rr;
-      bf16* xr = xres + r * ldres;
-      const bf16* dr = dstage + rr * ldres;
-      bf16* __restrict__ ro = an.residual_out + static_cast<int64_t>(r) * an.ldo;
-      float ss[kRmsWarps];
+// and the 8 warp totals are added in warp order. Here the kFusedThreads
+// threads play the 256: thread t is those with ids t + kFusedThreads * j,
+// so each physical warp holds whole virtual warps, lane for lane, and runs
+// the same butterfly on each. Thread t's columns are t + kFusedThreads * u;
+// column u belongs to its virtual thread u % J, and each virtual thread
+// meets its columns in increasing order. The row's sums (rounded to bf16,
+// as the residual is stored) wait in xres between the two passes; every
+// block computes them, block 0 also stores the new residual. nw: this
+// thread's norm weights (column u in nw[u]).
+__device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kMaxPer], int m,
+                                 int k, bf16* xres, int ldres) {
+  constexpr int kRmsThreads = 256;
+  constexpr int J = kRmsThreads / kFusedThreads;  // virtual threads per thread
+  static_assert(J * kFusedThreads == kRmsThreads && kMaxPer % J == 0, "virtual threads");
+  __shared__ float red[kGemvMaxM][kRmsThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int r = 0; r < m; ++r) {
+    const bf16* __restrict__ rr = an.residual + static_cast<int64_t>(r) * an.ldr;
+    const bf16* __restrict__ dr = an.delta + static_cast<int64_t>(r) * an.ldd;
+    bf16* __restrict__ ro = an.residual_out + static_cast<int64_t>(r) * an.ldo;
+    float a[kMaxPer], d[kMaxPer];
 #pragma unroll
-      for (int v = 0; v < kRmsWarps; ++v) ss[v] = 0.0f;
-      for (int c0 = 0; c0 < k; c0 += 32 * kUnroll) {
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      a[u] = c < k ? to_f(rr[c]) : 0.0f;
+      d[u] = c < k ? to_f(dr[c]) : 0.0f;
+    }
+    float ss[J];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const int c = c0 + lane + 32 * j;
-          if (c < k) {
-            const bf16 sum = from_f<bf16>(to_f(xr[c]) + to_f(dr[c]));
-            xr[c] = sum;
-            if (blockIdx.x == 0) ro[c] = sum;
-            ss[j % kRmsWarps] = rms_square_add(ss[j % kRmsWarps], to_f(sum));
-          }
-        }
-      }
-      float tot = 0.0f;
+    for (int j = 0; j < J; ++j) ss[j] = 0.0f;
 #pragma unroll
-      for (int v = 0; v < kRmsWarps; ++v) tot += warp_sum(ss[v]);
-      const float inv = rsqrtf(tot / static_cast<float>(k) + an.eps);
-      for (int c0 = 0; c0 < k; c0 += 32 * kUnroll) {
-        float nw[kUnroll];
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const int c = c0 + lane + 32 * j;
-          nw[j] = c < k ? __ldg(an.weight + c) : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const int c = c0 + lane + 32 * j;
-          if (c < k) xr[c] = from_f<bf16>(to_f(xr[c]) * inv * nw[j]);
-        }
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      if (c < k) {
+        const bf16 sum = from_f<bf16>(a[u] + d[u]);
+        xres[r * ldres + c] = sum;
+        if (blockIdx.x == 0) ro[c] = sum;
+        ss[u % J] = rms_square_add(ss[u % J], to_f(sum));
       }
     }
-    __syncthreads();  // dstage is refilled by the next group; xres is read next
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const float t = warp_sum(ss[j]);
+      if (lane == 0) red[r][warp + kFusedWarps * j] = t;
+    }
+  }
+  __syncthreads();
+  for (int r = 0; r < m; ++r) {
+    float ss = 0.0f;
+    for (int v = 0; v < kRmsThreads / 32; ++v) ss += red[r][v];
+    const float inv = rsqrtf(ss / static_cast<float>(k) + an.eps);
+    // Each thread rescales the columns it summed (no barrier needed).
+#pragma unroll
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * nw[u]);
+    }
   }
 }
 
@@ -189,23 +135,21 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, int m, int k, bf16* 
 // dev::silu. gate_up rows: k gate values, then k up values.
 __device__ void swiglu_rows(const bf16* __restrict__ gate_up, int64_t ld, int m, int k, bf16* xres,
                             int ldres) {
-  const int per = k / kVec;  // 16-byte chunks per row
-  load_chunks<kFusedThreads, 16>(
-      m * per,
-      [&](int i, uint4(&v)[2]) {
-        const bf16* row = gate_up + static_cast<int64_t>(i / per) * ld + i % per * kVec;
-        v[0] = ld_chunk(row);
-        v[1] = ld_chunk(row + k);
-      },
-      [&](int i, const uint4(&v)[2]) {
-        const bf16* g = reinterpret_cast<const bf16*>(&v[0]);
-        const bf16* up = reinterpret_cast<const bf16*>(&v[1]);
-        uint4 o;
-        bf16* ob = reinterpret_cast<bf16*>(&o);
+  for (int r = 0; r < m; ++r) {
+    const bf16* __restrict__ row = gate_up + static_cast<int64_t>(r) * ld;
+    float g[kMaxPer], up[kMaxPer];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) ob[e] = from_f<bf16>(silu(to_f(g[e])) * to_f(up[e]));
-        st_chunk(xres + i / per * ldres + i % per * kVec, o);
-      });
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = threadIdx.x + kFusedThreads * u;
+      g[u] = c < k ? to_f(row[c]) : 0.0f;
+      up[u] = c < k ? to_f(row[k + c]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = threadIdx.x + kFusedThreads * u;
+      if (c < k) xres[r * ldres + c] = from_f<bf16>(silu(g[u]) * up[u]);
+    }
+  }
 }
 
 // Zeros the columns past k (up to the stage width) of the m rows, then the
@@ -280,10 +224,17 @@ __global__ void __launch_bounds__(WB * 32)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < tiles) issue_w(s);
+  float nw[kMaxPer];  // kAddRmsNorm: this thread's norm weights
+  if constexpr (kPro == kAddRmsNorm) {
+#pragma unroll
+    for (int u = 0; u < kMaxPer; ++u) {
+      const int c = tid + kFusedThreads * u;
+      nw[u] = c < k ? an.weight[c] : 0.0f;
+    }
+  }
   pdl_begin();
   static_assert(kPro == kStreamX || kThreads == kFusedThreads, "fused variants: 4 warps");
-  if constexpr (kPro == kAddRmsNorm)
-    add_rmsnorm_rows(an, m, k, xres, ldres, xres + MT * ldres, norm_group_rows<MT>(m, k));
+  if constexpr (kPro == kAddRmsNorm) add_rmsnorm_rows(an, nw, m, k, xres, ldres);
   if constexpr (kPro == kSwiglu) swiglu_rows(x, ldx, m, k, xres, ldres);
   if constexpr (kPro != kStreamX) zero_k_tail<kThreads>(m, k, xres, ldres);
     // Commit groups: group 0 holds the weight stages above and x stage 0;
@@ -362,11 +313,8 @@ void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int6
                                         static_cast<int>(kMaxSmem)));
   });
   const unsigned blocks = static_cast<unsigned>((n + WB * 8 - 1) / (WB * 8));
-  const size_t smem =
-      smem_bytes<WB, MT, kPro>(k) +
-      (kPro == kAddRmsNorm ? static_cast<size_t>(norm_group_rows<MT>(m, k)) * resident_ld(k) * 2
-                           : 0);
-  launch_kernel(gemv_kernel<WB, MT, kPro, OUT>, blocks, WB * 32, smem, stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
+  launch_kernel(gemv_kernel<WB, MT, kPro, OUT>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
+                stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), an);
 }
 
@@ -422,10 +370,7 @@ void gemv_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, i
 bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_t ldw, int64_t m,
                                 int64_t k) {
   if (!gemv_bf16_supported(an.delta, an.ldd, w, ldw, m, k)) return false;
-  if (k > kFusedMaxK || (m <= 8 ? norm_group_rows<8>(m, k) : norm_group_rows<16>(m, k)) < 1)
-    return false;
-  // note: the residual rows are read in 16-byte chunks, like the delta rows.
-  if (an.ldr % kVec != 0 || reinterpret_cast<uintptr_t>(an.residual) % 16 != 0) return false;
+  if (k > kFusedMaxK || smem_bytes<kFusedWarps, 16, kAddRmsNorm>(k) > kMaxSmem) return false;
   // note: every block reads the old residual while block 0 writes the new
   // one, so the two must not overlap.
   const auto* a = reinterpret_cast<const char*>(an.residual);

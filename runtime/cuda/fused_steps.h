@@ -25,9 +25,9 @@ struct ResidualStream {
 // x += delta (rounded to T); h = rmsnorm(x) * norm_w; y = h w^T (n outputs
 // of hidden inputs, w in the HF layout with row stride hidden). Exactly
 // add_rmsnorm followed by gemm.run.
-// note: at M <= 16 (decode at small batch) in bf16, where the own skinny
-// kernel serves the product bit-equal to the plan algorithm, the three run
-// as one launch (Gemm::run_add_rmsnorm): the add and the norm in front of
+// note: at M <= QTK_FUSED_MAX_M (default 1: decode at batch 1; see
+// gemm.cpp) in bf16, where the own skinny kernel serves the product
+// bit-equal to the plan algorithm, the three run as one launch (Gemm::run_add_rmsnorm): the add and the norm in front of
 // the product, with add_rmsnorm's arithmetic and order, so the bits are the
 // same either way and a sequence's tokens do not depend on the path. That
 // launch leaves h unwritten and the new residual in rs.spare (its blocks
@@ -55,7 +55,7 @@ void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const floa
 }
 
 // act = swiglu(gate_up) (bf16 [rows, 2 inter] -> act [rows, inter]); y =
-// act w^T (n outputs). Exactly swiglu followed by gemm.run; at M <= 16 in
+// act w^T (n outputs). Exactly swiglu followed by gemm.run; at M <= QTK_FUSED_MAX_M in
 // bf16 one launch (Gemm::run_swiglu, same bits) that leaves act unwritten.
 template <class T>
 void swiglu_gemm(Gemm& gemm, const T* gate_up, T* act, const void* w, void* y, int64_t ldy,
