@@ -84,7 +84,7 @@ class Gemm {
 
   int64_t ref_m_;
   bool alternates_;
-  int64_t fused_max_m_;  // QTK_FUSED_MAX_M: run_add_rmsnorm / run_swiglu only up to this M
+  int64_t fused_max_m_;     // QTK_FUSED_MAX_M: run_add_rmsnorm / run_swiglu only up to this M
   void* handle_ = nullptr;  // cublasLtHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

@@ -27,11 +27,11 @@ struct ResidualStream {
 // add_rmsnorm followed by gemm.run.
 // note: at M <= QTK_FUSED_MAX_M (default 1: decode at batch 1; see
 // gemm.cpp) in bf16, where the own skinny kernel serves the product
-// bit-equal to the plan algorithm, the three run as one launch (Gemm::run_add_rmsnorm): the add and the norm in front of
-// the product, with add_rmsnorm's arithmetic and order, so the bits are the
-// same either way and a sequence's tokens do not depend on the path. That
-// launch leaves h unwritten and the new residual in rs.spare (its blocks
-// still read the old one), and the two buffers swap. delta may be h.
+// bit-equal to the plan algorithm, the three run as one launch
+// (Gemm::run_add_rmsnorm): the add and the norm in front of the product, with add_rmsnorm's
+// arithmetic and order, so the bits are the same either way and a sequence's tokens do not depend
+// on the path. That launch leaves h unwritten and the new residual in rs.spare (its blocks still
+// read the old one), and the two buffers swap. delta may be h.
 template <class T>
 void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float* norm_w,
                    float eps, T* h, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n,
