@@ -522,6 +522,26 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // algorithm, and the split depends on N only, so invariance holds.
     constexpr int64_t kChunkN = 16384;
     if (n <= kChunkN) fail("{}", p.why);
+    // note: at M <= 16 the own skinny kernel takes the whole width in one
+    // launch where it gave, on this GPU, the bits of the plan algorithms of
+    // both chunk widths (the full one and the last): each output is then
+    // the same chain as in the chunked product. One launch instead of ten
+    // for a 151936-row lm_head, the weights streamed without the chunks'
+    // tails (S7-7).
+    const int64_t last = n % kChunkN == 0 ? kChunkN : n % kChunkN;
+    if (in == DType::BF16 && m <= kSmallMaxM && gemv_bf16_supported(x, ldx, w, ldw, m, k) &&
+        std::getenv("QTK_EXP_CHUNKED") == nullptr &&
+        own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
+        own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * 2, ldw,
+                      ldy, out, stream)) {
+      const auto* xb = static_cast<const bf16*>(x);
+      const auto* wb = static_cast<const bf16*>(w);
+      if (out == DType::F32)
+        gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+      else
+        gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+      return;
+    }
     const int64_t wes = dtype_size(in), yes = dtype_size(out);
     for (int64_t off = 0; off < n; off += kChunkN)
       run(x, ldx, static_cast<const char*>(w) + off * ldw * wes, ldw,
