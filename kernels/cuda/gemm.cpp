@@ -532,8 +532,8 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     const int64_t last = n % kChunkN == 0 ? kChunkN : n % kChunkN;
     if (in == DType::BF16 && m <= kSmallMaxM && gemv_bf16_supported(x, ldx, w, ldw, m, k) &&
         own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
-        own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * 2, ldw,
-                      ldy, out, stream)) {
+        own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * 2, ldw, ldy,
+                      out, stream)) {
       const auto* xb = static_cast<const bf16*>(x);
       const auto* wb = static_cast<const bf16*>(w);
       if (out == DType::F32)
