@@ -156,6 +156,16 @@ int64_t fused_max_m() {
     fail("QTK_FUSED_MAX_M: expected an integer in 0..{}, found \"{}\"", kGemvMaxM, v);
   return m;
 }
+// The own skinny kernel (gemv_mma.h) on bf16 x and w, y in `out`.
+void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+              int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream) {
+  const auto* xb = static_cast<const bf16*>(x);
+  const auto* wb = static_cast<const bf16*>(w);
+  if (out == DType::F32)
+    gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+  else
+    gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+}
 }  // namespace
 
 Gemm::Gemm(int64_t ref_m)
@@ -455,14 +465,9 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     std::string own_status;
     if (alt.lo == 1 && p.in_t == CUDA_R_16BF && plan_runs &&
         gemv_bf16_supported(xd, p.ldx, w, p.ldw, alt.verify_m, p.k)) {
-      const auto* xb = static_cast<const bf16*>(xd);
-      const auto* wb = static_cast<const bf16*>(w);
+      const DType out = p.out_t == CUDA_R_32F ? DType::F32 : DType::BF16;
       auto own = [&](int64_t m, void* y) {
-        if (p.out_t == CUDA_R_32F)
-          gemv_bf16<float>(xb, p.ldx, wb, p.ldw, static_cast<float*>(y), p.ldy, m, p.n, p.k,
-                           stream);
-        else
-          gemv_bf16<bf16>(xb, p.ldx, wb, p.ldw, static_cast<bf16*>(y), p.ldy, m, p.n, p.k, stream);
+        own_gemv(xd, p.ldx, w, p.ldw, y, p.ldy, m, p.n, p.k, out, stream);
       };
       bool same = true;
       for (const int64_t m : {std::min<int64_t>(8, alt.verify_m), alt.verify_m}) {
@@ -534,12 +539,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
         own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
         own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * 2, ldw, ldy,
                       out, stream)) {
-      const auto* xb = static_cast<const bf16*>(x);
-      const auto* wb = static_cast<const bf16*>(w);
-      if (out == DType::F32)
-        gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
-      else
-        gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
       return;
     }
     const int64_t wes = dtype_size(in), yes = dtype_size(out);
@@ -554,12 +554,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   for (const auto& alt : p.alts) {
     if (m < alt.lo || m > alt.hi) continue;
     if (alt.own && gemv_bf16_supported(x, ldx, w, ldw, m, k)) {
-      const auto* xb = static_cast<const bf16*>(x);
-      const auto* wb = static_cast<const bf16*>(w);
-      if (out == DType::F32)
-        gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
-      else
-        gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
       return;
     }
     if (alt.usable) algo = &alt.algo;
