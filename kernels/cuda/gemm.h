@@ -58,6 +58,21 @@ class Gemm {
   bool run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y, int64_t ldy,
                        int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
 
+  // The MLP's "project to gate and up, then SwiGLU" (gemv_swiglu_out_bf16):
+  // act = swiglu(x w^T), w gate_up_proj bf16 [2 inter, k], act bf16 [m,
+  // inter]. Only at M <= 16 and where the own skinny kernel serves the
+  // gate_up product's shape class (n 2 inter, output stride ld_gate_up)
+  // bit-equal to its plan algorithm; then act is bit for bit run() into a
+  // gate_up buffer of stride ld_gate_up followed by swiglu. Returns false,
+  // having launched nothing, otherwise. run_add_rmsnorm_swiglu_out: the same
+  // behind the fused add + RMSNorm, at M <= QTK_FUSED_MAX_M.
+  bool run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw, void* act,
+                      int64_t ldact, int64_t m, int64_t inter, int64_t k, int64_t ld_gate_up,
+                      cudaStream_t stream);
+  bool run_add_rmsnorm_swiglu_out(const AddRmsNormInput& an, const void* w, int64_t ldw, void* act,
+                                  int64_t ldact, int64_t m, int64_t inter, int64_t k,
+                                  int64_t ld_gate_up, cudaStream_t stream);
+
   // The same for "SwiGLU, then project" (down_proj): y = act w^T with act =
   // swiglu of gate_up (bf16 [m, 2k], row stride ld), as swiglu (cuda_kernels.h)
   // followed by run() with x = act of row stride ldx (the shape class).

@@ -164,10 +164,22 @@ __device__ void zero_k_tail(int m, int k, bf16* xres, int ldres) {
   __syncthreads();
 }
 
-template <int WB, int MT, int kPro, class OUT>
+// How the outputs leave: stored as they are (kStore), or, for the MLP's
+// gate_up product, as SwiGLU activations (kSwigluOut, below).
+constexpr int kStore = 0, kSwigluOut = 1;
+
+// note: the SwiGLU epilogue. w is gate_up_proj, bf16 [2 n, k]: gate rows,
+// then up rows; y the activations, bf16 [m, n]. Each warp's 8 weight rows
+// are the gate rows of 4 activation columns and their 4 up rows, so lane c
+// (< 2) holds the gate sums of columns 2c, 2c + 1 and lane c + 2 their up
+// sums; each sum is rounded to bf16 as the gate_up buffer would store it,
+// then swiglu's formula: the bits of gemv_bf16<bf16> into gate_up followed
+// by swiglu (elementwise.cu), in one launch and without the gate_up buffer.
+template <int WB, int MT, int kPro, class OUT, int kEpi = kStore>
 __global__ void __launch_bounds__(WB * 32)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 OUT* __restrict__ y, int64_t ldy, int m, int n, int k, AddRmsNormInput an) {
+  static_assert(kEpi == kStore || std::is_same_v<OUT, bf16>, "SwiGLU activations are bf16");
   constexpr int kThreads = WB * 32;
   constexpr int kRows = stage_rows<WB, MT, kPro>();
   constexpr int kWCopies = WB * 8 * kChunks / kThreads;  // = 4: weight copies per thread
@@ -180,7 +192,9 @@ __global__ void __launch_bounds__(WB * 32)
   bf16* xres = sm + kStages * kRows * kLd;       // resident rows: bf16 [MT][resident_ld(k)]
   const int ldres = static_cast<int>(resident_ld(k));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n0 = blockIdx.x * (WB * 8);
+  // kStore: output n0 + t is weight row n0 + t of the block's WB * 8;
+  // kSwigluOut: the block's WB * 4 activation columns from a0.
+  const int n0 = blockIdx.x * (WB * 8), a0 = blockIdx.x * (WB * 4);
   const int tiles = (k + kKT - 1) / kKT;
 
   // This thread's copies: copy j of a stage is row (tid + j * kThreads) /
@@ -191,8 +205,14 @@ __global__ void __launch_bounds__(WB * 32)
 #pragma unroll
   for (int j = 0; j < kWCopies; ++j) {
     const int r = (tid + j * kThreads) / kChunks;
-    wok[j] = n0 + r < n;
-    wsrc[j] = w + (wok[j] ? static_cast<int64_t>(n0 + r) * ldw : 0) + cv * kVec;
+    int64_t row = n0 + r;
+    wok[j] = row < n;
+    if constexpr (kEpi == kSwigluOut) {
+      const int col = a0 + r / 8 * 4 + r % 4;  // warp r / 8, its tile row r % 8
+      wok[j] = col < n;
+      row = col + (r % 8 >= 4 ? n : 0);
+    }
+    wsrc[j] = w + (wok[j] ? row * ldw : 0) + cv * kVec;
   }
   auto issue_w = [&](int kt) {
     bf16* st = sm + (kt % kStages) * kRows * kLd;
@@ -295,6 +315,25 @@ __global__ void __launch_bounds__(WB * 32)
         y[static_cast<int64_t>(row) * ldy + cc] = __float2bfloat16_rn(v);
     }
   };
+  if constexpr (kEpi == kSwigluOut) {
+    float up[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+    if (c >= 2) return;
+    const int a = a0 + warp * 4 + 2 * c;
+    auto act = [&](int row, int cc, float gs, float us) {
+      if (row < m && cc < n)
+        y[static_cast<int64_t>(row) * ldy + cc] =
+            from_f<bf16>(silu(to_f(__float2bfloat16_rn(gs))) * to_f(__float2bfloat16_rn(us)));
+    };
+    act(g, a, acc[0], up[0]);
+    act(g, a + 1, acc[1], up[1]);
+    if constexpr (MT == 16) {
+      act(g + 8, a, acc[2], up[2]);
+      act(g + 8, a + 1, acc[3], up[3]);
+    }
+    return;
+  }
   put(g, col, acc[0]);
   put(g, col + 1, acc[1]);
   if constexpr (MT == 16) {
@@ -303,22 +342,23 @@ __global__ void __launch_bounds__(WB * 32)
   }
 }
 
-template <int WB, int MT, int kPro, class OUT>
+template <int WB, int MT, int kPro, class OUT, int kEpi = kStore>
 void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy, int64_t m,
             int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<WB, MT, kPro, OUT>,
+    QTK_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<WB, MT, kPro, OUT, kEpi>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
   });
-  const unsigned blocks = static_cast<unsigned>((n + WB * 8 - 1) / (WB * 8));
-  launch_kernel(gemv_kernel<WB, MT, kPro, OUT>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
+  const int per_block = kEpi == kSwigluOut ? WB * 4 : WB * 8;  // outputs per block
+  const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
+  launch_kernel(gemv_kernel<WB, MT, kPro, OUT, kEpi>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
                 stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), an);
 }
 
-template <int kPro, class OUT>
+template <int kPro, class OUT, int kEpi = kStore>
 void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy,
               int64_t m, int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream,
               int warps) {
@@ -331,18 +371,18 @@ void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, in
   // / 12.7 us; N 4096 K 1024 3.68 / 3.93 / 4.11 us).
   if constexpr (kPro != kStreamX) {
     if (m <= 8)
-      return launch<kFusedWarps, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    return launch<kFusedWarps, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      return launch<kFusedWarps, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    return launch<kFusedWarps, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
   } else {
     if (warps == 0) warps = 4;
     if (m <= 8) {
-      if (warps == 1) return launch<1, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-      if (warps == 4) return launch<4, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-      return launch<2, 8, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      if (warps == 1) return launch<1, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      if (warps == 4) return launch<4, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      return launch<2, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
     }
-    if (warps == 1) return launch<1, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    if (warps == 4) return launch<4, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    return launch<2, 16, kPro, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 1) return launch<1, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 4) return launch<4, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    return launch<2, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
   }
 }
 
@@ -407,6 +447,29 @@ void swiglu_gemv_bf16(const bf16* gate_up, int64_t ld, const bf16* w, int64_t ld
                  std::to_string(k) +
                  "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers)");
   dispatch<kSwiglu, OUT>(gate_up, ld, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, 0);
+}
+
+void gemv_swiglu_out_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, bf16* act,
+                          int64_t ldact, int64_t m, int64_t inter, int64_t k, cudaStream_t stream) {
+  if (m <= 0 || inter <= 0) return;
+  if (!gemv_bf16_supported(x, ldx, w, ldw, m, k))
+    fail_message("gemv_swiglu_out_bf16: unsupported call (m " + std::to_string(m) + ", k " +
+                 std::to_string(k) + "; m <= 16, k and strides multiples of 8, aligned pointers)");
+  dispatch<kStreamX, bf16, kSwigluOut>(x, ldx, w, ldw, act, ldact, m, inter, k, AddRmsNormInput{},
+                                       stream, 4);
+}
+
+void add_rmsnorm_gemv_swiglu_out_bf16(const AddRmsNormInput& an, const bf16* w, int64_t ldw,
+                                      bf16* act, int64_t ldact, int64_t m, int64_t inter, int64_t k,
+                                      cudaStream_t stream) {
+  if (m <= 0 || inter <= 0) return;
+  if (!add_rmsnorm_gemv_supported(an, w, ldw, m, k))
+    fail_message("add_rmsnorm_gemv_swiglu_out_bf16: unsupported call (m " + std::to_string(m) +
+                 ", k " + std::to_string(k) +
+                 "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers, "
+                 "residual_out apart from residual)");
+  dispatch<kAddRmsNorm, bf16, kSwigluOut>(nullptr, 0, w, ldw, act, ldact, m, inter, k, an, stream,
+                                          0);
 }
 
 template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, int64_t,

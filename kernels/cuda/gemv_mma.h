@@ -66,6 +66,21 @@ template <class OUT>
 void swiglu_gemv_bf16(const __nv_bfloat16* gate_up, int64_t ld, const __nv_bfloat16* w, int64_t ldw,
                       OUT* y, int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
+// The MLP's gate_up product with the SwiGLU as its epilogue: act[i, j] =
+// bf16(silu(g) * u) for j < inter, g and u the bf16-rounded sums of x row i
+// with w rows j (gate) and inter + j (up); w bf16 [2 inter, k] (row stride
+// ldw), act bf16 [m, inter] (row stride ldact). Bit for bit gemv_bf16<bf16>
+// into a gate_up buffer followed by swiglu (cuda_kernels.h), tested; the
+// gate_up buffer is never written. Same support rules as gemv_bf16.
+void gemv_swiglu_out_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw,
+                          __nv_bfloat16* act, int64_t ldact, int64_t m, int64_t inter, int64_t k,
+                          cudaStream_t stream);
+
+// The same behind the fused add + RMSNorm (add_rmsnorm_gemv_bf16's rules).
+void add_rmsnorm_gemv_swiglu_out_bf16(const AddRmsNormInput& an, const __nv_bfloat16* w,
+                                      int64_t ldw, __nv_bfloat16* act, int64_t ldact, int64_t m,
+                                      int64_t inter, int64_t k, cudaStream_t stream);
+
 template <class OUT>
 void gemv_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, OUT* y,
                int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps = 0);

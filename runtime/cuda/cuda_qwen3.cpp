@@ -210,10 +210,9 @@ class CudaQwen3 final : public CudaModel {
                 stream_);
       // MLP block: x += attention output; the post-attention norm of x,
       // projected to gate and up.
-      cuda::add_norm_gemm<T_>(gemm_, rs, h, l.post_attention_layernorm.as<float>(), eps, h,
-                              l.gate_up_proj.as(), gate_up_.as(), 2 * I, T, 2 * I, H, stream_);
-      cuda::swiglu_gemm<T_>(gemm_, gate_up_.as<T_>(), act_.as<T_>(), l.down_proj.as(), h, H, T, H,
-                            I, stream_);
+      cuda::add_norm_mlp<T_>(gemm_, rs, h, l.post_attention_layernorm.as<float>(), eps, h,
+                             l.gate_up_proj.as(), gate_up_.as<T_>(), act_.as<T_>(),
+                             l.down_proj.as(), h, T, I, H, stream_);
     }
     // x += the last MLP output; h = the final norm of x.
     cuda::add_rmsnorm<T_>(rs.x, H, h, H, norm_.as<float>(), h, H, T, H, eps, stream_);

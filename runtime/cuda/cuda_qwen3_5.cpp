@@ -282,10 +282,9 @@ class CudaQwen3_5 final : public CudaModel {
         linear_attention(l, b, mix);
       // MLP block: x += the mixer's output; the post-attention norm of x,
       // projected to gate and up.
-      cuda::add_norm_gemm<Act>(gemm_, rs, mix, l.post_attention_layernorm.as<float>(), eps, h,
-                               l.gate_up_proj.as(), gate_up_.as(), 2 * I, T, 2 * I, H, stream_);
-      cuda::swiglu_gemm<Act>(gemm_, gate_up_.as<Act>(), act_.as<Act>(), l.down_proj.as(), mix, H, T,
-                             H, I, stream_);
+      cuda::add_norm_mlp<Act>(gemm_, rs, mix, l.post_attention_layernorm.as<float>(), eps, h,
+                              l.gate_up_proj.as(), gate_up_.as<Act>(), act_.as<Act>(),
+                              l.down_proj.as(), mix, T, I, H, stream_);
     }
     // x += the last MLP output; h = the final norm of x.
     cuda::add_rmsnorm<Act>(rs.x, H, mix, H, norm_.as<float>(), h, H, T, H, eps, stream_);

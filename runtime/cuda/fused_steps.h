@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -66,6 +67,57 @@ void swiglu_gemm(Gemm& gemm, const T* gate_up, T* act, const void* w, void* y, i
       return;
   swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
   gemm.run(act, inter, w, inter, y, ldy, rows, n, inter, dtype_of<T>(), dtype_of<T>(), stream);
+}
+
+// The MLP block after a sublayer: x += delta (rounded to T); h =
+// rmsnorm(x) * norm_w; act = swiglu(h gate_up^T) (w_gate_up [2 inter,
+// hidden]: gate rows, then up rows); y = act down^T (hidden outputs, row
+// stride hidden). Exactly add_rmsnorm, gemm.run into gate_up, swiglu and
+// gemm.run. delta and y may be h.
+// note: in bf16 at M <= 16, where the own skinny kernel serves the gate_up
+// product bit-equal to its plan algorithm, the SwiGLU is that launch's
+// epilogue (Gemm::run_swiglu_out: no gate_up buffer, no swiglu launch), and
+// at M <= QTK_FUSED_MAX_M the add + norm its prologue too; down_proj then
+// reads act like any product. Same bits on every path (tested).
+template <class T>
+void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float* norm_w,
+                  float eps, T* h, const void* w_gate_up, T* gate_up, T* act, const void* w_down,
+                  T* y, int64_t rows, int64_t inter, int64_t hidden, cudaStream_t stream) {
+  const DType dt = dtype_of<T>();
+  if (std::getenv("QTK_EXP_OLD_MLP") != nullptr) {
+    add_norm_gemm<T>(gemm, rs, delta, norm_w, eps, h, w_gate_up, gate_up, 2 * inter, rows,
+                     2 * inter, hidden, stream);
+    swiglu_gemm<T>(gemm, gate_up, act, w_down, y, hidden, rows, hidden, inter, stream);
+    return;
+  }
+  bool done = false;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const AddRmsNormInput an{.residual = rs.x,
+                             .ldr = hidden,
+                             .delta = delta,
+                             .ldd = hidden,
+                             .weight = norm_w,
+                             .eps = eps,
+                             .residual_out = rs.spare,
+                             .ldo = hidden};
+    if (gemm.run_add_rmsnorm_swiglu_out(an, w_gate_up, hidden, act, inter, rows, inter, hidden,
+                                        2 * inter, stream)) {
+      std::swap(rs.x, rs.spare);
+      done = true;
+    }
+  }
+  if (!done) {
+    add_rmsnorm<T>(rs.x, hidden, delta, hidden, norm_w, h, hidden, rows, hidden, eps, stream);
+    if constexpr (std::is_same_v<T, bf16>)
+      done = gemm.run_swiglu_out(h, hidden, w_gate_up, hidden, act, inter, rows, inter, hidden,
+                                 2 * inter, stream);
+  }
+  if (!done) {
+    gemm.run(h, hidden, w_gate_up, hidden, gate_up, 2 * inter, rows, 2 * inter, hidden, dt, dt,
+             stream);
+    swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
+  }
+  gemm.run(act, inter, w_down, inter, y, hidden, rows, hidden, inter, dt, dt, stream);
 }
 
 }  // namespace qtk::cuda

@@ -153,6 +153,62 @@ TEST(Gemv, SwigluFusedEqualsTheTwoSteps) {
   check_swiglu_gemv<bf16>(1024, 3072);
 }
 
+// The gate_up product with the SwiGLU as its epilogue against the product
+// into a gate_up buffer, then swiglu; behind the fused add + RMSNorm too
+// (against add_rmsnorm, the product and swiglu). inter not a multiple of 4:
+// a warp's last activation columns fall past the end.
+void check_swiglu_out(int64_t inter, int64_t k) {
+  const int64_t ld = k + 8, ldw = k + 16, ldg = 2 * inter + 5, lda = inter + 3;
+  const int64_t max_m = kGemvMaxM;
+  const float eps = 1e-6f;
+  const auto x_h = to_device_type<bf16>(random_floats(max_m * ld, -2, 2, 91));
+  const auto delta_h = to_device_type<bf16>(random_floats(max_m * ld, -2, 2, 92));
+  DeviceBuffer<bf16> x(x_h), delta(delta_h);
+  DeviceBuffer<bf16> w(to_device_type<bf16>(random_floats(2 * inter * ldw, -1, 1, 93)));
+  DeviceBuffer<float> norm_w(random_floats(k, 0.5f, 1.5f, 94));
+  for (int64_t m = 1; m <= max_m; ++m) {
+    // Plain: x -> gate_up -> swiglu.
+    DeviceBuffer<bf16> gate_up(m * ldg), want(m * lda), got(m * lda);
+    gemv_bf16<bf16>(x.get(), ld, w.get(), ldw, gate_up.get(), ldg, m, 2 * inter, k, nullptr);
+    swiglu<bf16>(gate_up.get(), ldg, want.get(), lda, m, inter, nullptr);
+    gemv_swiglu_out_bf16(x.get(), ld, w.get(), ldw, got.get(), lda, m, inter, k, nullptr);
+    const auto a = got.download(), b = want.download();
+    for (int64_t r = 0; r < m; ++r)
+      ASSERT_TRUE(bitwise_equal(&a[r * lda], &b[r * lda], inter))
+          << "plain: inter " << inter << " k " << k << " m " << m << " row " << r;
+    // Behind add + RMSNorm: x is the residual.
+    DeviceBuffer<bf16> res_two(x_h), normed(m * ld), want2(m * lda), got2(m * lda);
+    add_rmsnorm<bf16>(res_two.get(), ld, delta.get(), ld, norm_w.get(), normed.get(), ld, m, k, eps,
+                      nullptr);
+    gemv_bf16<bf16>(normed.get(), ld, w.get(), ldw, gate_up.get(), ldg, m, 2 * inter, k, nullptr);
+    swiglu<bf16>(gate_up.get(), ldg, want2.get(), lda, m, inter, nullptr);
+    DeviceBuffer<bf16> res_out(max_m * ld);
+    AddRmsNormInput an;
+    an.residual = x.get();
+    an.ldr = ld;
+    an.delta = delta.get();
+    an.ldd = ld;
+    an.weight = norm_w.get();
+    an.eps = eps;
+    an.residual_out = res_out.get();
+    an.ldo = ld;
+    add_rmsnorm_gemv_swiglu_out_bf16(an, w.get(), ldw, got2.get(), lda, m, inter, k, nullptr);
+    const auto c = got2.download(), d = want2.download();
+    const auto ro = res_out.download(), rt = res_two.download();
+    for (int64_t r = 0; r < m; ++r) {
+      ASSERT_TRUE(bitwise_equal(&c[r * lda], &d[r * lda], inter))
+          << "fused: inter " << inter << " k " << k << " m " << m << " row " << r;
+      ASSERT_TRUE(bitwise_equal(&ro[r * ld], &rt[r * ld], k))
+          << "residual: inter " << inter << " k " << k << " m " << m << " row " << r;
+    }
+  }
+}
+
+TEST(Gemv, SwigluEpilogueEqualsProductThenSwiglu) {
+  for (const auto& [inter, k] : {std::pair<int64_t, int64_t>{37, 8}, {301, 1000}, {3072, 1024}})
+    check_swiglu_out(inter, k);
+}
+
 TEST(Gemv, AddRmsNormNeedsADistinctResidualOut) {
   DeviceBuffer<bf16> a(4096), w(4096);
   DeviceBuffer<float> nw(64);
