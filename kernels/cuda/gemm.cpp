@@ -592,6 +592,15 @@ bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw
   return true;
 }
 
+bool Gemm::run_own(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+                   int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream) {
+  if (!own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
+      !gemv_bf16_supported(x, ldx, w, ldw, m, k))
+    return false;
+  own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
+  return true;
+}
+
 bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw, void* act,
                           int64_t ldact, int64_t m, int64_t inter, int64_t k, int64_t ld_gate_up,
                           cudaStream_t stream) {

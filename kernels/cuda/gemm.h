@@ -58,6 +58,14 @@ class Gemm {
   bool run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y, int64_t ldy,
                        int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
 
+  // run() on the own skinny kernel, whether or not it timed faster than the
+  // plan algorithm, where it is bit-equal to it (M <= 16, bf16); false,
+  // having launched nothing, otherwise. For a product right behind one of
+  // the own launches: its weights stream in while that launch finishes
+  // (PDL), which the per-shape timing of kernels alone does not see.
+  bool run_own(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+               int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
+
   // The MLP's "project to gate and up, then SwiGLU" (gemv_swiglu_out_bf16):
   // act = swiglu(x w^T), w gate_up_proj bf16 [2 inter, k], act bf16 [m,
   // inter]. Only at M <= 16 and where the own skinny kernel serves the

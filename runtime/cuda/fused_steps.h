@@ -90,7 +90,7 @@ void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float
     swiglu_gemm<T>(gemm, gate_up, act, w_down, y, hidden, rows, hidden, inter, stream);
     return;
   }
-  bool done = false;
+  bool done = false, fused = false;
   if constexpr (std::is_same_v<T, bf16>) {
     const AddRmsNormInput an{.residual = rs.x,
                              .ldr = hidden,
@@ -103,7 +103,7 @@ void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float
     if (gemm.run_add_rmsnorm_swiglu_out(an, w_gate_up, hidden, act, inter, rows, inter, hidden,
                                         2 * inter, stream)) {
       std::swap(rs.x, rs.spare);
-      done = true;
+      done = fused = true;
     }
   }
   if (!done) {
@@ -117,6 +117,11 @@ void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float
              stream);
     swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
   }
+  // note: behind the fused launch (batch 1), down_proj runs on the own
+  // kernel where it is bit-equal (Gemm::run_own); by its timing alone
+  // cuBLASLt's was faster, but the step was not (S7-9).
+  if (fused && gemm.run_own(act, inter, w_down, inter, y, hidden, rows, hidden, inter, dt, stream))
+    return;
   gemm.run(act, inter, w_down, inter, y, hidden, rows, hidden, inter, dt, dt, stream);
 }
 
