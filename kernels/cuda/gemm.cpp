@@ -613,29 +613,14 @@ bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw
 }
 
 bool Gemm::run_add_rmsnorm_swiglu_out(const AddRmsNormInput& an, const void* w, int64_t ldw,
-                                      void* act, int64_t ldact, int64_t m, int64_t inter,
-                                      int64_t k, int64_t ld_gate_up, cudaStream_t stream) {
+                                      void* act, int64_t ldact, int64_t m, int64_t inter, int64_t k,
+                                      int64_t ld_gate_up, cudaStream_t stream) {
   if (m > fused_max_m_ ||
       !own_bit_equal(m, 2 * inter, k, an.ldd, w, ldw, ld_gate_up, DType::BF16, stream) ||
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;
   add_rmsnorm_gemv_swiglu_out_bf16(an, static_cast<const bf16*>(w), ldw, static_cast<bf16*>(act),
                                    ldact, m, inter, k, stream);
-  return true;
-}
-
-bool Gemm::run_swiglu(const void* gate_up, int64_t ld, int64_t ldx, const void* w, int64_t ldw,
-                      void* y, int64_t ldy, int64_t m, int64_t n, int64_t k, DType out,
-                      cudaStream_t stream) {
-  if (m > fused_max_m_ || !own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
-      !swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
-    return false;
-  const auto* gb = static_cast<const bf16*>(gate_up);
-  const auto* wb = static_cast<const bf16*>(w);
-  if (out == DType::F32)
-    swiglu_gemv_bf16<float>(gb, ld, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
-  else
-    swiglu_gemv_bf16<bf16>(gb, ld, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
   return true;
 }
 

@@ -81,12 +81,6 @@ class Gemm {
                                   int64_t ldact, int64_t m, int64_t inter, int64_t k,
                                   int64_t ld_gate_up, cudaStream_t stream);
 
-  // The same for "SwiGLU, then project" (down_proj): y = act w^T with act =
-  // swiglu of gate_up (bf16 [m, 2k], row stride ld), as swiglu (cuda_kernels.h)
-  // followed by run() with x = act of row stride ldx (the shape class).
-  bool run_swiglu(const void* gate_up, int64_t ld, int64_t ldx, const void* w, int64_t ldw, void* y,
-                  int64_t ldy, int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream);
-
   // A short description of the algorithm fixed for a shape class (for logs).
   std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                        DType out);
@@ -107,7 +101,7 @@ class Gemm {
 
   int64_t ref_m_;
   bool alternates_;
-  int64_t fused_max_m_;     // QTK_FUSED_MAX_M: run_add_rmsnorm / run_swiglu only up to this M
+  int64_t fused_max_m_;     // QTK_FUSED_MAX_M: the fused add + RMSNorm launches only up to this M
   void* handle_ = nullptr;  // cublasLtHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

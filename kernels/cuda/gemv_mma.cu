@@ -35,8 +35,8 @@ constexpr int kStages = 8;
 // and down_proj.
 // How the token rows reach the product: streamed per stage with the
 // weights (kStreamX), or computed once into shared memory before the loop
-// from the add + RMSNorm (kAddRmsNorm) or the SwiGLU (kSwiglu) in front.
-constexpr int kStreamX = 0, kAddRmsNorm = 1, kSwiglu = 2;
+// from the add + RMSNorm in front (kAddRmsNorm).
+constexpr int kStreamX = 0, kAddRmsNorm = 1;
 
 template <int WB, int MT, int kPro>
 constexpr int stage_rows() {
@@ -126,28 +126,6 @@ __device__ void add_rmsnorm_rows(const AddRmsNormInput& an, const float (&nw)[kM
     for (int u = 0; u < kMaxPer; ++u) {
       const int c = tid + kFusedThreads * u;
       if (c < k) xres[r * ldres + c] = from_f<bf16>(to_f(xres[r * ldres + c]) * inv * nw[u]);
-    }
-  }
-}
-
-// note: the SwiGLU in front of down_proj, element for element the value
-// swiglu (elementwise.cu) stores: bf16(silu(gate) * up) through the same
-// dev::silu. gate_up rows: k gate values, then k up values.
-__device__ void swiglu_rows(const bf16* __restrict__ gate_up, int64_t ld, int m, int k, bf16* xres,
-                            int ldres) {
-  for (int r = 0; r < m; ++r) {
-    const bf16* __restrict__ row = gate_up + static_cast<int64_t>(r) * ld;
-    float g[kMaxPer], up[kMaxPer];
-#pragma unroll
-    for (int u = 0; u < kMaxPer; ++u) {
-      const int c = threadIdx.x + kFusedThreads * u;
-      g[u] = c < k ? to_f(row[c]) : 0.0f;
-      up[u] = c < k ? to_f(row[k + c]) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kMaxPer; ++u) {
-      const int c = threadIdx.x + kFusedThreads * u;
-      if (c < k) xres[r * ldres + c] = from_f<bf16>(silu(g[u]) * up[u]);
     }
   }
 }
@@ -255,7 +233,6 @@ __global__ void __launch_bounds__(WB * 32)
   pdl_begin();
   static_assert(kPro == kStreamX || kThreads == kFusedThreads, "fused variants: 4 warps");
   if constexpr (kPro == kAddRmsNorm) add_rmsnorm_rows(an, nw, m, k, xres, ldres);
-  if constexpr (kPro == kSwiglu) swiglu_rows(x, ldx, m, k, xres, ldres);
   if constexpr (kPro != kStreamX) zero_k_tail<kThreads>(m, k, xres, ldres);
     // Commit groups: group 0 holds the weight stages above and x stage 0;
     // group s holds x stage s; then each group one whole stage.
@@ -376,12 +353,16 @@ void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, in
   } else {
     if (warps == 0) warps = 4;
     if (m <= 8) {
-      if (warps == 1) return launch<1, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-      if (warps == 4) return launch<4, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      if (warps == 1)
+        return launch<1, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+      if (warps == 4)
+        return launch<4, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
       return launch<2, 8, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
     }
-    if (warps == 1) return launch<1, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
-    if (warps == 4) return launch<4, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 1)
+      return launch<1, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
+    if (warps == 4)
+      return launch<4, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
     return launch<2, 16, kPro, OUT, kEpi>(x, ldx, w, ldw, y, ldy, m, n, k, an, stream);
   }
 }
@@ -432,23 +413,6 @@ void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const bf16* w, int64_t ldw
   dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, 0);
 }
 
-bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64_t ldw, int64_t m,
-                           int64_t k) {
-  return gemv_bf16_supported(gate_up, ld, w, ldw, m, k) && k <= kFusedMaxK &&
-         smem_bytes<kFusedWarps, 16, kSwiglu>(k) <= kMaxSmem;
-}
-
-template <class OUT>
-void swiglu_gemv_bf16(const bf16* gate_up, int64_t ld, const bf16* w, int64_t ldw, OUT* y,
-                      int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if (m <= 0 || n <= 0) return;
-  if (!swiglu_gemv_supported(gate_up, ld, w, ldw, m, k))
-    fail_message("swiglu_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
-                 std::to_string(k) +
-                 "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers)");
-  dispatch<kSwiglu, OUT>(gate_up, ld, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, 0);
-}
-
 void gemv_swiglu_out_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, bf16* act,
                           int64_t ldact, int64_t m, int64_t inter, int64_t k, cudaStream_t stream) {
   if (m <= 0 || inter <= 0) return;
@@ -476,10 +440,6 @@ template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float
                                int64_t, int64_t, cudaStream_t, int);
 template void gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t, int64_t,
                               int64_t, int64_t, cudaStream_t, int);
-template void swiglu_gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t,
-                                      int64_t, int64_t, int64_t, cudaStream_t);
-template void swiglu_gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t,
-                                     int64_t, int64_t, int64_t, cudaStream_t);
 template void add_rmsnorm_gemv_bf16<float>(const AddRmsNormInput&, const bf16*, int64_t, float*,
                                            int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 template void add_rmsnorm_gemv_bf16<bf16>(const AddRmsNormInput&, const bf16*, int64_t, bf16*,

@@ -55,17 +55,6 @@ template <class OUT>
 void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const __nv_bfloat16* w, int64_t ldw, OUT* y,
                            int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
-// The SwiGLU in front of a skinny product (down_proj at decode): y =
-// gemv(bf16(silu(gate) * up)) with gate_up bf16 [m, 2k] (row stride ld: k
-// gate values, then k up values). Bit for bit swiglu (cuda_kernels.h)
-// followed by gemv_bf16 (tested); the activations are not stored.
-bool swiglu_gemv_supported(const void* gate_up, int64_t ld, const void* w, int64_t ldw, int64_t m,
-                           int64_t k);
-
-template <class OUT>
-void swiglu_gemv_bf16(const __nv_bfloat16* gate_up, int64_t ld, const __nv_bfloat16* w, int64_t ldw,
-                      OUT* y, int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
-
 // The MLP's gate_up product with the SwiGLU as its epilogue: act[i, j] =
 // bf16(silu(g) * u) for j < inter, g and u the bf16-rounded sums of x row i
 // with w rows j (gate) and inter + j (up); w bf16 [2 inter, k] (row stride

@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -23,29 +22,37 @@ struct ResidualStream {
   T* spare;  // T [tokens, hidden]: where a fused step writes the next one
 };
 
+// The fused add + RMSNorm's input for a step of the residual stream: the
+// rows of x plus delta, the new residual into rs.spare (every row hidden wide).
+inline AddRmsNormInput add_rmsnorm_input(const ResidualStream<bf16>& rs, const bf16* delta,
+                                         const float* norm_w, float eps, int64_t hidden) {
+  return AddRmsNormInput{.residual = rs.x,
+                         .ldr = hidden,
+                         .delta = delta,
+                         .ldd = hidden,
+                         .weight = norm_w,
+                         .eps = eps,
+                         .residual_out = rs.spare,
+                         .ldo = hidden};
+}
+
 // x += delta (rounded to T); h = rmsnorm(x) * norm_w; y = h w^T (n outputs
 // of hidden inputs, w in the HF layout with row stride hidden). Exactly
 // add_rmsnorm followed by gemm.run.
 // note: at M <= QTK_FUSED_MAX_M (default 1: decode at batch 1; see
 // gemm.cpp) in bf16, where the own skinny kernel serves the product
 // bit-equal to the plan algorithm, the three run as one launch
-// (Gemm::run_add_rmsnorm): the add and the norm in front of the product, with add_rmsnorm's
-// arithmetic and order, so the bits are the same either way and a sequence's tokens do not depend
-// on the path. That launch leaves h unwritten and the new residual in rs.spare (its blocks still
-// read the old one), and the two buffers swap. delta may be h.
+// (Gemm::run_add_rmsnorm): the add and the norm in front of the product,
+// with add_rmsnorm's arithmetic and order, so the bits are the same either
+// way and a sequence's tokens do not depend on the path. That launch leaves
+// h unwritten and the new residual in rs.spare (its blocks still read the
+// old one), and the two buffers swap. delta may be h.
 template <class T>
 void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float* norm_w,
                    float eps, T* h, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n,
                    int64_t hidden, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
-    const AddRmsNormInput an{.residual = rs.x,
-                             .ldr = hidden,
-                             .delta = delta,
-                             .ldd = hidden,
-                             .weight = norm_w,
-                             .eps = eps,
-                             .residual_out = rs.spare,
-                             .ldo = hidden};
+    const AddRmsNormInput an = add_rmsnorm_input(rs, delta, norm_w, eps, hidden);
     if (gemm.run_add_rmsnorm(an, w, hidden, y, ldy, rows, n, hidden, DType::BF16, stream)) {
       std::swap(rs.x, rs.spare);
       return;
@@ -53,20 +60,6 @@ void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const floa
   }
   add_rmsnorm<T>(rs.x, hidden, delta, hidden, norm_w, h, hidden, rows, hidden, eps, stream);
   gemm.run(h, hidden, w, hidden, y, ldy, rows, n, hidden, dtype_of<T>(), dtype_of<T>(), stream);
-}
-
-// act = swiglu(gate_up) (bf16 [rows, 2 inter] -> act [rows, inter]); y =
-// act w^T (n outputs). Exactly swiglu followed by gemm.run; at M <= QTK_FUSED_MAX_M in
-// bf16 one launch (Gemm::run_swiglu, same bits) that leaves act unwritten.
-template <class T>
-void swiglu_gemm(Gemm& gemm, const T* gate_up, T* act, const void* w, void* y, int64_t ldy,
-                 int64_t rows, int64_t n, int64_t inter, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, bf16>)
-    if (gemm.run_swiglu(gate_up, 2 * inter, inter, w, inter, y, ldy, rows, n, inter, DType::BF16,
-                        stream))
-      return;
-  swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
-  gemm.run(act, inter, w, inter, y, ldy, rows, n, inter, dtype_of<T>(), dtype_of<T>(), stream);
 }
 
 // The MLP block after a sublayer: x += delta (rounded to T); h =
@@ -79,27 +72,19 @@ void swiglu_gemm(Gemm& gemm, const T* gate_up, T* act, const void* w, void* y, i
 // epilogue (Gemm::run_swiglu_out: no gate_up buffer, no swiglu launch), and
 // at M <= QTK_FUSED_MAX_M the add + norm its prologue too; down_proj then
 // reads act like any product. Same bits on every path (tested).
+// note: this replaced session 6's SwiGLU as the prologue of down_proj's
+// launch (every block recomputing it): same call on the H100 (S7-9, S7-10),
+// ms per step new / old, Qwen3-0.6B batch 1 1.08 / 1.06-1.07, 2 1.17-1.18 /
+// 1.24-1.28, 8 1.26 / 1.34, 16 1.41 / 1.47; Qwen3.5-0.8B batch 1 1.16-1.17 /
+// 1.19-1.20, 2 1.31-1.34 / 1.37-1.40, 8 1.49 / 1.59, 16 1.74 / 1.85.
 template <class T>
-void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float* norm_w,
-                  float eps, T* h, const void* w_gate_up, T* gate_up, T* act, const void* w_down,
-                  T* y, int64_t rows, int64_t inter, int64_t hidden, cudaStream_t stream) {
+void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float* norm_w, float eps,
+                  T* h, const void* w_gate_up, T* gate_up, T* act, const void* w_down, T* y,
+                  int64_t rows, int64_t inter, int64_t hidden, cudaStream_t stream) {
   const DType dt = dtype_of<T>();
-  if (std::getenv("QTK_EXP_OLD_MLP") != nullptr) {
-    add_norm_gemm<T>(gemm, rs, delta, norm_w, eps, h, w_gate_up, gate_up, 2 * inter, rows,
-                     2 * inter, hidden, stream);
-    swiglu_gemm<T>(gemm, gate_up, act, w_down, y, hidden, rows, hidden, inter, stream);
-    return;
-  }
   bool done = false, fused = false;
   if constexpr (std::is_same_v<T, bf16>) {
-    const AddRmsNormInput an{.residual = rs.x,
-                             .ldr = hidden,
-                             .delta = delta,
-                             .ldd = hidden,
-                             .weight = norm_w,
-                             .eps = eps,
-                             .residual_out = rs.spare,
-                             .ldo = hidden};
+    const AddRmsNormInput an = add_rmsnorm_input(rs, delta, norm_w, eps, hidden);
     if (gemm.run_add_rmsnorm_swiglu_out(an, w_gate_up, hidden, act, inter, rows, inter, hidden,
                                         2 * inter, stream)) {
       std::swap(rs.x, rs.spare);
