@@ -138,9 +138,9 @@ int64_t default_ref_m() {
   return m;
 }
 
-// QTK_FUSED_MAX_M: the largest M whose decode-step norm / SwiGLU is fused
-// into the projection's launch (0..16, 0 = never; default 1).
-// note: the fused launch computes its norm or SwiGLU in every block, before
+// QTK_FUSED_MAX_M: the largest M whose decode-step add + RMSNorm is fused
+// into the next projection's launch (0..16, 0 = never; default 1).
+// note: the fused launch computes its norm (in S7-5 also the SwiGLU) in every block, before
 // the product, so its cost grows with M; the separate launches compute each
 // row once, and PDL overlaps them. On the H100 the separate launches were
 // faster from M = 2 on (S7-5, Qwen3-0.6B decode step with fusion up to 16 /
