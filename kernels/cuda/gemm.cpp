@@ -534,15 +534,15 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // for a 151936-row lm_head (H100, S7-7, same call, against the chunks:
     // Qwen3.5-0.8B batch 1 1.18 vs 1.23 ms per step, Qwen3-0.6B 1.09 vs
     // 1.10; batch 8 and 16 within the runs' spread).
+    const int64_t wes = dtype_size(in), yes = dtype_size(out);
     const int64_t last = n % kChunkN == 0 ? kChunkN : n % kChunkN;
     if (in == DType::BF16 && m <= kSmallMaxM && gemv_bf16_supported(x, ldx, w, ldw, m, k) &&
         own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
-        own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * 2, ldw, ldy,
-                      out, stream)) {
+        own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * wes, ldw,
+                      ldy, out, stream)) {
       own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
       return;
     }
-    const int64_t wes = dtype_size(in), yes = dtype_size(out);
     for (int64_t off = 0; off < n; off += kChunkN)
       run(x, ldx, static_cast<const char*>(w) + off * ldw * wes, ldw,
           static_cast<char*>(y) + off * yes, ldy, m, std::min(kChunkN, n - off), k, in, out,

@@ -184,11 +184,12 @@ __global__ void __launch_bounds__(WB * 32)
   for (int j = 0; j < kWCopies; ++j) {
     const int r = (tid + j * kThreads) / kChunks;
     int64_t row = n0 + r;
-    wok[j] = row < n;
     if constexpr (kEpi == kSwigluOut) {
       const int col = a0 + r / 8 * 4 + r % 4;  // warp r / 8, its tile row r % 8
       wok[j] = col < n;
       row = col + (r % 8 >= 4 ? n : 0);
+    } else {
+      wok[j] = row < n;
     }
     wsrc[j] = w + (wok[j] ? row * ldw : 0) + cv * kVec;
   }

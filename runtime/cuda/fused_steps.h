@@ -82,25 +82,24 @@ void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float
                   T* h, const void* w_gate_up, T* gate_up, T* act, const void* w_down, T* y,
                   int64_t rows, int64_t inter, int64_t hidden, cudaStream_t stream) {
   const DType dt = dtype_of<T>();
-  bool done = false, fused = false;
+  bool fused = false;  // add + norm + gate_up + SwiGLU in one launch
   if constexpr (std::is_same_v<T, bf16>) {
     const AddRmsNormInput an = add_rmsnorm_input(rs, delta, norm_w, eps, hidden);
-    if (gemm.run_add_rmsnorm_swiglu_out(an, w_gate_up, hidden, act, inter, rows, inter, hidden,
-                                        2 * inter, stream)) {
-      std::swap(rs.x, rs.spare);
-      done = fused = true;
-    }
+    fused = gemm.run_add_rmsnorm_swiglu_out(an, w_gate_up, hidden, act, inter, rows, inter, hidden,
+                                            2 * inter, stream);
+    if (fused) std::swap(rs.x, rs.spare);
   }
-  if (!done) {
+  if (!fused) {
     add_rmsnorm<T>(rs.x, hidden, delta, hidden, norm_w, h, hidden, rows, hidden, eps, stream);
+    bool epilogue = false;  // the SwiGLU as the gate_up launch's epilogue
     if constexpr (std::is_same_v<T, bf16>)
-      done = gemm.run_swiglu_out(h, hidden, w_gate_up, hidden, act, inter, rows, inter, hidden,
-                                 2 * inter, stream);
-  }
-  if (!done) {
-    gemm.run(h, hidden, w_gate_up, hidden, gate_up, 2 * inter, rows, 2 * inter, hidden, dt, dt,
-             stream);
-    swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
+      epilogue = gemm.run_swiglu_out(h, hidden, w_gate_up, hidden, act, inter, rows, inter, hidden,
+                                     2 * inter, stream);
+    if (!epilogue) {
+      gemm.run(h, hidden, w_gate_up, hidden, gate_up, 2 * inter, rows, 2 * inter, hidden, dt, dt,
+               stream);
+      swiglu<T>(gate_up, 2 * inter, act, inter, rows, inter, stream);
+    }
   }
   // note: behind the fused launch (batch 1), down_proj runs on the own
   // kernel where it is bit-equal (Gemm::run_own); by its timing alone
