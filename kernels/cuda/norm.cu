@@ -42,27 +42,42 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const float
 // block barrier) and w is read before the barrier: the batch-1 decode step's
 // 56 calls are latency-bound. Same arithmetic and order as before: thread t
 // still sums its columns t, t+256, ... in increasing order.
-template <class T>
+// note: all of a thread's cached loads are issued before its first store.
+// A store to the residual row would otherwise hold each next load of that
+// row back by a full round trip (the compiler cannot tell the columns
+// apart), kCached / 2 ... kCached dependent trips per row (ncu, Qwen3-0.6B
+// batch-128 decode step: 4.9 us per launch for 128 rows of 1024).
+// kCached: columns per thread in registers (cols <= 256 kCached fully), the
+// fewest that hold the row (registers bound the rows in flight per SM).
+template <class T, int kCached>
 __global__ void add_rmsnorm_kernel(T* residual, int64_t ldr, const T* __restrict__ x, int64_t ldx,
                                    const float* __restrict__ w, T* y, int64_t ldy, int cols,
                                    float eps) {
   pdl_begin();
-  constexpr int kCached = 8;  // columns per thread in registers: cols <= 2048 fully
+  constexpr int step = kRowThreads;
   __shared__ float red[32];
   T* rr = residual + blockIdx.x * ldr;
   const T* xr = x + blockIdx.x * ldx;
   T* yr = y + blockIdx.x * ldy;
-  const int step = static_cast<int>(blockDim.x);
+  T ra[kCached], xa[kCached];
   float v[kCached], wv[kCached];
+#pragma unroll
+  for (int i = 0; i < kCached; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * step;
+    if (c < cols) {
+      ra[i] = rr[c];
+      xa[i] = xr[c];
+      wv[i] = w[c];
+    }
+  }
   float ss = 0.0f;
 #pragma unroll
   for (int i = 0; i < kCached; ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * step;
     if (c < cols) {
-      const T sum = from_f<T>(to_f(rr[c]) + to_f(xr[c]));
+      const T sum = from_f<T>(to_f(ra[i]) + to_f(xa[i]));
       rr[c] = sum;  // note: the norm reads the residual as stored (rounded to T)
       v[i] = to_f(sum);
-      wv[i] = w[c];
       ss = rms_square_add(ss, v[i]);
     }
   }
@@ -134,41 +149,88 @@ __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams r
 }
 
 // One (token, head) row of head_dim values, by one warp: optional RMSNorm,
-// then RoPE, written back in place. v: the warp's f32 scratch [dim].
+// then RoPE, written back in place. v: the warp's f32 scratch [dim]; it
+// ends holding the row as stored (each value rounded to T).
 // note: dev::norm_rope_lane (rope.cuh, the fused decode attention) does the
 // same operations in the same order with the row in registers; the two are
 // compared bit for bit (tests/cuda/test_attention.cpp). Tried in S6: this
 // function on that register form; the batch-128 Qwen3-0.6B step was ~3%
 // slower (S6-8, S6-9), so it keeps its own.
-template <class T>
+// note: every load is issued before any value is used: the row, the norm
+// weights, and the (cos, sin) of the lane's rotate_half pairs (position,
+// then table), instead of one dependent round trip after another; a row
+// per warp is latency-bound. The arithmetic and its order are unchanged.
+// kPer: columns per lane (lane + 32 i), dim <= 32 kPer.
+template <class T, int kPer>
 __device__ __forceinline__ void norm_rope_row(T* xr, int dim, const float* __restrict__ norm_w,
                                               float eps, const int32_t* __restrict__ positions,
                                               int64_t tokens, int64_t t, const RopeParams& rope,
                                               float* v) {
+  constexpr int kPairs = kPer / 2;  // rotate_half pairs per lane: j = lane + 32 p
   const int lane = threadIdx.x & 31;
+  const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
+  T xa[kPer];
+  float nw[kPer];
+  float2 cs[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < dim) {
+      xa[i] = xr[c];
+      nw[i] = norm_w != nullptr ? norm_w[c] : 0.0f;
+    }
+  }
+  // rope_cos_sin_at in two rounds of independent loads (every position,
+  // then every table entry); positions off the table are computed below.
+  int32_t pos[kPairs];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p)
+    if (lane + 32 * p < half) pos[p] = positions[rope_axis(lane + 32 * p, rope) * tokens + t];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p)
+    if (lane + 32 * p < half && pos[p] >= 0 && pos[p] < rope.table_positions)
+      cs[p] = rope.table[static_cast<int64_t>(pos[p]) * half + lane + 32 * p];
   float ss = 0.0f;
-  for (int c = lane; c < dim; c += 32) {
-    const float a = to_f(xr[c]);
-    v[c] = a;
-    ss += a * a;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < dim) {
+      const float a = to_f(xa[i]);
+      v[c] = a;
+      ss += a * a;
+    }
   }
   if (norm_w != nullptr) {
     const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
-    for (int c = lane; c < dim; c += 32) v[c] = v[c] * inv * norm_w[c];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      if (c < dim) v[c] = v[c] * inv * nw[i];
+    }
   }
   __syncwarp();
-  const int rd = static_cast<int>(rope.rotary_dim), half = rd / 2;
-  for (int j = lane; j < half; j += 32) {
-    const float2 cs = rope_cos_sin_at(j, t, positions, tokens, rope);
-    const double cf = cs.x, sf = cs.y;
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) {
+    const int j = lane + 32 * p;
+    if (j >= half) continue;
+    if (pos[p] < 0 || pos[p] >= rope.table_positions) cs[p] = rope_cos_sin(j, pos[p], rope);
+    const double cf = cs[p].x, sf = cs[p].y;
     const double a = v[j], b = v[j + half];
-    xr[j] = from_f<T>(static_cast<float>(a * cf - b * sf));
-    xr[j + half] = from_f<T>(static_cast<float>(b * cf + a * sf));
+    const T lo = from_f<T>(static_cast<float>(a * cf - b * sf));
+    const T hi = from_f<T>(static_cast<float>(b * cf + a * sf));
+    xr[j] = lo;
+    xr[j + half] = hi;
+    v[j] = to_f(lo);
+    v[j + half] = to_f(hi);
   }
-  for (int c = rd + lane; c < dim; c += 32) xr[c] = from_f<T>(v[c]);
+  for (int c = rd + lane; c < dim; c += 32) {
+    const T y = from_f<T>(v[c]);
+    xr[c] = y;
+    v[c] = to_f(y);
+  }
 }
 
-template <class T>
+template <class T, int kPer>
 __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, int dim,
                                     const float* __restrict__ norm_w, float eps,
                                     const int32_t* __restrict__ positions, int64_t tokens,
@@ -179,15 +241,15 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t ld, int64_t rows, int heads, i
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
   const int64_t t = row / heads;
-  norm_rope_row(x + t * ld + (row % heads) * dim, dim, norm_w, eps, positions, tokens, t, rope,
-                buf[warp]);
+  norm_rope_row<T, kPer>(x + t * ld + (row % heads) * dim, dim, norm_w, eps, positions, tokens, t,
+                         rope, buf[warp]);
 }
 
 // The fused attention-input step: per token, the hq query heads (q_norm +
 // RoPE in place), the hkv key heads (k_norm + RoPE in place, then copied to
 // the cache) and the hkv value heads (copied to the cache). Each value is
 // computed exactly as by qk_norm_rope and kv_cache_write.
-template <class T>
+template <class T, int kPer>
 __global__ void qkv_rope_cache_kernel(T* qkv, int64_t ld, int64_t rows, int hq, int hkv, int dim,
                                       const float* __restrict__ q_norm_w,
                                       const float* __restrict__ k_norm_w, float eps,
@@ -203,17 +265,35 @@ __global__ void qkv_rope_cache_kernel(T* qkv, int64_t ld, int64_t rows, int hq, 
   const int64_t t = row / per_token;
   const int hh = static_cast<int>(row % per_token);
   T* xr = qkv + t * ld + static_cast<int64_t>(hh) * dim;
-  if (hh < hq + hkv)
-    norm_rope_row(xr, dim, hh < hq ? q_norm_w : k_norm_w, eps, positions, tokens, t, rope,
-                  buf[warp]);
-  if (hh < hq) return;
-  const int64_t slot = slot_mapping[t];
-  if (slot < 0) return;  // a padding row (graph buckets) writes nothing
-  __syncwarp();          // the row's lanes finished writing xr
-  const int kvh = (hh - hq) % hkv;
-  T* dst = (hh < hq + hkv ? k_cache : v_cache) + slot * static_cast<int64_t>(hkv) * dim +
+  // note: the cache slot is read before the row's work, not after it (one
+  // dependent round trip less); the value rows are loaded whole before
+  // their first store (the cache and the row may alias, as far as the
+  // compiler knows).
+  const int64_t slot = hh < hq ? -1 : slot_mapping[t];
+  auto cache_row = [&] {
+    const int kvh = (hh - hq) % hkv;
+    return (hh < hq + hkv ? k_cache : v_cache) + slot * static_cast<int64_t>(hkv) * dim +
            static_cast<int64_t>(kvh) * dim;
-  for (int c = lane; c < dim; c += 32) dst[c] = xr[c];
+  };
+  if (hh >= hq + hkv) {
+    if (slot < 0) return;  // a padding row (graph buckets) writes nothing
+    T* dst = cache_row();
+    T xa[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < dim) xa[i] = xr[lane + 32 * i];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < dim) dst[lane + 32 * i] = xa[i];
+    return;
+  }
+  norm_rope_row<T, kPer>(xr, dim, hh < hq ? q_norm_w : k_norm_w, eps, positions, tokens, t, rope,
+                         buf[warp]);
+  if (hh < hq || slot < 0) return;  // slot < 0: a padding row writes nothing
+  __syncwarp();                     // the row's lanes finished writing buf[warp]
+  // The key as stored in the row: norm_rope_row leaves it in buf (exact).
+  T* dst = cache_row();
+  for (int c = lane; c < dim; c += 32) dst[c] = from_f<T>(buf[warp][c]);
 }
 
 }  // namespace
@@ -240,8 +320,11 @@ template <class T>
 void add_rmsnorm(T* residual, int64_t ldr, const T* x, int64_t ldx, const float* w, T* y,
                  int64_t ldy, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  launch_kernel(add_rmsnorm_kernel<T>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
-                residual, ldr, x, ldx, w, y, ldy, static_cast<int>(cols), eps);
+  const auto kernel = cols <= 4 * kRowThreads   ? add_rmsnorm_kernel<T, 4>
+                      : cols <= 8 * kRowThreads ? add_rmsnorm_kernel<T, 8>
+                                                : add_rmsnorm_kernel<T, 16>;
+  launch_kernel(kernel, static_cast<unsigned>(rows), kRowThreads, 0, stream, residual, ldr, x, ldx,
+                w, y, ldy, static_cast<int>(cols), eps);
 }
 
 template <class T>
@@ -274,9 +357,10 @@ void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_
                  std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
   const int64_t rows = tokens * heads;
   if (rows == 0) return;
-  launch_kernel(qk_norm_rope_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
-                stream, x, ld, rows, static_cast<int>(heads), static_cast<int>(head_dim), norm_w,
-                eps, positions, tokens, rope);
+  launch_kernel(head_dim <= 128 ? qk_norm_rope_kernel<T, 4> : qk_norm_rope_kernel<T, 8>,
+                grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream, x, ld, rows,
+                static_cast<int>(heads), static_cast<int>(head_dim), norm_w, eps, positions, tokens,
+                rope);
 }
 
 template <class T>
@@ -290,10 +374,10 @@ void qkv_rope_cache(T* qkv, int64_t ld, int64_t tokens, int64_t hq, int64_t hkv,
                  std::to_string(rope.rotary_dim) + " (even, <= head_dim) is not supported");
   const int64_t rows = tokens * (hq + 2 * hkv);
   if (rows == 0) return;
-  launch_kernel(qkv_rope_cache_kernel<T>, grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
-                stream, qkv, ld, rows, static_cast<int>(hq), static_cast<int>(hkv),
-                static_cast<int>(head_dim), q_norm_w, k_norm_w, eps, positions, tokens, rope,
-                slot_mapping, k_cache, v_cache);
+  launch_kernel(head_dim <= 128 ? qkv_rope_cache_kernel<T, 4> : qkv_rope_cache_kernel<T, 8>,
+                grid_1d(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream, qkv, ld, rows,
+                static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(head_dim), q_norm_w,
+                k_norm_w, eps, positions, tokens, rope, slot_mapping, k_cache, v_cache);
 }
 
 #define QTK_INSTANTIATE(T)                                                                         \
