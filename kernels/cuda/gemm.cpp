@@ -279,9 +279,17 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 
 // note: candidates for M <= 16 (cuBLASLt's heuristics for M = 1 and 8),
 // 17..64 (M = 32, 64: batch-32 decode), 65..511 (M = 128, 256: batch-128
-// decode) and M >= 512 (M = 512, 2048, 8192: prefill): up to 8 split-K-free,
-// workspace-free algorithms per heuristic other than the plan's own that run
-// at both ends of the range, each timed at the range's probe M.
+// decode), 512..2047 (M = 512, 1024: prefill steps of generate's default
+// 512-token budget) and M >= 2048 (M = 2048, 8192: larger prefill steps):
+// up to 8 split-K-free, workspace-free algorithms per heuristic other than
+// the plan's own that run at the range's ends (for the open last range: at
+// 2048, 4096 and 8192, the largest step of the H100 end-to-end runs; at
+// 16384 every offer for N 1024 K 3072 and N 3072 K 1024 was refused, S8-4),
+// each timed at the range's probe M.
+// note: the prefill range was one, 512.., until session 8, timed at M 2048,
+// so a 512-token step ran the kernel that was fastest for 2048 rows; timed
+// at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
+// Qwen3.5-0.8B (S8-4, same call).
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
@@ -294,7 +302,8 @@ void Gemm::find_alternates(Plan& p) {
   for (const Range& r :
        {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}}, Range{32, kSmallMaxM + 1, 64, 64, {32, 64}},
         Range{128, 65, kLargeMinM - 1, kLargeMinM - 1, {128, 256}},
-        Range{2048, kLargeMinM, INT64_MAX, kLargeMinM, {512, 2048, 8192}}}) {
+        Range{kLargeMinM, kLargeMinM, kHugeMinM - 1, kLargeMinM, {512, 1024}},
+        Range{2 * kHugeMinM, kHugeMinM, INT64_MAX, kHugeMinM, {2048, 8192}}}) {
     std::vector<cublasLtMatmulHeuristicResult_t> results;
     for (int64_t hm : r.heuristics) {
       const auto& probe = p.layouts(hm);
@@ -324,7 +333,7 @@ void Gemm::find_alternates(Plan& p) {
         continue;
       }
       bool ok = true;
-      for (int64_t m : {r.lo, r.verify, r.probe}) {
+      for (int64_t m : {r.lo, r.verify, r.probe, r.hi == INT64_MAX ? 4 * r.lo : r.hi}) {
         const auto& l = p.layouts(m);
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, &algo, &check) !=
@@ -403,13 +412,16 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
       return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second, y,
                             l.second, algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
     };
-    // note: the small-M range (a decode step's products) is timed with the
-    // weights out of L2, as in a step, where each layer's weights are read
-    // once: a kFlushBytes write between runs evicts them. Back to back, a
-    // product whose weights fit the 50 MB L2 is timed at L2 speed, which is
-    // not what a step sees (on the H100 the cold timing moved Qwen3-0.6B's
-    // qkv and gate_up products from the own kernel to cuBLASLt, S4-4).
-    const bool cold = alt.lo == 1;
+    // note: the decode ranges (M < kLargeMinM: a decode step's products) are
+    // timed with the weights out of L2, as in a step, where each layer's
+    // weights are read once: a kFlushBytes write between runs evicts them.
+    // Back to back, a product whose weights fit the 50 MB L2 is timed at L2
+    // speed, which is not what a step sees (on the H100 the cold timing
+    // moved Qwen3-0.6B's qkv and gate_up products from the own kernel to
+    // cuBLASLt, S4-4; with warm timing of M 65..511 the batch-128 lm_head
+    // blocks ran on 19 us kernels in one process and on 27 us ones in the
+    // next, S8-1 and S8-2).
+    const bool cold = alt.hi < kLargeMinM;
     if (cold && flush == nullptr) QTK_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
     auto timed = [&](const auto& run) {
       run();  // warm-up

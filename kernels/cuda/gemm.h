@@ -32,9 +32,10 @@ class Gemm {
   // and for bf16 it was 9% faster at M = 1 but 22% slower at batch 128 and
   // 18% slower in prefill (bench/cuda/NOTES.md, run 6).
   // note: speed without giving that up: a shape class may also hold a faster
-  // algorithm for each of the M ranges 1..16, 17..64, 65..511 and 512.., each
-  // used only after it gave the plan algorithm's output bit for bit on this
-  // GPU (gemm.cpp, verify_alternates). QTK_GEMM_ALTS=0 turns them off.
+  // algorithm for each of the M ranges 1..16, 17..64, 65..511, 512..2047 and
+  // 2048.., each used only after it gave the plan algorithm's output bit for
+  // bit on this GPU (gemm.cpp, verify_alternates). QTK_GEMM_ALTS=0 turns
+  // them off.
   explicit Gemm(int64_t ref_m = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -97,7 +98,8 @@ class Gemm {
   void verify_alternates(Plan& p, const void* w, cudaStream_t stream);
 
   static constexpr int64_t kSmallMaxM = 16;   // the smallest alternate range: 1..16
-  static constexpr int64_t kLargeMinM = 512;  // the largest alternate range: 512..
+  static constexpr int64_t kLargeMinM = 512;  // the prefill ranges: 512..2047 and
+  static constexpr int64_t kHugeMinM = 2048;  // 2048..
 
   int64_t ref_m_;
   bool alternates_;
