@@ -280,16 +280,18 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 // note: candidates for M <= 16 (cuBLASLt's heuristics for M = 1 and 8),
 // 17..64 (M = 32, 64: batch-32 decode), 65..511 (M = 128, 256: batch-128
 // decode), 512..2047 (M = 512, 1024: prefill steps of generate's default
-// 512-token budget) and M >= 2048 (M = 2048, 8192: larger prefill steps):
-// up to 8 split-K-free, workspace-free algorithms per heuristic other than
-// the plan's own that run at the range's ends (for the open last range: at
-// 2048, 4096 and 8192, the largest step of the H100 end-to-end runs; at
-// 16384 every offer for N 1024 K 3072 and N 3072 K 1024 was refused, S8-4),
-// each timed at the range's probe M.
+// 512-token budget) and M >= 2048 (M = 512, 2048, 8192: larger prefill
+// steps): up to 8 split-K-free, workspace-free algorithms per heuristic
+// other than the plan's own that run at the range's ends (the open last
+// range: at 2048), each timed at the range's probe M.
 // note: the prefill range was one, 512.., until session 8, timed at M 2048,
 // so a 512-token step ran the kernel that was fastest for 2048 rows; timed
 // at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
-// Qwen3.5-0.8B (S8-4, same call).
+// Qwen3.5-0.8B (S8-4, same call). The range from 2048 keeps the old one's
+// candidates and timing: checked also at 8192 and timed at 4096 it lost
+// most of them, and Qwen3-8B's batch-128 prefill (M 8192 steps) took 541
+// ms instead of ~426 (S8-6 against S7-8). The H100 end-to-end runs use
+// M up to 8192 with these algorithms.
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
@@ -303,7 +305,7 @@ void Gemm::find_alternates(Plan& p) {
        {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}}, Range{32, kSmallMaxM + 1, 64, 64, {32, 64}},
         Range{128, 65, kLargeMinM - 1, kLargeMinM - 1, {128, 256}},
         Range{kLargeMinM, kLargeMinM, kHugeMinM - 1, kLargeMinM, {512, 1024}},
-        Range{2 * kHugeMinM, kHugeMinM, INT64_MAX, kHugeMinM, {2048, 8192}}}) {
+        Range{kHugeMinM, kHugeMinM, INT64_MAX, kHugeMinM, {512, 2048, 8192}}}) {
     std::vector<cublasLtMatmulHeuristicResult_t> results;
     for (int64_t hm : r.heuristics) {
       const auto& probe = p.layouts(hm);
@@ -333,7 +335,7 @@ void Gemm::find_alternates(Plan& p) {
         continue;
       }
       bool ok = true;
-      for (int64_t m : {r.lo, r.verify, r.probe, r.hi == INT64_MAX ? 4 * r.lo : r.hi}) {
+      for (int64_t m : {r.lo, r.verify, r.probe, r.hi == INT64_MAX ? r.lo : r.hi}) {
         const auto& l = p.layouts(m);
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, &algo, &check) !=
