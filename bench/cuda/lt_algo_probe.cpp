@@ -18,22 +18,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 
 namespace {
-
-#define CHECK(x)                                                    \
-  do {                                                              \
-    cudaError_t e_ = (x);                                           \
-    if (e_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
 
 struct Shape {
   const char* name;
@@ -51,9 +44,7 @@ std::vector<uint32_t> cap_list(const cublasLtMatmulAlgo_t& algo,
   return v;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int probe(int argc, char** argv) {
   std::vector<int64_t> ms;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -71,14 +62,14 @@ int main(int argc, char** argv) {
   cublasLtHandle_t lt = nullptr;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
   cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
+  QTK_CUDA_CHECK(cudaStreamCreate(&stream));
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   constexpr size_t kFlush = size_t{64} << 20;
   void* flush = nullptr;
-  CHECK(cudaMalloc(&flush, kFlush));
+  QTK_CUDA_CHECK(cudaMalloc(&flush, kFlush));
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  QTK_CUDA_CHECK(cudaEventCreate(&e0));
+  QTK_CUDA_CHECK(cudaEventCreate(&e1));
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
 
@@ -97,15 +88,15 @@ int main(int argc, char** argv) {
     for (auto& v : wh) v = __float2bfloat16(nd(rng) * 0.05f);
     for (auto& v : xh) v = __float2bfloat16(nd(rng));
     void *w, *x, *y0, *y1;
-    CHECK(cudaMalloc(&w, wh.size() * 2));
-    CHECK(cudaMalloc(&x, xh.size() * 2));
-    CHECK(cudaMalloc(&y0, static_cast<size_t>(max_m * s.n) * 2));
-    CHECK(cudaMalloc(&y1, static_cast<size_t>(max_m * s.n) * 2));
-    CHECK(cudaMemcpy(w, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+    QTK_CUDA_CHECK(cudaMalloc(&w, wh.size() * 2));
+    QTK_CUDA_CHECK(cudaMalloc(&x, xh.size() * 2));
+    QTK_CUDA_CHECK(cudaMalloc(&y0, static_cast<size_t>(max_m * s.n) * 2));
+    QTK_CUDA_CHECK(cudaMalloc(&y1, static_cast<size_t>(max_m * s.n) * 2));
+    QTK_CUDA_CHECK(cudaMemcpy(w, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
+    QTK_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
     // The plan (and its verified alternates) at the largest M settles first.
     gemm.run(x, s.k, w, s.k, y0, s.n, max_m, s.n, s.k, qtk::DType::BF16, qtk::DType::BF16, stream);
-    CHECK(cudaStreamSynchronize(stream));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
     std::printf("\n== %s N %ld K %ld: %s\n", s.name, static_cast<long>(s.n), static_cast<long>(s.k),
                 gemm.describe(s.n, s.k, s.k, s.k, s.n, qtk::DType::BF16, qtk::DType::BF16).c_str());
 
@@ -126,13 +117,13 @@ int main(int argc, char** argv) {
         float total = 0;
         constexpr int kRuns = 10;
         for (int i = 0; i < kRuns; ++i) {
-          CHECK(cudaMemsetAsync(flush, i, kFlush, stream));
-          CHECK(cudaEventRecord(e0, stream));
+          QTK_CUDA_CHECK(cudaMemsetAsync(flush, i, kFlush, stream));
+          QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
           run();
-          CHECK(cudaEventRecord(e1, stream));
-          CHECK(cudaEventSynchronize(e1));
+          QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
+          QTK_CUDA_CHECK(cudaEventSynchronize(e1));
           float ms_ = 0;
-          CHECK(cudaEventElapsedTime(&ms_, e0, e1));
+          QTK_CUDA_CHECK(cudaEventElapsedTime(&ms_, e0, e1));
           total += ms_;
         }
         return 1000.0f * total / kRuns;
@@ -166,8 +157,8 @@ int main(int argc, char** argv) {
       }
       std::vector<unsigned char> h0(static_cast<size_t>(m * s.n) * 2), h1(h0.size());
       gemm.run(x, s.k, w, s.k, y0, s.n, m, s.n, s.k, qtk::DType::BF16, qtk::DType::BF16, stream);
-      CHECK(cudaMemcpyAsync(h0.data(), y0, h0.size(), cudaMemcpyDeviceToHost, stream));
-      CHECK(cudaStreamSynchronize(stream));
+      QTK_CUDA_CHECK(cudaMemcpyAsync(h0.data(), y0, h0.size(), cudaMemcpyDeviceToHost, stream));
+      QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
       const float plan_us = timed([&] {
         gemm.run(x, s.k, w, s.k, y1, s.n, m, s.n, s.k, qtk::DType::BF16, qtk::DType::BF16, stream);
       });
@@ -212,14 +203,15 @@ int main(int argc, char** argv) {
                 ++refused;
                 continue;
               }
-              CHECK(cudaMemsetAsync(y1, 0xff, h1.size(), stream));
+              QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, h1.size(), stream));
               if (cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, y1, lc, y1, lc, &algo,
                                  nullptr, 0, stream) != CUBLAS_STATUS_SUCCESS) {
                 ++refused;
                 continue;
               }
-              CHECK(cudaMemcpyAsync(h1.data(), y1, h1.size(), cudaMemcpyDeviceToHost, stream));
-              CHECK(cudaStreamSynchronize(stream));
+              QTK_CUDA_CHECK(
+                  cudaMemcpyAsync(h1.data(), y1, h1.size(), cudaMemcpyDeviceToHost, stream));
+              QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
               if (std::memcmp(h0.data(), h1.data(), h0.size()) != 0) {
                 ++differ;
                 continue;
@@ -246,10 +238,21 @@ int main(int argc, char** argv) {
     }
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatmulDescDestroy(desc);
-    CHECK(cudaFree(w));
-    CHECK(cudaFree(x));
-    CHECK(cudaFree(y0));
-    CHECK(cudaFree(y1));
+    QTK_CUDA_CHECK(cudaFree(w));
+    QTK_CUDA_CHECK(cudaFree(x));
+    QTK_CUDA_CHECK(cudaFree(y0));
+    QTK_CUDA_CHECK(cudaFree(y1));
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return probe(argc, argv);
+  } catch (const std::exception& e) {  // a CUDA or cuBLASLt failure, with its call
+    std::fprintf(stderr, "qtk_lt_algo_probe: %s\n", e.what());
+    return 1;
+  }
 }

@@ -288,10 +288,11 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 // so a 512-token step ran the kernel that was fastest for 2048 rows; timed
 // at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
 // Qwen3.5-0.8B (S8-4, same call). The range from 2048 keeps the old one's
-// candidates and timing: checked also at 8192 and timed at 4096 it lost
-// most of them, and Qwen3-8B's batch-128 prefill (M 8192 steps) took 541
-// ms instead of ~426 (S8-6 against S7-8). The H100 end-to-end runs use
-// M up to 8192 with these algorithms.
+// candidates and timing: checked also at 8192 and timed at 4096, it kept 5
+// of N 1024 K 3072's 15 candidates and none of N 3072 K 1024's (S8-5), and
+// Qwen3-8B's batch-128 prefill (M 8192 steps) took 541 ms instead of 420
+// (S8-6, S8-7). The H100 end-to-end runs use M up to 8192 with these
+// algorithms.
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
