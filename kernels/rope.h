@@ -22,15 +22,17 @@ namespace qtk {
 // evaluate cos/sin in double and round them to float32 like the reference,
 // and do the rotation itself in double with one rounding per output.
 //
-// inv_freq_bf16 (added by the runtime helper): round each inv_freq to
-// bfloat16 before use. note: transformers casts the inv_freq buffer to the
-// checkpoint's dtype when it loads a bf16 checkpoint, so the float64
-// reference of a bf16 model rotates with bf16-rounded frequencies (seen as
-// a 3e-4 per-layer error growing with position in qwen3-tiny otherwise).
+//
+// note: inv_freq stays float32 whatever the weights' dtype. transformers
+// computes the inv_freq buffer in float32 from the config when the model is
+// built and `from_pretrained` never casts it to the checkpoint's dtype (a
+// bf16 checkpoint loaded in bf16, float32 or float64 rotates by the same
+// float32 frequencies). Rounding it to bf16 turns the angle at position p by
+// up to p * 2^-9 * inv_freq: visible from a few hundred positions on
+// (qwen3-tiny's len1000 golden diverged at step 6 that way).
 void rope_apply(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t ld,
                 const int32_t* positions, int64_t rotary_dim, double theta,
-                const int64_t* mrope_section, int n_sections, bool interleaved,
-                bool inv_freq_bf16 = false);
+                const int64_t* mrope_section, int n_sections, bool interleaved);
 
 // Which position axis (0 = t, 1 = h, 2 = w) frequency j (< rotary_dim/2) uses.
 int rope_axis_of_frequency(int64_t j, const int64_t* mrope_section, int n_sections,

@@ -63,11 +63,6 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
   if (c.arch != Arch::kQwen3) fail("{}: Qwen3 model built from a non-Qwen3 pack", pack.path());
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   w_.embed_tokens = pack_matrix(pack, "embed_tokens", c.vocab_size, H);
-  // note: transformers casts its RoPE inv_freq buffer to the checkpoint's
-  // dtype, so a bf16 checkpoint rotates with bf16-rounded frequencies (the
-  // float64 references do too). The pack keeps a bf16 source's matrices in
-  // bf16 (convert --dtype keep), so that is our signal.
-  rope_inv_freq_bf16_ = w_.embed_tokens.dtype == DType::BF16;
   w_.norm = pack_vector(pack, "norm", H);
   w_.lm_head = pack.find_tensor("lm_head") != nullptr
                    ? pack_matrix(pack, "lm_head", c.vocab_size, H)
@@ -148,10 +143,8 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
     tiled_.matmul(h, H, l.qkv_proj, qkv, qkv_ld, T, qkv_ld, H, pool_);
     rmsnorm_heads(q, qkv_ld, l.q_norm.as<float>(), q, qkv_ld, T, Hq, D, eps);
     rmsnorm_heads(k, qkv_ld, l.k_norm.as<float>(), k, qkv_ld, T, Hkv, D, eps);
-    rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
-               rope_inv_freq_bf16_);
-    rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false,
-               rope_inv_freq_bf16_);
+    rope_apply(q, T, Hq, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false);
+    rope_apply(k, T, Hkv, D, qkv_ld, b.positions, rotary, c.rope.theta, nullptr, 0, false);
     kv_cache_write(k, qkv_ld, v, qkv_ld, T, Hkv, D, b.slot_mapping, kv.block_size(),
                    kv.num_blocks(), kv.k(li), kv.v(li));
     paged_attention(q, qkv_ld, kv.k(li), kv.v(li), attn_.data(), c.q_dim(), ab, Hq, Hkv, D, scale,

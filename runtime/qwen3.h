@@ -50,7 +50,6 @@ class Qwen3 : public Model {
   Qwen3Weights w_;
   TiledWeights tiled_;  // tile-order copies of the matrices (avx512 path), see tiled_weights.h
   ThreadPool* pool_;
-  bool rope_inv_freq_bf16_ = false;  // see the constructor
 
   // Scratch, sized by reserve(); T = max tokens per step.
   std::vector<float> x_;        // f32 [T, hidden] residual stream

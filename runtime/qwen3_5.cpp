@@ -44,11 +44,6 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t Hv = c.linear_num_value_heads, Dv = c.linear_value_head_dim;
   w_.embed_tokens = pack_matrix(pack, "embed_tokens", c.vocab_size, H);
-  // note: transformers casts its RoPE inv_freq buffer to the checkpoint's
-  // dtype, so a bf16 checkpoint rotates with bf16-rounded frequencies (the
-  // float64 references do too). The pack keeps a bf16 source's matrices in
-  // bf16 (convert --dtype keep), so that is our signal.
-  rope_inv_freq_bf16_ = w_.embed_tokens.dtype == DType::BF16;
   w_.norm = pack_vector(pack, "norm", H);
   w_.lm_head = pack.find_tensor("lm_head") != nullptr
                    ? pack_matrix(pack, "lm_head", c.vocab_size, H)
@@ -147,10 +142,10 @@ void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const St
   const auto& sec = c.rope.mrope_section;
   const int64_t rotary = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
   rope_apply(q, T, Hq, D, ld, b.positions, rotary, c.rope.theta, sec.empty() ? nullptr : sec.data(),
-             static_cast<int>(sec.size()), c.rope.mrope_interleaved, rope_inv_freq_bf16_);
+             static_cast<int>(sec.size()), c.rope.mrope_interleaved);
   rope_apply(k, T, Hkv, D, ld, b.positions, rotary, c.rope.theta,
              sec.empty() ? nullptr : sec.data(), static_cast<int>(sec.size()),
-             c.rope.mrope_interleaved, rope_inv_freq_bf16_);
+             c.rope.mrope_interleaved);
   kv_cache_write(k, ld, v, ld, T, Hkv, D, b.slot_mapping, kv.block_size(), kv.num_blocks(),
                  kv.k(ai), kv.v(ai));
   AttentionBatch ab;

@@ -67,7 +67,6 @@ class Qwen3_5 : public Model {
   Qwen3_5Weights w_;
   TiledWeights tiled_;  // tile-order copies of the matrices (avx512 path), see tiled_weights.h
   ThreadPool* pool_;
-  bool rope_inv_freq_bf16_ = false;  // see the constructor
   int64_t attn_layers_ = 0, gdn_layers_ = 0;
   std::vector<int64_t> kind_index_;  // layer -> index among layers of its kind
   // note: per slot and GDN layer: conv state f32 [conv_dim, K-1] then the

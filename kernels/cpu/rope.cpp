@@ -30,15 +30,6 @@ int rope_axis_of_frequency(int64_t j, const int64_t* mrope_section, int n_sectio
 
 namespace {
 
-// Round-to-nearest-even float32 -> bfloat16 -> float32 (finite inputs).
-float round_to_bf16(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
 // note: cos/sin of (position p, frequency j) depend on nothing else, so a
 // thread keeps a table for positions 0..max seen for the current
 // (theta, rotary_dim), filled lazily; entries are the same values the direct
@@ -47,15 +38,13 @@ float round_to_bf16(float f) {
 struct RopeTable {
   double theta = 0.0;
   int64_t rotary_dim = 0;
-  bool bf16 = false;
   int64_t positions = 0;        // rows filled
   std::vector<float> inv_freq;  // f32 [half]
   std::vector<float> cos_sin;   // f32 [positions][half][2]
 
-  void reset(double th, int64_t rd, bool round_bf16) {
+  void reset(double th, int64_t rd) {
     theta = th;
     rotary_dim = rd;
-    bf16 = round_bf16;
     positions = 0;
     cos_sin.clear();
     const int64_t half = rd / 2;
@@ -68,7 +57,6 @@ struct RopeTable {
       float p =
           static_cast<float>(std::pow(static_cast<double>(theta_f), static_cast<double>(exponent)));
       inv_freq[j] = 1.0f / p;
-      if (round_bf16) inv_freq[j] = round_to_bf16(inv_freq[j]);
     }
   }
 
@@ -92,14 +80,13 @@ struct RopeTable {
 
 void rope_apply(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t ld,
                 const int32_t* positions, int64_t rotary_dim, double theta,
-                const int64_t* mrope_section, int n_sections, bool interleaved,
-                bool inv_freq_bf16) {
+                const int64_t* mrope_section, int n_sections, bool interleaved) {
   const int64_t half = rotary_dim / 2;
   if (half <= 0 || rows <= 0) return;
   thread_local RopeTable table;
   thread_local std::vector<int> axis_of;
-  if (table.theta != theta || table.rotary_dim != rotary_dim || table.bf16 != inv_freq_bf16) {
-    table.reset(theta, rotary_dim, inv_freq_bf16);
+  if (table.theta != theta || table.rotary_dim != rotary_dim) {
+    table.reset(theta, rotary_dim);
   }
   axis_of.resize(half);
   const int n_axes = mrope_section != nullptr ? 3 : 1;

@@ -61,7 +61,6 @@ struct RopeParams {
   int sections[3] = {0, 0, 0};  // M-RoPE sections (t, h, w) in frequency pairs
   int n_sections = 0;           // 0: plain RoPE (positions axis 0 only)
   bool interleaved = false;     // Qwen3.5 layout (j%3 picks the axis) vs contiguous
-  bool inv_freq_bf16 = false;   // round inv_freq to bf16 (transformers does for bf16 checkpoints)
   // Optional: (cos, sin) of position p and frequency j at table[p * rotary_dim/2 + j] for
   // p < table_positions, built by rope_table_build (same values as computed inline).
   const float2* table = nullptr;
@@ -81,8 +80,8 @@ void rope_table_build(float2* table, int64_t positions, const RopeParams& rope,
 // RMSNorm with weight norm_w f32 [head_dim] (nullptr: no norm), then RoPE.
 // positions int32 [3][tokens] (axis-major; plain RoPE reads axis 0 only).
 // note: exactly the CPU kernel's arithmetic (kernels/rope.h): inv_freq and the
-// angle in float32 as transformers computes them (inv_freq optionally rounded
-// to bf16), cos/sin of that angle in double rounded to float, the rotation in
+// angle in float32 as transformers computes them (inv_freq float32, never rounded
+// to the weights' dtype), cos/sin of that angle in double rounded to float, the rotation in
 // double with one rounding per output.
 template <class T>
 void qk_norm_rope(T* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,

@@ -39,8 +39,7 @@ __device__ __forceinline__ float2 rope_cos_sin(int j, int32_t pos, const RopePar
   const float exponent = static_cast<float>(2 * j) / static_cast<float>(rd);
   const float p = static_cast<float>(
       pow(static_cast<double>(static_cast<float>(rope.theta)), static_cast<double>(exponent)));
-  float inv_freq = 1.0f / p;
-  if (rope.inv_freq_bf16) inv_freq = __bfloat162float(__float2bfloat16_rn(inv_freq));
+  const float inv_freq = 1.0f / p;  // note: never rounded to the weights' dtype (kernels/rope.h)
   const float angle = __fmul_rn(inv_freq, static_cast<float>(pos));  // float32, as the reference
   double s, c;
   sincos(static_cast<double>(angle), &s, &c);

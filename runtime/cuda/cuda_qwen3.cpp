@@ -74,8 +74,6 @@ class CudaQwen3 final : public CudaModel {
     }
     rope_.rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
     rope_.theta = c.rope.theta;
-    // note: as the CPU model: transformers rounds inv_freq to bf16 for bf16 checkpoints.
-    rope_.inv_freq_bf16 = pack.tensor("embed_tokens").dtype == DType::BF16;
   }
   ~CudaQwen3() override { cudaStreamDestroy(stream_); }
 

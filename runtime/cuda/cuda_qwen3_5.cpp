@@ -112,8 +112,6 @@ class CudaQwen3_5 final : public CudaModel {
     }
     rope_.rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : D;
     rope_.theta = c.rope.theta;
-    // note: as the CPU model: transformers rounds inv_freq to bf16 for bf16 checkpoints.
-    rope_.inv_freq_bf16 = pack.tensor("embed_tokens").dtype == DType::BF16;
     rope_.n_sections = static_cast<int>(c.rope.mrope_section.size());
     for (int a = 0; a < rope_.n_sections; ++a)
       rope_.sections[a] = static_cast<int>(c.rope.mrope_section[a]);

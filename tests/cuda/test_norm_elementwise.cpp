@@ -181,15 +181,12 @@ TYPED_TEST(NormTest, QkvRopeCacheEqualsSeparateCalls) {
 }
 
 // The RoPE (cos, sin) table gives bit for bit the values computed inline,
-// for positions inside it and (inline fallback) past it, plain and M-RoPE,
-// with and without the bf16 rounding of inv_freq.
+// for positions inside it and (inline fallback) past it, plain and M-RoPE.
 TYPED_TEST(NormTest, RopeTableGivesTheInlineValues) {
   using T = TypeParam;
   const RopeParams plain = plain_rope(), mrope = qwen35_mrope();
-  RopeParams rounded = plain;
-  rounded.inv_freq_bf16 = true;
   const int64_t table_positions = 2000;
-  for (const RopeParams& rope : {plain, rounded, mrope}) {
+  for (const RopeParams& rope : {plain, mrope}) {
     const int64_t dim = 128, tokens = 41, heads = 4, ld = heads * dim + 8;
     const auto xh = to_device_type<T>(random_floats(tokens * ld, -2, 2, 41));
     const auto w = random_floats(dim, 0.5f, 1.5f, 42);
