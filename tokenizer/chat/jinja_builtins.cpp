@@ -618,11 +618,51 @@ bool contains(const Value& c, const Value& item) {
              fmt::format("argument of type '{}' is not iterable", python_type_name(c)));
 }
 
+namespace {
+
+// Python's public methods of str and dict; the ones has_method() lacks are
+// refused by name rather than looked up as items.
+bool is_python_method(const Value& v, std::string_view name) {
+  static const char* kStr[] = {
+      "capitalize", "casefold",   "center",     "count",      "encode",       "endswith",
+      "expandtabs", "find",       "format",     "format_map", "index",        "isalnum",
+      "isalpha",    "isascii",    "isdecimal",  "isdigit",    "isidentifier", "islower",
+      "isnumeric",  "isprintable", "isspace",   "istitle",    "isupper",      "join",
+      "ljust",      "lower",      "lstrip",     "maketrans",  "partition",    "removeprefix",
+      "removesuffix", "replace",  "rfind",      "rindex",     "rjust",        "rpartition",
+      "rsplit",     "rstrip",     "split",      "splitlines", "startswith",   "strip",
+      "swapcase",   "title",      "translate",  "upper",      "zfill"};
+  static const char* kDict[] = {"clear", "copy",   "fromkeys", "get",    "items",
+                                "keys",  "pop",    "popitem",  "setdefault", "update", "values"};
+  auto in = [&](auto& list) {
+    return std::any_of(std::begin(list), std::end(list), [&](const char* n) { return name == n; });
+  };
+  if (v.is_string()) return in(kStr);
+  if (v.is_dict()) return in(kDict);
+  return false;
+}
+
+}  // namespace
+
 Value get_attr(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) fail_undefined(obj);
+  // note: jinja2 looks up a Python attribute first, so `d.items` is the
+  // method even when the dict has a key "items".
+  if (has_method(obj, name)) {
+    auto fn = std::make_shared<Callable>();
+    fn->name = name;
+    fn->call = [obj, name](CallArgs& a) {
+      Value result;
+      call_method(obj, name, a, result);
+      return result;
+    };
+    return Value::callable(std::shared_ptr<const Callable>(std::move(fn)));
+  }
+  if (is_python_method(obj, name)) {
+    throw_eval("TypeError",
+               fmt::format("{}.{} is not supported", python_type_name(obj), name));
+  }
   if (obj.is_dict()) {
-    // note: jinja2 tries Python attributes first; a dict's only public
-    // attributes are its methods, handled by call_method at the call site.
     if (const Value* v = obj.dict_data().find(name)) return *v;
   } else if (obj.is_namespace()) {
     if (const Value* v = obj.namespace_data()->find(name)) return *v;

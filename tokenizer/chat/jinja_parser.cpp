@@ -65,6 +65,10 @@ class Parser {
   [[noreturn]] void fail_at(const Token& t, const std::string& message) const {
     throw TemplateError("TemplateSyntaxError", message, source_, t.pos.line, t.pos.column);
   }
+  // jinja2 reports unknown filters and tests as TemplateAssertionError.
+  [[noreturn]] void fail_assert(const Token& t, const std::string& message) const {
+    throw TemplateError("TemplateAssertionError", message, source_, t.pos.line, t.pos.column);
+  }
   [[noreturn]] void fail_expected(const std::string& what) const {
     fail_at(cur(), fmt::format("expected {}, found {}", what, describe(cur())));
   }
@@ -610,7 +614,7 @@ class Parser {
     const Token t = cur();
     auto n = make(Expr::Kind::kFilter, t);
     n->name = expect_name("a filter name");
-    if (!is_known_filter(n->name)) fail_at(t, fmt::format("no filter named '{}'", n->name));
+    if (!is_known_filter(n->name)) fail_assert(t, fmt::format("no filter named '{}'", n->name));
     n->children.push_back(std::move(subject));
     if (is_op("(")) parse_args(*n);
     return n;
@@ -628,7 +632,8 @@ class Parser {
         n->negated = skip_name("not");
         const Token name_tok = cur();
         n->name = expect_name("a test name");
-        if (!is_known_test(n->name)) fail_at(name_tok, fmt::format("no test named '{}'", n->name));
+        if (!is_known_test(n->name))
+          fail_assert(name_tok, fmt::format("no test named '{}'", n->name));
         n->children.push_back(std::move(e));
         if (is_op("(")) {
           parse_args(*n);

@@ -122,9 +122,14 @@ Value Value::ns(NamespaceData* data) {
 }
 
 Value Value::callable(const Callable* fn) {
+  // an aliasing pointer with no owner: the arena keeps `fn` alive
+  return callable(std::shared_ptr<const Callable>(std::shared_ptr<const Callable>(), fn));
+}
+
+Value Value::callable(std::shared_ptr<const Callable> fn) {
   Value v;
   v.kind_ = Kind::kCallable;
-  v.fn_ = fn;
+  v.fn_ = std::move(fn);
   return v;
 }
 

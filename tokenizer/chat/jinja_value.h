@@ -80,7 +80,10 @@ class Value {
   static Value list(std::vector<Value> items, bool is_tuple = false);
   static Value dict(std::vector<std::pair<std::string, Value>> items);
   static Value ns(NamespaceData* data);
+  // note: macros and globals live in the render's arena (not owned here);
+  // bound methods (`"a".startswith`) are owned by the value.
   static Value callable(const Callable* fn);
+  static Value callable(std::shared_ptr<const Callable> fn);
   // Converts parsed JSON (objects keep their key order).
   static Value from_json(const nlohmann::ordered_json& j);
 
@@ -107,7 +110,7 @@ class Value {
   const std::vector<Value>& items() const { return list_->items; }
   const DictData& dict_data() const { return *dict_; }
   NamespaceData* namespace_data() const { return ns_; }
-  const Callable* callable_ptr() const { return fn_; }
+  const Callable* callable_ptr() const { return fn_.get(); }
   int depth() const;
 
  private:
@@ -119,7 +122,7 @@ class Value {
   std::shared_ptr<const ListData> list_;
   std::shared_ptr<const DictData> dict_;
   NamespaceData* ns_ = nullptr;
-  const Callable* fn_ = nullptr;
+  std::shared_ptr<const Callable> fn_;
 };
 
 // Python's type(x).__name__ ("str", "list", "dict", "NoneType", ...).
