@@ -23,8 +23,11 @@ namespace qtk {
 namespace {
 
 // The non-tensor files a pack carries when the checkpoint has them.
+// note: chat_template.jinja is where newer checkpoints keep the chat
+// template (transformers prefers it to tokenizer_config.json's
+// "chat_template"); generate renders "messages" requests with it.
 constexpr const char* kCarriedFiles[] = {"tokenizer.json", "tokenizer_config.json",
-                                         "generation_config.json"};
+                                         "generation_config.json", "chat_template.jinja"};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -26,8 +26,10 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/pack.h"
+#include "runtime/pack_checksum.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/scheduler.h"
+#include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenizer.h"
 
 #ifdef QTK_HAVE_CUDA
@@ -214,6 +216,68 @@ class Progress {
   Clock::time_point start_, last_;
 };
 
+// ---- chat template (issue 25) ----
+// The template "messages" lines are rendered with: --chat-template FILE,
+// else the pack's chat_template.jinja entry, else tokenizer_config.json's
+// "chat_template".
+struct ChatTemplateSetup {
+  std::optional<jinja::Template> tmpl;
+  std::string source;   // where it came from
+  std::string digest;   // XXH64 of its text (the run header records it)
+  std::string missing;  // when !tmpl: why, for the lines that need one
+  std::vector<std::pair<std::string, nlohmann::ordered_json>> special_tokens;
+
+  nlohmann::json describe() const {
+    if (!tmpl) return nullptr;
+    return {{"source", source}, {"xxh64", digest}};
+  }
+};
+
+ChatTemplateSetup load_chat_template(const GenerateOptions& o, const Pack& pack) {
+  ChatTemplateSetup s;
+  std::optional<nlohmann::json> config;
+  if (auto tc = pack.entry("tokenizer_config.json")) {
+    config = nlohmann::json::parse(*tc, nullptr, false);
+    if (config->is_discarded()) config.reset();
+  }
+  s.special_tokens = chat::special_tokens_from_config(config ? &*config : nullptr);
+  std::optional<std::string> text;
+  if (!o.chat_template.empty()) {
+    text = read_file(o.chat_template, "the chat template");
+    s.source = o.chat_template;
+  } else {
+    std::optional<std::string> jinja_file;
+    if (auto e = pack.entry("chat_template.jinja")) jinja_file = std::string(*e);
+    s.source = jinja_file ? o.model + ":chat_template.jinja"
+                          : o.model + ":tokenizer_config.json:chat_template";
+    try {
+      text = chat::template_from_config(config ? &*config : nullptr,
+                                        o.model + ":tokenizer_config.json", jinja_file);
+    } catch (const Error& e) {
+      s.missing = e.what();
+      return s;
+    }
+  }
+  if (!text) {
+    s.missing =
+        "this pack has no chat template (no chat_template.jinja entry, no 'chat_template' in "
+        "tokenizer_config.json); give one with --chat-template FILE";
+    return s;
+  }
+  try {
+    s.tmpl = jinja::Template::parse(*text, s.source);
+  } catch (const jinja::TemplateError& e) {
+    // note: a bad --chat-template is a bad flag (the run stops); a pack's
+    // broken template only fails the lines that need it.
+    if (!o.chat_template.empty()) fail("--chat-template {}", e.what());
+    s.missing = fmt::format("the chat template does not parse: {}", e.what());
+    return s;
+  }
+  s.digest = fmt::format("{:016x}", xxh64(text->data(), text->size()));
+  return s;
+}
+// ---- end chat template ----
+
 }  // namespace
 
 void run_generate(const GenerateOptions& o) {
@@ -236,6 +300,7 @@ void run_generate(const GenerateOptions& o) {
   if (auto tj = pack->entry("tokenizer.json")) {
     tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
   }
+  const ChatTemplateSetup chat = load_chat_template(o, *pack);
   const int threads = o.threads > 0 ? o.threads : default_threads();
   // note: the pool outlives the model that holds a pointer to it.
   std::optional<ThreadPool> pool;
@@ -264,6 +329,9 @@ void run_generate(const GenerateOptions& o) {
   defaults.max_context = cfg.max_position_embeddings;
   defaults.allow_mrope = !cfg.rope.mrope_section.empty();
   defaults.tokenizer = tokenizer ? &*tokenizer : nullptr;
+  defaults.chat_template = chat.tmpl ? &*chat.tmpl : nullptr;
+  defaults.chat_template_missing = chat.missing;
+  defaults.chat_special_tokens = chat.special_tokens;
   std::vector<PromptLine> lines;
   lines.reserve(raw_lines.size());
   std::set<std::string> ids_seen;
@@ -310,6 +378,10 @@ void run_generate(const GenerateOptions& o) {
     if (auto why = sched.check_fits(l.request); !why.empty()) l.error = why;
   }
 
+  // note: the template is a setting only of runs that use it, so runs
+  // without "messages" lines resume as before.
+  const bool any_chat =
+      std::any_of(lines.begin(), lines.end(), [](const PromptLine& l) { return l.is_chat; });
   // Output: fresh, or resumed after the complete lines already written.
   const std::string meta_path = o.out + ".meta.json";
   nlohmann::json settings = {{"max_tokens_default", defaults.max_tokens},
@@ -322,7 +394,8 @@ void run_generate(const GenerateOptions& o) {
                              {"kv_cache_blocks_flag", o.kv_cache_blocks},
                              {"threads", threads},
                              {"device", dev.device},
-                             {"precision", dev.precision}};
+                             {"precision", dev.precision},
+                             {"chat_template", any_chat ? chat.describe() : nlohmann::json()}};
   nlohmann::json meta = {
       {"tool", "qtk generate"},
       {"tool_version", QTK_VERSION},
@@ -348,7 +421,8 @@ void run_generate(const GenerateOptions& o) {
            pack->digest());
     }
     // note: device and precision change the arithmetic, hence the results.
-    for (const char* key : {"max_tokens_default", "ignore_eos", "margins", "device", "precision"}) {
+    for (const char* key :
+         {"max_tokens_default", "ignore_eos", "margins", "device", "precision", "chat_template"}) {
       const auto was = old.value(nlohmann::json::json_pointer(std::string("/settings/") + key),
                                  nlohmann::json());
       if (!same(was, settings[key])) {
@@ -423,7 +497,7 @@ void run_generate(const GenerateOptions& o) {
           text = tokenizer->decode(std::span<const int32_t>(r.output.data(), n));
         }
         line = result_line(l.id, l.request.prompt, r.output, r.stopped, tokenizer ? &text : nullptr,
-                           o.margins ? &r.margins : nullptr);
+                           o.margins ? &r.margins : nullptr, l.is_chat ? &l.chat_prompt : nullptr);
         if (o.show) {
           const std::string prompt_text = tokenizer
                                               ? tokenizer->decode(l.request.prompt)

@@ -27,6 +27,7 @@ struct GenerateOptions {
   bool progress = false;
   bool show = false;
   bool resume = false;
+  std::string chat_template;  // a Jinja file for "messages" lines; empty: the pack's template
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line

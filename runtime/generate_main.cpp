@@ -47,7 +47,11 @@ int main(int argc, char** argv) {
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
+        "resume", "continue an interrupted run into the same --out")(
+        "chat-template",
+        "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
+        "tokenizer_config.json's chat_template)",
+        cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
+    o.chat_template = args["chat-template"].as<std::string>();
     qtk::run_generate(o);
     return 0;
   } catch (const std::bad_alloc&) {

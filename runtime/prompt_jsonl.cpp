@@ -6,6 +6,7 @@
 
 #include "loaders/error.h"
 #include "loaders/strict_json.h"
+#include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {
@@ -52,30 +53,33 @@ std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
 
 std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, PromptLine& out) {
   SequenceRequest& r = out.request;
-  const bool has_text = doc.contains("prompt");
+  const bool has_text = doc.contains("prompt") || out.is_chat;
   const bool has_ids = doc.contains("prompt_token_ids");
   if (has_text == has_ids) {
     return has_text ? "both 'prompt' and 'prompt_token_ids' given; expected exactly one"
-                    : "missing 'prompt' or 'prompt_token_ids'";
+                    : "missing 'prompt', 'prompt_token_ids' or 'messages'";
   }
   if (has_text) {
-    const auto& p = doc["prompt"];
-    if (!p.is_string())
-      return fmt::format("field 'prompt': expected a string, found {}", type_name(p));
+    // a chat request's rendered text is tokenized like a prompt
+    const char* field = out.is_chat ? "messages" : "prompt";
+    if (!out.is_chat && !doc["prompt"].is_string())
+      return fmt::format("field 'prompt': expected a string, found {}", type_name(doc["prompt"]));
     if (d.tokenizer == nullptr) {
-      return "field 'prompt': this pack has no tokenizer.json; give 'prompt_token_ids' instead";
+      return fmt::format(
+          "field '{}': this pack has no tokenizer.json; give 'prompt_token_ids' instead", field);
     }
     try {
-      r.prompt = d.tokenizer->encode(p.get_ref<const std::string&>());
+      r.prompt = d.tokenizer->encode(out.is_chat ? out.chat_prompt
+                                                 : doc["prompt"].get_ref<const std::string&>());
     } catch (const Error& e) {
-      return fmt::format("field 'prompt': {}", e.what());
+      return fmt::format("field '{}': {}", field, e.what());
     }
     for (int32_t id : r.prompt) {
       if (id < 0 || id >= d.vocab_size) {
         return fmt::format(
-            "field 'prompt': the tokenizer produced id {} outside the model's "
+            "field '{}': the tokenizer produced id {} outside the model's "
             "vocabulary of {}",
-            id, d.vocab_size);
+            field, id, d.vocab_size);
       }
     }
   } else {
@@ -144,6 +148,35 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
   return {};
 }
 
+// ---- chat requests (issue 25) ----
+// Renders a "messages" line into `rendered`; returns "" or the line's error.
+std::string render_chat_line(std::string_view text, const nlohmann::json& doc,
+                             const PromptDefaults& d, std::string& rendered) {
+  for (const char* other : {"prompt", "prompt_token_ids"}) {
+    if (doc.contains(other))
+      return fmt::format("both 'messages' and '{}' given; expected exactly one", other);
+  }
+  if (d.chat_template == nullptr) return fmt::format("field 'messages': {}", d.chat_template_missing);
+  // note: parsed again with key order kept (the strict parse above sorts
+  // keys, and tojson must print tool schemas in the order given); the
+  // strict parse already bounded its depth and checked its UTF-8.
+  nlohmann::ordered_json line;
+  try {
+    line = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return fmt::format("malformed JSON: {}", e.what());
+  }
+  chat::ChatRequest req;
+  if (auto e = chat::read_chat_request(line, req); !e.empty()) return e;
+  try {
+    rendered = chat::render_chat(*d.chat_template, req, d.chat_special_tokens);
+  } catch (const jinja::TemplateError& e) {
+    return chat::describe_template_error(e);
+  }
+  return {};
+}
+// ---- end chat requests ----
+
 }  // namespace
 
 PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d) {
@@ -171,17 +204,29 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
     }
     out.id = *it;
   }
+  // ---- chat requests (issue 25): "messages" rendered with the chat template ----
+  if (doc.contains("messages")) {
+    out.is_chat = true;
+    out.error = render_chat_line(text, doc, d, out.chat_prompt);
+    if (!out.error.empty()) return out;
+  }
+  // ---- end chat requests ----
   out.error = parse_body(doc, d, out);
   return out;
 }
 
 std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
-                        const std::vector<float>* margins) {
-  std::string s = fmt::format(
-      "{{\"id\": {}, \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], "
-      "\"finish_reason\": \"{}\"",
-      id.dump(), fmt::join(prompt, ", "), fmt::join(output, ", "), stopped ? "stop" : "length");
+                        const std::vector<float>* margins, const std::string* prompt_text) {
+  std::string s = fmt::format("{{\"id\": {}", id.dump());
+  if (prompt_text != nullptr) {
+    s += ", \"prompt\": ";
+    s += nlohmann::json(*prompt_text)
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  s += fmt::format(
+      ", \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], \"finish_reason\": \"{}\"",
+      fmt::join(prompt, ", "), fmt::join(output, ", "), stopped ? "stop" : "length");
   if (text != nullptr) {
     // note: replace, not throw, on invalid UTF-8 (a decode may cut a
     // character in half at the length limit; the tokenizer already maps

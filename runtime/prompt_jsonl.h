@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,9 @@
 namespace qtk {
 
 class Tokenizer;
+namespace jinja {
+class Template;
+}
 
 struct PromptDefaults {
   int64_t max_tokens = 256;
@@ -24,22 +28,31 @@ struct PromptDefaults {
   int64_t max_context = 0;               // prompt + 1 must fit
   bool allow_mrope = false;              // the model uses M-RoPE positions
   const Tokenizer* tokenizer = nullptr;  // for "prompt"; nullptr: pack has none
+  // For "messages" (chat requests): the chat template, or nullptr and why
+  // there is none (the pack has no template, or it does not parse).
+  const jinja::Template* chat_template = nullptr;
+  std::string chat_template_missing;
+  std::vector<std::pair<std::string, nlohmann::ordered_json>> chat_special_tokens;
 };
 
 struct PromptLine {
   int64_t line_no = 0;  // 1-based
   nlohmann::json id;    // as given, or the line number
   std::string error;    // non-empty: the line is rejected
+  std::string chat_prompt;  // a "messages" line: the rendered text (the output's "prompt")
+  bool is_chat = false;
   SequenceRequest request;
 };
 
 // Parses line `line_no` (1-based) of `source`. Never throws for bad content.
 PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d);
 
-// The output lines (without the trailing newline).
+// The output lines (without the trailing newline). `prompt_text`, when
+// given (chat requests), is written as "prompt" after the id.
 std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
-                        const std::vector<float>* margins);
+                        const std::vector<float>* margins,
+                        const std::string* prompt_text = nullptr);
 std::string error_line(const nlohmann::json& id, const std::string& error);
 
 }  // namespace qtk

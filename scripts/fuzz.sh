@@ -18,7 +18,7 @@ SECONDS_EACH=${1:-60}
 shift || true
 BUILD=${QTK_FUZZ_BUILD:-build-fuzz}
 JOBS=${QTK_JOBS:-$(nproc)}
-ALL=(safetensors_header shard_index hf_config pack_zip tokenizer_json tokenizer_codec prompt_jsonl)
+ALL=(safetensors_header shard_index hf_config pack_zip tokenizer_json tokenizer_codec prompt_jsonl chat_template)
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=("${ALL[@]}")
 

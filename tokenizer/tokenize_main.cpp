@@ -9,6 +9,12 @@
 // {"line": N, "error": "..."} (N counts from 1) and the other lines still come
 // out, in order. Exit status: 0 when the input was read, even with bad lines;
 // 1 for bad flags or an unusable tokenizer (then nothing is written to stdout).
+//
+// With --chat, each line is a chat request ({"id", "messages", "tools",
+// "add_generation_prompt", "enable_thinking", "chat_template_kwargs"})
+// rendered with the model's chat template (PATH's chat_template.jinja or
+// tokenizer_config.json "chat_template", or --chat-template FILE) and
+// written as {"id", "text", "ids"} or {"id", "error"}.
 #include <zip.h>
 
 #include <fmt/format.h>
@@ -22,19 +28,24 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "loaders/cli_args.h"
 #include "loaders/error.h"
+#include "tokenizer/chat/chat_request.h"
+#include "tokenizer/tokenize_chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
 using qtk::fail;
 
-std::string read_pack_entry(const std::string& path, const char* entry) {
+std::string read_pack_entry(const std::string& path, const char* entry,
+                            bool* present = nullptr) {
   int error_code = 0;
   zip_t* archive = zip_open(path.c_str(), ZIP_RDONLY, &error_code);
   if (!archive) {
@@ -47,6 +58,11 @@ std::string read_pack_entry(const std::string& path, const char* entry) {
   std::string data;
   try {
     const zip_int64_t index = zip_name_locate(archive, entry, 0);
+    if (present != nullptr) *present = index >= 0;
+    if (index < 0 && present != nullptr) {
+      zip_discard(archive);
+      return {};
+    }
     if (index < 0)
       fail("{}: pack has no entry '{}' (expected the model's tokenizer.json)", path, entry);
     zip_stat_t stat;
@@ -93,6 +109,81 @@ qtk::Tokenizer load_tokenizer(const std::string& path) {
   }
   return qtk::Tokenizer::from_file(path);
 }
+
+// ---- tokenize --chat (issue 25) ----
+bool is_pack(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(magic, 4);
+  return std::string_view(magic, 4) == std::string_view("PK\x03\x04", 4);
+}
+
+std::optional<std::string> read_if_exists(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(p, ec)) return std::nullopt;
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("{}: cannot open", p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The chat template and special tokens for --chat: --chat-template FILE, or
+// the chat_template.jinja / tokenizer_config.json beside PATH's
+// tokenizer.json (in the directory, the pack, or next to the file).
+qtk::ChatLineContext load_chat(const std::string& path, const std::string& template_file,
+                               std::optional<qtk::jinja::Template>& tmpl) {
+  namespace fs = std::filesystem;
+  std::optional<std::string> config_text, jinja_text;
+  std::string where;
+  std::error_code ec;
+  if (is_pack(path) && !fs::is_directory(path, ec)) {
+    bool present = false;
+    std::string t = read_pack_entry(path, "tokenizer_config.json", &present);
+    if (present) config_text = std::move(t);
+    t = read_pack_entry(path, "chat_template.jinja", &present);
+    if (present) jinja_text = std::move(t);
+    where = path + ":";
+  } else {
+    const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+    config_text = read_if_exists(dir / "tokenizer_config.json");
+    jinja_text = read_if_exists(dir / "chat_template.jinja");
+    where = (dir / "").string();
+  }
+  std::optional<nlohmann::json> config;
+  if (config_text) {
+    config = nlohmann::json::parse(*config_text, nullptr, false);
+    if (config->is_discarded() || !config->is_object()) {
+      fail("{}tokenizer_config.json: malformed JSON (expected an object)", where);
+    }
+  }
+  qtk::ChatLineContext c;
+  c.special_tokens = qtk::chat::special_tokens_from_config(config ? &*config : nullptr);
+  std::optional<std::string> text;
+  std::string source;
+  if (!template_file.empty()) {
+    text = read_if_exists(template_file);
+    if (!text) fail("--chat-template {}: no such file", template_file);
+    source = template_file;
+  } else {
+    text = qtk::chat::template_from_config(config ? &*config : nullptr,
+                                           where + "tokenizer_config.json", jinja_text);
+    source = jinja_text ? where + "chat_template.jinja" : where + "tokenizer_config.json";
+    if (!text) {
+      fail("{}: no chat template (no chat_template.jinja, no 'chat_template' in "
+           "tokenizer_config.json); give one with --chat-template FILE",
+           path);
+    }
+  }
+  try {
+    tmpl = qtk::jinja::Template::parse(*text, source);
+  } catch (const qtk::jinja::TemplateError& e) {
+    fail("{}", e.what());
+  }
+  c.tmpl = &*tmpl;
+  return c;
+}
+// ---- end tokenize --chat ----
 
 // Lines of stdin, read with fread in large blocks.
 // note: std::getline on std::cin reads a character at a time through stdio,
@@ -192,6 +283,11 @@ int run(int argc, char** argv) {
                         "tokenizer.json, a model directory holding one, or a .pack file",
                         cxxopts::value<std::string>())(
       "decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")(
+      "chat",
+      "read chat requests {\"id\", \"messages\", ...} and write {\"id\", \"text\", \"ids\"}: the "
+      "prompt the model's chat template makes of them")(
+      "chat-template", "Jinja chat template file for --chat (default: the one beside PATH)",
+      cxxopts::value<std::string>()->default_value(""))(
       "threads", "worker threads (0 = all cores)",
       cxxopts::value<std::string>()->default_value("1"))("h,help", "print this help");
   const cxxopts::ParseResult args = qtk::cli::parse_flags(options, argc, argv);
@@ -206,7 +302,18 @@ int run(int argc, char** argv) {
   const int64_t threads_flag = qtk::cli::parse_int_flag(
       "--threads", args["threads"].as<std::string>(), 0, 1024, "0 (all cores) or a thread count");
   const bool decode = args.count("decode") > 0;
+  const bool chat = args.count("chat") > 0;
+  if (chat && decode) fail("--chat and --decode: expected at most one of them");
+  if (!chat && !args["chat-template"].as<std::string>().empty())
+    fail("--chat-template: only used with --chat");
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
+  std::optional<qtk::jinja::Template> chat_template;
+  qtk::ChatLineContext chat_context;
+  if (chat) {
+    chat_context = load_chat(args["tokenizer"].as<std::string>(),
+                             args["chat-template"].as<std::string>(), chat_template);
+    chat_context.tokenizer = &tokenizer;
+  }
   const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())
                                            : static_cast<size_t>(threads_flag);
 
@@ -224,7 +331,8 @@ int run(int argc, char** argv) {
     for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
       const size_t end = std::min(begin + kChunk, lines.size());
       for (size_t i = begin; i < end; ++i) {
-        outputs[i] = process_line(tokenizer, decode, lines[i], first_line_number + i);
+        outputs[i] = chat ? qtk::chat_tokenize_line(chat_context, lines[i], first_line_number + i)
+                          : process_line(tokenizer, decode, lines[i], first_line_number + i);
       }
     }
   };

@@ -26,5 +26,9 @@ int tokenizer_json(const uint8_t* data, size_t size);
 int tokenizer_codec(const uint8_t* data, size_t size);
 // runtime's parse_prompt_line on the bytes as one --batch line.
 int prompt_jsonl(const uint8_t* data, size_t size);
+// The chat template renderer: byte 0 even: the rest is a template rendered
+// with a fixed chat request; odd: a request line rendered with the three
+// real Qwen templates.
+int chat_template(const uint8_t* data, size_t size);
 
 }  // namespace qtk::fuzz

@@ -64,6 +64,7 @@ QTK_REPLAY_TEST(hf_config)
 QTK_REPLAY_TEST(pack_zip)
 QTK_REPLAY_TEST(tokenizer_json)
 QTK_REPLAY_TEST(tokenizer_codec)
+QTK_REPLAY_TEST(chat_template)
 #ifdef QTK_FUZZ_HAVE_PROMPT_JSONL
 QTK_REPLAY_TEST(prompt_jsonl)
 #endif

@@ -1,4 +1,5 @@
 // Renders a parsed template: scopes, statements and expressions.
+#include <algorithm>
 #include <deque>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "tokenizer/chat/jinja_lexer.h"
 #include "tokenizer/chat/jinja_parser.h"
 #include "tokenizer/chat/jinja_template.h"
+#include "tokenizer/chat/py_string.h"
 
 namespace qtk::jinja {
 
@@ -345,12 +347,14 @@ class Renderer {
         s->set(p.name, Value::undefined(fmt::format("parameter '{}' was not provided", p.name)));
       }
     }
-    for (const auto& [k, v] : a.named) {
-      const bool known = k == "caller" || std::any_of(n.params.begin(), n.params.end(),
-                                                      [&](const MacroParam& p) { return p.name == k; });
+    for (const auto& kv : a.named) {
+      const std::string& k = kv.first;
+      const bool known =
+          k == "caller" || std::any_of(n.params.begin(), n.params.end(),
+                                       [&k](const MacroParam& p) { return p.name == k; });
       if (!known)
         throw_eval("TypeError", fmt::format("macro '{}' takes no keyword argument '{}'", name, k));
-      if (k == "caller") s->set("caller", v);
+      if (k == "caller") s->set("caller", kv.second);
     }
     std::string text;
     exec_body(n.body, s, text);
@@ -518,6 +522,13 @@ class Renderer {
 
 Template Template::parse(std::string_view text, std::string source) {
   Template t;
+  // note: Python reads a template as str; bytes that are not UTF-8 never
+  // get this far in transformers.
+  if (const size_t bad = find_invalid_utf8_at(text); bad != std::string_view::npos) {
+    throw TemplateError("TemplateSyntaxError",
+                        fmt::format("invalid UTF-8 at byte {} of the template", bad), source, 0,
+                        0);
+  }
   const std::vector<Token> tokens = lex_template(text, source);
   t.body_ = std::make_shared<const Body>(parse_tokens(tokens, source));
   t.source_ = std::move(source);

@@ -46,6 +46,22 @@ bool is_ascii(std::string_view s) {
   return true;
 }
 
+size_t find_invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    utf8proc_int32_t cp = 0;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                    static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) return i;
+    i += static_cast<size_t>(n);
+  }
+  return std::string_view::npos;
+}
+
 int64_t py_len(std::string_view s) {
   int64_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;

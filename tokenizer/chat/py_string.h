@@ -15,6 +15,9 @@ std::u32string utf8_decode(std::string_view s);
 std::string utf8_encode(std::u32string_view s);
 void utf8_append(std::string& out, char32_t c);
 bool is_ascii(std::string_view s);
+// Byte offset of the first invalid UTF-8 sequence (overlong forms and
+// surrogates included), or npos.
+size_t find_invalid_utf8_at(std::string_view s);
 int64_t py_len(std::string_view s);
 
 // Python str.isspace() for one code point.

@@ -1,0 +1,72 @@
+#include "tokenizer/tokenize_chat.h"
+
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+#include "tokenizer/chat/chat_request.h"
+
+namespace qtk {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string error_out(const ojson& id, const std::string& message) {
+  ojson out;
+  out["id"] = id;
+  out["error"] = message;
+  return dump(out);
+}
+
+}  // namespace
+
+std::string chat_tokenize_line(const ChatLineContext& c, const std::string& line,
+                               size_t line_number) {
+  ojson id = line_number;
+  ojson input;
+  try {
+    input = ojson::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    return error_out(id, fmt::format("line {}: invalid JSON: {}", line_number, e.what()));
+  }
+  if (!input.is_object()) {
+    return error_out(id, fmt::format("line {}: expected a JSON object with \"messages\", found {}",
+                                     line_number, input.type_name()));
+  }
+  if (auto it = input.find("id"); it != input.end()) {
+    if (!it->is_string() && !it->is_number_integer()) {
+      return error_out(id, fmt::format("line {}: field 'id': expected a string or an integer, "
+                                       "found {}",
+                                       line_number, it->type_name()));
+    }
+    id = *it;
+  }
+  if (!chat::is_chat_request(input))
+    return error_out(id, fmt::format("line {}: missing field 'messages'", line_number));
+  chat::ChatRequest req;
+  if (auto e = chat::read_chat_request(input, req); !e.empty())
+    return error_out(id, fmt::format("line {}: {}", line_number, e));
+  std::string text;
+  try {
+    text = chat::render_chat(*c.tmpl, req, c.special_tokens);
+  } catch (const jinja::TemplateError& e) {
+    return error_out(id, fmt::format("line {}: {}", line_number, chat::describe_template_error(e)));
+  }
+  std::vector<int32_t> ids;
+  try {
+    ids = c.tokenizer->encode(text);
+  } catch (const Error& e) {
+    return error_out(id, fmt::format("line {}: {}", line_number, e.what()));
+  }
+  ojson out;
+  out["id"] = id;
+  out["text"] = text;
+  out["ids"] = ids;
+  return dump(out);
+}
+
+}  // namespace qtk
