@@ -106,6 +106,8 @@ CASES = [
     ("macro_defaults", "{% macro m(a, b=2, c='x') %}{{ a }}-{{ b }}-{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, 3) }}|{{ m(1, c='y') }}|{{ m() }}|{% set r = m(5)|trim %}{{ r ~ '!' }}", {}),
     ("macro_caller", "{% macro wrap(t) %}<{{ t }}>{{ caller() }}</{{ t }}>{% endmacro %}{% call wrap('b') %}inner {{ 1 + 1 }}{% endcall %}", {}),
     ("macro_whitespace", "{% macro m(x) %}\n    {{- x }}\n    {% if x %}\n        yes\n    {% endif %}\n{% endmacro %}[{{ m(1) }}]", {}),
+    ("call_block_undefined_error", "{% call nosuch('b') %}x{% endcall %}", {}),
+    ("call_block_arg_error", "{% macro w(t) %}{{ caller() }}{% endmacro %}{% call w(1 + 'a') %}x{% endcall %}", {}),
     ("macro_too_many_args_error", "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", {}),
     ("literals", "{{ [1, [2, [3]]] }} {{ {'a': [1, {'b': none}]} }} {{ (1, 2)[1] }} {{ 'con' 'cat' }} {{ 1_000 }} {{ 0.5 }} {{ True }} {{ None }}", {}),
     ("string_escapes", "{{ 'a\\tb\\\\c\\'d\\\"e\\x41\\u00e9\\U0001F600\\101' }}|{{ \"q'\" }}", {}),

@@ -29,6 +29,13 @@ struct ChatRequest {
 inline constexpr const char* kTopLevelTemplateKwargs[] = {"enable_thinking", "add_vision_id",
                                                           "reasoning_effort", "thinking"};
 
+// Every request-line field read by read_chat_request (for a reader that
+// refuses unknown fields).
+inline constexpr const char* kChatRequestFields[] = {
+    "messages",         "tools",           "documents",     "add_generation_prompt",
+    "continue_final_message", "chat_template_kwargs", "enable_thinking", "add_vision_id",
+    "reasoning_effort", "thinking"};
+
 // True when `line` carries `messages` (i.e. is a chat request).
 bool is_chat_request(const nlohmann::ordered_json& line);
 

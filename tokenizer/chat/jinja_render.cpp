@@ -207,7 +207,7 @@ class Renderer {
         return Flow::kNormal;
       case Node::Kind::kCallBlock: {
         const Callable* caller = make_macro(n, scope, "caller");
-        const Value v = eval_call(*n.expr, scope, caller);
+        const Value v = wrap([&] { return eval_call(*n.expr, scope, caller); }, n.expr->pos);
         append(out, wrap([&] { return py_str(v); }, n.pos), n.pos);
         return Flow::kNormal;
       }
@@ -538,7 +538,13 @@ Template Template::parse(std::string_view text, std::string source) {
 std::string Template::render(const std::vector<std::pair<std::string, Value>>& context,
                              const RenderLimits& limits) const {
   Renderer r(source_, limits);
-  return r.run(*body_, context);
+  try {
+    return r.run(*body_, context);
+  } catch (const EvalError& e) {
+    // note: a backstop; errors are normally given their position where the
+    // expression is evaluated.
+    throw TemplateError(e.kind, e.message, source_, 0, 0);
+  }
 }
 
 }  // namespace qtk::jinja
