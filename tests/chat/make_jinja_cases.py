@@ -91,6 +91,7 @@ CASES = [
     ("raise_in_macro", "{% macro m(x) %}{% if x %}{{ raise_exception('bad x') }}{% endif %}{% endmacro %}{{ m(0) }}-{{ m(1) }}", {}),
     # loops
     ("loop_vars", "{% for x in 'abc' %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}[{{ loop.previtem }}|{{ loop.nextitem }}];{% endfor %}", {}),
+    ("loop_object", "{% for x in 'ab' %}{{ loop }} {{ loop is mapping }} {{ loop|length }} {{ loop['index0'] }} {{ loop.length is number }};{% endfor %}", {}),
     ("loop_filter_else", "{% for x in l if x % 2 %}{{ x }}{{ loop.index }}{{ loop.length }}{{ loop.last }},{% else %}empty{% endfor %}|{% for x in [] %}x{% else %}none{% endfor %}", {"l": [1, 2, 3, 4, 5]}),
     ("loop_break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
     ("loop_tuple_unpack", "{% for a, b in [[1, 'x'], (2, 'y')] %}{{ a }}{{ b }}{% endfor %}{% for k, v in {'p': 1}.items() %}{{ k }}{{ v }}{% endfor %}", {}),

@@ -614,6 +614,7 @@ bool contains(const Value& c, const Value& item) {
     return c.dict_data().find(item.as_string()) != nullptr;
   }
   if (c.is_undefined()) return false;  // jinja2's Undefined iterates as empty
+  if (c.is_loop()) throw_eval("TypeError", "'in' on a loop object is not supported");
   throw_eval("TypeError",
              fmt::format("argument of type '{}' is not iterable", python_type_name(c)));
 }
@@ -662,7 +663,7 @@ Value get_attr(const Value& obj, const std::string& name) {
     throw_eval("TypeError",
                fmt::format("{}.{} is not supported", python_type_name(obj), name));
   }
-  if (obj.is_dict()) {
+  if (obj.is_dict() || obj.is_loop()) {
     if (const Value* v = obj.dict_data().find(name)) return *v;
   } else if (obj.is_namespace()) {
     if (const Value* v = obj.namespace_data()->find(name)) return *v;
@@ -757,6 +758,7 @@ std::vector<Value> iterate(const Value& v) {
     case Value::Kind::kUndefined: return {};
     case Value::Kind::kList: return v.items();
     case Value::Kind::kDict: {
+      if (v.is_loop()) throw_eval("TypeError", "iterating a loop object is not supported");
       std::vector<Value> keys;
       for (const auto& [k, e] : v.dict_data().items) keys.push_back(Value::string(k));
       return keys;
@@ -778,7 +780,9 @@ int64_t length_of(const Value& v) {
     case Value::Kind::kUndefined: return 0;
     case Value::Kind::kString: return py_len(v.as_string());
     case Value::Kind::kList: return static_cast<int64_t>(v.items().size());
-    case Value::Kind::kDict: return static_cast<int64_t>(v.dict_data().items.size());
+    case Value::Kind::kDict:
+      if (v.is_loop()) return v.dict_data().find("length")->as_int();
+      return static_cast<int64_t>(v.dict_data().items.size());
     default:
       throw_eval("TypeError",
                  fmt::format("object of type '{}' has no len()", python_type_name(v)));

@@ -289,7 +289,7 @@ class Renderer {
       };
       if (i > 0) loop.emplace_back("previtem", items[static_cast<size_t>(i - 1)]);
       if (i + 1 < len) loop.emplace_back("nextitem", items[static_cast<size_t>(i + 1)]);
-      s->set("loop", Value::dict(std::move(loop)));
+      s->set("loop", Value::loop_context(std::move(loop)));
       const Flow f = exec_body(n.body, s, out);
       release_scopes(mark, closures);
       if (f == Flow::kBreak) break;

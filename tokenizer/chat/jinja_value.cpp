@@ -114,6 +114,14 @@ Value Value::dict(std::vector<std::pair<std::string, Value>> items) {
   return v;
 }
 
+Value Value::loop_context(std::vector<std::pair<std::string, Value>> attrs) {
+  Value v = dict(std::move(attrs));
+  auto d = std::make_shared<DictData>(*v.dict_);
+  d->is_loop = true;
+  v.dict_ = std::move(d);
+  return v;
+}
+
 Value Value::ns(NamespaceData* data) {
   Value v;
   v.kind_ = Kind::kNamespace;
@@ -189,7 +197,7 @@ std::string python_type_name(const Value& v) {
     case Value::Kind::kFloat: return "float";
     case Value::Kind::kString: return "str";
     case Value::Kind::kList: return v.list_data().is_tuple ? "tuple" : "list";
-    case Value::Kind::kDict: return "dict";
+    case Value::Kind::kDict: return v.is_loop() ? "LoopContext" : "dict";
     case Value::Kind::kNamespace: return "Namespace";
     case Value::Kind::kCallable: return "function";
   }
@@ -280,6 +288,11 @@ std::string str_at(const Value& v, int depth) {
       return s;
     }
     case Value::Kind::kDict: {
+      if (v.is_loop()) {
+        const Value* i = v.dict_data().find("index");
+        const Value* n = v.dict_data().find("length");
+        return fmt::format("<LoopContext {}/{}>", i ? i->as_int() : 0, n ? n->as_int() : 0);
+      }
       std::string s = "{";
       bool first = true;
       for (const auto& [k, e] : v.dict_data().items) {
@@ -299,7 +312,11 @@ std::string str_at(const Value& v, int depth) {
       }
       return s + "}>";
     }
-    case Value::Kind::kCallable: return fmt::format("<function {}>", v.callable_ptr()->name);
+    case Value::Kind::kCallable:
+      // note: jinja2 prints "<Macro 'name'>" or a Python function with its
+      // address; refused rather than imitated.
+      throw_eval("TypeError", fmt::format("str() of the function '{}' is not supported",
+                                          v.callable_ptr()->name));
   }
   return "";
 }
@@ -415,6 +432,7 @@ void dump_at(std::string& out, const Value& v, const JsonDumpOptions& o, int lev
       return;
     }
     case Value::Kind::kDict: {
+      if (v.is_loop()) throw_eval("TypeError", "Object of type LoopContext is not JSON serializable");
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict_data().items) items.push_back(&kv);
       if (items.empty()) {

@@ -31,6 +31,10 @@ struct ListData {
 struct DictData {
   std::vector<std::pair<std::string, Value>> items;  // insertion order, unique keys
   int depth = 1;
+  // note: a for loop's `loop` object is held as a dict of its attributes
+  // but behaves as jinja2's LoopContext (not a mapping, prints as
+  // <LoopContext i/n>).
+  bool is_loop = false;
   const Value* find(std::string_view key) const;
 };
 
@@ -79,6 +83,7 @@ class Value {
   static Value string(std::string s);
   static Value list(std::vector<Value> items, bool is_tuple = false);
   static Value dict(std::vector<std::pair<std::string, Value>> items);
+  static Value loop_context(std::vector<std::pair<std::string, Value>> attrs);
   static Value ns(NamespaceData* data);
   // note: macros and globals live in the render's arena (not owned here);
   // bound methods (`"a".startswith`) are owned by the value.
@@ -96,7 +101,8 @@ class Value {
   bool is_number() const { return is_int() || is_float() || is_bool(); }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }
-  bool is_dict() const { return kind_ == Kind::kDict; }
+  bool is_dict() const { return kind_ == Kind::kDict && !dict_->is_loop; }
+  bool is_loop() const { return kind_ == Kind::kDict && dict_->is_loop; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_callable() const { return kind_ == Kind::kCallable; }
 
