@@ -135,10 +135,8 @@ std::vector<std::string> py_split(std::string_view s, const std::optional<std::s
     while (i < cs.size() && py_isspace(cs[i])) ++i;
     if (i == cs.size()) break;
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-      // the rest, with its trailing whitespace removed, is the last part
-      size_t e = cs.size();
-      while (e > i && py_isspace(cs[e - 1])) --e;
-      out.push_back(utf8_encode(std::u32string_view(cs).substr(i, e - i)));
+      // the rest, trailing whitespace included (as Python keeps it), is the last part
+      out.push_back(utf8_encode(std::u32string_view(cs).substr(i)));
       break;
     }
     size_t j = i;
