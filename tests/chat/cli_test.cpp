@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -214,6 +215,25 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   EXPECT_NE(bad.err.find("bad.jinja line 3"), std::string::npos) << bad.err;
 }
 
+TEST(TokenizeChat, BadFlags) {
+  const std::string tok = std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "'";
+  const struct {
+    std::string flags, needle;
+  } cases[] = {
+      {" --chat --decode", "--chat and --decode"},
+      {" --chat-template x.jinja", "only used with --chat"},
+      {" --chat --chat-template /nonexistent/t.jinja", "/nonexistent/t.jinja"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const RunResult r = run(tok + c.flags, "{\"messages\": []}\n");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // --- generate ---
 
 std::string convert_dir(const std::string& dir, const std::string& name) {
@@ -335,6 +355,12 @@ TEST(GenerateChat, TemplateErrorsArePerLine) {
   r = generate(pack, lines, out2, "--chat-template '" + work_dir() + "/broken.jinja'");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("broken.jinja line 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out2));
+  // one that does not exist: the same
+  r = generate(pack, lines, out2, "--chat-template /nonexistent/t.jinja");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/nonexistent/t.jinja"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_FALSE(fs::exists(out2));
 }
 
