@@ -156,7 +156,8 @@ std::string render_chat_line(std::string_view text, const nlohmann::json& doc,
     if (doc.contains(other))
       return fmt::format("both 'messages' and '{}' given; expected exactly one", other);
   }
-  if (d.chat_template == nullptr) return fmt::format("field 'messages': {}", d.chat_template_missing);
+  if (d.chat_template == nullptr)
+    return fmt::format("field 'messages': {}", d.chat_template_missing);
   // note: parsed again with key order kept (the strict parse above sorts
   // keys, and tojson must print tool schemas in the order given); the
   // strict parse already bounded its depth and checked its UTF-8.
@@ -221,8 +222,8 @@ std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& pr
   std::string s = fmt::format("{{\"id\": {}", id.dump());
   if (prompt_text != nullptr) {
     s += ", \"prompt\": ";
-    s += nlohmann::json(*prompt_text)
-             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    s +=
+        nlohmann::json(*prompt_text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   s += fmt::format(
       ", \"prompt_token_ids\": [{}], \"output_token_ids\": [{}], \"finish_reason\": \"{}\"",

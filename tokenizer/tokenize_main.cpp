@@ -44,8 +44,7 @@ namespace {
 
 using qtk::fail;
 
-std::string read_pack_entry(const std::string& path, const char* entry,
-                            bool* present = nullptr) {
+std::string read_pack_entry(const std::string& path, const char* entry, bool* present = nullptr) {
   int error_code = 0;
   zip_t* archive = zip_open(path.c_str(), ZIP_RDONLY, &error_code);
   if (!archive) {
@@ -170,9 +169,10 @@ qtk::ChatLineContext load_chat(const std::string& path, const std::string& templ
                                            where + "tokenizer_config.json", jinja_text);
     source = jinja_text ? where + "chat_template.jinja" : where + "tokenizer_config.json";
     if (!text) {
-      fail("{}: no chat template (no chat_template.jinja, no 'chat_template' in "
-           "tokenizer_config.json); give one with --chat-template FILE",
-           path);
+      fail(
+          "{}: no chat template (no chat_template.jinja, no 'chat_template' in "
+          "tokenizer_config.json); give one with --chat-template FILE",
+          path);
     }
   }
   try {

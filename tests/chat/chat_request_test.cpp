@@ -36,8 +36,8 @@ ojson case_of(const std::string& id) {
 }
 
 std::string render(const std::string& tmpl_name, const ojson& line) {
-  const jinja::Template t = jinja::Template::parse(
-      read_text("tests/data/chat/" + tmpl_name + ".jinja"), tmpl_name);
+  const jinja::Template t =
+      jinja::Template::parse(read_text("tests/data/chat/" + tmpl_name + ".jinja"), tmpl_name);
   ChatRequest req;
   const std::string err = read_chat_request(line, req);
   if (!err.empty()) throw std::runtime_error(err);

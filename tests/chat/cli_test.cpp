@@ -85,7 +85,8 @@ std::vector<ojson> lines_of(const std::string& text) {
 const std::vector<ojson>& cases() {
   static const std::vector<ojson> c = [] {
     std::vector<ojson> out;
-    for (auto& e : ojson::parse(read_text(data_path("tests/data/chat/cases.json")))) out.push_back(e);
+    for (auto& e : ojson::parse(read_text(data_path("tests/data/chat/cases.json"))))
+      out.push_back(e);
     return out;
   }();
   return c;
@@ -149,8 +150,8 @@ TEST(TokenizeChat, EveryReferenceCaseWithChatTemplateFlag) {
 
 TEST(TokenizeChat, TemplateOfTheQwen3TokenizerConfig) {
   // tests/data/tokenizer/qwen3/tokenizer_config.json carries Qwen3's own template
-  const RunResult r = run(std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "' --chat",
-                          request_lines());
+  const RunResult r = run(
+      std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "' --chat", request_lines());
   ASSERT_EQ(r.status, 0) << r.err;
   expect_matches_reference(lines_of(r.out), "qwen3");
 }
@@ -162,7 +163,8 @@ TEST(TokenizeChat, TemplateFromTheModelDirectory) {
   fs::copy_file(kQwen3Tokenizer, dir + "/tokenizer.json");
   write_text(dir + "/tokenizer_config.json",
              ojson{{"chat_template", read_text(data_path("tests/data/chat/qwen3.jinja"))}}.dump());
-  RunResult r = run(std::string(TOKENIZE_BIN) + " --tokenizer '" + dir + "' --chat", request_lines());
+  RunResult r =
+      run(std::string(TOKENIZE_BIN) + " --tokenizer '" + dir + "' --chat", request_lines());
   ASSERT_EQ(r.status, 0) << r.err;
   expect_matches_reference(lines_of(r.out), "qwen3");
   // chat_template.jinja beside it wins, as in transformers
@@ -187,12 +189,15 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   ASSERT_EQ(r.status, 0) << r.err;
   const auto out = lines_of(r.out);
   ASSERT_EQ(out.size(), 5u);
-  EXPECT_NE(out[0]["error"].get<std::string>().find("field 'messages'"), std::string::npos) << out[0];
+  EXPECT_NE(out[0]["error"].get<std::string>().find("field 'messages'"), std::string::npos)
+      << out[0];
   EXPECT_NE(out[1]["error"].get<std::string>().find("messages"), std::string::npos) << out[1];
   EXPECT_EQ(out[2]["id"], 3);
   EXPECT_NE(out[2]["error"].get<std::string>().find("invalid JSON"), std::string::npos) << out[2];
-  EXPECT_NE(out[3]["error"].get<std::string>().find("field 'tools'[0]"), std::string::npos) << out[3];
-  // chat_template_kwargs reach the template: the same text as the reference's enable_thinking=false case
+  EXPECT_NE(out[3]["error"].get<std::string>().find("field 'tools'[0]"), std::string::npos)
+      << out[3];
+  // chat_template_kwargs reach the template: the same text as the reference's enable_thinking=false
+  // case
   const auto ref = reference_of("qwen3");
   ASSERT_TRUE(out[4].contains("text")) << out[4];
   EXPECT_NE(out[4]["text"].get<std::string>().find("<think>\n\n</think>\n\n"), std::string::npos);
@@ -201,8 +206,8 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   const std::string bare = work_dir() + "/bare_tokenizer";
   fs::create_directories(bare);
   fs::copy_file(kQwen3Tokenizer, bare + "/tokenizer.json", fs::copy_options::overwrite_existing);
-  const RunResult none = run(std::string(TOKENIZE_BIN) + " --tokenizer '" + bare + "' --chat",
-                             "{\"messages\": []}\n");
+  const RunResult none =
+      run(std::string(TOKENIZE_BIN) + " --tokenizer '" + bare + "' --chat", "{\"messages\": []}\n");
   EXPECT_EQ(none.status, 1);
   EXPECT_EQ(none.out, "");
   EXPECT_NE(none.err.find("no chat template"), std::string::npos) << none.err;
@@ -303,8 +308,9 @@ TEST(GenerateChat, MessagesRenderedWithThePacksTemplate) {
     EXPECT_FALSE(text.contains("prompt"));  // only chat lines echo the rendered prompt
   }
   const ojson meta = ojson::parse(read_text(out + ".meta.json"));
-  EXPECT_NE(meta["settings"]["chat_template"]["source"].get<std::string>().find("chat_template.jinja"),
-            std::string::npos)
+  EXPECT_NE(
+      meta["settings"]["chat_template"]["source"].get<std::string>().find("chat_template.jinja"),
+      std::string::npos)
       << meta.dump();
 }
 
@@ -317,7 +323,8 @@ TEST(GenerateChat, NoTemplateIsAPerLineErrorAndTheFlagSuppliesOne) {
   ASSERT_EQ(r.status, 0) << r.err;
   auto res = read_jsonl(out);
   ASSERT_EQ(res.size(), 2u);
-  EXPECT_NE(res[0]["error"].get<std::string>().find("no chat template"), std::string::npos) << res[0];
+  EXPECT_NE(res[0]["error"].get<std::string>().find("no chat template"), std::string::npos)
+      << res[0];
   EXPECT_FALSE(res[1].contains("error")) << res[1];
 
   const std::string out2 = work_dir() + "/gen_flag.jsonl";
@@ -346,7 +353,8 @@ TEST(GenerateChat, TemplateErrorsArePerLine) {
             std::string::npos)
       << res[0];
   EXPECT_EQ(res[1]["prompt"], reference_of("qwen3_5").at("user_single")["text"]);
-  EXPECT_NE(res[2]["error"].get<std::string>().find("both 'messages' and 'prompt'"), std::string::npos)
+  EXPECT_NE(res[2]["error"].get<std::string>().find("both 'messages' and 'prompt'"),
+            std::string::npos)
       << res[2];
 
   // a --chat-template that does not parse stops the run: one line, no output

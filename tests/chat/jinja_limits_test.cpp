@@ -54,8 +54,8 @@ TEST(JinjaLimits, OutputSize) {
 }
 
 TEST(JinjaLimits, DeepExpressionNesting) {
-  const TemplateError e = render_error("{{ " + std::string(100000, '(') + "1" +
-                                       std::string(100000, ')') + " }}");
+  const TemplateError e =
+      render_error("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}");
   EXPECT_EQ(e.kind(), "TemplateSyntaxError") << e.what();
 }
 
@@ -83,10 +83,10 @@ TEST(JinjaErrors, UnknownTagNamesLineAndColumn) {
 }
 
 TEST(JinjaErrors, UnsupportedConstructsAreRefused) {
-  for (const char* src : {"{% for x in l recursive %}{% endfor %}", "{% with a = 1 %}{% endwith %}",
-                          "{% include 'x' %}", "{{ x|nosuch }}", "{{ x is nosuch }}",
-                          "{% extends 'base' %}", "{{ f(*args) }}", "{{ 'a'.zfill(3) }}",
-                          "{{ {}.update }}", "{{ 'x'|escape }}"}) {
+  for (const char* src :
+       {"{% for x in l recursive %}{% endfor %}", "{% with a = 1 %}{% endwith %}",
+        "{% include 'x' %}", "{{ x|nosuch }}", "{{ x is nosuch }}", "{% extends 'base' %}",
+        "{{ f(*args) }}", "{{ 'a'.zfill(3) }}", "{{ {}.update }}", "{{ 'x'|escape }}"}) {
     SCOPED_TRACE(src);
     const TemplateError e = render_error(src);
     EXPECT_NE(e.kind(), "none");

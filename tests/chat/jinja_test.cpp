@@ -44,7 +44,8 @@ TEST(Jinja, MatchesJinja2OnEveryCase) {
     SCOPED_TRACE("case " + name + ": " + c["template"].get<std::string>());
     std::string text;
     try {
-      text = Template::parse(c["template"].get<std::string>(), name).render(context_of(c["context"]));
+      text =
+          Template::parse(c["template"].get<std::string>(), name).render(context_of(c["context"]));
     } catch (const TemplateError& e) {
       if (!c.contains("error")) {
         ADD_FAILURE() << "failed: " << e.what();

@@ -60,8 +60,7 @@ const std::vector<jinja::Template>& real_templates() {
   static const std::vector<jinja::Template> t = [] {
     std::vector<jinja::Template> out;
     for (const char* name : {"qwen3", "qwen3_5", "qwen3_thinking_2507"}) {
-      const std::string path =
-          std::string(QTK_SOURCE_DIR) + "/tests/data/chat/" + name + ".jinja";
+      const std::string path = std::string(QTK_SOURCE_DIR) + "/tests/data/chat/" + name + ".jinja";
       std::ifstream in(path, std::ios::binary);
       std::stringstream ss;
       ss << in.rdbuf();

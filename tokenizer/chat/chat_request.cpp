@@ -36,12 +36,11 @@ std::string read_chat_request(const ojson& line, ChatRequest& out) {
     dst = nullptr;
     if (it == line.end() || it->is_null()) continue;
     if (!it->is_array())
-      return fmt::format("field '{}': expected an array of objects, found {}", field,
-                         type_of(*it));
+      return fmt::format("field '{}': expected an array of objects, found {}", field, type_of(*it));
     for (size_t i = 0; i < it->size(); ++i) {
       if (!(*it)[i].is_object()) {
-        return fmt::format("field '{}'[{}]: expected an object (a JSON schema), found {}", field,
-                           i, type_of((*it)[i]));
+        return fmt::format("field '{}'[{}]: expected an object (a JSON schema), found {}", field, i,
+                           type_of((*it)[i]));
       }
     }
     dst = *it;

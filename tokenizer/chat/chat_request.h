@@ -31,10 +31,16 @@ inline constexpr const char* kTopLevelTemplateKwargs[] = {"enable_thinking", "ad
 
 // Every request-line field read by read_chat_request (for a reader that
 // refuses unknown fields).
-inline constexpr const char* kChatRequestFields[] = {
-    "messages",         "tools",           "documents",     "add_generation_prompt",
-    "continue_final_message", "chat_template_kwargs", "enable_thinking", "add_vision_id",
-    "reasoning_effort", "thinking"};
+inline constexpr const char* kChatRequestFields[] = {"messages",
+                                                     "tools",
+                                                     "documents",
+                                                     "add_generation_prompt",
+                                                     "continue_final_message",
+                                                     "chat_template_kwargs",
+                                                     "enable_thinking",
+                                                     "add_vision_id",
+                                                     "reasoning_effort",
+                                                     "thinking"};
 
 // True when `line` carries `messages` (i.e. is a chat request).
 bool is_chat_request(const nlohmann::ordered_json& line);
@@ -62,9 +68,9 @@ std::vector<std::pair<std::string, nlohmann::ordered_json>> special_tokens_from_
 // Renders `request` with `tmpl`. Throws jinja::TemplateError: the
 // template's own raise_exception() message (kind "TemplateError"), a
 // runtime error, or transformers' ValueError for an empty conversation.
-std::string render_chat(const jinja::Template& tmpl, const ChatRequest& request,
-                        const std::vector<std::pair<std::string, nlohmann::ordered_json>>&
-                            special_tokens = {});
+std::string render_chat(
+    const jinja::Template& tmpl, const ChatRequest& request,
+    const std::vector<std::pair<std::string, nlohmann::ordered_json>>& special_tokens = {});
 
 // One line for a per-request error: "chat template: <Kind>: <message>
 // (<source> line L column C)", or the template's own message for

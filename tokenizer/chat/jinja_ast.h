@@ -35,12 +35,12 @@ struct Expr {
     kCond,     // children[1] if children[0] else children[2] (null: no else)
     kList,
     kTuple,
-    kDict,     // children: key0, value0, key1, value1, ...
+    kDict,  // children: key0, value0, key1, value1, ...
   };
   Kind kind;
   SourcePos pos;
   Value literal;
-  std::string name;  // kName, kAttr, kFilter, kTest; kBinary: the operator
+  std::string name;      // kName, kAttr, kFilter, kTest; kBinary: the operator
   bool negated = false;  // kTest: "is not"
   std::vector<ExprPtr> children;
   NamedArgs named;
@@ -68,7 +68,7 @@ struct Node {
     kCallBlock,  // call expr (a macro call) with caller() = body
     kBreak,
     kContinue,
-    kScope,      // a body rendered in place ({% generation %})
+    kScope,  // a body rendered in place ({% generation %})
   };
   Kind kind;
   SourcePos pos;
@@ -76,11 +76,11 @@ struct Node {
   std::string name;  // kMacro
   std::string attr;  // kSet of a namespace attribute
   ExprPtr expr;
-  ExprPtr cond;                                     // kFor filter
-  std::vector<std::pair<ExprPtr, Body>> branches;   // kIf
-  std::vector<std::string> targets;                 // kFor, kSet, kSetBlock
-  std::vector<ExprPtr> filters;                     // kSetBlock: kFilter nodes on a null subject
-  std::vector<MacroParam> params;                   // kMacro, kCallBlock (caller's)
+  ExprPtr cond;                                    // kFor filter
+  std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
+  std::vector<std::string> targets;                // kFor, kSet, kSetBlock
+  std::vector<ExprPtr> filters;                    // kSetBlock: kFilter nodes on a null subject
+  std::vector<MacroParam> params;                  // kMacro, kCallBlock (caller's)
   Body body, else_body;
 };
 

@@ -1,5 +1,7 @@
-// Filters, tests, and the methods of str and dict that templates call, with
-// jinja2 3.1 / Python semantics. Errors are thrown as EvalError and given a
+// Filters and tests (jinja_filters.cpp), the methods of str and dict that
+// templates call and attribute lookup (jinja_methods.cpp), and Python
+// operators, items, slices and iteration (jinja_operators.cpp), with jinja2
+// 3.1 / Python semantics. Errors are thrown as EvalError and given a
 // template position by the renderer.
 #pragma once
 
@@ -33,6 +35,10 @@ bool contains(const Value& container, const Value& item);  // `item in container
 Value get_attr(const Value& obj, const std::string& name);
 Value get_item(const Value& obj, const Value& key);
 Value get_slice(const Value& obj, const Value& start, const Value& stop, const Value& step);
+
+// `d|items` / `d.items()`: (key, value) tuples of a dict; TypeError for
+// anything else but undefined (no items).
+Value items_of(const Value& v);
 
 // Items of a value iterated by `for` (dict: keys, str: characters).
 std::vector<Value> iterate(const Value& v);

@@ -156,8 +156,8 @@ class Lexer {
   bool lex_comment(size_t open) {
     const size_t end = src_.find("#}", pos_);
     if (end == std::string::npos) fail("unclosed comment ({# without #})", open);
-    const char sign = end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1]
-                                                                                   : '\0';
+    const char sign =
+        end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : '\0';
     pos_ = end + 2;
     return after_block_end(sign);
   }
@@ -262,10 +262,9 @@ class Lexer {
   void lex_number() {
     const size_t start = pos_;
     auto digits = [&] {
-      while (pos_ < src_.size() &&
-             (std::isdigit(static_cast<unsigned char>(src_[pos_])) ||
-              (src_[pos_] == '_' && pos_ + 1 < src_.size() &&
-               std::isdigit(static_cast<unsigned char>(src_[pos_ + 1])))))
+      while (pos_ < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos_])) ||
+                                    (src_[pos_] == '_' && pos_ + 1 < src_.size() &&
+                                     std::isdigit(static_cast<unsigned char>(src_[pos_ + 1])))))
         ++pos_;
     };
     digits();
@@ -310,34 +309,61 @@ class Lexer {
         uint32_t v = 0;
         for (int i = 0; i < n; ++i) {
           if (pos_ >= src_.size() || !std::isxdigit(static_cast<unsigned char>(src_[pos_])))
-            fail(fmt::format("truncated \\{} escape in a string literal", std::string(1, e)),
-                 pos_);
+            fail(fmt::format("truncated \\{} escape in a string literal", std::string(1, e)), pos_);
           const char h = src_[pos_++];
-          v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
-                                                 ? h - '0'
-                                                 : std::tolower(static_cast<unsigned char>(h)) -
-                                                       'a' + 10);
+          v = v * 16 +
+              static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                        ? h - '0'
+                                        : std::tolower(static_cast<unsigned char>(h)) - 'a' + 10);
         }
         if ((v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF)
           fail("a string literal escape names a surrogate or an invalid code point", pos_);
         utf8_append(out, static_cast<char32_t>(v));
       };
       switch (e) {
-        case '\n': break;  // line continuation
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case 'x': hex(2); break;
-        case 'u': hex(4); break;
-        case 'U': hex(8); break;
-        case 'N': fail("\\N{...} escapes are not supported", pos_ - 2);
+        case '\n':
+          break;  // line continuation
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case 'x':
+          hex(2);
+          break;
+        case 'u':
+          hex(4);
+          break;
+        case 'U':
+          hex(8);
+          break;
+        case 'N':
+          fail("\\N{...} escapes are not supported", pos_ - 2);
         default:
           if (e >= '0' && e <= '7') {
             uint32_t v = static_cast<uint32_t>(e - '0');

@@ -47,17 +47,27 @@ class Parser {
 
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case TT::kText: return "text";
-      case TT::kVarBegin: return "'{{'";
-      case TT::kVarEnd: return "'}}'";
-      case TT::kBlockBegin: return "'{%'";
-      case TT::kBlockEnd: return "'%}'";
-      case TT::kName: return fmt::format("'{}'", t.value);
-      case TT::kString: return "a string";
+      case TT::kText:
+        return "text";
+      case TT::kVarBegin:
+        return "'{{'";
+      case TT::kVarEnd:
+        return "'}}'";
+      case TT::kBlockBegin:
+        return "'{%'";
+      case TT::kBlockEnd:
+        return "'%}'";
+      case TT::kName:
+        return fmt::format("'{}'", t.value);
+      case TT::kString:
+        return "a string";
       case TT::kInt:
-      case TT::kFloat: return fmt::format("the number {}", t.value);
-      case TT::kOp: return fmt::format("'{}'", t.value);
-      case TT::kEof: return "the end of the template";
+      case TT::kFloat:
+        return fmt::format("the number {}", t.value);
+      case TT::kOp:
+        return fmt::format("'{}'", t.value);
+      case TT::kEof:
+        return "the end of the template";
     }
     return "?";
   }
@@ -267,7 +277,7 @@ class Parser {
       expect_block_end();
       return n;
     }
-    static const char* kEnds[] = {"elif",   "else",    "endif",   "endfor", "endset",
+    static const char* kEnds[] = {"elif",     "else",    "endif",         "endfor", "endset",
                                   "endmacro", "endcall", "endgeneration", "endraw"};
     for (const char* e : kEnds) {
       if (name == e) fail_at(tag, fmt::format("unexpected '{}' (no open tag it closes)", name));
@@ -282,7 +292,8 @@ class Parser {
       if (is_op(")")) break;
       MacroParam p;
       p.name = expect_name("a parameter name");
-      if (skip_op("=")) p.default_value = parse_expression(true);
+      if (skip_op("="))
+        p.default_value = parse_expression(true);
       else if (std::any_of(params.begin(), params.end(),
                            [](const MacroParam& q) { return q.default_value != nullptr; }))
         fail_at(cur(), "a parameter without a default follows one with a default");
@@ -362,9 +373,9 @@ class Parser {
     ExprPtr cmp;
     while (true) {
       std::string op;
-      if (cur().type == TT::kOp && (cur().value == "==" || cur().value == "!=" ||
-                                    cur().value == "<" || cur().value == ">" ||
-                                    cur().value == "<=" || cur().value == ">=")) {
+      if (cur().type == TT::kOp &&
+          (cur().value == "==" || cur().value == "!=" || cur().value == "<" || cur().value == ">" ||
+           cur().value == "<=" || cur().value == ">=")) {
         op = cur().value;
         next();
       } else if (is_name("in")) {

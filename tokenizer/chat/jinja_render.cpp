@@ -142,7 +142,8 @@ class Renderer {
     for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
       // note: jinja2's sandbox caps range() at 100000 items (MAX_RANGE).
       if (out.size() >= 100000)
-        throw_eval("OverflowError", "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+        throw_eval("OverflowError",
+                   "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       out.push_back(Value::integer(i));
     }
     return Value::list(std::move(out));
@@ -184,9 +185,9 @@ class Renderer {
         if (!n.attr.empty()) {
           const Value* target = scope->find(n.targets[0]);
           if (target == nullptr || !target->is_namespace()) {
-            fail_at(n.pos, "TemplateRuntimeError",
-                    fmt::format("cannot assign attribute on non-namespace object '{}'",
-                                n.targets[0]));
+            fail_at(
+                n.pos, "TemplateRuntimeError",
+                fmt::format("cannot assign attribute on non-namespace object '{}'", n.targets[0]));
           }
           ns_set(*target->namespace_data(), n.attr, std::move(v));
         } else {
@@ -240,8 +241,8 @@ class Renderer {
     if (items.size() != targets.size()) {
       fail_at(pos, "ValueError",
               items.size() < targets.size()
-                  ? fmt::format("not enough values to unpack (expected {}, got {})",
-                                targets.size(), items.size())
+                  ? fmt::format("not enough values to unpack (expected {}, got {})", targets.size(),
+                                items.size())
                   : fmt::format("too many values to unpack (expected {})", targets.size()));
     }
     for (size_t i = 0; i < targets.size(); ++i) scope->set(targets[i], items[i]);
@@ -277,14 +278,10 @@ class Renderer {
       Scope* s = new_scope(scope);
       assign(n.targets, items[static_cast<size_t>(i)], s, n.pos);
       std::vector<std::pair<std::string, Value>> loop = {
-          {"index", Value::integer(i + 1)},
-          {"index0", Value::integer(i)},
-          {"revindex", Value::integer(len - i)},
-          {"revindex0", Value::integer(len - i - 1)},
-          {"first", Value::boolean(i == 0)},
-          {"last", Value::boolean(i == len - 1)},
-          {"length", Value::integer(len)},
-          {"depth", Value::integer(1)},
+          {"index", Value::integer(i + 1)},      {"index0", Value::integer(i)},
+          {"revindex", Value::integer(len - i)}, {"revindex0", Value::integer(len - i - 1)},
+          {"first", Value::boolean(i == 0)},     {"last", Value::boolean(i == len - 1)},
+          {"length", Value::integer(len)},       {"depth", Value::integer(1)},
           {"depth0", Value::integer(0)},
       };
       if (i > 0) loop.emplace_back("previtem", items[static_cast<size_t>(i - 1)]);
@@ -335,8 +332,8 @@ class Renderer {
       for (const auto& [k, v] : a.named) {
         if (k != p.name) continue;
         if (given != nullptr)
-          throw_eval("TypeError", fmt::format("macro '{}' got multiple values for argument '{}'",
-                                              name, p.name));
+          throw_eval("TypeError",
+                     fmt::format("macro '{}' got multiple values for argument '{}'", name, p.name));
         given = &v;
       }
       if (given != nullptr) {
@@ -451,9 +448,9 @@ class Renderer {
           return v.is_float() ? v : Value::integer(v.as_int());
         if (v.is_float()) return Value::number(-v.as_double());
         if (v.is_int() || v.is_bool()) return binary_op("-", Value::integer(0), v);
-        throw_eval("TypeError", fmt::format("bad operand type for unary {}: '{}'",
-                                            e.kind == Expr::Kind::kNeg ? "-" : "+",
-                                            python_type_name(v)));
+        throw_eval("TypeError",
+                   fmt::format("bad operand type for unary {}: '{}'",
+                               e.kind == Expr::Kind::kNeg ? "-" : "+", python_type_name(v)));
       }
       case Expr::Kind::kNot:
         return Value::boolean(!truthy(eval(*e.children[0], scope)));
@@ -496,7 +493,8 @@ class Renderer {
         std::vector<std::pair<std::string, Value>> items;
         for (size_t i = 0; i + 1 < e.children.size(); i += 2) {
           const Value k = eval(*e.children[i], scope);
-          if (!k.is_string()) throw_eval("TypeError", "dict keys other than strings are not supported");
+          if (!k.is_string())
+            throw_eval("TypeError", "dict keys other than strings are not supported");
           items.emplace_back(k.as_string(), eval(*e.children[i + 1], scope));
         }
         return Value::dict(std::move(items));
@@ -526,8 +524,7 @@ Template Template::parse(std::string_view text, std::string source) {
   // get this far in transformers.
   if (const size_t bad = find_invalid_utf8_at(text); bad != std::string_view::npos) {
     throw TemplateError("TemplateSyntaxError",
-                        fmt::format("invalid UTF-8 at byte {} of the template", bad), source, 0,
-                        0);
+                        fmt::format("invalid UTF-8 at byte {} of the template", bad), source, 0, 0);
   }
   const std::vector<Token> tokens = lex_template(text, source);
   t.body_ = std::make_shared<const Body>(parse_tokens(tokens, source));

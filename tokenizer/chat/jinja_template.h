@@ -35,10 +35,10 @@ struct Node;
 // note: a template comes from a checkpoint, i.e. from anyone; these caps
 // keep a hostile or broken one from hanging or exhausting the process.
 struct RenderLimits {
-  size_t max_output_bytes = 16u << 20;     // the rendered text
-  int64_t max_loop_iterations = 1000000;   // all loops of one render together
-  int64_t max_steps = 20000000;            // expression evaluations
-  int max_depth = 400;                     // nested evaluation (macro calls included)
+  size_t max_output_bytes = 16u << 20;    // the rendered text
+  int64_t max_loop_iterations = 1000000;  // all loops of one render together
+  int64_t max_steps = 20000000;           // expression evaluations
+  int max_depth = 400;                    // nested evaluation (macro calls included)
 };
 
 class Template {

@@ -190,16 +190,26 @@ int Value::depth() const {
 
 std::string python_type_name(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "Undefined";
-    case Value::Kind::kNone: return "NoneType";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kList: return v.list_data().is_tuple ? "tuple" : "list";
-    case Value::Kind::kDict: return v.is_loop() ? "LoopContext" : "dict";
-    case Value::Kind::kNamespace: return "Namespace";
-    case Value::Kind::kCallable: return "function";
+    case Value::Kind::kUndefined:
+      return "Undefined";
+    case Value::Kind::kNone:
+      return "NoneType";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "str";
+    case Value::Kind::kList:
+      return v.list_data().is_tuple ? "tuple" : "list";
+    case Value::Kind::kDict:
+      return v.is_loop() ? "LoopContext" : "dict";
+    case Value::Kind::kNamespace:
+      return "Namespace";
+    case Value::Kind::kCallable:
+      return "function";
   }
   return "object";
 }
@@ -213,15 +223,23 @@ std::string object_type_repr(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.as_bool();
-    case Value::Kind::kInt: return v.as_int() != 0;
-    case Value::Kind::kFloat: return v.as_double() != 0.0;
-    case Value::Kind::kString: return !v.as_string().empty();
-    case Value::Kind::kList: return !v.items().empty();
-    case Value::Kind::kDict: return !v.dict_data().items.empty();
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.as_bool();
+    case Value::Kind::kInt:
+      return v.as_int() != 0;
+    case Value::Kind::kFloat:
+      return v.as_double() != 0.0;
+    case Value::Kind::kString:
+      return !v.as_string().empty();
+    case Value::Kind::kList:
+      return !v.items().empty();
+    case Value::Kind::kDict:
+      return !v.dict_data().items.empty();
     case Value::Kind::kNamespace:
-    case Value::Kind::kCallable: return true;
+    case Value::Kind::kCallable:
+      return true;
   }
   return false;
 }
@@ -237,8 +255,10 @@ bool equals_at(const Value& a, const Value& b, int depth) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.as_string() == b.as_string();
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kString:
+      return a.as_string() == b.as_string();
     case Value::Kind::kList: {
       // note: Python's list == tuple is False.
       if (a.list_data().is_tuple != b.list_data().is_tuple) return false;
@@ -258,9 +278,12 @@ bool equals_at(const Value& a, const Value& b, int depth) {
       }
       return true;
     }
-    case Value::Kind::kNamespace: return a.namespace_data() == b.namespace_data();
-    case Value::Kind::kCallable: return a.callable_ptr() == b.callable_ptr();
-    default: return false;
+    case Value::Kind::kNamespace:
+      return a.namespace_data() == b.namespace_data();
+    case Value::Kind::kCallable:
+      return a.callable_ptr() == b.callable_ptr();
+    default:
+      return false;
   }
 }
 
@@ -269,12 +292,18 @@ std::string repr_at(const Value& v, int depth);
 std::string str_at(const Value& v, int depth) {
   if (depth > kMaxValueDepth) throw_eval("LimitError", "str() of a value nested too deeply");
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.as_bool() ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.as_int());
-    case Value::Kind::kFloat: return py_float_repr(v.as_double());
-    case Value::Kind::kString: return v.as_string();
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.as_bool() ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.as_int());
+    case Value::Kind::kFloat:
+      return py_float_repr(v.as_double());
+    case Value::Kind::kString:
+      return v.as_string();
     case Value::Kind::kList: {
       const bool tuple = v.list_data().is_tuple;
       std::string s = tuple ? "(" : "[";
@@ -361,8 +390,7 @@ std::string py_float_repr(double d) {
                         digits.substr(static_cast<size_t>(exp10 + 1)));
     }
   } else {
-    out = digits.size() > 1 ? fmt::format("{}.{}", digits.substr(0, 1), digits.substr(1))
-                            : digits;
+    out = digits.size() > 1 ? fmt::format("{}.{}", digits.substr(0, 1), digits.substr(1)) : digits;
     out += fmt::format("e{}{:02d}", exp10 < 0 ? '-' : '+', std::abs(exp10));
   }
   return neg ? fmt::format("-{}", out) : out;
@@ -374,13 +402,27 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   for (char32_t c : utf8_decode(s)) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || (ensure_ascii && c >= 0x7F)) {
           if (c >= 0x10000) {
@@ -404,17 +446,28 @@ void dump_at(std::string& out, const Value& v, const JsonDumpOptions& o, int lev
     for (int i = 0; i < lvl; ++i) out += o.indent;
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.as_int()); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return;
     case Value::Kind::kFloat: {
       const double d = v.as_double();
-      if (std::isnan(d)) out += "NaN";
-      else if (std::isinf(d)) out += d > 0 ? "Infinity" : "-Infinity";
-      else out += py_float_repr(d);
+      if (std::isnan(d))
+        out += "NaN";
+      else if (std::isinf(d))
+        out += d > 0 ? "Infinity" : "-Infinity";
+      else
+        out += py_float_repr(d);
       return;
     }
-    case Value::Kind::kString: json_string(out, v.as_string(), o.ensure_ascii); return;
+    case Value::Kind::kString:
+      json_string(out, v.as_string(), o.ensure_ascii);
+      return;
     case Value::Kind::kList: {
       const auto& items = v.items();
       if (items.empty()) {
@@ -432,7 +485,8 @@ void dump_at(std::string& out, const Value& v, const JsonDumpOptions& o, int lev
       return;
     }
     case Value::Kind::kDict: {
-      if (v.is_loop()) throw_eval("TypeError", "Object of type LoopContext is not JSON serializable");
+      if (v.is_loop())
+        throw_eval("TypeError", "Object of type LoopContext is not JSON serializable");
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict_data().items) items.push_back(&kv);
       if (items.empty()) {
@@ -440,8 +494,9 @@ void dump_at(std::string& out, const Value& v, const JsonDumpOptions& o, int lev
         return;
       }
       if (o.sort_keys) {
-        std::stable_sort(items.begin(), items.end(),
-                         [](auto* a, auto* b) { return utf8_decode(a->first) < utf8_decode(b->first); });
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) {
+          return utf8_decode(a->first) < utf8_decode(b->first);
+        });
       }
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {

@@ -108,7 +108,7 @@ class Value {
 
   bool as_bool() const { return bool_; }
   int64_t as_int() const { return int_; }  // kInt or kBool
-  double as_double() const;                 // any number
+  double as_double() const;                // any number
   const std::string& as_string() const { return str_; }
   // The jinja2 error a use of this undefined value raises.
   const std::string& undefined_hint() const { return str_; }

@@ -72,10 +72,24 @@ bool py_isspace(char32_t c) {
   // note: exactly the code points for which CPython's str.isspace() is true
   // (bidirectional class WS, B or S, or category Zs).
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D:
-    case 0x1C: case 0x1D: case 0x1E: case 0x1F: case 0x20:
-    case 0x85: case 0xA0: case 0x1680:
-    case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -212,10 +226,9 @@ std::string py_title(std::string_view s) {
   std::u32string cs = utf8_decode(s);
   bool prev_cased = false;
   for (char32_t& c : cs) {
-    const bool cased = utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) !=
-                           static_cast<utf8proc_int32_t>(c) ||
-                       utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) !=
-                           static_cast<utf8proc_int32_t>(c);
+    const bool cased =
+        utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c) ||
+        utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c);
     c = prev_cased ? lower(c) : upper(c);
     prev_cased = cased;
   }
