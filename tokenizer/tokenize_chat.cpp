@@ -28,6 +28,10 @@ std::string chat_tokenize_line(const ChatLineContext& c, const std::string& line
                                size_t line_number) {
   ojson id = line_number;
   ojson input;
+  if (chat::json_nesting_depth(line) > chat::kMaxRequestNesting) {
+    return error_out(id, fmt::format("line {}: JSON nested deeper than {} levels", line_number,
+                                     chat::kMaxRequestNesting));
+  }
   try {
     input = ojson::parse(line);
   } catch (const nlohmann::json::exception& e) {

@@ -220,6 +220,19 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   EXPECT_NE(bad.err.find("bad.jinja line 3"), std::string::npos) << bad.err;
 }
 
+TEST(TokenizeChat, DeeplyNestedLineIsRefused) {
+  // a million levels: refused by its depth before any recursive copy
+  const std::string deep = "{\"id\": \"deep\", \"messages\": " + std::string(1000000, '[') +
+                           std::string(1000000, ']') + "}\n";
+  const RunResult r =
+      run(std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "' --chat", deep);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(out[0]["error"].get<std::string>().find("nested deeper than 128"), std::string::npos)
+      << out[0];
+}
+
 TEST(TokenizeChat, BadFlags) {
   const std::string tok = std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "'";
   const struct {

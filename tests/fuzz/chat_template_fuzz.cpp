@@ -97,6 +97,7 @@ int chat_template(const uint8_t* data, size_t size) {
     return 0;
   }
   ojson line;
+  if (chat::json_nesting_depth(payload) > chat::kMaxRequestNesting) return 0;
   try {
     line = ojson::parse(payload);
   } catch (const nlohmann::json::exception&) {

@@ -1,5 +1,7 @@
 #include "tokenizer/chat/chat_request.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "loaders/error.h"
@@ -13,6 +15,25 @@ using ojson = nlohmann::ordered_json;
 std::string type_of(const ojson& j) { return j.type_name(); }
 
 }  // namespace
+
+int json_nesting_depth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 bool is_chat_request(const ojson& line) { return line.is_object() && line.contains("messages"); }
 

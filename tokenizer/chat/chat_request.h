@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,13 @@ inline constexpr const char* kChatRequestFields[] = {"messages",
                                                      "add_vision_id",
                                                      "reasoning_effort",
                                                      "thinking"};
+
+// note: nlohmann::json parses iteratively but copies and converts
+// recursively; a request line is checked with this before parsing so that
+// a line nested a million levels deep is refused instead of overflowing the
+// stack. The deepest nesting of arrays/objects in JSON text.
+int json_nesting_depth(std::string_view json_text);
+inline constexpr int kMaxRequestNesting = 128;  // as generate's strict line parser
 
 // True when `line` carries `messages` (i.e. is a chat request).
 bool is_chat_request(const nlohmann::ordered_json& line);

@@ -141,7 +141,10 @@ Value Value::callable(std::shared_ptr<const Callable> fn) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 1); }
+
+Value Value::from_json_at(const nlohmann::ordered_json& j, int depth) {
+  check_depth(depth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return none();
@@ -163,13 +166,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<std::string, Value>> items;
       items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) items.emplace_back(k, from_json(e));
+      for (const auto& [k, e] : j.items()) items.emplace_back(k, from_json_at(e, depth + 1));
       return dict(std::move(items));
     }
     default:

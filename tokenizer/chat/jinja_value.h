@@ -120,6 +120,8 @@ class Value {
   int depth() const;
 
  private:
+  static Value from_json_at(const nlohmann::ordered_json& j, int depth);
+
   Kind kind_ = Kind::kUndefined;
   bool bool_ = false;
   int64_t int_ = 0;
