@@ -62,6 +62,7 @@ void print_checkpoint(const Checkpoint& ck) {
     rope += fmt::format(", mrope_section [{}]{}", fmt::join(c.rope.mrope_section, ", "),
                         c.rope.mrope_interleaved ? " interleaved" : "");
   line(rope);
+  for (const std::string& r : c.resolution) line(fmt::format("config: {}", r));
   line(fmt::format("rms_norm_eps: {}{}", c.rms_norm_eps,
                    c.norm_adds_one ? " (norm computes x * (1 + w))" : ""));
   line(fmt::format("tie_word_embeddings: {}", c.tie_word_embeddings));

@@ -33,6 +33,7 @@ int inspect_pack(const std::string& path, bool verify) {
   line(fmt::format("rope:          theta {}, rotary dim {}, mrope section [{}]{}", c.rope.theta,
                    c.rope.rotary_dim, fmt::join(c.rope.mrope_section, ", "),
                    c.rope.mrope_interleaved ? " interleaved" : ""));
+  for (const std::string& r : c.resolution) line(fmt::format("config:        {}", r));
   line(fmt::format("eos ids:       [{}]  tied embeddings: {}", fmt::join(c.eos_token_ids, ", "),
                    c.tie_word_embeddings ? "yes" : "no"));
 

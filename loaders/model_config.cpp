@@ -65,7 +65,7 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
         "{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
         "positive and <= head_dim",
         source, c.head_dim, c.rope.partial_factor, rd);
-  if (!c.rope.mrope_section.empty()) {
+  if (!c.rope.mrope_section.empty() && !c.rope.mrope_interleaved) {
     int64_t sum = 0;
     for (int64_t s : c.rope.mrope_section) sum += s;
     if (sum != rd / 2)
@@ -116,6 +116,7 @@ json config_to_json(const ModelConfig& c) {
   j["eos_token_ids"] = c.eos_token_ids;
   j["bos_token_id"] = c.bos_token_id;
   j["pad_token_id"] = c.pad_token_id;
+  if (!c.resolution.empty()) j["resolution"] = c.resolution;
   return j;
 }
 
@@ -221,6 +222,18 @@ ModelConfig config_from_json(const json& j, const std::string& source) {
   c.eos_token_ids = r.integers("eos_token_ids");
   c.bos_token_id = r.integer("bos_token_id");
   c.pad_token_id = r.integer("pad_token_id");
+  if (j.contains("resolution")) {
+    const json& res = j["resolution"];
+    if (!res.is_array())
+      fail("{}: field 'config.resolution': expected a list of strings, found {}", source,
+           res.type_name());
+    for (const json& line : res) {
+      if (!line.is_string())
+        fail("{}: field 'config.resolution': expected a list of strings, found {}", source,
+             line.type_name());
+      c.resolution.push_back(line.get<std::string>());
+    }
+  }
   validate_model_config(c, source);
   return c;
 }

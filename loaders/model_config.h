@@ -19,7 +19,11 @@ struct RopeConfig {
   double theta = 10000.0;
   double partial_factor = 1.0;         // rotary_dim = head_dim * partial_factor
   int64_t rotary_dim = 0;              // even, <= head_dim
-  std::vector<int64_t> mrope_section;  // empty for plain RoPE; sums to rotary_dim / 2
+  std::vector<int64_t> mrope_section;  // empty for plain RoPE; (t, h, w) frequency pairs
+  // note: interleaved (Qwen3.5): frequency j takes axis a in {1, 2} when
+  // j % 3 == a and j < 3 * section[a], else the temporal axis; sections need
+  // not sum to rotary_dim / 2 (transformers does not require it).
+  // Contiguous: sections [t][h][w] summing to rotary_dim / 2.
   bool mrope_interleaved = false;
 };
 
@@ -59,6 +63,11 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;  // -1 when absent
   int64_t pad_token_id = -1;
+
+  // How values found in more than one place of config.json (or absent) were
+  // resolved, one line each: "rope_theta: 1e+07 from rope_parameters
+  // ('rope_theta' 10000 ignored)". The rules: loaders/hf_config.cpp.
+  std::vector<std::string> resolution;
 
   // Derived sizes.
   int64_t q_dim() const { return num_attention_heads * head_dim; }

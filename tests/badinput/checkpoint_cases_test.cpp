@@ -125,10 +125,11 @@ TEST(BadConfig, LayerTypesLengthContradictsLayerCount) {
                          {"config.json", "sliding_attention"});
 }
 
-TEST(BadConfig, MropeSectionSumContradictsRotaryDim) {
-  // head_dim 32 * partial 0.25 = rotary 8 -> sections must sum to 4.
+TEST(BadConfig, MropeSectionNotThreeIntegers) {
+  // note: sections need not sum to rotary_dim / 2 (transformers accepts that,
+  // see tests/loaders/config_precedence_test.cpp); two entries it cannot use.
   expect_convert_rejects("qwen3.5-tiny",
-                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2, 1}; }),
+                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2}; }),
                          {"config.json", "mrope_section"});
 }
 

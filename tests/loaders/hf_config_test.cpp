@@ -158,17 +158,7 @@ TEST(HfConfigVariants, PartialFactorInEitherPlace) {
   EXPECT_EQ(parse(params_only).rope.rotary_dim, 8);
   json neither = load(kQwen3Tiny);  // Qwen3: full rotary
   EXPECT_DOUBLE_EQ(parse(neither).rope.partial_factor, 1.0);
-  json disagree = load(kQwen35Tiny);
-  disagree["partial_rotary_factor"] = 0.5;
-  expect_has(
-      reject(disagree),
-      "'partial_rotary_factor' (0.5) and 'rope_parameters.partial_rotary_factor' (0.25) disagree");
-  json both_theta = load(kQwen3Tiny);
-  both_theta["rope_theta"] = 1e4;
-  expect_has(reject(both_theta), "disagree");
-  json no_theta = load(kQwen3Tiny);
-  no_theta["rope_parameters"].erase("rope_theta");
-  expect_has(reject(no_theta), "missing field 'rope_theta'");
+  // Disagreeing duplicates and absent values: config_precedence_test.cpp.
 }
 
 TEST(HfConfigVariants, TieAtEitherLevel) {
@@ -275,12 +265,6 @@ std::vector<Reject> rejects() {
       {"layer_type_unknown", kQwen35Tiny, [](json& j) { j["layer_types"][0] = "mamba"; },
        "field 'layer_types[0]': expected \"full_attention\" or \"linear_attention\", found "
        "\"mamba\""},
-      {"mrope_sum", kQwen35Tiny,
-       [](json& j) {
-         j["rope_parameters"]["mrope_section"] = {2, 2, 1};
-       },
-       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [2,2,1] (sum "
-       "5)"},
       {"heads_not_divisible", kQwen3Tiny, [](json& j) { j["num_key_value_heads"] = 3; },
        "field 'num_key_value_heads': expected a divisor of num_attention_heads (4), found 3"},
       {"value_heads_not_divisible", kQwen35Tiny, [](json& j) { j["linear_num_value_heads"] = 3; },
@@ -295,10 +279,8 @@ std::vector<Reject> rejects() {
        "rotary dim head_dim 32 x 0.15625 = 5 must be even"},
       {"rotary_over_head_dim", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 1.5; },
        "field 'partial_rotary_factor': expected a number in (0, 1], found 1.5"},
-      {"rotary_not_whole", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 0.3; },
-       "is not a whole rotary dimension"},
-      {"head_dim_missing", kQwen3Tiny, [](json& j) { j.erase("head_dim"); },
-       "missing field 'head_dim'"},
+      {"rotary_odd_truncated", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 0.3; },
+       "rotary dim head_dim 32 x 0.3 = 9 must be even"},
       {"hidden_size_negative", kQwen3Tiny, [](json& j) { j["hidden_size"] = -64; },
        "field 'hidden_size': expected a positive integer, found -64"},
       {"linear_dim_missing", kQwen35Tiny, [](json& j) { j.erase("linear_key_head_dim"); },
@@ -309,11 +291,6 @@ std::vector<Reject> rejects() {
        "field 'hidden_act': expected \"silu\", found \"gelu\""},
       {"no_output_gate", kQwen35Tiny, [](json& j) { j["attn_output_gate"] = false; },
        "field 'attn_output_gate': false is not supported"},
-      {"mrope_for_qwen3", kQwen3Tiny,
-       [](json& j) {
-         j["rope_parameters"]["mrope_section"] = {8, 4, 4};
-       },
-       "M-RoPE is not supported for Qwen3ForCausalLM"},
       {"not_object", kQwen3Tiny, [](json& j) { j = json::array(); }, "expected a JSON object"},
   };
 }
