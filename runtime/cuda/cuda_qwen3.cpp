@@ -249,7 +249,7 @@ class CudaQwen3 final : public CudaModel {
   // The whole attention of a bf16 decode step in one launch, from the raw
   // q, k, v rows in qkv_; false (nothing launched) where it does not apply.
   // note: only up to kMaxFusedSeqs sequences. H100, Qwen3-0.6B, ms per
-  // decode step fused vs separate (S6-3, S6-8): batch 1 1.10 vs 1.19, batch
+  // decode step fused vs separate: batch 1 1.10 vs 1.19, batch
   // 32 1.65 vs 1.75-1.81, batch 128 2.76-2.79 vs 2.70; at 128 the attention
   // kernel is bound by the K/V reads and each block's extra q-norm work
   // (once per key tile) costs more than the launch it saves. The values are
