@@ -26,8 +26,10 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/pack.h"
+#include "runtime/pack_checksum.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/scheduler.h"
+#include "runtime/shard.h"
 #include "tokenizer/tokenizer.h"
 
 #ifdef QTK_HAVE_CUDA
@@ -274,6 +276,17 @@ void run_generate(const GenerateOptions& o) {
       l.error = fmt::format("duplicate id {} (ids must be unique within a batch)", l.id.dump());
     }
   }
+  // A shard keeps its own lines, after every line was parsed: default ids
+  // (line numbers) and duplicate-id errors are those of the whole batch.
+  const bool sharded = !o.shard.empty();
+  const ShardSpec shard = sharded ? parse_shard("--shard", o.shard, ::getenv) : ShardSpec{};
+  const int64_t lines_total = static_cast<int64_t>(lines.size());
+  if (sharded) {
+    std::vector<PromptLine> own;
+    for (int64_t i = 0; i < lines_total; ++i)
+      if (shard.owns(i)) own.push_back(std::move(lines[static_cast<size_t>(i)]));
+    lines = std::move(own);
+  }
 
   // Size the cache: enough for max_num_seqs of the longest request, within the budget.
   const CacheSpec spec = model->cache_spec();
@@ -332,10 +345,31 @@ void run_generate(const GenerateOptions& o) {
       {"device", device_name},
       {"precision", precision_text(dev, *pack)},
       {"settings", settings}};
+  bool resume = o.resume;
+  if (sharded) {
+    Xxh64 h;
+    h.update(batch_text.data(), batch_text.size());
+    meta["shard"] = shard_json(shard, lines_total, fmt::format("xxh64:{:016x}", h.digest()));
+    // note: a retried task (Slurm requeue, Kubernetes backoff) runs the same
+    // command again: it finishes its own shard (--resume) or, when the shard
+    // is complete with the same job's record, does nothing.
+    const nlohmann::json old = nlohmann::json::parse(
+        ::access(meta_path.c_str(), F_OK) == 0 ? read_file(meta_path, "the run header") : "",
+        nullptr, false);
+    if (old.is_object() && old.value("status", "") == "complete" &&
+        old.value("shard", nlohmann::json()) == meta["shard"] &&
+        old.value("/pack/digest"_json_pointer, nlohmann::json()) == meta["pack"]["digest"]) {
+      std::fprintf(stderr, "generate: shard %lld/%lld of %s is already complete in %s\n",
+                   static_cast<long long>(shard.index), static_cast<long long>(shard.count),
+                   o.batch.c_str(), o.out.c_str());
+      return;
+    }
+    resume = true;
+  }
 
   size_t skip = 0;
   int fd = -1;
-  if (o.resume && ::access(o.out.c_str(), F_OK) == 0) {
+  if (resume && ::access(o.out.c_str(), F_OK) == 0) {
     nlohmann::json old =
         nlohmann::json::parse(read_file(meta_path, "the run header"), nullptr, false);
     if (old.is_discarded() || !old.is_object()) {

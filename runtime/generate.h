@@ -27,6 +27,7 @@ struct GenerateOptions {
   bool progress = false;
   bool show = false;
   bool resume = false;
+  std::string shard;  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line

@@ -47,7 +47,12 @@ int main(int argc, char** argv) {
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
+        "resume", "continue an interrupted run into the same --out")(
+        "shard",
+        "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
+        "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
+        "--resume; a complete shard is not redone. Join the shards with `merge`.",
+        cxxopts::value<std::string>())("h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
@@ -85,6 +90,7 @@ int main(int argc, char** argv) {
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
+    if (args.count("shard")) o.shard = args["shard"].as<std::string>();
     qtk::run_generate(o);
     return 0;
   } catch (const std::bad_alloc&) {
