@@ -151,11 +151,19 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   }
 
   // Re-read what was written: zip structure, alignment, manifest, sizes.
-  {
+  try {
     auto check = Pack::open(out.temp_path());
     if (check->tensors().size() != plan.tensors.size())
       fail("{}: internal error: the written pack lists {} tensors, expected {}", opt.output,
            check->tensors().size(), plan.tensors.size());
+  } catch (const Error& e) {
+    // note: the message names the temporary file, which is gone by the time
+    // the user reads it; name the output instead.
+    std::string m = e.what();
+    for (size_t at = m.find(out.temp_path()); at != std::string::npos;
+         at = m.find(out.temp_path(), at + opt.output.size()))
+      m.replace(at, out.temp_path().size(), opt.output);
+    fail("{} (reading back the pack just written)", m);
   }
   struct stat ost {};
   if (::fstat(out.fd(), &ost) == 0) result.pack_bytes = static_cast<uint64_t>(ost.st_size);
