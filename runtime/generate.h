@@ -2,6 +2,7 @@
 // file, run every valid line through the scheduler, and write one result
 // line per input line, in input order, each with a single write(2) so that a
 // kill at any moment leaves only complete lines (which --resume continues).
+// Where the results go and how they reach their name: runtime/results_file.h.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,27 @@ struct GenerateOptions {
   bool progress = false;
   bool show = false;
   bool resume = false;
+  bool force = false;                 // replace an existing --out
+  bool allow_unknown_fields = false;  // ignore request fields generate does not know
+  bool verify = true;                 // check every tensor's XXH64 at load
+  std::string meta;                   // run header path; empty: out + ".meta.json"
+};
+
+// What a completed run did (for the one-line summary and the exit status).
+struct GenerateSummary {
+  int64_t lines = 0;         // input lines
+  int64_t failed_lines = 0;  // lines that got an {"id", "error"} line
+  int64_t resumed_after = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  double seconds = 0.0;  // the generation loop, not the load
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line
-// errors, not failures). Throws qtk::Error for bad flags, an unreadable pack
-// or batch file, or an output that cannot be written / resumed.
-void run_generate(const GenerateOptions& options);
+// errors, counted in failed_lines). Throws qtk::Error for bad flags, an
+// unreadable pack or batch file, or an output that cannot be written / resumed.
+GenerateSummary run_generate(const GenerateOptions& options);
+
+// The one-line end-of-run summary printed on stderr.
+std::string summary_line(const GenerateSummary& s);
 
 }  // namespace qtk

@@ -13,6 +13,10 @@
 #include "loaders/error.h"
 #include "runtime/generate.h"
 
+// Exit statuses: 0 every line has a result, 1 the run failed (one line on
+// stderr), 3 the run completed but some lines got an {"id", "error"} line.
+constexpr int kSomeLinesFailed = 3;
+
 int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would kill us with
   // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
@@ -47,7 +51,12 @@ int main(int argc, char** argv) {
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
+        "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
+        "force", "replace an existing --out (it stays until the new run completes)")(
+        "allow-unknown-fields",
+        "ignore request fields generate does not know (default: such a line gets an error)")(
+        "no-verify", "skip checking every tensor's XXH64 checksum at load")(
+        "h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
@@ -85,8 +94,14 @@ int main(int argc, char** argv) {
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
-    qtk::run_generate(o);
-    return 0;
+    o.force = args.count("force") > 0;
+    o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
+    o.verify = args.count("no-verify") == 0;
+    const qtk::GenerateSummary s = qtk::run_generate(o);
+    std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
+    // note: 3, not 0, when any line got an error line: a golden file with
+    // failed lines must not pass a script's `&&` as a complete one.
+    return s.failed_lines > 0 ? kSomeLinesFailed : 0;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "generate: out of memory (std::bad_alloc); if a large --kv-cache-blocks, "

@@ -23,6 +23,7 @@ struct PromptDefaults {
   int64_t vocab_size = 0;                // valid token ids are [0, vocab_size)
   int64_t max_context = 0;               // prompt + 1 must fit
   bool allow_mrope = false;              // the model uses M-RoPE positions
+  bool allow_unknown_fields = false;     // ignore fields not in kRequestFields (else an error)
   const Tokenizer* tokenizer = nullptr;  // for "prompt"; nullptr: pack has none
 };
 
@@ -30,6 +31,7 @@ struct PromptLine {
   int64_t line_no = 0;  // 1-based
   nlohmann::json id;    // as given, or the line number
   std::string error;    // non-empty: the line is rejected
+  std::vector<std::string> ignored_fields;  // unknown fields (with allow_unknown_fields)
   SequenceRequest request;
 };
 

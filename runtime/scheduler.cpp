@@ -59,7 +59,9 @@ std::string Scheduler::check_fits(const SequenceRequest& r) const {
   }
   // note: the last generated token is never fed back, so a sequence caches at
   // most prompt + max_tokens - 1 tokens.
-  const int64_t longest = std::min(p + r.max_tokens, opt_.max_context) - 1;
+  // note: max_tokens may be as large as INT64_MAX; it is clamped to the room
+  // left in the context before the sum, which cannot then overflow.
+  const int64_t longest = p + std::min(r.max_tokens, opt_.max_context - p) - 1;
   if (blocks_for(longest) > opt_.num_blocks) {
     return fmt::format(
         "prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "

@@ -64,7 +64,7 @@ TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
                                    t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1",
                                    "--ignore-eos"});
   ASSERT_EQ(r.signal, 0) << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // some lines failed
   bool partial = true;
   const auto out = split_lines(read_file(t / "out.jsonl"), &partial);
   EXPECT_FALSE(partial);
@@ -116,7 +116,7 @@ TEST_F(BadPrompts, DeeplyNestedLine) {
   const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
                                    t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
   ASSERT_EQ(r.signal, 0) << "generate died of a signal on a deeply nested line";
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // two lines failed
   const auto out = split_lines(read_file(t / "out.jsonl"));
   ASSERT_EQ(out.size(), 3u);
   EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("output_token_ids")) << out[0];
