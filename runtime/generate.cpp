@@ -156,8 +156,23 @@ void check_flags(const GenerateOptions& o) {
     fail("--kv-cache-blocks: expected a positive integer, found {}", o.kv_cache_blocks);
   if (o.max_tokens < 0) fail("--max-tokens: expected a positive integer, found {}", o.max_tokens);
   if (o.threads < 0) fail("--threads: expected a positive integer, found {}", o.threads);
+  if (o.logprobs < 0 || o.logprobs > kMaxLogprobs)
+    fail("--logprobs: expected 0 (off) to {}, found {}", kMaxLogprobs, o.logprobs);
+  if (o.logprobs > 0 && o.device == "cuda") {
+    fail(
+        "--logprobs: the cuda device picks tokens on the GPU and does not return the logits; "
+        "expected --device cpu for --logprobs");
+  }
   if (o.force && o.resume)
     fail("--force and --resume: expected at most one (--force starts over, --resume continues)");
+}
+
+// `--out -` writes the results to stdout: nothing to resume, and --show
+// would mix its text into them.
+void check_stdout_flags(const GenerateOptions& o) {
+  if (o.resume) fail("--resume: expected --out FILE; results written to stdout (--out -) cannot be resumed");
+  if (o.show)
+    fail("--show: prints to stdout, which --out - already writes the results to; expected one of them");
 }
 
 // The pack, its tokenizer and the model on the chosen device.
@@ -170,7 +185,8 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
   int threads = 0;
-  double load_seconds = 0.0;
+  double load_seconds = 0.0;    // verify_seconds included
+  double verify_seconds = 0.0;  // the checksums (0 with --no-verify)
 };
 
 void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
@@ -179,7 +195,11 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   // note: checked before any tensor is used: a flipped byte would otherwise
   // give wrong tokens silently, and the pack digest (from the manifest)
   // would not tell the run apart from a clean one.
-  if (o.verify) m.pack->verify();
+  if (o.verify) {
+    const auto t = Clock::now();
+    m.pack->verify();
+    m.verify_seconds = std::chrono::duration<double>(Clock::now() - t).count();
+  }
   if (auto tj = m.pack->entry("tokenizer.json")) {
     m.tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
   }
@@ -236,6 +256,7 @@ SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, co
   so.max_batched_tokens = o.max_batched_tokens;
   so.block_size = o.block_size;
   so.max_context = cfg.max_position_embeddings;
+  so.logprobs = o.logprobs;
   const int64_t blocks_per_seq = (longest + o.block_size - 1) / o.block_size;
   if (o.kv_cache_blocks > 0) {
     so.num_blocks = o.kv_cache_blocks;
@@ -267,6 +288,7 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
   nlohmann::json settings = {{"max_tokens_default", defaults.max_tokens},
                              {"ignore_eos", o.ignore_eos},
                              {"margins", o.margins},
+                             {"logprobs", o.logprobs},
                              {"max_num_seqs", o.max_num_seqs},
                              {"max_batched_tokens", o.max_batched_tokens},
                              {"block_size", o.block_size},
@@ -312,8 +334,10 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
                  tty ? "\033[1m" : "", cont.c_str(), tty ? "\033[0m" : "");
     std::fflush(stdout);
   }
-  return result_line(l.id, l.request.prompt, r.output, r.stopped, tokenizer ? &text : nullptr,
-                     o.margins ? &r.margins : nullptr);
+  std::string line = result_line(l.id, l.request.prompt, r.output, r.stopped,
+                                 tokenizer ? &text : nullptr, o.margins ? &r.margins : nullptr);
+  if (o.logprobs > 0) append_logprobs(line, r.top_ids, r.top_logprobs, o.logprobs);
+  return line;
 }
 
 // Runs every line from `skip` on through the scheduler and appends its
@@ -369,7 +393,7 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
 }
 
 nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, double sec,
-                         double load_seconds) {
+                         const LoadedModel& m) {
   return {{"lines", lines},
           {"resumed_after_lines", skip},
           {"steps", st.steps},
@@ -382,7 +406,8 @@ nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, do
           {"decode_tokens", st.decode_tokens},
           {"prefill_seconds", st.prefill_seconds},
           {"decode_seconds", st.decode_seconds},
-          {"load_seconds", load_seconds},
+          {"load_seconds", m.load_seconds},
+          {"verify_seconds", m.verify_seconds},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
 }
@@ -405,11 +430,21 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   check_flags(o);
   // Nothing is opened for writing before the output is known to be safe to
   // write and ours alone.
+  const bool to_stdout = o.out == "-";
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
-  refuse_outputs_that_are_inputs(paths, {{"--model", o.model}, {"--batch", o.batch}});
-  OutputLock lock(paths.lock, o.out);
-  const ResumeSource source = choose_start(
-      paths, o.resume ? StartMode::kResume : o.force ? StartMode::kForce : StartMode::kFresh);
+  const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
+                                                                   {"--batch", o.batch}};
+  std::optional<OutputLock> lock;
+  ResumeSource source;
+  if (to_stdout) {
+    check_stdout_flags(o);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta", o.meta, inputs);
+  } else {
+    refuse_outputs_that_are_inputs(paths, inputs);
+    lock.emplace(paths.lock, o.out);
+    source = choose_start(
+        paths, o.resume ? StartMode::kResume : o.force ? StartMode::kForce : StartMode::kFresh);
+  }
 
   LoadedModel m;
   load(o, dev, m);
@@ -445,7 +480,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   ResumePoint rp;
   if (source.resume) rp = check_resume(source, meta, lines, o.batch);
   std::optional<ResultsWriter> out;
-  if (source.resume) {
+  if (to_stdout) {
+    out.emplace(STDOUT_FILENO, o.meta, meta);
+  } else if (source.resume) {
     out.emplace(paths, source, meta, rp.keep_bytes);
   } else {
     out.emplace(paths, meta);
@@ -454,7 +491,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   try {
     run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m.load_seconds));
+    out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m));
   } catch (const std::exception& e) {
     out->set_failure(e.what());
     throw;

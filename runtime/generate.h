@@ -10,6 +10,8 @@
 
 namespace qtk {
 
+inline constexpr int kMaxLogprobs = 20;
+
 struct GenerateOptions {
   std::string model;           // X.pack
   std::string batch;           // prompts.jsonl
@@ -25,6 +27,7 @@ struct GenerateOptions {
   int64_t kv_cache_blocks = 0;                // 0: sized from the prompts and a memory budget
   int64_t kv_cache_bytes = int64_t{4} << 30;  // budget used when kv_cache_blocks == 0
   bool margins = false;
+  int logprobs = 0;  // top-K (id, logprob) per step; 0: off
   bool progress = false;
   bool show = false;
   bool resume = false;

@@ -26,8 +26,12 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line", cxxopts::value<std::string>())(
-        "out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+        "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
+        cxxopts::value<std::string>())(
+        "meta",
+        "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
+        cxxopts::value<std::string>()->default_value(""))(
         "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
         cxxopts::value<std::string>()->default_value("cpu"))(
         "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
@@ -49,6 +53,10 @@ int main(int argc, char** argv) {
         "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
         cxxopts::value<std::string>()->default_value("0"))(
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
+        "logprobs",
+        "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
+        "--device cpu)",
+        cxxopts::value<std::string>()->default_value("0"))(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
         "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
@@ -75,6 +83,7 @@ int main(int argc, char** argv) {
     o.model = args["model"].as<std::string>();
     o.batch = args["batch"].as<std::string>();
     o.out = args["out"].as<std::string>();
+    o.meta = args["meta"].as<std::string>();
     o.device =
         qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
     o.precision = args["precision"].as<std::string>();
@@ -91,6 +100,8 @@ int main(int argc, char** argv) {
     o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
                                  "0 (sized from the prompts) or a positive integer");
     o.margins = args.count("margins") > 0;
+    o.logprobs = static_cast<int>(
+        int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;

@@ -1,6 +1,7 @@
 #include "runtime/generate_resume.h"
 
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -18,8 +19,10 @@ constexpr size_t kDigestChars = 16;
 // mix two different runs in one file.
 // note: device and precision change the arithmetic, hence the results;
 // allow_unknown_fields turns error lines into results.
-constexpr const char* kResultSettings[] = {"max_tokens_default", "ignore_eos", "margins",
-                                           "device",             "precision",  "allow_unknown_fields"};
+constexpr const char* kResultSettings[] = {"max_tokens_default", "ignore_eos",
+                                           "margins",            "logprobs",
+                                           "device",             "precision",
+                                           "allow_unknown_fields"};
 
 nlohmann::json at(const nlohmann::json& j, const std::string& pointer) {
   return j.value(nlohmann::json::json_pointer(pointer), nlohmann::json());
@@ -54,6 +57,12 @@ void check_same_prompts(const nlohmann::json& old, const nlohmann::json& meta,
 }  // namespace
 
 std::string read_whole_file(const std::string& path, const char* what) {
+  if (path == "-") {  // stdin
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) fail_errno(fmt::format("stdin: cannot read {}", what));
+    return ss.str();
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
   std::stringstream ss;
@@ -96,8 +105,9 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   for (const char* key : kResultSettings) {
     const nlohmann::json was = at(old, std::string("/settings/") + key);
     nlohmann::json now = meta["settings"].value(key, nlohmann::json());
-    // note: a header without allow_unknown_fields predates the flag: false.
-    if (was.is_null() && std::string_view(key) == "allow_unknown_fields" && now == false) continue;
+    // note: a header without allow_unknown_fields or logprobs predates the
+    // flag, which was then off.
+    if (was.is_null() && (now == false || now == 0)) continue;
     if (was != now) {
       fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", source.meta,
            key, was.dump(), now.dump());

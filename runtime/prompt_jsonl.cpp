@@ -249,6 +249,26 @@ std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& pr
   return s;
 }
 
+void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
+                     const std::vector<float>& logprobs, int k) {
+  line.pop_back();  // the closing '}'
+  line += ", \"logprobs\": [";
+  const size_t steps = k > 0 ? ids.size() / static_cast<size_t>(k) : 0;
+  for (size_t s = 0; s < steps; ++s) {
+    line += s ? ", [" : "[";
+    for (size_t j = 0; j < static_cast<size_t>(k); ++j) {
+      const size_t at = s * static_cast<size_t>(k) + j;
+      const float lp = logprobs[at];
+      // note: {} prints the shortest text that reads back to the same float;
+      // a logit of -inf gives a logprob of -inf, written null as in margins.
+      line += fmt::format("{}[{}, {}]", j ? ", " : "", ids[at],
+                          std::isfinite(lp) ? fmt::format("{}", lp) : std::string("null"));
+    }
+    line += "]";
+  }
+  line += "]}";
+}
+
 std::string error_line(const nlohmann::json& id, const std::string& error) {
   return fmt::format(
       "{{\"id\": {}, \"error\": {}}}", id.dump(),

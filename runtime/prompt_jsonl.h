@@ -42,6 +42,10 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
 std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
                         const std::vector<float>* margins);
+// Appends "logprobs": [[[id, logprob] x k] per step] before the closing '}'
+// of a result line (generate --logprobs K).
+void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
+                     const std::vector<float>& logprobs, int k);
 std::string error_line(const nlohmann::json& id, const std::string& error);
 
 }  // namespace qtk

@@ -65,6 +65,25 @@ ResultsPaths ResultsPaths::of(const std::string& out, const std::string& meta_ov
   return p;
 }
 
+void refuse_output_that_is_an_input(
+    const std::string& flag, const std::string& path,
+    const std::vector<std::pair<std::string, std::string>>& inputs) {
+  struct stat o {};
+  // note: stat follows symlinks, so a link to the pack is caught too, and
+  // a hard link shares the inode.
+  if (::stat(path.c_str(), &o) != 0) return;
+  for (const auto& [in_flag, in] : inputs) {
+    if (in == "-") continue;  // stdin
+    struct stat i {};
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
+      fail(
+          "{} {}: generate would write it, and it is the {} file {} (the same file, by inode "
+          "after symlinks); refusing to overwrite an input",
+          flag, path, in_flag, in);
+    }
+  }
+}
+
 void refuse_outputs_that_are_inputs(
     const ResultsPaths& paths, const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (paths.out.empty() || paths.out.back() == '/')
@@ -77,19 +96,8 @@ void refuse_outputs_that_are_inputs(
     fail("--out {}: is a directory; expected a file name", paths.out);
   for (const std::string& out :
        {paths.out, paths.meta, paths.partial, paths.partial_meta, paths.lock}) {
-    struct stat o {};
-    // note: stat follows symlinks, so a link to the pack is caught too, and
-    // a hard link shares the inode.
-    if (::stat(out.c_str(), &o) != 0) continue;
-    for (const auto& [flag, in] : inputs) {
-      struct stat i {};
-      if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-        fail(
-            "--out {}: generate would write {}, which is the {} file {} (the same file, by "
-            "inode after symlinks); refusing to overwrite an input",
-            paths.out, out, flag, in);
-      }
-    }
+    refuse_output_that_is_an_input(out == paths.out ? "--out" : "--out " + paths.out + ": its file",
+                                   out, inputs);
   }
 }
 
@@ -220,6 +228,17 @@ ResultsWriter::ResultsWriter(const ResultsPaths& paths, const ResumeSource& sour
   open_for_append(work_, keep_bytes, false);
 }
 
+ResultsWriter::ResultsWriter(int fd, const std::string& meta_path, nlohmann::json meta)
+    : paths_(ResultsPaths::of("-", meta_path)),
+      work_("-"),
+      work_meta_(meta_path),
+      meta_(std::move(meta)),
+      fd_(fd),
+      stream_(true) {
+  meta_["status"] = "running";
+  if (!work_meta_.empty()) write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+}
+
 void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes, bool create) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0644);
   if (fd_ < 0) {
@@ -242,10 +261,15 @@ void ResultsWriter::append(const std::string& line) {
 }
 
 void ResultsWriter::complete(const nlohmann::json& stats) {
-  if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync failed", paths_.out));
   meta_["status"] = "complete";
   meta_["stats"] = stats;
   const std::string text = meta_.dump(2) + "\n";
+  if (stream_) {
+    if (!work_meta_.empty()) write_file_atomic(work_meta_, text);
+    done_ = true;
+    return;
+  }
+  if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync failed", paths_.out));
   // note: the final header is written before the results are renamed: a kill
   // between the two leaves OUT.partial, which --resume then finishes (all
   // its lines are there) and renames.
@@ -261,7 +285,8 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
 
 void ResultsWriter::mark_failed() noexcept {
   try {
-    if (fd_ >= 0) {
+    if (stream_ && work_meta_.empty()) return;
+    if (fd_ >= 0 && !stream_) {
       // note: a write that failed half-way (a full disk) leaves part of a
       // line; --resume would drop it, but the file should hold only
       // complete lines now.
@@ -282,7 +307,7 @@ void ResultsWriter::mark_failed() noexcept {
 
 ResultsWriter::~ResultsWriter() {
   if (!done_) mark_failed();
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0 && !stream_) ::close(fd_);
 }
 
 }  // namespace qtk

@@ -35,6 +35,10 @@ struct ResultsPaths {
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
+// The same check for one output file (`flag` names it in the message).
+void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,
+                                    const std::vector<std::pair<std::string, std::string>>& inputs);
+
 // An exclusive flock on OUT.lock for the whole run; a second generate on the
 // same OUT fails with a message naming the holder's pid.
 class OutputLock {
@@ -68,6 +72,9 @@ class ResultsWriter {
  public:
   // Starts a new OUT.partial (header written first, status "running").
   ResultsWriter(const ResultsPaths& paths, nlohmann::json meta);
+  // Writes to an open stream (`--out -`: stdout); the run header goes to
+  // `meta_path` when it is not empty, and nowhere otherwise.
+  ResultsWriter(int fd, const std::string& meta_path, nlohmann::json meta);
   // Continues `source` after its first `keep_bytes` bytes.
   ResultsWriter(const ResultsPaths& paths, const ResumeSource& source, nlohmann::json meta,
                 uint64_t keep_bytes);
@@ -92,6 +99,7 @@ class ResultsWriter {
   int fd_ = -1;
   uint64_t complete_bytes_ = 0;  // bytes up to the last complete line
   bool done_ = false;
+  bool stream_ = false;  // fd_ is not ours (stdout): no truncation, rename or close
   std::string failure_;
 };
 

@@ -176,5 +176,33 @@ TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
   EXPECT_NE(out[4].find("\"ids\""), std::string::npos);
 }
 
+// Issue 20 item 14: tokenize reads a file argument (or - for stdin) and
+// passes each line's "id" through; item 13: a raw NUL hides no rest of line.
+TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
+  TempDir t;
+  write_file(t / "in.jsonl", std::string("{\"id\": \"a\", \"text\": \"hello\"}\n{\"id\": 7, \"text\": 5}\n") +
+                                 std::string("{\"text\": \"x\"}\0{\"text\": \"y\"}\n", 28));
+  const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
+  const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  const auto a = nlohmann::json::parse(out[0]);
+  EXPECT_EQ(a["id"], "a") << out[0];
+  EXPECT_TRUE(a.contains("ids")) << out[0];
+  const auto b = nlohmann::json::parse(out[1]);
+  EXPECT_EQ(b["id"], 7) << out[1];
+  EXPECT_TRUE(b.contains("error")) << out[1];
+  const auto c = nlohmann::json::parse(out[2]);
+  ASSERT_TRUE(c.contains("error")) << out[2];
+  EXPECT_NE(c["error"].get<std::string>().find("NUL"), std::string::npos) << out[2];
+  // "-" is stdin, as without an argument.
+  const RunResult d = run_program({program("tokenize"), "--tokenizer", tok, "-"}, t / "in.jsonl");
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(d.out, r.out);
+  const RunResult missing = run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
+  expect_clean_failure(missing, "tokenize", {"nope.jsonl"});
+}
+
 }  // namespace
 }  // namespace qtk::testing

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "tests/runtime/test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -303,6 +304,95 @@ TEST(GenerateSafety, Item13_RawNulIsRejected) {
   ASSERT_TRUE(res[0].contains("error")) << res[0];
   EXPECT_NE(res[0]["error"].get<std::string>().find("NUL"), std::string::npos) << res[0];
   EXPECT_FALSE(res[1].contains("error")) << res[1];
+}
+
+// Item 14: `-` reads the prompts from stdin and writes the results to
+// stdout; the run header then goes to --meta PATH, or nowhere.
+TEST(GenerateSafety, Item14_StdinAndStdout) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("stdio.jsonl", prompts(3));
+  const std::string file_out = work_dir() + "/stdio.file.jsonl";
+  ASSERT_EQ(generate(pack, in, file_out, "").status, 0);
+  const std::string expected = read_text(file_out);
+
+  const std::string from_stdin = work_dir() + "/stdio.stdin.jsonl";
+  RunResult a = run(fmt::format("{} --model {} --batch - --out {} < {}", QTK_GENERATE_BIN, pack,
+                                from_stdin, in));
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(read_text(from_stdin), expected);
+  EXPECT_EQ(load_json(from_stdin + ".meta.json")["batch"], "-");
+
+  const std::string meta = work_dir() + "/stdio.header.json";
+  RunResult b = run(fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack,
+                                in, meta));
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(b.out, expected);
+  EXPECT_EQ(load_json(meta)["status"], "complete");
+  EXPECT_FALSE(std::filesystem::exists("-"));
+  EXPECT_FALSE(std::filesystem::exists("-.meta.json"));
+
+  RunResult c = run(fmt::format("{} --model {} --batch - --out - < {}", QTK_GENERATE_BIN, pack, in));
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(c.out, expected);
+
+  RunResult r = run(fmt::format("{} --model {} --batch {} --out - --resume", QTK_GENERATE_BIN, pack, in));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+}
+
+// Item 15: one summary line at the end of every run; --progress counts
+// tokens (the ETA comes from them).
+TEST(GenerateSafety, Item15_SummaryAndTokenProgress) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("summary.jsonl", prompts(4) + "{\"prompt_token_ids\": []}\n");
+  RunResult r = generate(pack, in, work_dir() + "/summary.results.jsonl", "--ignore-eos --progress");
+  EXPECT_EQ(r.status, 3) << r.err;
+  // The last stderr line is the summary.
+  const std::string last = r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("generate: 5 lines: 4 ok, 1 failed; ", 0), 0u) << r.err;
+  EXPECT_NE(last.find("generated tokens in"), std::string::npos) << last;
+  EXPECT_NE(last.find("tok/s"), std::string::npos) << last;
+  // prompts(4): budgets 4..7 tokens, all generated with --ignore-eos.
+  int64_t prompt_tokens = 0;
+  for (const auto& l : read_jsonl(in)) prompt_tokens += l.contains("max_tokens") ? l["prompt_token_ids"].size() : 0;
+  const int64_t work = prompt_tokens + 4 + 5 + 6 + 7;
+  EXPECT_NE(r.err.find(fmt::format("{}/{} tokens", work, work)), std::string::npos) << r.err;
+}
+
+// Item 16: --logprobs K gives the K most likely (id, logprob) per step, from
+// the same logits as the greedy choice, bit-identical however scheduled.
+TEST(GenerateSafety, Item16_LogprobsAreScheduleInvariant) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("logprobs.jsonl", prompts(12));
+  const std::string alone = work_dir() + "/logprobs.alone.jsonl";
+  const std::string mixed = work_dir() + "/logprobs.mixed.jsonl";
+  ASSERT_EQ(generate(pack, in, alone, "--logprobs 5 --margins --max-num-seqs 1 --threads 1").status, 0);
+  ASSERT_EQ(generate(pack, in, mixed, "--logprobs 5 --margins --max-batched-tokens 7 --threads 2 --block-size 4").status, 0);
+  EXPECT_EQ(read_text(alone), read_text(mixed));
+  for (const auto& r : read_jsonl(alone)) {
+    ASSERT_EQ(r["logprobs"].size(), r["output_token_ids"].size()) << r;
+    for (size_t step = 0; step < r["logprobs"].size(); ++step) {
+      const auto& top = r["logprobs"][step];
+      ASSERT_EQ(top.size(), 5u);
+      EXPECT_EQ(top[0][0], r["output_token_ids"][step]) << "top-1 is the greedy token";
+      double mass = 0.0;
+      for (size_t j = 0; j < top.size(); ++j) {
+        const double lp = top[j][1].get<double>();
+        EXPECT_LE(lp, 0.0);
+        if (j > 0) {
+          EXPECT_LE(lp, top[j - 1][1].get<double>());
+        }
+        mass += std::exp(lp);
+      }
+      EXPECT_LE(mass, 1.0 + 1e-5);
+      // logprob(top1) - logprob(top2) is the margin, up to float rounding.
+      EXPECT_NEAR(top[0][1].get<double>() - top[1][1].get<double>(), r["top1_margin"][step].get<double>(), 1e-4);
+    }
+  }
+  EXPECT_EQ(load_json(alone + ".meta.json")["settings"]["logprobs"], 5);
+  RunResult bad = generate(pack, in, work_dir() + "/logprobs.bad.jsonl", "--logprobs 21");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--logprobs"), std::string::npos) << bad.err;
 }
 
 // Item 17: output_text is the decode of every output token, a final stop
