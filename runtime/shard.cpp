@@ -9,7 +9,8 @@
 #include <fmt/format.h>
 
 #include "loaders/error.h"
-#include "runtime/text_file.h"
+#include "runtime/generate_resume.h"
+#include "runtime/results_file.h"
 
 namespace qtk {
 
@@ -108,7 +109,7 @@ ShardFile load_shard(const std::string& path) {
   f.path = path;
   const std::string meta_path = path + ".meta.json";
   f.meta =
-      nlohmann::json::parse(read_text_file(meta_path, "the shard's meta file"), nullptr, false);
+      nlohmann::json::parse(read_whole_file(meta_path, "the shard's meta file"), nullptr, false);
   if (f.meta.is_discarded() || !f.meta.is_object())
     fail("{}: expected the JSON meta file generate writes next to {}, found malformed JSON",
          meta_path, path);
@@ -124,10 +125,10 @@ ShardFile load_shard(const std::string& path) {
         "{}: field 'status': expected \"complete\", found \"{}\" (finish the shard with "
         "`generate --shard {}/{} --resume` first)",
         meta_path, status, f.spec.index, f.spec.count);
-  f.text = read_text_file(path, "the shard's results");
+  f.text = read_whole_file(path, "the shard's results");
   if (!f.text.empty() && f.text.back() != '\n')
     fail("{}: the last line is incomplete (the shard did not finish)", path);
-  f.lines = split_text_lines(f.text);
+  f.lines = split_lines(f.text);
   return f;
 }
 
@@ -194,8 +195,8 @@ void run_merge(const MergeOptions& o) {
   meta["status"] = "complete";
   // note: the results first: a meta file saying complete never points at a
   // results file that is not there.
-  replace_file_atomically(o.out, merged);
-  replace_file_atomically(o.out + ".meta.json", meta.dump(2) + "\n");
+  write_file_atomic(o.out, merged);
+  write_file_atomic(o.out + ".meta.json", meta.dump(2) + "\n");
 }
 
 }  // namespace qtk

@@ -56,7 +56,7 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
   local name=$1 prompts=$2 max=$3; shift 3
   /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S}' -o "$WORK/$name.time.json" \
     "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
-    --max-tokens "$max" --ignore-eos "$@" >&2
+    --max-tokens "$max" --ignore-eos --force "$@" >&2
   cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
 }
 

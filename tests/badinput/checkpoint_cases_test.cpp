@@ -1,4 +1,7 @@
 // Bad shard indexes, configs and tensor sets handed to the real `convert`.
+#include <sys/stat.h>
+#include <sys/types.h>
+
 #include <filesystem>
 #include <string>
 
@@ -199,6 +202,43 @@ TEST(BadTensors, MissingAndUnknownTensors) {
                            data.append(4, '\0');
                          }),
                          {"model.layers.0.mystery.weight"});
+}
+
+// Issue 20 item 11: every file carried into the pack is validated as the
+// runtime reads it, and a non-regular one is refused by name (the old
+// convert packed a tokenizer generate then refused, and dropped a FIFO or a
+// link to a device silently).
+TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  expect_convert_rejects("qwen3-tiny",
+                         [&](const std::string& ckpt) { write_file(ckpt + "/tokenizer.json", deep); },
+                         {"tokenizer.json"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           write_file(ckpt + "/tokenizer.json", "{\"model\": {\"type\": \"WordPiece\"}}");
+                         },
+                         {"tokenizer.json"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           write_file(ckpt + "/tokenizer_config.json", "{\"a\": 1, \"a\": 2}");
+                         },
+                         {"tokenizer_config.json", "duplicate"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           ASSERT_EQ(::mkfifo((ckpt + "/tokenizer.json").c_str(), 0644), 0);
+                         },
+                         {"tokenizer.json", "regular file", "FIFO"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::create_symlink("/dev/null", ckpt + "/tokenizer.json");
+                         },
+                         {"tokenizer.json", "regular file", "device"});
+  // Control: a valid tokenizer is carried.
+  TempDir t;
+  copy_checkpoint("qwen3-tiny", t / "ckpt");
+  write_file(t / "ckpt/tokenizer.json", read_file(source_path("samples/qwen3-sample/tokenizer.json")));
+  const RunResult ok = run_program({program("convert"), t / "ckpt", t / "ok.pack"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 }  // namespace
