@@ -312,6 +312,111 @@ TEST(RoundTrip, SameInputGivesByteIdenticalPacks) {
 }  // namespace
 }  // namespace qtk
 
+namespace qtk {
+namespace {
+
+// One safetensors file from (name, dtype, shape, bytes) records.
+struct StTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+std::string safetensors_file(const std::vector<StTensor>& ts) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& t : ts) {
+    h[t.name] = {{"dtype", t.dtype == DType::BF16 ? "BF16" : t.dtype == DType::F16 ? "F16" : "F32"},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  const std::string header = h.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+// The Qwen3.5-MoE fixture rewritten as the text-only class
+// Qwen3_5MoeForCausalLM (model.layers.*, text_config at the top) with one
+// tensor per expert (the FP8 releases' layout, here in bf16): the pack must
+// hold the same tensors, byte for byte, as the one converted from the
+// multimodal layout with fused 3-D experts.
+TEST(RoundTrip, Qwen35MoeTextOnlyPerExpertEqualsFusedMultimodal) {
+  TempDir tmp;
+  const std::string vlm = testing::source_path("tests/data/models/qwen3.5-moe-tiny-vlm");
+  const std::string text_dir = tmp.file("text-only");
+  std::filesystem::create_directories(text_dir);
+  auto cfg = nlohmann::json::parse(testing::read_file(vlm + "/config.json"));
+  nlohmann::json text = cfg["text_config"];
+  text["architectures"] = {"Qwen3_5MoeForCausalLM"};
+  testing::write_file(text_dir + "/config.json", text.dump(2));
+  std::vector<StTensor> out;
+  int64_t stacked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(vlm)) {
+    const std::string p = e.path().string();
+    if (!p.ends_with(".safetensors") || e.path().filename() == "activations.safetensors") continue;
+    const auto f = SafetensorsFile::open(p);
+    for (const auto& t : f->tensors()) {
+      const std::string prefix = "model.language_model.";
+      if (!t.name.starts_with(prefix) && t.name != "lm_head.weight") continue;  // vision, MTP
+      const std::string name =
+          t.name == "lm_head.weight" ? t.name : "model." + t.name.substr(prefix.size());
+      const TensorView& v = t.view;
+      const std::string bytes = bytes_of(v);
+      std::vector<int64_t> shape(v.shape, v.shape + v.ndim);
+      const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
+      if (!gate_up && !name.ends_with("mlp.experts.down_proj")) {
+        out.push_back({name, v.dtype, shape, bytes});
+        continue;
+      }
+      ++stacked;
+      const std::string base = name.substr(0, name.size() - std::string(gate_up ? "gate_up_proj" : "down_proj").size());
+      const int64_t E = shape[0], rows = shape[1], cols = shape[2];
+      const size_t per = static_cast<size_t>(rows * cols * dtype_size(v.dtype));
+      for (int64_t x = 0; x < E; ++x) {
+        const std::string one = bytes.substr(x * per, per);
+        const std::string pre = base + std::to_string(x) + ".";
+        if (gate_up) {  // gate rows first, then up rows
+          out.push_back({pre + "gate_proj.weight", v.dtype, {rows / 2, cols}, one.substr(0, per / 2)});
+          out.push_back({pre + "up_proj.weight", v.dtype, {rows / 2, cols}, one.substr(per / 2)});
+        } else {
+          out.push_back({pre + "down_proj.weight", v.dtype, {rows, cols}, one});
+        }
+      }
+    }
+  }
+  ASSERT_EQ(stacked, 8);  // 4 layers x (gate_up, down)
+  testing::write_file(text_dir + "/model.safetensors", safetensors_file(out));
+
+  ConvertOptions a, b;
+  a.input = vlm;
+  a.output = tmp.file("vlm.pack");
+  b.input = text_dir;
+  b.output = tmp.file("text.pack");
+  convert_checkpoint(a);
+  convert_checkpoint(b);
+  const auto pa = Pack::open(a.output);
+  const auto pb = Pack::open(b.output);
+  EXPECT_EQ(pb->config().hf_architecture, "Qwen3_5MoeForCausalLM");
+  ASSERT_EQ(pa->tensors().size(), pb->tensors().size());
+  for (size_t i = 0; i < pa->tensors().size(); ++i) {
+    const auto& x = pa->tensors()[i];
+    const auto& y = pb->tensors()[i];
+    ASSERT_EQ(x.name, y.name);
+    EXPECT_EQ(x.view.nbytes(), y.view.nbytes()) << x.name;
+    EXPECT_EQ(std::memcmp(x.view.data, y.view.data, static_cast<size_t>(x.view.nbytes())), 0) << x.name;
+  }
+  auto ca = config_to_json(pa->config()), cb = config_to_json(pb->config());
+  for (auto* c : {&ca, &cb}) c->erase("hf_architecture"), c->erase("model_type");
+  EXPECT_EQ(ca, cb);
+  EXPECT_FALSE(pa->has_transform("stack_experts"));
+  EXPECT_TRUE(pb->has_transform("stack_experts"));
+}
+
+}  // namespace
+}  // namespace qtk
+
 #ifdef QTK_INSPECT_BIN
 namespace qtk {
 namespace {
