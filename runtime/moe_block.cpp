@@ -78,6 +78,7 @@ void MoeBlock::reserve(int64_t T) {
   ids_.resize(T * k_);
   weights_.resize(T * k_);
   offsets_.resize(E_ + 1);
+  cursor_.resize(E_);
   rows_.resize(T * k_);
   row_weight_.resize(T * k_);
   xg_.resize(T * H_);
@@ -94,22 +95,18 @@ void MoeBlock::forward(const MoeWeights& w, const float* h, int64_t T, float* ou
   tiled.matmul(h, H, w.router, probs_.data(), E, T, E, H, pool);
   moe_route(probs_.data(), E, T, E, k, renormalize_, ids_.data(), weights_.data());
 
-  // Group the (token, weight) pairs by expert; tokens stay in increasing order.
+  // Group the (token, weight) pairs by expert (a counting sort: tokens stay
+  // in increasing order within an expert).
   std::fill(offsets_.begin(), offsets_.end(), 0);
   for (int64_t i = 0; i < T * k; ++i) ++offsets_[ids_[i] + 1];
   for (int64_t e = 0; e < E; ++e) offsets_[e + 1] += offsets_[e];
-  {
-    std::vector<int64_t>& next = offsets_;  // advanced while filling, restored below
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t slot = next[ids_[t * k + j]]++;
-        rows_[slot] = static_cast<int32_t>(t);
-        row_weight_[slot] = weights_[t * k + j];
-      }
+  std::copy(offsets_.begin(), offsets_.end() - 1, cursor_.begin());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = cursor_[ids_[t * k + j]]++;
+      rows_[slot] = static_cast<int32_t>(t);
+      row_weight_[slot] = weights_[t * k + j];
     }
-    // next[e] now holds the end of expert e's rows, the start of e + 1's.
-    for (int64_t e = E; e > 0; --e) offsets_[e] = offsets_[e - 1];
-    offsets_[0] = 0;
   }
 
   std::memset(out, 0, static_cast<size_t>(T * H) * sizeof(float));

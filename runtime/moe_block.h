@@ -69,6 +69,7 @@ class MoeBlock {
   std::vector<int32_t> ids_;        // i32 [T, k] chosen experts
   std::vector<float> weights_;      // f32 [T, k] their weights
   std::vector<int64_t> offsets_;    // [E + 1] start of each expert's rows in rows_
+  std::vector<int64_t> cursor_;     // [E] next free row of each expert while grouping
   std::vector<int32_t> rows_;       // i32 [T*k] token of each routed row, grouped by expert
   std::vector<float> row_weight_;   // f32 [T*k] weight of each routed row
   std::vector<float> xg_;           // f32 [T, hidden] gathered inputs of one expert
