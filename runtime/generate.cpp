@@ -241,12 +241,6 @@ void run_generate(const GenerateOptions& o) {
   std::optional<ThreadPool> pool;
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
-  // note: the CUDA backend has no mixture-of-experts block yet.
-  if (dev.device == "cuda" && cfg.has_moe())
-    fail(
-        "{}: {} is a mixture-of-experts model; mixture-of-experts models run on the CPU only for "
-        "now (use --device cpu)",
-        o.model, cfg.hf_architecture);
 #ifdef QTK_HAVE_CUDA
   if (dev.device == "cuda") {
     model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
