@@ -70,10 +70,11 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   };
   positive(c.vocab_size, "vocab_size");
   positive(c.hidden_size, "hidden_size");
+  positive(c.num_layers, "num_hidden_layers");
+  validate_moe(c, source);
   // note: a model whose every layer is a mixture of experts (Qwen3.5-MoE)
   // has no dense MLP and need not say intermediate_size.
   if (c.has_dense_mlp()) positive(c.intermediate_size, "intermediate_size");
-  positive(c.num_layers, "num_hidden_layers");
   positive(c.num_attention_heads, "num_attention_heads");
   positive(c.num_kv_heads, "num_key_value_heads");
   positive(c.head_dim, "head_dim");
@@ -121,7 +122,6 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
           "(sum {})",
           source, rd / 2, json(c.rope.mrope_section).dump(), sum);
   }
-  validate_moe(c, source);
   if (!(c.rms_norm_eps > 0))
     fail("{}: field 'rms_norm_eps': expected a positive number, found {}", source, c.rms_norm_eps);
   for (int64_t id : c.eos_token_ids)

@@ -85,7 +85,8 @@ struct ModelConfig {
   std::string plan_string() const;  // "LLLF LLLF" without spaces: "LLLFLLLF"
   bool has_moe() const { return moe.num_experts > 0; }
   bool is_moe_layer(int64_t layer) const {
-    return !moe.mlp_plan.empty() && moe.mlp_plan[static_cast<size_t>(layer)] == MlpKind::kMoe;
+    const auto i = static_cast<size_t>(layer);
+    return i < moe.mlp_plan.size() && moe.mlp_plan[i] == MlpKind::kMoe;
   }
   bool has_dense_mlp() const;           // some layer has a dense MLP (intermediate_size used)
   std::string mlp_plan_string() const;  // "DEEE": D dense MLP, E mixture of experts
