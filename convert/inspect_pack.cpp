@@ -1,6 +1,7 @@
 #include "convert/inspect_pack.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <map>
@@ -27,6 +28,19 @@ int inspect_pack(const std::string& path, bool verify) {
   line(fmt::format("sizes:         hidden {}, intermediate {}, vocab {}, heads {}/{} x {}",
                    c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads,
                    c.num_kv_heads, c.head_dim));
+  if (c.has_moe()) {
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if (!c.is_moe_layer(i)) dense.push_back(i);
+    line(fmt::format("experts:       {} x width {}, top-{}, {}, shared expert {}",
+                     c.moe.num_experts, c.moe.expert_intermediate_size, c.moe.top_k,
+                     c.moe.norm_topk_prob ? "renormalised" : "not renormalised",
+                     c.moe.shared_expert_intermediate > 0
+                         ? fmt::format("width {} (sigmoid gate)", c.moe.shared_expert_intermediate)
+                         : std::string("none")));
+    line(fmt::format("mlp plan:      {}  dense layers: {}", c.mlp_plan_string(),
+                     dense.empty() ? "none" : fmt::format("{}", fmt::join(dense, ", "))));
+  }
   if (c.linear_num_value_heads > 0)
     line(fmt::format("linear attn:   key heads {} x {}, value heads {} x {}, conv kernel {}",
                      c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,

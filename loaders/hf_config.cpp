@@ -141,7 +141,7 @@ int64_t single_token_id(const ConfigDoc& d, const char* field) {
   return ids.empty() ? -1 : ids[0];
 }
 
-void reject_unsupported(const ConfigDoc& d) {
+void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
   if (auto bias = d.optional_bool("attention_bias"); bias && *bias)
     fail("{}: field '{}': attention_bias true is not supported (expected false)", d.source,
          d.name("attention_bias"));
@@ -155,12 +155,16 @@ void reject_unsupported(const ConfigDoc& d) {
   if (const json* act = d.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
     fail("{}: field '{}': expected \"silu\", found {}", d.source, d.name("hidden_act"),
          shown(*act));
-  for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts",
-                          "num_experts_per_tok", "moe_intermediate_size"}) {
-    const json* v = d.find(moe);
-    if (v && !v->is_null() && !(v->is_number() && v->get<double>() == 0))
-      fail("{}: field '{}': mixture-of-experts models are not supported, found {}", d.source,
-           d.name(moe), shown(*v));
+  if (!moe_architecture) {
+    for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts",
+                            "num_experts_per_tok", "moe_intermediate_size"}) {
+      const json* v = d.find(moe);
+      if (v && !v->is_null() && !(v->is_number() && v->get<double>() == 0))
+        fail(
+            "{}: field '{}': mixture-of-experts models are not supported for {}, found {} "
+            "(expected Qwen3MoeForCausalLM or a Qwen3_5Moe architecture)",
+            d.source, d.name(moe), d.top["architectures"][0].get<std::string>(), shown(*v));
+    }
   }
   for (const json* obj : {&d.top, &d.text}) {
     if (!obj->contains("quantization_config") || (*obj)["quantization_config"].is_null()) continue;
@@ -214,6 +218,69 @@ void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
   // note: transformers' rule: layer i is full attention when (i + 1) % interval == 0.
   for (int64_t i = 0; i < c.num_layers; ++i)
     c.layer_plan.push_back((i + 1) % interval == 0 ? LayerKind::kFull : LayerKind::kLinear);
+}
+
+// Mixture-of-experts fields of Qwen3MoeForCausalLM and the Qwen3_5Moe
+// classes, and which layers are MoE.
+void read_moe(const ConfigDoc& d, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  // note: transformers 5.x writes Qwen3-MoE's expert count as
+  // num_local_experts, the Hub's files say num_experts: either is read, and
+  // both must agree when both are given.
+  const json* ne = d.find("num_experts");
+  const json* nl = d.find("num_local_experts");
+  if (ne && ne->is_null()) ne = nullptr;
+  if (nl && nl->is_null()) nl = nullptr;
+  if (!ne && !nl)
+    fail("{}: missing field 'num_experts' (or 'num_local_experts') for {}", d.source,
+         c.hf_architecture);
+  if (ne) m.num_experts = d.positive_int("num_experts");
+  if (nl) {
+    const int64_t local = d.positive_int("num_local_experts");
+    if (ne && local != m.num_experts)
+      fail("{}: fields '{}' ({}) and '{}' ({}) disagree", d.source, d.name("num_experts"),
+           m.num_experts, d.name("num_local_experts"), local);
+    m.num_experts = local;
+  }
+  m.top_k = d.positive_int("num_experts_per_tok");
+  if (m.top_k > m.num_experts)
+    fail("{}: field '{}': expected at most num_experts = {}, found {}", d.source,
+         d.name("num_experts_per_tok"), m.num_experts, m.top_k);
+  m.expert_intermediate_size = d.positive_int("moe_intermediate_size");
+
+  if (c.arch == Arch::kQwen3_5) {
+    // note: Qwen3_5MoeSparseMoeBlock always divides the top-k weights by
+    // their sum and has no norm_topk_prob, decoder_sparse_step or
+    // mlp_only_layers: every layer is MoE, with a shared expert.
+    m.norm_topk_prob = true;
+    m.shared_expert_intermediate = d.positive_int("shared_expert_intermediate_size");
+    m.mlp_plan.assign(static_cast<size_t>(c.num_layers), MlpKind::kMoe);
+    return;
+  }
+  // Qwen3-MoE: Qwen3MoeConfig defaults norm_topk_prob false, step 1, no dense layers.
+  m.norm_topk_prob = d.optional_bool("norm_topk_prob").value_or(false);
+  int64_t step = 1;
+  if (const json* v = d.find("decoder_sparse_step"); v && !v->is_null())
+    step = d.positive_int("decoder_sparse_step");
+  std::vector<bool> dense(static_cast<size_t>(c.num_layers), false);
+  if (const json* v = d.find("mlp_only_layers"); v && !v->is_null()) {
+    if (!v->is_array())
+      fail("{}: field '{}': expected a list of layer indices, found {}", d.source,
+           d.name("mlp_only_layers"), shown(*v));
+    for (const json& x : *v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_layers)
+        fail("{}: field '{}': expected layer indices in [0, {}), found {}", d.source,
+             d.name("mlp_only_layers"), c.num_layers, shown(x));
+      dense[static_cast<size_t>(x.get<int64_t>())] = true;
+    }
+  }
+  // note: transformers' rule (Qwen3MoeDecoderLayer): layer i is MoE when it
+  // is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    m.mlp_plan.push_back(!dense[static_cast<size_t>(i)] && (i + 1) % step == 0 ? MlpKind::kMoe
+                                                                               : MlpKind::kDense);
+  // note: a plan with no MoE layer at all is still a Qwen3-MoE model
+  // (transformers builds it); it runs as dense layers only.
 }
 
 std::string number_text(double v) { return fmt::format("{}", v); }
@@ -345,6 +412,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
          archs ? shown(*archs) : "nothing");
   c.hf_architecture = (*archs)[0].get<std::string>();
   bool nested = false;
+  bool moe = false;  // a mixture-of-experts class
   if (c.hf_architecture == "Qwen3ForCausalLM") {
     c.arch = Arch::kQwen3;
   } else if (c.hf_architecture == "Qwen3_5ForCausalLM") {
@@ -352,10 +420,21 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   } else if (c.hf_architecture == "Qwen3_5ForConditionalGeneration") {
     c.arch = Arch::kQwen3_5;
     nested = true;
+  } else if (c.hf_architecture == "Qwen3MoeForCausalLM") {
+    c.arch = Arch::kQwen3;
+    moe = true;
+  } else if (c.hf_architecture == "Qwen3_5MoeForCausalLM") {
+    c.arch = Arch::kQwen3_5;
+    moe = true;
+  } else if (c.hf_architecture == "Qwen3_5MoeForConditionalGeneration") {
+    c.arch = Arch::kQwen3_5;
+    nested = true;
+    moe = true;
   } else {
     fail(
-        "{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
-        "Qwen3_5ForConditionalGeneration, found \"{}\"",
+        "{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM, "
+        "Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM or "
+        "Qwen3_5MoeForConditionalGeneration, found \"{}\"",
         source, c.hf_architecture);
   }
   if (nested && !(doc.contains("text_config") && doc["text_config"].is_object()))
@@ -364,12 +443,15 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   const ConfigDoc d{doc, nested ? doc["text_config"] : doc, source, nested};
 
   if (const json* mt = d.find("model_type"); mt && mt->is_string()) c.model_type = *mt;
-  reject_unsupported(d);
+  reject_unsupported(d, moe);
 
   c.vocab_size = d.positive_int("vocab_size");
   c.hidden_size = d.positive_int("hidden_size");
-  c.intermediate_size = d.positive_int("intermediate_size");
   c.num_layers = d.positive_int("num_hidden_layers");
+  // note: an MoE config may omit intermediate_size (Qwen3.5-MoE has no dense
+  // MLP); validate_model_config requires it when a layer is dense.
+  if (const json* v = d.find("intermediate_size"); !moe || (v && !v->is_null()))
+    c.intermediate_size = d.positive_int("intermediate_size");
   c.num_attention_heads = d.positive_int("num_attention_heads");
   c.num_kv_heads = d.find("num_key_value_heads") && !d.find("num_key_value_heads")->is_null()
                        ? d.positive_int("num_key_value_heads")
@@ -429,6 +511,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   }
 
   read_layer_plan(d, c);
+  if (moe) read_moe(d, c);
   read_rope(d, c);
 
   c.eos_token_ids = token_ids(d.find_token_ids("eos_token_id"), source, d.name("eos_token_id"));

@@ -15,6 +15,21 @@ enum class Arch { kQwen3, kQwen3_5 };
 
 enum class LayerKind : char { kFull = 'F', kLinear = 'L' };
 
+// What a layer's feed-forward block is: a dense SwiGLU MLP or a sparse
+// mixture of experts.
+enum class MlpKind : char { kDense = 'D', kMoe = 'E' };
+
+// Mixture-of-experts hyperparameters (Qwen3-MoE, Qwen3.5-MoE); num_experts
+// is 0 for dense models.
+struct MoeConfig {
+  int64_t num_experts = 0;                 // E (num_experts or num_local_experts)
+  int64_t top_k = 0;                       // num_experts_per_tok
+  int64_t expert_intermediate_size = 0;    // moe_intermediate_size, per routed expert
+  bool norm_topk_prob = false;             // renormalise the top-k weights to sum to 1
+  int64_t shared_expert_intermediate = 0;  // shared_expert_intermediate_size; 0: none
+  std::vector<MlpKind> mlp_plan;           // one per layer; empty for dense models
+};
+
 struct RopeConfig {
   double theta = 10000.0;
   double partial_factor = 1.0;         // rotary_dim = head_dim * partial_factor
@@ -59,6 +74,7 @@ struct ModelConfig {
 
   RopeConfig rope;
   std::vector<LayerKind> layer_plan;  // one per layer
+  MoeConfig moe;
 
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;  // -1 when absent
@@ -76,6 +92,13 @@ struct ModelConfig {
   int64_t linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   std::string plan_string() const;  // "LLLF LLLF" without spaces: "LLLFLLLF"
+  bool has_moe() const { return moe.num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const {
+    const auto i = static_cast<size_t>(layer);
+    return i < moe.mlp_plan.size() && moe.mlp_plan[i] == MlpKind::kMoe;
+  }
+  bool has_dense_mlp() const;           // some layer has a dense MLP (intermediate_size used)
+  std::string mlp_plan_string() const;  // "DEEE": D dense MLP, E mixture of experts
 };
 
 // Parses an HF config.json document. `source` names the file in messages.

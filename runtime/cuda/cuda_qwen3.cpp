@@ -385,6 +385,12 @@ std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision preci
 std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
   if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
   const ModelConfig& c = pack.config();
+  // note: the CUDA backend has no mixture-of-experts block yet (issue 22).
+  if (c.has_moe())
+    fail(
+        "{}: {} is a mixture-of-experts model; mixture-of-experts models run on the CPU only for "
+        "now (use --device cpu)",
+        pack.path(), c.hf_architecture);
   switch (c.arch) {
     case Arch::kQwen3:
       return make_cuda_qwen3(pack, precision);

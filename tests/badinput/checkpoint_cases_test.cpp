@@ -241,5 +241,36 @@ TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
+// ---- mixture of experts --------------------------------------------------------
+
+TEST(BadMoe, ConfigContradictsTheExperts) {
+  // 9 experts claimed, 8 stored: the router's shape says so first.
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_local_experts"] = 9; }),
+                         {"model.layers.0.mlp.gate.weight", "[9, 64]", "[8, 64]"});
+  // Fused 3-D experts of another width.
+  expect_convert_rejects(
+      "qwen3.5-moe-tiny-vlm",
+      edit_config([](ordered_json& c) { c["text_config"]["moe_intermediate_size"] = 16; }),
+      {"model.language_model.layers.0.mlp.experts.gate_up_proj", "[8, 32, 64]", "[8, 64, 64]"});
+  // A layer the config makes dense has experts, not a dense MLP.
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["mlp_only_layers"] = {1}; }),
+                         {"layers.1.mlp.gate_proj.weight", "missing"});
+}
+
+TEST(BadMoe, ConfigFieldsOutOfRange) {
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_experts_per_tok"] = 9; }),
+                         {"config.json", "num_experts_per_tok", "9"});
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_experts"] = 4; }),
+                         {"config.json", "num_experts", "num_local_experts", "disagree"});
+  expect_convert_rejects("qwen3.5-moe-tiny-vlm", edit_config([](ordered_json& c) {
+                           c["text_config"].erase("shared_expert_intermediate_size");
+                         }),
+                         {"config.json", "shared_expert_intermediate_size"});
+}
+
 }  // namespace
 }  // namespace qtk::testing
