@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "loaders/error.h"
@@ -176,7 +178,15 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
 
   const ModelConfig& c = ck->config_;
   const std::string& arch = c.hf_architecture;
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  // note: the routed experts are stored one tensor per expert or fused into
+  // 3-D tensors; a fused gate_up_proj anywhere picks the fused layout, and
+  // a layer in the other layout then fails below as missing/unexpected.
+  ExpertLayout experts = ExpertLayout::kPerExpert;
+  for (const auto& [name, where] : by_canonical) {
+    const std::string_view fused = ".mlp.experts.gate_up_proj";
+    if (name.size() > fused.size() && name.ends_with(fused)) experts = ExpertLayout::kFused;
+  }
+  for (const ExpectedTensor& e : expected_tensors(c, experts)) {
     const auto it = by_canonical.find(e.name);
     if (it == by_canonical.end()) {
       if (e.name == "lm_head.weight")

@@ -13,6 +13,10 @@
 #include "loaders/error.h"
 #include "runtime/generate.h"
 
+// Exit statuses: 0 every line has a result, 1 the run failed (one line on
+// stderr), 3 the run completed but some lines got an {"id", "error"} line.
+constexpr int kSomeLinesFailed = 3;
+
 int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would kill us with
   // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
@@ -22,8 +26,12 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line", cxxopts::value<std::string>())(
-        "out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+        "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
+        cxxopts::value<std::string>())(
+        "meta",
+        "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
+        cxxopts::value<std::string>()->default_value(""))(
         "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
         cxxopts::value<std::string>()->default_value("cpu"))(
         "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
@@ -45,9 +53,22 @@ int main(int argc, char** argv) {
         "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
         cxxopts::value<std::string>()->default_value("0"))(
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
+        "logprobs",
+        "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
+        "--device cpu)",
+        cxxopts::value<std::string>()->default_value("0"))(
         "progress", "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run into the same --out")(
+        "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
+        "force", "replace an existing --out (it stays until the new run completes)")(
+        "allow-unknown-fields",
+        "ignore request fields generate does not know (default: such a line gets an error)")(
+        "no-verify", "skip checking every tensor's XXH64 checksum at load")(
+        "shard",
+        "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
+        "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
+        "--resume; a complete shard is not redone. Join the shards with `merge`.",
+        cxxopts::value<std::string>())(
         "chat-template",
         "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
         "tokenizer_config.json's chat_template)",
@@ -70,6 +91,7 @@ int main(int argc, char** argv) {
     o.model = args["model"].as<std::string>();
     o.batch = args["batch"].as<std::string>();
     o.out = args["out"].as<std::string>();
+    o.meta = args["meta"].as<std::string>();
     o.device =
         qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
     o.precision = args["precision"].as<std::string>();
@@ -86,12 +108,21 @@ int main(int argc, char** argv) {
     o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
                                  "0 (sized from the prompts) or a positive integer");
     o.margins = args.count("margins") > 0;
+    o.logprobs = static_cast<int>(
+        int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
+    if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+    o.force = args.count("force") > 0;
+    o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
+    o.verify = args.count("no-verify") == 0;
     o.chat_template = args["chat-template"].as<std::string>();
-    qtk::run_generate(o);
-    return 0;
+    const qtk::GenerateSummary s = qtk::run_generate(o);
+    std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
+    // note: 3, not 0, when any line got an error line: a golden file with
+    // failed lines must not pass a script's `&&` as a complete one.
+    return s.failed_lines > 0 ? kSomeLinesFailed : 0;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "generate: out of memory (std::bad_alloc); if a large --kv-cache-blocks, "

@@ -27,6 +27,7 @@ struct PromptDefaults {
   int64_t vocab_size = 0;                // valid token ids are [0, vocab_size)
   int64_t max_context = 0;               // prompt + 1 must fit
   bool allow_mrope = false;              // the model uses M-RoPE positions
+  bool allow_unknown_fields = false;     // ignore fields not in kRequestFields (else an error)
   const Tokenizer* tokenizer = nullptr;  // for "prompt"; nullptr: pack has none
   // For "messages" (chat requests): the chat template, or nullptr and why
   // there is none (the pack has no template, or it does not parse).
@@ -36,11 +37,12 @@ struct PromptDefaults {
 };
 
 struct PromptLine {
-  int64_t line_no = 0;  // 1-based
-  nlohmann::json id;    // as given, or the line number
-  std::string error;    // non-empty: the line is rejected
+  int64_t line_no = 0;      // 1-based
+  nlohmann::json id;        // as given, or the line number
+  std::string error;        // non-empty: the line is rejected
   std::string chat_prompt;  // a "messages" line: the rendered text (the output's "prompt")
   bool is_chat = false;
+  std::vector<std::string> ignored_fields;  // unknown fields (with allow_unknown_fields)
   SequenceRequest request;
 };
 
@@ -53,6 +55,10 @@ std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& pr
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
                         const std::vector<float>* margins,
                         const std::string* prompt_text = nullptr);
+// Appends "logprobs": [[[id, logprob] x k] per step] before the closing '}'
+// of a result line (generate --logprobs K).
+void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
+                     const std::vector<float>& logprobs, int k);
 std::string error_line(const nlohmann::json& id, const std::string& error);
 
 }  // namespace qtk

@@ -56,7 +56,7 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
   local name=$1 prompts=$2 max=$3; shift 3
   /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S}' -o "$WORK/$name.time.json" \
     "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
-    --max-tokens "$max" --ignore-eos "$@" >&2
+    --max-tokens "$max" --ignore-eos --force "$@" >&2
   cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
 }
 
@@ -92,7 +92,21 @@ pack_bytes = os.path.getsize(pack)
 embed_bytes = tc["vocab_size"] * tc["hidden_size"] * 2
 tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
 step_bytes = pack_bytes - (0 if tied else embed_bytes)  # tied: the table is read as lm_head
-flops_per_token = 2 * (step_bytes / 2 - tc["vocab_size"] * tc["hidden_size"])  # matmul flops, lm_head excluded
+# Mixture of experts: a decode step reads only the experts its tokens chose.
+# note: batch 1 reads exactly top_k experts per MoE layer; a batch of n
+# reads the distinct experts its n tokens chose, estimated for a uniform
+# router as E * (1 - (1 - k/E)^n) (random weights route close to uniformly).
+E = tc.get("num_experts") or tc.get("num_local_experts") or 0
+expert_bytes, moe_k = 0, 0
+if E:
+  moe_k, L = tc["num_experts_per_tok"], tc["num_hidden_layers"]
+  step, only = tc.get("decoder_sparse_step") or 1, set(tc.get("mlp_only_layers") or [])
+  moe_layers = sum(1 for i in range(L) if i not in only and (i + 1) % step == 0)
+  expert_bytes = moe_layers * E * 3 * tc["moe_intermediate_size"] * tc["hidden_size"] * 2
+def bytes_per_step(n):
+  if not E: return step_bytes
+  return step_bytes - expert_bytes + expert_bytes * (1 - (1 - moe_k / E) ** n)
+flops_per_token = 2 * (bytes_per_step(1) / 2 - tc["vocab_size"] * tc["hidden_size"])  # matmul flops, lm_head excluded
 p = meta("prefill")
 out = {
   "model": os.path.basename(cfg_path), "threads": threads, "read_bandwidth_gbps": bw,
@@ -100,6 +114,7 @@ out = {
   "load_average_before": open(f"{work}/load_before.txt").read().strip(),
   "load_average_after": open(f"{work}/load_after.txt").read().strip(),
   "weights_bytes_per_step": step_bytes,
+  "moe_expert_bytes": expert_bytes, "weights_bytes_per_step_batch1": bytes_per_step(1),
   "prefill": {"tokens": p["prompt_tokens_computed"], "seconds": p["prefill_seconds"],
               "tok_per_s": p["prompt_tokens_computed"] / p["prefill_seconds"],
               "gflop_per_s": p["prompt_tokens_computed"] * flops_per_token / p["prefill_seconds"] / 1e9,
@@ -107,14 +122,14 @@ out = {
   "decode": {},
   "cpu_path": p.get("cpu_path"),
 }
-floor = bw_t * 1e9 / step_bytes
+floor = bw_t * 1e9 / bytes_per_step(1)
 for n in seqs:
   m = meta(f"decode{n}")
   tps = m["decode_tokens"] / m["decode_seconds"]
   steps_per_s = tps / int(n)
   out["decode"][n] = {"tok_per_s": tps, "gen_tok_per_s_incl_prefill": int(n) * 64 / (m["prefill_seconds"] + m["decode_seconds"]),
-                      "achieved_weight_gbps": steps_per_s * step_bytes / 1e9,
-                      "fraction_of_bandwidth_floor": steps_per_s / floor,
+                      "achieved_weight_gbps": steps_per_s * bytes_per_step(int(n)) / 1e9,
+                      "fraction_of_bandwidth_floor": steps_per_s * bytes_per_step(int(n)) / (bw_t * 1e9),
                       "peak_rss_mb": m["peak_rss_bytes"] / 2**20, **cpu(f"decode{n}")}
 out["decode_floor_tok_per_s_batch1"] = floor
 print(json.dumps(out, indent=2))

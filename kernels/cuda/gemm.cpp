@@ -140,10 +140,10 @@ int64_t default_ref_m() {
 
 // QTK_FUSED_MAX_M: the largest M whose decode-step add + RMSNorm is fused
 // into the next projection's launch (0..16, 0 = never; default 1).
-// note: the fused launch computes its norm (in S7-5 also the SwiGLU) in every block, before
+// note: the fused launch computes its norm (formerly also the SwiGLU) in every block, before
 // the product, so its cost grows with M; the separate launches compute each
 // row once, and PDL overlaps them. On the H100 the separate launches were
-// faster from M = 2 on (S7-5, Qwen3-0.6B decode step with fusion up to 16 /
+// faster from M = 2 on (Qwen3-0.6B decode step with fusion up to 16 /
 // none: batch 2 1.46 / 1.29 ms, 8 2.15 / 1.31, 16 3.44 / 1.46; Qwen3.5-0.8B
 // batch 16 3.83 / 1.81), while at M = 1 the fused launch saves a launch.
 constexpr int64_t kFusedMaxMDefault = 1;
@@ -284,15 +284,14 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 // steps): up to 8 split-K-free, workspace-free algorithms per heuristic
 // other than the plan's own that run at the range's ends (the open last
 // range: at 2048), each timed at the range's probe M.
-// note: the prefill range was one, 512.., until session 8, timed at M 2048,
-// so a 512-token step ran the kernel that was fastest for 2048 rows; timed
-// at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
-// Qwen3.5-0.8B (S8-4, same call). The range from 2048 keeps the old one's
-// candidates and timing: checked also at 8192 and timed at 4096, it kept 5
-// of N 1024 K 3072's 15 candidates and none of N 3072 K 1024's (S8-5), and
-// Qwen3-8B's batch-128 prefill (M 8192 steps) took 541 ms instead of 420
-// (S8-6, S8-7). The H100 end-to-end runs use M up to 8192 with these
-// algorithms.
+// note: the prefill is split in two ranges because one range 512.., timed
+// at M 2048, made a 512-token step run the kernel fastest for 2048 rows;
+// timed at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
+// Qwen3.5-0.8B (same call). The range from 2048 is checked at 2048 and
+// timed at 4096: checked also at 8192 and timed at 4096, it kept 5 of
+// N 1024 K 3072's 15 candidates and none of N 3072 K 1024's, and Qwen3-8B's
+// batch-128 prefill (M 8192 steps) took 541 ms instead of 420. The H100
+// end-to-end runs use M up to 8192 with these algorithms.
 // None is used before verify_alternates has compared it with the plan's.
 void Gemm::find_alternates(Plan& p) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
@@ -421,9 +420,9 @@ void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
     // Back to back, a product whose weights fit the 50 MB L2 is timed at L2
     // speed, which is not what a step sees (on the H100 the cold timing
     // moved Qwen3-0.6B's qkv and gate_up products from the own kernel to
-    // cuBLASLt, S4-4; with warm timing of M 65..511 the batch-128 lm_head
+    // cuBLASLt; with warm timing of M 65..511 the batch-128 lm_head
     // blocks ran on 19 us kernels in one process and on 27 us ones in the
-    // next, S8-1 and S8-2).
+    // next).
     const bool cold = alt.hi < kLargeMinM;
     if (cold && flush == nullptr) QTK_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
     auto timed = [&](const auto& run) {
@@ -546,7 +545,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // launch where it gave, on this GPU, the bits of the plan algorithms of
     // both chunk widths (the full one and the last): each output is then
     // the same chain as in the chunked product. One launch instead of ten
-    // for a 151936-row lm_head (H100, S7-7, same call, against the chunks:
+    // for a 151936-row lm_head (H100, same call, against the chunks:
     // Qwen3.5-0.8B batch 1 1.18 vs 1.23 ms per step, Qwen3-0.6B 1.09 vs
     // 1.10; batch 8 and 16 within the runs' spread).
     const int64_t wes = dtype_size(in), yes = dtype_size(out);

@@ -30,7 +30,7 @@ class Gemm {
   // 512) and of the H100 end-to-end runs (M up to 8192) ran. ref_m = 1 is for
   // experiments: on the H100 its f32 algorithm refused M > 1 (status 15),
   // and for bf16 it was 9% faster at M = 1 but 22% slower at batch 128 and
-  // 18% slower in prefill (bench/cuda/NOTES.md, run 6).
+  // 18% slower in prefill (bench/HISTORY.md, run 6).
   // note: speed without giving that up: a shape class may also hold a faster
   // algorithm for each of the M ranges 1..16, 17..64, 65..511, 512..2047 and
   // 2048.., each used only after it gave the plan algorithm's output bit for

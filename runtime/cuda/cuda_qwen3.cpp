@@ -249,7 +249,7 @@ class CudaQwen3 final : public CudaModel {
   // The whole attention of a bf16 decode step in one launch, from the raw
   // q, k, v rows in qkv_; false (nothing launched) where it does not apply.
   // note: only up to kMaxFusedSeqs sequences. H100, Qwen3-0.6B, ms per
-  // decode step fused vs separate (S6-3, S6-8): batch 1 1.10 vs 1.19, batch
+  // decode step fused vs separate: batch 1 1.10 vs 1.19, batch
   // 32 1.65 vs 1.75-1.81, batch 128 2.76-2.79 vs 2.70; at 128 the attention
   // kernel is bound by the K/V reads and each block's extra q-norm work
   // (once per key tile) costs more than the launch it saves. The values are
@@ -385,6 +385,12 @@ std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision preci
 std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
   if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
   const ModelConfig& c = pack.config();
+  // note: the CUDA backend has no mixture-of-experts block yet (issue 22).
+  if (c.has_moe())
+    fail(
+        "{}: {} is a mixture-of-experts model; mixture-of-experts models run on the CPU only for "
+        "now (use --device cpu)",
+        pack.path(), c.hf_architecture);
   switch (c.arch) {
     case Arch::kQwen3:
       return make_cuda_qwen3(pack, precision);

@@ -156,6 +156,16 @@ TEST(TokenizeChat, TemplateOfTheQwen3TokenizerConfig) {
   expect_matches_reference(lines_of(r.out), "qwen3");
 }
 
+TEST(TokenizeChat, InputFileArgument) {
+  // main's INPUT argument works with --chat as stdin does
+  const std::string in = work_dir() + "/chat_requests.jsonl";
+  write_text(in, request_lines());
+  const RunResult r = run(
+      std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer + "' --chat '" + in + "'", "");
+  ASSERT_EQ(r.status, 0) << r.err;
+  expect_matches_reference(lines_of(r.out), "qwen3");
+}
+
 TEST(TokenizeChat, TemplateFromTheModelDirectory) {
   // tokenizer_config.json's "chat_template" (as older checkpoints carry it)
   const std::string dir = work_dir() + "/model_config_template";
@@ -333,7 +343,7 @@ TEST(GenerateChat, NoTemplateIsAPerLineErrorAndTheFlagSuppliesOne) {
                             ojson{{"id", "plain"}, {"prompt", "Hello"}}.dump() + "\n";
   const std::string out = work_dir() + "/gen_plain.jsonl";
   RunResult r = generate(pack, lines, out);
-  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(r.status, 3) << r.err;  // completed, with a failed line
   auto res = read_jsonl(out);
   ASSERT_EQ(res.size(), 2u);
   EXPECT_NE(res[0]["error"].get<std::string>().find("no chat template"), std::string::npos)
@@ -358,7 +368,7 @@ TEST(GenerateChat, TemplateErrorsArePerLine) {
                             "{\"id\": \"both\", \"messages\": [], \"prompt\": \"x\"}\n";
   RunResult r = generate(pack, lines, out,
                          "--chat-template '" + data_path("tests/data/chat/qwen3_5.jinja") + "'");
-  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(r.status, 3) << r.err;  // completed, with failed lines
   const auto res = read_jsonl(out);
   ASSERT_EQ(res.size(), 3u);
   EXPECT_NE(res[0]["error"].get<std::string>().find(
@@ -383,6 +393,56 @@ TEST(GenerateChat, TemplateErrorsArePerLine) {
   EXPECT_NE(r.err.find("/nonexistent/t.jinja"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_FALSE(fs::exists(out2));
+}
+
+// With main's request contract (issue 20): every chat field is known, other
+// fields are still refused; a chat line's output keeps its "prompt" with
+// --margins and --logprobs; --resume checks the template.
+TEST(GenerateChat, FieldContractOutputFlagsAndResume) {
+  const std::string& pack = sample_pack_with_template();
+  ojson chat = case_line("user_single", "chat");
+  chat["add_vision_id"] = false;  // a chat field beyond the common ones
+  chat["chat_template_kwargs"] = ojson::object();
+  ojson unknown = case_line("user_single", "unknown");
+  unknown["temperature"] = 0.5;
+  const std::string lines = chat.dump() + "\n" + unknown.dump() + "\n" +
+                            ojson{{"id", "plain"}, {"prompt", "Hello"}}.dump() + "\n";
+  const std::string out = work_dir() + "/gen_contract.jsonl";
+  RunResult r = generate(pack, lines, out, "--margins --logprobs 2");
+  ASSERT_EQ(r.status, 3) << r.err;  // the unknown field fails its line
+  auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 3u);
+  ASSERT_FALSE(res[0].contains("error")) << res[0];
+  EXPECT_EQ(res[0]["prompt"], reference_of("qwen3").at("user_single")["text"]);
+  EXPECT_EQ(res[0]["top1_margin"].size(), res[0]["output_token_ids"].size()) << res[0];
+  EXPECT_EQ(res[0]["logprobs"].size(), res[0]["output_token_ids"].size()) << res[0];
+  EXPECT_NE(res[1]["error"].get<std::string>().find("'temperature'"), std::string::npos) << res[1];
+  EXPECT_FALSE(res[2].contains("prompt")) << res[2];
+  const ojson meta = ojson::parse(read_text(out + ".meta.json"));
+  ASSERT_TRUE(meta["settings"]["chat_template"].is_object()) << meta.dump();
+  const std::string before = read_text(out);
+
+  // the same run resumes (nothing left to do); another template is refused
+  r = generate(pack, lines, out, "--margins --logprobs 2 --resume");
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(read_text(out), before);
+  r = generate(pack, lines, out,
+               "--margins --logprobs 2 --resume --chat-template '" +
+                   data_path("tests/data/chat/qwen3_5.jinja") + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("setting 'chat_template'"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(out), before);
+
+  // a batch without chat lines records no template, and resumes as before
+  const std::string plain_out = work_dir() + "/gen_contract_plain.jsonl";
+  const std::string plain = ojson{{"id", "plain"}, {"prompt", "Hello"}}.dump() + "\n";
+  r = generate(pack, plain, plain_out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(
+      ojson::parse(read_text(plain_out + ".meta.json"))["settings"]["chat_template"].is_null());
+  r = generate(pack, plain, plain_out,
+               "--resume --chat-template '" + data_path("tests/data/chat/qwen3_5.jinja") + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
 }
 
 }  // namespace

@@ -129,7 +129,7 @@ TEST_P(CudaBf16, AgreesWithCpu) {
       name_of(dir).c_str(), static_cast<long long>(agree), static_cast<long long>(total),
       static_cast<long long>(identical), a.size());
   // note: a sanity floor far under what bf16 gave on these models (about
-  // 80-90% vs the goldens, bench/cuda/NOTES.md): a broken bf16 path agrees
+  // 80-90% vs the goldens, bench/HISTORY.md): a broken bf16 path agrees
   // on a few tokens only.
   EXPECT_GE(agree * 2, total) << "fewer than half of the tokens agree with the CPU";
 }

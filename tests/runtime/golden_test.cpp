@@ -53,7 +53,9 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                                            GoldenModel{"samples/qwen3-sample"},
                                            GoldenModel{"tests/data/models/qwen3.5-tiny"},
                                            GoldenModel{"tests/data/models/qwen3.5-tiny-vlm"},
-                                           GoldenModel{"samples/qwen3.5-sample"}),
+                                           GoldenModel{"samples/qwen3.5-sample"},
+                                           GoldenModel{"tests/data/models/qwen3-moe-tiny"},
+                                           GoldenModel{"tests/data/models/qwen3.5-moe-tiny-vlm"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
