@@ -34,6 +34,7 @@
 
 #ifdef QTK_HAVE_CUDA
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_startup.h"
 #endif
 
 namespace qtk {
@@ -230,6 +231,13 @@ void run_generate(const GenerateOptions& o) {
     fail("--kv-cache-blocks: expected a positive integer, found {}", o.kv_cache_blocks);
   if (o.max_tokens < 0) fail("--max-tokens: expected a positive integer, found {}", o.max_tokens);
   if (o.threads < 0) fail("--threads: expected a positive integer, found {}", o.threads);
+  if (o.tune_only && dev.device != "cuda")
+    fail("--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found --device {}",
+         dev.device);
+  if (o.tune_only && o.plan_cache == "off")
+    fail(
+        "--tune-only: the tuned plans go to the plan cache; expected a file or the default "
+        "location, found --plan-cache off");
 
   const auto load_start = Clock::now();
   auto pack = Pack::open(o.model);
@@ -244,9 +252,26 @@ void run_generate(const GenerateOptions& o) {
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
 #ifdef QTK_HAVE_CUDA
+  std::optional<CudaPlanSession> plans;  // the GEMM plan cache (cuda_startup.h)
   if (dev.device == "cuda") {
-    model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
+    auto cuda_model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
     device_name = cuda_device_name();
+    plans.emplace(*cuda_model, *pack, dev.precision, o.plan_cache);
+    model = std::move(cuda_model);
+  }
+  if (o.tune_only) {
+    plans->tune_all();
+    plans->save();
+    const nlohmann::json pm = plans->plan_meta();
+    const std::string where =
+        pm.value("written", false) ? fmt::format("written to {}", plans->path())
+        : plans->path().empty()    ? fmt::format("not written: {}", pm.value("off_reason", ""))
+                                   : fmt::format("{} already held every range", plans->path());
+    std::fprintf(stderr,
+                 "generate: --tune-only: %lld M ranges tuned, %lld taken from the cache; %s\n",
+                 static_cast<long long>(pm["ranges_tuned"].get<int64_t>()),
+                 static_cast<long long>(pm["ranges_cached"].get<int64_t>()), where.c_str());
+    return;
   }
 #endif
   if (!model) {
@@ -482,9 +507,12 @@ void run_generate(const GenerateOptions& o) {
 
   flush();
   std::vector<int64_t> finished;
+  double first_token_seconds = -1;  // since the pack started loading
   while (sched.has_work()) {
     finished.clear();
     sched.step(finished);
+    if (first_token_seconds < 0 && sched.stats().generated_tokens > 0)
+      first_token_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
     for (int64_t h : finished) {
       results[line_of[h]] = sched.take_result(h);
     }
@@ -511,8 +539,16 @@ void run_generate(const GenerateOptions& o) {
                    {"prefill_seconds", st.prefill_seconds},
                    {"decode_seconds", st.decode_seconds},
                    {"load_seconds", load_seconds},
+                   {"first_token_seconds", first_token_seconds},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
+#ifdef QTK_HAVE_CUDA
+  if (plans) {
+    plans->save();
+    meta["gemm_plan"] = plans->plan_meta();
+    meta["startup"] = plans->startup_meta();
+  }
+#endif
   write_file_atomic(meta_path, meta.dump(2) + "\n");
 }
 

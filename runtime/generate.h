@@ -28,6 +28,11 @@ struct GenerateOptions {
   bool show = false;
   bool resume = false;
   std::string shard;  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  // --device cuda: the GEMM plan cache file ("" = the default location under
+  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/cuda/cuda_startup.h),
+  // and --tune-only (tune every GEMM range, write the cache, run no prompts).
+  std::string plan_cache;
+  bool tune_only = false;
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line

@@ -2,9 +2,11 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -52,13 +54,23 @@ int main(int argc, char** argv) {
         "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
         "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
         "--resume; a complete shard is not redone. Join the shards with `merge`.",
-        cxxopts::value<std::string>())("h,help", "show this help");
+        cxxopts::value<std::string>())(
+        "plan-cache",
+        "with --device cuda: the GEMM plan cache file, or 'off' (default: "
+        "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
+        "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
+        cxxopts::value<std::string>()->default_value(""))(
+        "tune-only",
+        "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
+        "(no --batch or --out)")("h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
       return 0;
     }
-    for (const char* req : {"model", "batch", "out"}) qtk::cli::require_flag(opts, args, req);
+    o.tune_only = args.count("tune-only") > 0;
+    for (const char* req : {"model", "batch", "out"})
+      if (!o.tune_only || std::string_view(req) == "model") qtk::cli::require_flag(opts, args, req);
     qtk::cli::no_extra_arguments(args);
     // note: the upper bounds are far above any useful setting; past them the
     // run would overflow its sizes or exhaust memory instead of failing here.
@@ -69,8 +81,8 @@ int main(int argc, char** argv) {
     };
     constexpr const char* kPositive = "a positive integer";
     o.model = args["model"].as<std::string>();
-    o.batch = args["batch"].as<std::string>();
-    o.out = args["out"].as<std::string>();
+    if (args.count("batch")) o.batch = args["batch"].as<std::string>();
+    if (args.count("out")) o.out = args["out"].as<std::string>();
     o.device =
         qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
     o.precision = args["precision"].as<std::string>();
@@ -91,6 +103,13 @@ int main(int argc, char** argv) {
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
     if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+    // note: QTK_PLAN_CACHE is the flag's default (a whole test suite or
+    // benchmark can run with the cache off or in a scratch file); the value
+    // used is written to the run header.
+    o.plan_cache = args["plan-cache"].as<std::string>();
+    if (o.plan_cache.empty()) {
+      if (const char* env = std::getenv("QTK_PLAN_CACHE")) o.plan_cache = env;
+    }
     qtk::run_generate(o);
     return 0;
   } catch (const std::bad_alloc&) {
