@@ -260,17 +260,7 @@ void run_generate(const GenerateOptions& o) {
     model = std::move(cuda_model);
   }
   if (o.tune_only) {
-    plans->tune_all();
-    plans->save();
-    const nlohmann::json pm = plans->plan_meta();
-    const std::string where =
-        pm.value("written", false) ? fmt::format("written to {}", plans->path())
-        : plans->path().empty()    ? fmt::format("not written: {}", pm.value("off_reason", ""))
-                                   : fmt::format("{} already held every range", plans->path());
-    std::fprintf(stderr,
-                 "generate: --tune-only: %lld M ranges tuned, %lld taken from the cache; %s\n",
-                 static_cast<long long>(pm["ranges_tuned"].get<int64_t>()),
-                 static_cast<long long>(pm["ranges_cached"].get<int64_t>()), where.c_str());
+    plans->tune_only();
     return;
   }
 #endif
@@ -543,11 +533,7 @@ void run_generate(const GenerateOptions& o) {
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
 #ifdef QTK_HAVE_CUDA
-  if (plans) {
-    plans->save();
-    meta["gemm_plan"] = plans->plan_meta();
-    meta["startup"] = plans->startup_meta();
-  }
+  if (plans) plans->finish(meta);
 #endif
   write_file_atomic(meta_path, meta.dump(2) + "\n");
 }

@@ -76,7 +76,10 @@ except Exception as e:
     r["meta_error"] = str(e)
 open(rec_path, "a").write(json.dumps(r) + "\n")
 EOF
-  [ $rc -eq 0 ] || { echo "cli_bench: generate failed ($tag), see $OUT/runs/$tag.stderr"; tail -3 "$OUT/runs/$tag.stderr"; }
+  if [ $rc -ne 0 ]; then
+    echo "cli_bench: generate failed ($tag, rc $rc), see $OUT/runs/$tag.stderr"
+    grep -m3 "^generate:" "$OUT/runs/$tag.stderr"
+  fi
   return $rc
 }
 

@@ -156,6 +156,25 @@ void CudaPlanSession::tune_all() {
   QTK_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+void CudaPlanSession::tune_only() {
+  tune_all();
+  save();
+  const nlohmann::json pm = plan_meta();
+  const std::string where = written_        ? fmt::format("written to {}", path_)
+                            : path_.empty() ? fmt::format("not written: {}", off_reason_)
+                                            : fmt::format("{} already held every range", path_);
+  std::fprintf(stderr,
+               "generate: --tune-only: %lld M ranges tuned, %lld taken from the cache; %s\n",
+               static_cast<long long>(pm["ranges_tuned"].get<int64_t>()),
+               static_cast<long long>(pm["ranges_cached"].get<int64_t>()), where.c_str());
+}
+
+void CudaPlanSession::finish(nlohmann::json& meta) {
+  save();
+  meta["gemm_plan"] = plan_meta();
+  meta["startup"] = startup_meta();
+}
+
 void CudaPlanSession::save() {
   cuda::Gemm* gemm = model_.gemm();
   if (path_.empty() || gemm == nullptr) return;

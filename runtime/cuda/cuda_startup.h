@@ -31,8 +31,10 @@ class CudaPlanSession {
   // generate --tune-only: runs one short synthetic request through the
   // model (a prefill step and a decode step, which meet every GEMM shape
   // class), then tunes every M range not decided yet, so that the file
-  // covers any later run of this model shape.
-  void tune_all();
+  // covers any later run of this model shape; saves and says on stderr
+  // what it did.
+  void tune_only();
+  void tune_all();  // the tuning alone
 
   // Writes the cache file when this run decided something the file did not
   // hold (merged with what the file holds now). A failure is a warning on
@@ -44,6 +46,8 @@ class CudaPlanSession {
   // graph capture) entries.
   nlohmann::json plan_meta() const;
   nlohmann::json startup_meta() const;
+  // At the end of a run: save(), then both entries into the run header.
+  void finish(nlohmann::json& meta);
 
   const std::string& path() const { return path_; }  // empty when off
 
