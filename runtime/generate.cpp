@@ -252,7 +252,7 @@ void run_generate(const GenerateOptions& o) {
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
 #ifdef QTK_HAVE_CUDA
-  std::optional<CudaPlanSession> plans;  // the GEMM plan cache (cuda_startup.h)
+  std::optional<CudaStartup> plans;  // the GEMM plan cache (cuda_startup.h)
   if (dev.device == "cuda") {
     auto cuda_model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
     device_name = cuda_device_name();

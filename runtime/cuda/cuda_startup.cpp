@@ -75,8 +75,8 @@ ShapeKey shape_of(const cuda::GemmPlanRecord& r) {
 
 }  // namespace
 
-CudaPlanSession::CudaPlanSession(CudaModel& model, const Pack& pack, const std::string& precision,
-                                 const std::string& plan_cache)
+CudaStartup::CudaStartup(CudaModel& model, const Pack& pack, const std::string& precision,
+                         const std::string& plan_cache)
     : model_(model), pack_digest_(pack.digest()) {
   cuda::Gemm* gemm = model.gemm();
   if (plan_cache == "off") {
@@ -115,7 +115,7 @@ CudaPlanSession::CudaPlanSession(CudaModel& model, const Pack& pack, const std::
   gemm->preload(load_.plans);
 }
 
-void CudaPlanSession::tune_all() {
+void CudaStartup::tune_all() {
   cuda::Gemm* gemm = model_.gemm();
   if (gemm == nullptr || !gemm->alternates()) return;
   const ModelConfig& c = model_.config();
@@ -156,7 +156,7 @@ void CudaPlanSession::tune_all() {
   QTK_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-void CudaPlanSession::tune_only() {
+void CudaStartup::tune_only() {
   tune_all();
   save();
   const nlohmann::json pm = plan_meta();
@@ -169,13 +169,13 @@ void CudaPlanSession::tune_only() {
                static_cast<long long>(pm["ranges_cached"].get<int64_t>()), where.c_str());
 }
 
-void CudaPlanSession::finish(nlohmann::json& meta) {
+void CudaStartup::finish(nlohmann::json& meta) {
   save();
   meta["gemm_plan"] = plan_meta();
   meta["startup"] = startup_meta();
 }
 
-void CudaPlanSession::save() {
+void CudaStartup::save() {
   cuda::Gemm* gemm = model_.gemm();
   if (path_.empty() || gemm == nullptr) return;
   const cuda::GemmTuneStats& st = gemm->stats();
@@ -206,7 +206,7 @@ void CudaPlanSession::save() {
   }
 }
 
-nlohmann::json CudaPlanSession::plan_meta() const {
+nlohmann::json CudaStartup::plan_meta() const {
   const cuda::Gemm* gemm = model_.gemm();
   const cuda::GemmTuneStats st = gemm != nullptr ? gemm->stats() : cuda::GemmTuneStats{};
   const char* source = st.ranges_cached == 0  ? "tuned"
@@ -229,7 +229,7 @@ nlohmann::json CudaPlanSession::plan_meta() const {
   return j;
 }
 
-nlohmann::json CudaPlanSession::startup_meta() const {
+nlohmann::json CudaStartup::startup_meta() const {
   const cuda::Gemm* gemm = model_.gemm();
   return {{"cuda_init_seconds", model_.load_times.init_seconds},
           {"upload_seconds", model_.load_times.upload_seconds},

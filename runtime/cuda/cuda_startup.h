@@ -23,10 +23,10 @@ class Pack;
 // (a missing, corrupt or foreign file: one line on stderr, then tuning as
 // without a cache); save() writes what this run added. The cache never
 // changes a result (cuda::Gemm::preload).
-class CudaPlanSession {
+class CudaStartup {
  public:
-  CudaPlanSession(CudaModel& model, const Pack& pack, const std::string& precision,
-                  const std::string& plan_cache);
+  CudaStartup(CudaModel& model, const Pack& pack, const std::string& precision,
+              const std::string& plan_cache);
 
   // generate --tune-only: runs one short synthetic request through the
   // model (a prefill step and a decode step, which meet every GEMM shape
