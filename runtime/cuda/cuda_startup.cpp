@@ -75,6 +75,21 @@ ShapeKey shape_of(const cuda::GemmPlanRecord& r) {
 
 }  // namespace
 
+void tune_remaining_gemm_ranges(CudaModel& model) {
+  cuda::Gemm* gemm = model.gemm();
+  if (gemm == nullptr) return;
+  cudaStream_t stream = nullptr;
+  QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  try {
+    gemm->tune_remaining(stream);
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  QTK_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 CudaStartup::CudaStartup(CudaModel& model, const Pack& pack, const std::string& precision,
                          const std::string& plan_cache)
     : model_(model), pack_digest_(pack.digest()) {
@@ -144,16 +159,7 @@ void CudaStartup::tune_all() {
     finished.clear();
     sched.step(finished);
   }
-  cudaStream_t stream = nullptr;
-  QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  try {
-    gemm->tune_remaining(stream);
-  } catch (...) {
-    cudaStreamDestroy(stream);
-    throw;
-  }
-  QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  QTK_CUDA_CHECK(cudaStreamDestroy(stream));
+  tune_remaining_gemm_ranges(model_);
 }
 
 void CudaStartup::tune_only() {

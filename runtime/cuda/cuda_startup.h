@@ -15,6 +15,12 @@ namespace qtk {
 class CudaModel;
 class Pack;
 
+// Tunes every GEMM M range of the shape classes the model has met so far
+// that is not decided yet (cuda::Gemm::tune_remaining), on a stream of its
+// own; the model's work must be complete. For benchmarks that time steps
+// after a warm-up: ranges are otherwise tuned when a step first needs them.
+void tune_remaining_gemm_ranges(CudaModel& model);
+
 // One run's use of the plan cache.
 //   plan_cache "":    the default location, default_plan_cache_dir()/<key hash>.json
 //   plan_cache "off": tune from scratch, read and write nothing
