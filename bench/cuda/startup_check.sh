@@ -16,7 +16,8 @@
 #
 #   bash bench/cuda/startup_check.sh        (carry .gpu-deps, see tests/cuda/make_device_bundle.sh)
 # Environment: STARTUP_CHECK_BUDGET (seconds, default 530), CLI_BENCH_BATCHES
-# (default here "1 32 128"), STARTUP_CHECK_FULL=1, and cli_bench.sh's own.
+# (default here "1 32 128", plus 512 with time left), STARTUP_CHECK_FULL=1,
+# and cli_bench.sh's own (CLI_BENCH_HF=1 adds transformers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -28,7 +29,8 @@ JOBS=$(nproc)
 . "$ROOT/tests/cuda/gpu_deps_env.sh"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
+# (an existing build directory keeps its generator)
+[ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null && GEN=(-G Ninja)
 left() { echo $((BUDGET - SECONDS)); }
 declare -A RC
 
@@ -58,13 +60,13 @@ if [ "${RC[build]}" = 0 ]; then
   tail -3 "$OUT/plan_cache_tests.log"
 
   echo "== GEMM tests ($(left) s left)"
-  timeout $(( $(left) > 120 ? 120 : $(left) )) "$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
+  timeout $(( $(left) > 90 ? 90 : $(left) )) "$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
     --gtest_filter='Gemm*:Gemv*' >"$OUT/gemm_tests.log" 2>&1
   RC[gemm_tests]=$?
   grep -E "^\[  (FAILED|PASSED) |^\[ gemm|Failure|differ|^\[==========\]" "$OUT/gemm_tests.log" | head -30
 
   echo "== plan cache through generate ($(left) s left)"
-  timeout $(( $(left) > 240 ? 240 : $(left) )) "$BUILD/bin/qtk_cuda_generate_tests" --gtest_color=no \
+  timeout $(( $(left) > 180 ? 180 : $(left) )) "$BUILD/bin/qtk_cuda_generate_tests" --gtest_color=no \
     --gtest_filter='*CudaPlanCache*' >"$OUT/plan_cache_generate.log" 2>&1
   RC[plan_cache_generate]=$?
   grep -E "^\[  (FAILED|PASSED) |^\[ cuda plan|Failure|Expected|Which is|differs|^\[==========\]" \
@@ -72,7 +74,10 @@ if [ "${RC[build]}" = 0 ]; then
 
   echo "== CLI benchmark ($(left) s left)"
   if [ "$(left)" -gt 60 ]; then
-    CLI_BENCH_BATCHES=${CLI_BENCH_BATCHES:-1 32 128} OUT=$OUT/cli_bench \
+    # note: batch 512 only with time for it (its two runs take ~30 s more).
+    batches="1 32 128"
+    [ "$(left)" -gt 300 ] && batches="1 32 128 512"
+    CLI_BENCH_BATCHES=${CLI_BENCH_BATCHES:-$batches} OUT=$OUT/cli_bench \
       timeout $(( $(left) - 20 )) bash "$ROOT/bench/cuda/cli_bench.sh" "$BUILD" \
       >"$OUT/cli_bench.log" 2>&1
     RC[cli_bench]=$?
