@@ -176,6 +176,12 @@ void CudaStartup::tune_only() {
 }
 
 void CudaStartup::finish(nlohmann::json& meta) {
+  const cuda::Gemm* gemm = model_.gemm();
+  if (gemm != nullptr && load_.used && gemm->stats().records_stale > 0)
+    std::fprintf(stderr,
+                 "generate: %s: %lld records did not apply here (another plan algorithm, or an "
+                 "alternate cuBLASLt refused); those were tuned, and the file is updated\n",
+                 path_.c_str(), static_cast<long long>(gemm->stats().records_stale));
   save();
   meta["gemm_plan"] = plan_meta();
   meta["startup"] = startup_meta();
