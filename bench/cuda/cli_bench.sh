@@ -178,6 +178,20 @@ print()
 for r in recs:
     if r.get("phase") == "tune-only":
         print(f"- `generate --tune-only` for {r['model']}: {r['wall_s']:.2f} s whole process (rc {r['rc']})")
+print("\nHost memory (GB, from the run header's startup.rss: anon = heap, driver and pinned "
+      "buffers; file = mapped libraries and pack pages not yet given back):\n")
+print("| model | batch | plan cache | after CUDA init | after upload (anon + file) | end (anon + file) | peak | pack |")
+print("|" + "---|" * 8)
+gb = lambda b: "-" if b is None or b < 0 else f"{b / 1e9:.2f}"
+for r in recs:
+    if r.get("phase") == "tune-only":
+        continue
+    m = g(r, "meta", "startup", "rss", default={})
+    print(f"| {r['model']} | {r['batch']} | {r['phase']} | {gb(m.get('after_cuda_init_bytes'))} | "
+          f"{gb(m.get('after_upload_bytes'))} ({gb(m.get('after_upload_anon_bytes'))} + "
+          f"{gb(m.get('after_upload_file_bytes'))}) | {gb(m.get('end_bytes'))} "
+          f"({gb(m.get('end_anon_bytes'))} + {gb(m.get('end_file_bytes'))}) | "
+          f"{gb(m.get('peak_bytes'))} | {gb(r['pack_bytes'])} |")
 models = []
 for r in recs:
     if r["model"] not in models: models.append(r["model"])

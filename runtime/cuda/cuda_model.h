@@ -8,6 +8,7 @@
 // instead of load_model(*pack, &pool); the scheduler uses forward_greedy.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,10 +21,13 @@ namespace cuda {
 class Gemm;
 }
 
-// Seconds of load_cuda_model's one-time work, for the run header.
+// Seconds of load_cuda_model's one-time work, for the run header, and the
+// process's resident memory after each part (process_memory.h; -1: unknown).
 struct CudaLoadTimes {
   double init_seconds = 0;    // creating the CUDA context (the first runtime call that needs it)
   double upload_seconds = 0;  // the model's constructor: weights to the device, handles, streams
+  int64_t rss_after_init_bytes = -1, rss_after_upload_bytes = -1;
+  int64_t anon_after_upload_bytes = -1, file_after_upload_bytes = -1;
 };
 
 enum class CudaPrecision {

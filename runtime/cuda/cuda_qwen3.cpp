@@ -22,6 +22,7 @@
 #include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/cuda/fused_steps.h"
+#include "runtime/cuda/process_memory.h"
 #include "runtime/cuda/step_io.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
@@ -415,10 +416,17 @@ std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision preci
   const auto t0 = Clock::now();
   QTK_CUDA_CHECK(cudaFree(nullptr));
   const double init = since(t0);
+  const ProcessMemory after_init = process_memory();
   const auto t1 = Clock::now();
   auto model = make_cuda_model(pack, precision);
-  model->load_times.init_seconds = init;
-  model->load_times.upload_seconds = since(t1);
+  CudaLoadTimes& lt = model->load_times;
+  lt.init_seconds = init;
+  lt.upload_seconds = since(t1);
+  const ProcessMemory after_upload = process_memory();
+  lt.rss_after_init_bytes = after_init.rss_bytes;
+  lt.rss_after_upload_bytes = after_upload.rss_bytes;
+  lt.anon_after_upload_bytes = after_upload.anon_bytes;
+  lt.file_after_upload_bytes = after_upload.file_bytes;
   return model;
 }
 

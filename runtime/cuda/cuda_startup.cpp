@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm.h"
 #include "loaders/error.h"
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/process_memory.h"
 #include "runtime/pack.h"
 #include "runtime/scheduler.h"
 
@@ -243,7 +244,22 @@ nlohmann::json CudaStartup::plan_meta() const {
 
 nlohmann::json CudaStartup::startup_meta() const {
   const cuda::Gemm* gemm = model_.gemm();
-  return {{"cuda_init_seconds", model_.load_times.init_seconds},
+  const CudaLoadTimes& lt = model_.load_times;
+  const ProcessMemory end = process_memory();
+  // note: where the host memory goes: resident after the CUDA context, after
+  // the upload (split into anonymous memory and mapped files), and at the
+  // end (with the peak). Mapped files are the libraries' pages (cuBLASLt's
+  // kernels are most of them) and pack pages not handed back yet.
+  const nlohmann::json rss = {{"after_cuda_init_bytes", lt.rss_after_init_bytes},
+                              {"after_upload_bytes", lt.rss_after_upload_bytes},
+                              {"after_upload_anon_bytes", lt.anon_after_upload_bytes},
+                              {"after_upload_file_bytes", lt.file_after_upload_bytes},
+                              {"end_bytes", end.rss_bytes},
+                              {"end_anon_bytes", end.anon_bytes},
+                              {"end_file_bytes", end.file_bytes},
+                              {"peak_bytes", end.hwm_bytes}};
+  return {{"rss", rss},
+          {"cuda_init_seconds", model_.load_times.init_seconds},
           {"upload_seconds", model_.load_times.upload_seconds},
           {"plan_cache_read_seconds", read_seconds_},
           {"gemm_tuning_seconds", gemm != nullptr ? gemm->stats().seconds : 0.0},
