@@ -21,6 +21,8 @@
 #   CLI_BENCH_HF=1      also transformers' eager generate on the same checkpoint
 #                       (bench/cuda/hf_bench.py: its own prompt/gen lengths, 128/64)
 #   CLI_BENCH_WORK      scratch directory for checkpoints and packs (/tmp/qtk-cli-bench)
+#   CLI_BENCH_GENERATE  another generate binary (a build without the plan cache, for a
+#                       before/after table: then only the cold phase runs, without --plan-cache)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -40,6 +42,13 @@ RECORDS=$OUT/cli_bench.jsonl
 for p in generate convert synth; do
   [ -x "$BIN/$p" ] || { echo "cli_bench: $BIN/$p is missing (build it first)"; exit 1; }
 done
+GENERATE=${CLI_BENCH_GENERATE:-$BIN/generate}
+PLAN_FLAGS=1
+if ! "$GENERATE" --help | grep -q -- --plan-cache; then
+  echo "cli_bench: $GENERATE has no --plan-cache: cold phase only, no plan cache flags"
+  PLAN_FLAGS=0
+  PHASES=cold
+fi
 command -v python3 >/dev/null || { echo "cli_bench: python3 is needed for the tables"; exit 1; }
 TIME=()
 [ -x /usr/bin/time ] && TIME=(/usr/bin/time -v)
@@ -55,8 +64,10 @@ run_one() {
   mkdir -p "$OUT/runs"
   local t0 t1 rc
   t0=$(date +%s.%N)
-  "${TIME[@]}" "$BIN/generate" --model "$pack" --batch "$prompts" --out "$out" --device cuda \
-    --precision "$PRECISION" --plan-cache "$cache" "$@" 2>"$OUT/runs/$tag.stderr"
+  local plan=()
+  [ $PLAN_FLAGS = 1 ] && plan=(--plan-cache "$cache")
+  "${TIME[@]}" "$GENERATE" --model "$pack" --batch "$prompts" --out "$out" --device cuda \
+    --precision "$PRECISION" "${plan[@]}" "$@" 2>"$OUT/runs/$tag.stderr"
   rc=$?
   t1=$(date +%s.%N)
   python3 - "$RECORDS" "$model" "$batch" "$phase" "$t0" "$t1" "$rc" "$out.meta.json" \
@@ -101,7 +112,7 @@ for model in $MODELS; do
       # The warm cache: built once, as a user would prebuild it.
       rm -f "$cache"
       t0=$(date +%s.%N)
-      "$BIN/generate" --model "$w/model.pack" --device cuda --precision "$PRECISION" --tune-only \
+      "$GENERATE" --model "$w/model.pack" --device cuda --precision "$PRECISION" --tune-only \
         --plan-cache "$cache" 2>"$OUT/$model.tune_only.stderr"
       rc=$?
       t1=$(date +%s.%N)
