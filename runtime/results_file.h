@@ -86,6 +86,8 @@ class ResultsWriter {
   void append(const std::string& line);
   // fsync, run header "complete" with `stats`, rename into place.
   void complete(const nlohmann::json& stats);
+  // Sets a top-level entry of the run header written by complete().
+  void set_header(const std::string& key, nlohmann::json value) { meta_[key] = std::move(value); }
   // Records the error that ends the run (kept in the "failed" header).
   void set_failure(const std::string& message) { failure_ = message; }
 
