@@ -23,11 +23,11 @@
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
 #include "loaders/error.h"
+#include "runtime/generate_progress.h"
+#include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/pack.h"
-#include "runtime/generate_progress.h"
-#include "runtime/generate_resume.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/results_file.h"
 #include "runtime/scheduler.h"
@@ -170,9 +170,12 @@ void check_flags(const GenerateOptions& o) {
 // `--out -` writes the results to stdout: nothing to resume, and --show
 // would mix its text into them.
 void check_stdout_flags(const GenerateOptions& o) {
-  if (o.resume) fail("--resume: expected --out FILE; results written to stdout (--out -) cannot be resumed");
+  if (o.resume)
+    fail("--resume: expected --out FILE; results written to stdout (--out -) cannot be resumed");
   if (o.show)
-    fail("--show: prints to stdout, which --out - already writes the results to; expected one of them");
+    fail(
+        "--show: prints to stdout, which --out - already writes the results to; expected one of "
+        "them");
 }
 
 // The pack, its tokenizer and the model on the chosen device.
@@ -442,8 +445,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   } else {
     refuse_outputs_that_are_inputs(paths, inputs);
     lock.emplace(paths.lock, o.out);
-    source = choose_start(
-        paths, o.resume ? StartMode::kResume : o.force ? StartMode::kForce : StartMode::kFresh);
+    source = choose_start(paths, o.resume  ? StartMode::kResume
+                                 : o.force ? StartMode::kForce
+                                           : StartMode::kFresh);
   }
 
   LoadedModel m;

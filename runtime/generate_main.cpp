@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line (- reads stdin)",
+        cxxopts::value<std::string>())(
         "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
         cxxopts::value<std::string>())(
         "meta",
@@ -56,15 +57,15 @@ int main(int argc, char** argv) {
         "logprobs",
         "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
         "--device cpu)",
-        cxxopts::value<std::string>()->default_value("0"))(
-        "progress", "show a progress line on stderr")(
+        cxxopts::value<std::string>()->default_value("0"))("progress",
+                                                           "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
         "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
         "force", "replace an existing --out (it stays until the new run completes)")(
         "allow-unknown-fields",
         "ignore request fields generate does not know (default: such a line gets an error)")(
-        "no-verify", "skip checking every tensor's XXH64 checksum at load")(
-        "h,help", "show this help");
+        "no-verify", "skip checking every tensor's XXH64 checksum at load")("h,help",
+                                                                            "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());

@@ -124,7 +124,8 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
           "finish or stop it",
           out, pid > 0 ? std::to_string(pid) : std::string("unknown"), path_);
     }
-    struct stat by_fd {}, by_path {};
+    struct stat by_fd {
+    }, by_path{};
     if (::fstat(fd_, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 &&
         by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino) {
       const std::string pid = fmt::format("{}\n", ::getpid());
