@@ -203,6 +203,15 @@ TEST(BadTensors, MissingAndUnknownTensors) {
                          {"model.layers.0.mystery.weight"});
 }
 
+// Issue 20 item 13: a message quoting a value with a NUL byte shows all of
+// it, escaped (the old message stopped at the NUL: found "Qwen3).
+TEST(BadConfig, NulInAQuotedValueIsEscapedNotCut) {
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) {
+                           c["architectures"] = {std::string("Qwen3\0EvilForCausalLM", 21)};
+                         }),
+                         {"architectures", "Qwen3\\x00EvilForCausalLM"});
+}
+
 // Issue 20 item 11: every file carried into the pack is validated as the
 // runtime reads it, and a non-regular one is refused by name (the old
 // convert packed a tokenizer generate then refused, and dropped a FIFO or a
