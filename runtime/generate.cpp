@@ -441,7 +441,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   ResumeSource source;
   if (to_stdout) {
     check_stdout_flags(o);
-    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta", o.meta, inputs);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
   } else {
     refuse_outputs_that_are_inputs(paths, inputs);
     lock.emplace(paths.lock, o.out);
