@@ -421,14 +421,15 @@ std::string summary_line(const GenerateSummary& s) {
   const double sec = std::max(s.seconds, 1e-9);
   return fmt::format(
       "generate: {} lines: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
-      "({:.1f} tok/s generated)",
+      "({:.1f} tok/s generated); wall time {:.2f} s",
       s.lines, s.lines - s.failed_lines, s.failed_lines,
       s.resumed_after > 0 ? fmt::format(" ({} done before --resume)", s.resumed_after) : "",
-      s.prompt_tokens, s.generated_tokens, s.seconds,
-      static_cast<double>(s.generated_tokens) / sec);
+      s.prompt_tokens, s.generated_tokens, s.seconds, static_cast<double>(s.generated_tokens) / sec,
+      s.wall_seconds);
 }
 
 GenerateSummary run_generate(const GenerateOptions& o) {
+  const auto start = Clock::now();
   const DeviceChoice dev = resolve_device(o);
   check_flags(o);
   // Nothing is opened for writing before the output is known to be safe to
@@ -507,6 +508,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return s;
 }
 

@@ -356,6 +356,7 @@ TEST(GenerateSafety, Item15_SummaryAndTokenProgress) {
   EXPECT_EQ(last.rfind("generate: 5 lines: 4 ok, 1 failed; ", 0), 0u) << r.err;
   EXPECT_NE(last.find("generated tokens in"), std::string::npos) << last;
   EXPECT_NE(last.find("tok/s"), std::string::npos) << last;
+  EXPECT_NE(last.find("wall time"), std::string::npos) << last;
   // prompts(4): budgets 4..7 tokens, all generated with --ignore-eos.
   int64_t prompt_tokens = 0;
   for (const auto& l : read_jsonl(in))
