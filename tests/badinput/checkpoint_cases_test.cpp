@@ -241,6 +241,19 @@ TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
                            std::filesystem::create_symlink("/dev/null", ckpt + "/tokenizer.json");
                          },
                          {"tokenizer.json", "regular file", "device"});
+  // The checkpoint's own files too (they read as "missing" before).
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/config.json");
+                           ASSERT_EQ(::mkfifo((ckpt + "/config.json").c_str(), 0644), 0);
+                         },
+                         {"config.json", "regular file", "FIFO"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/model.safetensors");
+                           std::filesystem::create_directory(ckpt + "/model.safetensors");
+                         },
+                         {"model.safetensors", "regular file", "directory"});
   // Control: a valid tokenizer is carried.
   TempDir t;
   copy_checkpoint("qwen3-tiny", t / "ckpt");
