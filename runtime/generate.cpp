@@ -443,14 +443,15 @@ std::string summary_line(const GenerateSummary& s) {
   const double sec = std::max(s.seconds, 1e-9);
   return fmt::format(
       "generate: {} lines: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
-      "({:.1f} tok/s generated)",
+      "({:.1f} tok/s generated); wall time {:.2f} s",
       s.lines, s.lines - s.failed_lines, s.failed_lines,
       s.resumed_after > 0 ? fmt::format(" ({} done before --resume)", s.resumed_after) : "",
-      s.prompt_tokens, s.generated_tokens, s.seconds,
-      static_cast<double>(s.generated_tokens) / sec);
+      s.prompt_tokens, s.generated_tokens, s.seconds, static_cast<double>(s.generated_tokens) / sec,
+      s.wall_seconds);
 }
 
 GenerateSummary run_generate(const GenerateOptions& o) {
+  const auto start = Clock::now();
   const DeviceChoice dev = resolve_device(o);
   check_flags(o);
   if (o.tune_only) {
@@ -476,7 +477,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   ResumeSource source;
   if (to_stdout) {
     check_stdout_flags(o);
-    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta", o.meta, inputs);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
   } else {
     refuse_outputs_that_are_inputs(paths, inputs);
     lock.emplace(paths.lock, o.out);
@@ -588,6 +589,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return s;
 }
 

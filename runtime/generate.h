@@ -49,7 +49,8 @@ struct GenerateSummary {
   int64_t failed_lines = 0;  // lines that got an {"id", "error"} line
   int64_t resumed_after = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
-  double seconds = 0.0;  // the generation loop, not the load
+  double seconds = 0.0;       // the generation loop
+  double wall_seconds = 0.0;  // the whole run, load included
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line

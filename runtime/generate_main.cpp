@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   // one error line, leaving only complete result lines for --resume.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
+    cxxopts::Options opts("generate",
+                          "Batched greedy generation from a .pack file.\nExit status: 0 every line "
+                          "has a result, 1 the run failed, 3 some lines got an error line.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
         "batch", "prompts, one JSON object per line (- reads stdin)",

@@ -19,10 +19,9 @@ constexpr size_t kDigestChars = 16;
 // mix two different runs in one file.
 // note: device and precision change the arithmetic, hence the results;
 // allow_unknown_fields turns error lines into results.
-constexpr const char* kResultSettings[] = {"max_tokens_default", "ignore_eos",
-                                           "margins",            "logprobs",
-                                           "device",             "precision",
-                                           "allow_unknown_fields"};
+constexpr const char* kResultSettings[] = {
+    "max_tokens_default", "ignore_eos",          "margins", "logprobs", "device",
+    "precision",          "allow_unknown_fields"};
 
 nlohmann::json at(const nlohmann::json& j, const std::string& pointer) {
   return j.value(nlohmann::json::json_pointer(pointer), nlohmann::json());
@@ -126,8 +125,8 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   for (size_t i = 0; i < done_lines.size(); ++i) {
     nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
-      fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path,
-           i + 1, batch, i + 1, lines[i].id.dump());
+      fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
+           batch, i + 1, lines[i].id.dump());
     }
   }
   return {done_lines.size(), keep};

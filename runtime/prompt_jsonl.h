@@ -28,9 +28,9 @@ struct PromptDefaults {
 };
 
 struct PromptLine {
-  int64_t line_no = 0;  // 1-based
-  nlohmann::json id;    // as given, or the line number
-  std::string error;    // non-empty: the line is rejected
+  int64_t line_no = 0;                      // 1-based
+  nlohmann::json id;                        // as given, or the line number
+  std::string error;                        // non-empty: the line is rejected
   std::vector<std::string> ignored_fields;  // unknown fields (with allow_unknown_fields)
   SequenceRequest request;
 };

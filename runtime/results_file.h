@@ -35,7 +35,7 @@ struct ResultsPaths {
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
-// The same check for one output file (`flag` names it in the message).
+// The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
