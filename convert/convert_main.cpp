@@ -66,8 +66,7 @@ int main(int argc, char** argv) {
         opt.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
       // note: a convert killed with SIGKILL cannot remove its temporary pack
       // or extraction directory; the next convert into the directory does.
-      for (const std::string& line :
-           qtk::remove_stale_temporaries(qtk::directory_of(opt.output)))
+      for (const std::string& line : qtk::remove_stale_temporaries(qtk::directory_of(opt.output)))
         std::fprintf(stderr, "convert: %s\n", line.c_str());
       const auto r = qtk::convert_checkpoint(opt);
       if (args.count("progress"))

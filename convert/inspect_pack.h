@@ -6,8 +6,8 @@
 namespace qtk {
 
 // Prints the summary on stdout; with `verify`, recomputes every checksum,
-// runs every check generate makes at load, and prints "verify: N entries OK". Throws qtk::Error on a bad pack or a
-// checksum mismatch (the caller prints it and exits 1). Returns 0.
+// runs every check generate makes at load, and prints "verify: N entries OK". Throws qtk::Error on
+// a bad pack or a checksum mismatch (the caller prints it and exits 1). Returns 0.
 int inspect_pack(const std::string& path, bool verify);
 
 }  // namespace qtk

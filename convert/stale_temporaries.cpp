@@ -82,9 +82,9 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
     if (!ec) {
-      removed.push_back(fmt::format(
-          "removed stale temporary {} {} left by pid {}, which is no longer running",
-          is_dir ? "directory" : "file", path, pid));
+      removed.push_back(
+          fmt::format("removed stale temporary {} {} left by pid {}, which is no longer running",
+                      is_dir ? "directory" : "file", path, pid));
     }
   }
   ::closedir(d);

@@ -24,6 +24,22 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// note: a FIFO, a device or a directory under a checkpoint file's name would
+// otherwise read as "missing" (or block a read); it is refused by name.
+void refuse_non_regular(const std::string& path) {
+  struct stat lst {}, st {};
+  if (::lstat(path.c_str(), &lst) != 0) return;  // absent
+  if (::stat(path.c_str(), &st) != 0) fail("{}: a symlink to nothing", path);
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  fail("{}: expected a regular file, found {}", path, kind);
+}
+
 std::string quote_name(std::string_view s) {
   return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -88,6 +104,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     fail("{}: expected a checkpoint directory, found {}", dir,
          ::stat(dir.c_str(), &st) != 0 ? "nothing" : "a file");
 
+  for (const char* f : {"config.json", "generation_config.json", kSingleFile, kIndexFile})
+    refuse_non_regular(ck->file_path(f));
   const std::string config_path = ck->file_path("config.json");
   if (!is_regular_file(config_path)) fail("{}: missing config.json", dir);
   ck->config_ = load_hf_config(config_path);
@@ -125,6 +143,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     for (const auto& [tensor, shard] : index) {
       if (ck->shards_.count(shard)) continue;
       const std::string path = ck->file_path(shard);
+      refuse_non_regular(path);
       if (!is_regular_file(path))
         fail("{}: field 'weight_map': tensor {}: shard {} does not exist in {}", index_path,
              quote_name(tensor), quote_name(shard), dir);

@@ -38,6 +38,7 @@
 
 #ifdef QTK_HAVE_CUDA
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_startup.h"
 #endif
 
 namespace qtk {
@@ -228,6 +229,14 @@ void check_flags(const GenerateOptions& o) {
         "--logprobs: the cuda device picks tokens on the GPU and does not return the logits; "
         "expected --device cpu for --logprobs");
   }
+  if (o.tune_only && o.device != "cuda")
+    fail("--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found --device {}",
+         o.device);
+  if (o.tune_only && o.plan_cache == "off") {
+    fail(
+        "--tune-only: the tuned plans go to the plan cache; expected a file or the default "
+        "location, found --plan-cache off");
+  }
   if (o.force && o.resume)
     fail("--force and --resume: expected at most one (--force starts over, --resume continues)");
 }
@@ -253,12 +262,18 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
   int threads = 0;
-  double load_seconds = 0.0;    // verify_seconds included
-  double verify_seconds = 0.0;  // the checksums (0 with --no-verify)
+#ifdef QTK_HAVE_CUDA
+  std::optional<CudaStartup> plans;  // the GEMM plan cache (cuda_startup.h); uses `model`
+#endif
+  Clock::time_point load_start;
+  double load_seconds = 0.0;        // verify_seconds included
+  double verify_seconds = 0.0;      // the checksums (0 with --no-verify)
+  double first_token_seconds = -1;  // since load_start; -1: no token generated
 };
 
 void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   const auto load_start = Clock::now();
+  m.load_start = load_start;
   m.pack = Pack::open(o.model);
   // note: checked before any tensor is used: a flipped byte would otherwise
   // give wrong tokens silently, and the pack digest (from the manifest)
@@ -274,8 +289,10 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   m.threads = o.threads > 0 ? o.threads : default_threads();
 #ifdef QTK_HAVE_CUDA
   if (dev.device == "cuda") {
-    m.model = load_cuda_model(*m.pack, parse_cuda_precision(dev.precision));
+    auto cuda_model = load_cuda_model(*m.pack, parse_cuda_precision(dev.precision));
     m.device_name = cuda_device_name();
+    m.plans.emplace(*cuda_model, *m.pack, dev.precision, o.plan_cache);
+    m.model = std::move(cuda_model);
   }
 #else
   (void)dev;
@@ -417,7 +434,7 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
 // result line, in input order, as soon as it and all lines before it are done.
 void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
                Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
-               int64_t max_context) {
+               int64_t max_context, Clock::time_point since, double* first_token_seconds) {
   std::vector<int64_t> line_of;  // handle -> input line index
   int64_t work_tokens = 0;
   for (size_t i = skip; i < lines.size(); ++i) {
@@ -451,6 +468,8 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   while (sched.has_work()) {
     finished.clear();
     sched.step(finished);
+    if (*first_token_seconds < 0 && sched.stats().generated_tokens > 0)
+      *first_token_seconds = std::chrono::duration<double>(Clock::now() - since).count();
     for (int64_t h : finished) {
       const PromptLine& l = lines[line_of[h]];
       results[line_of[h]] = sched.take_result(h);
@@ -480,6 +499,7 @@ nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, do
           {"prefill_seconds", st.prefill_seconds},
           {"decode_seconds", st.decode_seconds},
           {"load_seconds", m.load_seconds},
+          {"first_token_seconds", m.first_token_seconds},
           {"verify_seconds", m.verify_seconds},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
@@ -491,16 +511,26 @@ std::string summary_line(const GenerateSummary& s) {
   const double sec = std::max(s.seconds, 1e-9);
   return fmt::format(
       "generate: {} lines: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
-      "({:.1f} tok/s generated)",
+      "({:.1f} tok/s generated); wall time {:.2f} s",
       s.lines, s.lines - s.failed_lines, s.failed_lines,
       s.resumed_after > 0 ? fmt::format(" ({} done before --resume)", s.resumed_after) : "",
-      s.prompt_tokens, s.generated_tokens, s.seconds,
-      static_cast<double>(s.generated_tokens) / sec);
+      s.prompt_tokens, s.generated_tokens, s.seconds, static_cast<double>(s.generated_tokens) / sec,
+      s.wall_seconds);
 }
 
 GenerateSummary run_generate(const GenerateOptions& o) {
+  const auto start = Clock::now();
   const DeviceChoice dev = resolve_device(o);
   check_flags(o);
+  if (o.tune_only) {
+    // --tune-only: the model and its GEMM plans, no prompts and no output.
+    LoadedModel m;
+    load(o, dev, m);
+#ifdef QTK_HAVE_CUDA
+    if (m.plans) m.plans->tune_only();
+#endif
+    return {};
+  }
   const bool sharded = !o.shard.empty();
   const ShardSpec shard = sharded ? parse_shard("--shard", o.shard, ::getenv) : ShardSpec{};
   if (sharded && o.out == "-")
@@ -515,7 +545,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   ResumeSource source;
   if (to_stdout) {
     check_stdout_flags(o);
-    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta", o.meta, inputs);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
   } else {
     refuse_outputs_that_are_inputs(paths, inputs);
     lock.emplace(paths.lock, o.out);
@@ -614,7 +644,15 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   }
   const auto t0 = Clock::now();
   try {
-    run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings);
+    run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings,
+              m.load_start, &m.first_token_seconds);
+#ifdef QTK_HAVE_CUDA
+    if (m.plans) {
+      nlohmann::json entries = nlohmann::json::object();
+      m.plans->finish(entries);  // the plan cache written; "gemm_plan" and "startup"
+      for (const auto& [key, value] : entries.items()) out->set_header(key, value);
+    }
+#endif
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m));
   } catch (const std::exception& e) {
@@ -628,6 +666,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return s;
 }
 

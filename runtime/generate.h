@@ -35,7 +35,12 @@ struct GenerateOptions {
   bool allow_unknown_fields = false;  // ignore request fields generate does not know
   bool verify = true;                 // check every tensor's XXH64 at load
   std::string meta;                   // run header path; empty: out + ".meta.json"
-  std::string shard;                  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  std::string shard;  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  // --device cuda: the GEMM plan cache file ("" = the default location under
+  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/cuda/cuda_startup.h),
+  // and --tune-only (tune every GEMM range, write the cache, run no prompts).
+  std::string plan_cache;
+  bool tune_only = false;
   std::string chat_template;  // a Jinja file for "messages" lines; empty: the pack's template
 };
 
@@ -45,7 +50,8 @@ struct GenerateSummary {
   int64_t failed_lines = 0;  // lines that got an {"id", "error"} line
   int64_t resumed_after = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
-  double seconds = 0.0;  // the generation loop, not the load
+  double seconds = 0.0;       // the generation loop
+  double wall_seconds = 0.0;  // the whole run, load included
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line

@@ -2,9 +2,11 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -23,10 +25,13 @@ int main(int argc, char** argv) {
   // one error line, leaving only complete result lines for --resume.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
+    cxxopts::Options opts("generate",
+                          "Batched greedy generation from a .pack file.\nExit status: 0 every line "
+                          "has a result, 1 the run failed, 3 some lines got an error line.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line (- reads stdin)",
+        cxxopts::value<std::string>())(
         "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
         cxxopts::value<std::string>())(
         "meta",
@@ -56,8 +61,8 @@ int main(int argc, char** argv) {
         "logprobs",
         "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
         "--device cpu)",
-        cxxopts::value<std::string>()->default_value("0"))(
-        "progress", "show a progress line on stderr")(
+        cxxopts::value<std::string>()->default_value("0"))("progress",
+                                                           "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
         "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
         "force", "replace an existing --out (it stays until the new run completes)")(
@@ -69,6 +74,14 @@ int main(int argc, char** argv) {
         "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
         "--resume; a complete shard is not redone. Join the shards with `merge`.",
         cxxopts::value<std::string>())(
+        "plan-cache",
+        "with --device cuda: the GEMM plan cache file, or 'off' (default: "
+        "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
+        "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
+        cxxopts::value<std::string>()->default_value(""))(
+        "tune-only",
+        "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
+        "(no --batch or --out)")(
         "chat-template",
         "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
         "tokenizer_config.json's chat_template)",
@@ -78,7 +91,9 @@ int main(int argc, char** argv) {
       fmt::print("{}", opts.help());
       return 0;
     }
-    for (const char* req : {"model", "batch", "out"}) qtk::cli::require_flag(opts, args, req);
+    o.tune_only = args.count("tune-only") > 0;
+    for (const char* req : {"model", "batch", "out"})
+      if (!o.tune_only || std::string_view(req) == "model") qtk::cli::require_flag(opts, args, req);
     qtk::cli::no_extra_arguments(args);
     // note: the upper bounds are far above any useful setting; past them the
     // run would overflow its sizes or exhaust memory instead of failing here.
@@ -89,8 +104,8 @@ int main(int argc, char** argv) {
     };
     constexpr const char* kPositive = "a positive integer";
     o.model = args["model"].as<std::string>();
-    o.batch = args["batch"].as<std::string>();
-    o.out = args["out"].as<std::string>();
+    if (args.count("batch")) o.batch = args["batch"].as<std::string>();
+    if (args.count("out")) o.out = args["out"].as<std::string>();
     o.meta = args["meta"].as<std::string>();
     o.device =
         qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
@@ -118,7 +133,15 @@ int main(int argc, char** argv) {
     o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
     o.verify = args.count("no-verify") == 0;
     o.chat_template = args["chat-template"].as<std::string>();
+    // note: QTK_PLAN_CACHE is the flag's default (a whole test suite or
+    // benchmark can run with the cache off or in a scratch file); the value
+    // used is written to the run header.
+    o.plan_cache = args["plan-cache"].as<std::string>();
+    if (o.plan_cache.empty()) {
+      if (const char* env = std::getenv("QTK_PLAN_CACHE")) o.plan_cache = env;
+    }
     const qtk::GenerateSummary s = qtk::run_generate(o);
+    if (o.tune_only) return 0;
     std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
     // note: 3, not 0, when any line got an error line: a golden file with
     // failed lines must not pass a script's `&&` as a complete one.

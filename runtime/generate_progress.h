@@ -39,10 +39,11 @@ class Progress {
     // are cheaper than decode ones, so early in a prefill-heavy run the ETA
     // is low, then settles as the mix is seen.
     const std::string eta =
-        done_tokens > 0 ? fmt::format("{:.0f}s", sec * static_cast<double>(std::max<int64_t>(
-                                                            0, work_ - done_tokens)) /
-                                                     static_cast<double>(done_tokens))
-                        : std::string("?");
+        done_tokens > 0
+            ? fmt::format("{:.0f}s",
+                          sec * static_cast<double>(std::max<int64_t>(0, work_ - done_tokens)) /
+                              static_cast<double>(done_tokens))
+            : std::string("?");
     std::fprintf(stderr,
                  "\rgenerate: %lld/%lld done | %lld/%lld tokens | prompt %.0f tok/s | gen %.0f "
                  "tok/s | ETA %s   %s",

@@ -126,8 +126,8 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   for (size_t i = 0; i < done_lines.size(); ++i) {
     nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
-      fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path,
-           i + 1, batch, i + 1, lines[i].id.dump());
+      fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
+           batch, i + 1, lines[i].id.dump());
     }
   }
   return {done_lines.size(), keep};

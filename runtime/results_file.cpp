@@ -77,8 +77,8 @@ void refuse_output_that_is_an_input(
     struct stat i {};
     if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
       fail(
-          "{} {}: generate would write it, and it is the {} file {} (the same file, by inode "
-          "after symlinks); refusing to overwrite an input",
+          "{}: generate would write {}, which is the {} file {} (the same file, by inode after "
+          "symlinks); refusing to overwrite an input",
           flag, path, in_flag, in);
     }
   }
@@ -96,8 +96,7 @@ void refuse_outputs_that_are_inputs(
     fail("--out {}: is a directory; expected a file name", paths.out);
   for (const std::string& out :
        {paths.out, paths.meta, paths.partial, paths.partial_meta, paths.lock}) {
-    refuse_output_that_is_an_input(out == paths.out ? "--out" : "--out " + paths.out + ": its file",
-                                   out, inputs);
+    refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
   }
 }
 
@@ -124,7 +123,8 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
           "finish or stop it",
           out, pid > 0 ? std::to_string(pid) : std::string("unknown"), path_);
     }
-    struct stat by_fd {}, by_path {};
+    struct stat by_fd {
+    }, by_path{};
     if (::fstat(fd_, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 &&
         by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino) {
       const std::string pid = fmt::format("{}\n", ::getpid());

@@ -35,7 +35,7 @@ struct ResultsPaths {
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
-// The same check for one output file (`flag` names it in the message).
+// The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
@@ -86,6 +86,8 @@ class ResultsWriter {
   void append(const std::string& line);
   // fsync, run header "complete" with `stats`, rename into place.
   void complete(const nlohmann::json& stats);
+  // Sets a top-level entry of the run header written by complete().
+  void set_header(const std::string& key, nlohmann::json value) { meta_[key] = std::move(value); }
   // Records the error that ends the run (kept in the "failed" header).
   void set_failure(const std::string& message) { failure_ = message; }
 

@@ -249,7 +249,8 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   // same ids and margins argmax_rows would compute from its logits; the CPU
   // models take the host path, unchanged.
   // note: --logprobs needs the logits themselves, so it takes the host path.
-  if (opt_.logprobs > 0 || !model_.forward_greedy(b, kv_, states_, argmax_.data(), margins_.data())) {
+  if (opt_.logprobs > 0 ||
+      !model_.forward_greedy(b, kv_, states_, argmax_.data(), margins_.data())) {
     model_.forward(b, kv_, states_, logits_.data());
     if (num_logits > 0) {
       argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),

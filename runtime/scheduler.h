@@ -36,7 +36,7 @@ struct SequenceResult {
   // step, most likely first (runtime/logprobs.h).
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
-  bool stopped = false;        // ended on a stop id (else: length)
+  bool stopped = false;  // ended on a stop id (else: length)
 };
 
 struct SchedulerOptions {

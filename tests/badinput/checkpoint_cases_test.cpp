@@ -204,6 +204,15 @@ TEST(BadTensors, MissingAndUnknownTensors) {
                          {"model.layers.0.mystery.weight"});
 }
 
+// Issue 20 item 13: a message quoting a value with a NUL byte shows all of
+// it, escaped (the old message stopped at the NUL: found "Qwen3).
+TEST(BadConfig, NulInAQuotedValueIsEscapedNotCut) {
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) {
+                           c["architectures"] = {std::string("Qwen3\0EvilForCausalLM", 21)};
+                         }),
+                         {"architectures", "Qwen3\\x00EvilForCausalLM"});
+}
+
 // Issue 20 item 11: every file carried into the pack is validated as the
 // runtime reads it, and a non-regular one is refused by name (the old
 // convert packed a tokenizer generate then refused, and dropped a FIFO or a
@@ -233,6 +242,19 @@ TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
                            std::filesystem::create_symlink("/dev/null", ckpt + "/tokenizer.json");
                          },
                          {"tokenizer.json", "regular file", "device"});
+  // The checkpoint's own files too (they read as "missing" before).
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/config.json");
+                           ASSERT_EQ(::mkfifo((ckpt + "/config.json").c_str(), 0644), 0);
+                         },
+                         {"config.json", "regular file", "FIFO"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/model.safetensors");
+                           std::filesystem::create_directory(ckpt + "/model.safetensors");
+                         },
+                         {"model.safetensors", "regular file", "directory"});
   // Control: a valid tokenizer is carried.
   TempDir t;
   copy_checkpoint("qwen3-tiny", t / "ckpt");

@@ -202,7 +202,8 @@ TEST(Faults, ConvertRemovesTheLeftoversOfKilledRuns) {
   write_file(t / (stale_dir + "/sub/model.safetensors"), "x");
   write_file(t / live_pack, "x");
   write_file(t / ".unrelated.tmp.note", "kept");
-  const RunResult r = run_program({program("convert"), model_fixture("qwen3-tiny"), t / "OUT.pack"});
+  const RunResult r =
+      run_program({program("convert"), model_fixture("qwen3-tiny"), t / "OUT.pack"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(file_exists(t / stale_pack));
   EXPECT_FALSE(file_exists(t / stale_dir));
@@ -391,7 +392,8 @@ TEST_F(GenerateFaults, FullDiskFailsCleanlyAndResumes) {
     // the header fits, and the results do not).
     EXPECT_FALSE(file_exists(out)) << "a failed run created OUT";
     if (std::string(limit) == "6") {
-      ASSERT_TRUE(file_exists(out + ".partial.meta.json")) << "no run header for the partial results";
+      ASSERT_TRUE(file_exists(out + ".partial.meta.json"))
+          << "no run header for the partial results";
       const auto meta = nlohmann::json::parse(read_file(out + ".partial.meta.json"));
       EXPECT_EQ(meta["status"], "failed") << meta.dump(2);
       const std::string part = read_file(out + ".partial");

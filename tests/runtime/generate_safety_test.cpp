@@ -89,8 +89,9 @@ TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
   // A --force run that fails half-way (a 4 KB file-size limit; its header
   // fits, its results do not) keeps the old file and header.
   const std::string big = batch_file("exist.big.jsonl", prompts(100, 3));
-  RunResult full = run(fmt::format("ulimit -f 8; {} --model {} --batch {} --out {} --force --margins",
-                                   QTK_GENERATE_BIN, pack, big, out));
+  RunResult full =
+      run(fmt::format("ulimit -f 8; {} --model {} --batch {} --out {} --force --margins",
+                      QTK_GENERATE_BIN, pack, big, out));
   EXPECT_EQ(full.status, 1) << full.err;
   EXPECT_EQ(read_text(out), first) << "a failed --force run changed the previous results";
   EXPECT_EQ(read_text(out + ".meta.json"), first_meta);
@@ -212,7 +213,8 @@ TEST(GenerateSafety, Item8_RequestFieldContract) {
       "fields.jsonl",
       "{\"id\": \"mnt\", \"prompt_token_ids\": [1, 2], \"max_new_tokens\": 2}\n"
       "{\"id\": \"same\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 3, \"max_new_tokens\": 3}\n"
-      "{\"id\": \"differ\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 3, \"max_new_tokens\": 4}\n"
+      "{\"id\": \"differ\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 3, \"max_new_tokens\": "
+      "4}\n"
       "{\"id\": \"temp\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 2, \"temperature\": 0.7}\n"
       "{\"id\": \"chat\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 2, \"enable_thinking\": "
       "false, \"chat_template_kwargs\": {}}\n");
@@ -226,8 +228,7 @@ TEST(GenerateSafety, Item8_RequestFieldContract) {
   ASSERT_TRUE(res[2].contains("error")) << res[2];
   EXPECT_NE(res[2]["error"].get<std::string>().find("max_new_tokens"), std::string::npos);
   ASSERT_TRUE(res[3].contains("error")) << res[3];
-  EXPECT_NE(res[3]["error"].get<std::string>().find("'temperature'"), std::string::npos)
-      << res[3];
+  EXPECT_NE(res[3]["error"].get<std::string>().find("'temperature'"), std::string::npos) << res[3];
   EXPECT_FALSE(res[4].contains("error")) << res[4];
   EXPECT_EQ(load_json(out + ".meta.json")["settings"]["allow_unknown_fields"], false);
 
@@ -245,8 +246,8 @@ TEST(GenerateSafety, Item8_RequestFieldContract) {
 // an empty prompts file is refused; compare of two empty files is not OK.
 TEST(GenerateSafety, Item9_FailedLinesAreNotExitZero) {
   const std::string pack = pack_of(kTiny);
-  const std::string binary = batch_file("binary.jsonl", "\x1f\x8b\x08\x00\xff\x01"s +
-                                                            "\n\x01\x02\x03\n");
+  const std::string binary =
+      batch_file("binary.jsonl", "\x1f\x8b\x08\x00\xff\x01"s + "\n\x01\x02\x03\n");
   const std::string out = work_dir() + "/binary.results.jsonl";
   RunResult r = generate(pack, binary, out, "");
   EXPECT_EQ(r.status, 3) << r.err;
@@ -276,10 +277,10 @@ TEST(GenerateSafety, Item10_HugeMaxTokensRunsToTheContextEnd) {
   const std::string pack = pack_of(kTiny);
   std::vector<int> ids(4000, 7);
   const std::string in = batch_file(
-      "huge.jsonl", nlohmann::json{{"id", "long"}, {"prompt_token_ids", ids}}.dump() + "\n" +
-                        nlohmann::json{{"id", "short"},
-                                       {"prompt_token_ids", {1}},
-                                       {"max_tokens", 3}}.dump() + "\n");
+      "huge.jsonl",
+      nlohmann::json{{"id", "long"}, {"prompt_token_ids", ids}}.dump() + "\n" +
+          nlohmann::json{{"id", "short"}, {"prompt_token_ids", {1}}, {"max_tokens", 3}}.dump() +
+          "\n");
   const std::string out = work_dir() + "/huge.results.jsonl";
   RunResult r = generate(pack, in, out, "--ignore-eos --max-tokens 9223372036854775807");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -293,9 +294,9 @@ TEST(GenerateSafety, Item10_HugeMaxTokensRunsToTheContextEnd) {
 // Item 13: a raw NUL byte after a JSON object is an error, not a hidden tail.
 TEST(GenerateSafety, Item13_RawNulIsRejected) {
   const std::string pack = pack_of(kTiny);
-  const std::string in = batch_file(
-      "nul.jsonl", "{\"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\0{\"x\": 1}\n"s +
-                       "{\"prompt_token_ids\": [3], \"max_tokens\": 1}\n");
+  const std::string in =
+      batch_file("nul.jsonl", "{\"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\0{\"x\": 1}\n"s +
+                                  "{\"prompt_token_ids\": [3], \"max_tokens\": 1}\n");
   const std::string out = work_dir() + "/nul.results.jsonl";
   RunResult r = generate(pack, in, out, "");
   EXPECT_EQ(r.status, 3) << r.err;
@@ -316,26 +317,28 @@ TEST(GenerateSafety, Item14_StdinAndStdout) {
   const std::string expected = read_text(file_out);
 
   const std::string from_stdin = work_dir() + "/stdio.stdin.jsonl";
-  RunResult a = run(fmt::format("{} --model {} --batch - --out {} < {}", QTK_GENERATE_BIN, pack,
-                                from_stdin, in));
+  RunResult a = run(
+      fmt::format("{} --model {} --batch - --out {} < {}", QTK_GENERATE_BIN, pack, from_stdin, in));
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(read_text(from_stdin), expected);
   EXPECT_EQ(load_json(from_stdin + ".meta.json")["batch"], "-");
 
   const std::string meta = work_dir() + "/stdio.header.json";
-  RunResult b = run(fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack,
-                                in, meta));
+  RunResult b = run(
+      fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack, in, meta));
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_EQ(b.out, expected);
   EXPECT_EQ(load_json(meta)["status"], "complete");
   EXPECT_FALSE(std::filesystem::exists("-"));
   EXPECT_FALSE(std::filesystem::exists("-.meta.json"));
 
-  RunResult c = run(fmt::format("{} --model {} --batch - --out - < {}", QTK_GENERATE_BIN, pack, in));
+  RunResult c =
+      run(fmt::format("{} --model {} --batch - --out - < {}", QTK_GENERATE_BIN, pack, in));
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_EQ(c.out, expected);
 
-  RunResult r = run(fmt::format("{} --model {} --batch {} --out - --resume", QTK_GENERATE_BIN, pack, in));
+  RunResult r =
+      run(fmt::format("{} --model {} --batch {} --out - --resume", QTK_GENERATE_BIN, pack, in));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
 }
@@ -345,16 +348,19 @@ TEST(GenerateSafety, Item14_StdinAndStdout) {
 TEST(GenerateSafety, Item15_SummaryAndTokenProgress) {
   const std::string pack = pack_of(kTiny);
   const std::string in = batch_file("summary.jsonl", prompts(4) + "{\"prompt_token_ids\": []}\n");
-  RunResult r = generate(pack, in, work_dir() + "/summary.results.jsonl", "--ignore-eos --progress");
+  RunResult r =
+      generate(pack, in, work_dir() + "/summary.results.jsonl", "--ignore-eos --progress");
   EXPECT_EQ(r.status, 3) << r.err;
   // The last stderr line is the summary.
   const std::string last = r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1);
   EXPECT_EQ(last.rfind("generate: 5 lines: 4 ok, 1 failed; ", 0), 0u) << r.err;
   EXPECT_NE(last.find("generated tokens in"), std::string::npos) << last;
   EXPECT_NE(last.find("tok/s"), std::string::npos) << last;
+  EXPECT_NE(last.find("wall time"), std::string::npos) << last;
   // prompts(4): budgets 4..7 tokens, all generated with --ignore-eos.
   int64_t prompt_tokens = 0;
-  for (const auto& l : read_jsonl(in)) prompt_tokens += l.contains("max_tokens") ? l["prompt_token_ids"].size() : 0;
+  for (const auto& l : read_jsonl(in))
+    prompt_tokens += l.contains("max_tokens") ? l["prompt_token_ids"].size() : 0;
   const int64_t work = prompt_tokens + 4 + 5 + 6 + 7;
   EXPECT_NE(r.err.find(fmt::format("{}/{} tokens", work, work)), std::string::npos) << r.err;
 }
@@ -366,8 +372,12 @@ TEST(GenerateSafety, Item16_LogprobsAreScheduleInvariant) {
   const std::string in = batch_file("logprobs.jsonl", prompts(12));
   const std::string alone = work_dir() + "/logprobs.alone.jsonl";
   const std::string mixed = work_dir() + "/logprobs.mixed.jsonl";
-  ASSERT_EQ(generate(pack, in, alone, "--logprobs 5 --margins --max-num-seqs 1 --threads 1").status, 0);
-  ASSERT_EQ(generate(pack, in, mixed, "--logprobs 5 --margins --max-batched-tokens 7 --threads 2 --block-size 4").status, 0);
+  ASSERT_EQ(generate(pack, in, alone, "--logprobs 5 --margins --max-num-seqs 1 --threads 1").status,
+            0);
+  ASSERT_EQ(generate(pack, in, mixed,
+                     "--logprobs 5 --margins --max-batched-tokens 7 --threads 2 --block-size 4")
+                .status,
+            0);
   EXPECT_EQ(read_text(alone), read_text(mixed));
   for (const auto& r : read_jsonl(alone)) {
     ASSERT_EQ(r["logprobs"].size(), r["output_token_ids"].size()) << r;
@@ -386,7 +396,8 @@ TEST(GenerateSafety, Item16_LogprobsAreScheduleInvariant) {
       }
       EXPECT_LE(mass, 1.0 + 1e-5);
       // logprob(top1) - logprob(top2) is the margin, up to float rounding.
-      EXPECT_NEAR(top[0][1].get<double>() - top[1][1].get<double>(), r["top1_margin"][step].get<double>(), 1e-4);
+      EXPECT_NEAR(top[0][1].get<double>() - top[1][1].get<double>(),
+                  r["top1_margin"][step].get<double>(), 1e-4);
     }
   }
   EXPECT_EQ(load_json(alone + ".meta.json")["settings"]["logprobs"], 5);
@@ -400,7 +411,8 @@ TEST(GenerateSafety, Item16_LogprobsAreScheduleInvariant) {
 TEST(GenerateSafety, Item17_OutputTextIncludesTheStopToken) {
   const std::string pack = pack_of("samples/qwen3-sample");
   ASSERT_FALSE(pack.empty());
-  const std::string in = batch_file("stoptext.jsonl", "{\"id\": \"x\", \"prompt\": \"def add(a, b):\\n\"}\n");
+  const std::string in =
+      batch_file("stoptext.jsonl", "{\"id\": \"x\", \"prompt\": \"def add(a, b):\\n\"}\n");
   const std::string free_run = work_dir() + "/stoptext.free.jsonl";
   ASSERT_EQ(generate(pack, in, free_run, "--max-tokens 8 --ignore-eos").status, 0);
   const auto ids = read_jsonl(free_run).at(0)["output_token_ids"].get<std::vector<int32_t>>();
@@ -408,14 +420,18 @@ TEST(GenerateSafety, Item17_OutputTextIncludesTheStopToken) {
   // Stop at the token generated at step 4 (its first occurrence).
   const int32_t stop = ids[3];
   const size_t first = static_cast<size_t>(std::find(ids.begin(), ids.end(), stop) - ids.begin());
-  write_text(in, nlohmann::json{{"id", "x"}, {"prompt", "def add(a, b):\n"}, {"stop_token_ids", {stop}}}.dump() + "\n");
+  write_text(in,
+             nlohmann::json{{"id", "x"}, {"prompt", "def add(a, b):\n"}, {"stop_token_ids", {stop}}}
+                     .dump() +
+                 "\n");
   const std::string out = work_dir() + "/stoptext.jsonl.out";
   ASSERT_EQ(generate(pack, in, out, "--max-tokens 8 --ignore-eos").status, 0);
   const auto res = read_jsonl(out).at(0);
   ASSERT_EQ(res["finish_reason"], "stop") << res;
   const auto got = res["output_token_ids"].get<std::vector<int32_t>>();
   ASSERT_EQ(got.size(), first + 1);
-  const Tokenizer tok = Tokenizer::from_json_text(read_text(src("samples/qwen3-sample/tokenizer.json")), "tokenizer.json");
+  const Tokenizer tok = Tokenizer::from_json_text(
+      read_text(src("samples/qwen3-sample/tokenizer.json")), "tokenizer.json");
   const std::string stop_text = tok.decode(std::vector<int32_t>{stop});
   ASSERT_FALSE(stop_text.empty());
   EXPECT_EQ(res["output_text"], tok.decode(got)) << res;
