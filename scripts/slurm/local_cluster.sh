@@ -66,7 +66,11 @@ CONF
   ;;
 stop)
   for d in slurmd slurmctld; do
-    [ -f "$dir/$d.pid" ] && kill "$(cat "$dir/$d.pid")" 2>/dev/null || true
+    if [ -f "$dir/$d.pid" ]; then
+      pid=$(cat "$dir/$d.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
   done
   ;;
 *) echo "local_cluster.sh: expected start or stop, found '$cmd'" >&2; exit 1 ;;

@@ -13,7 +13,10 @@ bin=$(realpath "${1:-build}/bin")
 work=$(mktemp -d /tmp/qtk-slurm-test.XXXXXX)
 cluster=$work/cluster
 fail() { echo "slurm_test: FAILED: $*" >&2; exit 1; }
-cleanup() { bash "$root/scripts/slurm/local_cluster.sh" stop "$cluster" || true; }
+cleanup() {
+  bash "$root/scripts/slurm/local_cluster.sh" stop "$cluster" || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 eval "$(bash scripts/slurm/local_cluster.sh start "$cluster")"
@@ -59,4 +62,3 @@ grep -qs "restart 1" "$out"/qtk-generate-"${array}"_1.log || fail "task 1 was no
 [ -f "$out/results.jsonl" ] || { cat "$out"/*.log >&2; fail "the merge job wrote no results"; }
 cmp "$work/single.jsonl" "$out/results.jsonl" || fail "the merged file differs from the single run"
 echo "slurm_test: OK: 4 shards (task 1 killed mid-run and requeued) merged into $(wc -l <"$out/results.jsonl") lines, byte-identical to the single run"
-rm -rf "$work"
