@@ -270,20 +270,7 @@ TEST(HfConfigVariants, PartialFactorInEitherPlace) {
   // Disagreeing duplicates and absent values: config_precedence_test.cpp.
 }
 
-TEST(HfConfigVariants, TieAtEitherLevel) {
-  json text_only = load(kQwen35Vlm);
-  text_only.erase("tie_word_embeddings");
-  text_only["text_config"]["tie_word_embeddings"] = true;
-  EXPECT_TRUE(parse(text_only).tie_word_embeddings);
-  json top_only = load(kQwen35Vlm);
-  top_only["text_config"].erase("tie_word_embeddings");
-  top_only["tie_word_embeddings"] = true;
-  EXPECT_TRUE(parse(top_only).tie_word_embeddings);
-  json disagree = load(kQwen35Vlm);
-  disagree["tie_word_embeddings"] = true;
-  expect_has(reject(disagree),
-             "'tie_word_embeddings' (true) and 'text_config.tie_word_embeddings' (false) disagree");
-}
+// tie_word_embeddings at either level: config_precedence_test.cpp (R9).
 
 TEST(HfConfigVariants, TokenIdsIntListOrNull) {
   json j = load(kQwen3Tiny);
