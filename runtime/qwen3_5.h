@@ -13,7 +13,8 @@
 
 namespace qtk {
 
-// "mat" = the pack's matrix dtype (bf16, f16 or f32). Norm weights marked
+// "mat" = the pack's matrix dtype (bf16, f16, f32, or f8_e4m3 with float32
+// block scales beside it in the pack: Pack::fp8_scales). Norm weights marked
 // (1+w) hold Qwen3.5's x * (1 + w) factor folded in by convert.
 struct Qwen3_5FullAttention {
   TensorView qkv_proj;  // mat [(2*Hq + 2*Hkv)*head_dim, hidden]: rows query, gate, k, v

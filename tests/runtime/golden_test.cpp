@@ -53,13 +53,46 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                                            GoldenModel{"samples/qwen3-sample"},
                                            GoldenModel{"tests/data/models/qwen3.5-tiny"},
                                            GoldenModel{"tests/data/models/qwen3.5-tiny-vlm"},
-                                           GoldenModel{"samples/qwen3.5-sample"}),
+                                           GoldenModel{"samples/qwen3.5-sample"},
+                                           GoldenModel{"tests/data/models/qwen3-fp8-tiny"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// An FP8 pack (weights read in place with their block scales) and the same
+// checkpoint dequantized by `convert --dtype f32` give the same bytes: the
+// FP8 kernels compute each weight as the float32 product fp8 x scale, which
+// is what the f32 pack stores, and then the f32 path's exact arithmetic
+// (kernels/matmul_fp8.h). The run headers differ only in the precision line.
+TEST(Fp8Pack, SameResultsAsItsFloat32Dequantization) {
+  const std::string dir = "tests/data/models/qwen3-fp8-tiny";
+  const std::string fp8 = pack_of(dir);
+  ASSERT_FALSE(fp8.empty());
+  const std::string f32 = fmt::format("{}/qwen3-fp8-tiny.f32.pack", work_dir());
+  RunResult c = run(fmt::format("{} {} {} --dtype f32 --force", QTK_CONVERT_BIN, src(dir), f32));
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto golden = load_json(src(dir + "/golden.json"));
+  const std::string prompts = fmt::format("{}/fp8-vs-f32.jsonl", work_dir());
+  write_text(prompts, golden_prompts(golden));
+  const std::string out_fp8 = prompts + ".fp8.out", out_f32 = prompts + ".f32.out";
+  RunResult a = generate(fp8, prompts, out_fp8, "--ignore-eos --margins --threads 2");
+  ASSERT_EQ(a.status, 0) << a.err;
+  RunResult b = generate(f32, prompts, out_f32, "--ignore-eos --margins --threads 2");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(read_text(out_fp8), read_text(out_f32));
+  const auto meta = load_json(out_fp8 + ".meta.json");
+  const std::string precision = meta["precision"];
+  EXPECT_NE(precision.find("BF16+F8_E4M3 weights"), std::string::npos) << precision;
+  EXPECT_NE(precision.find("float32 block scales (blocks of 64 or 128 rows x 128 columns)"),
+            std::string::npos)
+      << precision;
+  EXPECT_NE(precision.find("float32 product fp8 x scale"), std::string::npos) << precision;
+  const std::string p32 = load_json(out_f32 + ".meta.json")["precision"];
+  EXPECT_EQ(p32.find("F8"), std::string::npos) << p32;
+}
 
 // The sample models' text prompts go through the pack's tokenizer and give
 // the reference prompt ids, outputs and output text.
