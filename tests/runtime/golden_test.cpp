@@ -67,32 +67,71 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
 // FP8 kernels compute each weight as the float32 product fp8 x scale, which
 // is what the f32 pack stores, and then the f32 path's exact arithmetic
 // (kernels/matmul_fp8.h). The run headers differ only in the precision line.
-TEST(Fp8Pack, SameResultsAsItsFloat32Dequantization) {
-  const std::string dir = "tests/data/models/qwen3-fp8-tiny";
-  const std::string fp8 = pack_of(dir);
-  ASSERT_FALSE(fp8.empty());
-  const std::string f32 = fmt::format("{}/qwen3-fp8-tiny.f32.pack", work_dir());
-  RunResult c = run(fmt::format("{} {} {} --dtype f32 --force", QTK_CONVERT_BIN, src(dir), f32));
-  ASSERT_EQ(c.status, 0) << c.err;
-  const auto golden = load_json(src(dir + "/golden.json"));
-  const std::string prompts = fmt::format("{}/fp8-vs-f32.jsonl", work_dir());
-  write_text(prompts, golden_prompts(golden));
+// Models: the qwen3-fp8-tiny fixture (its golden prompts), and a Qwen3.5
+// checkpoint synthesised by bench/synth --fp8 from the qwen3.5-tiny-vlm
+// config (nested text_config quantization, split_q_gate with head_dim 32, so
+// 32-row scale blocks; random prompts).
+struct Fp8Model {
+  const char* name;
+  const char* dir;   // fixture with golden.json, or the config's model dir for synth
+  bool synthesise;
+  const char* block_text;
+};
+
+class Fp8Equivalence : public ::testing::TestWithParam<Fp8Model> {};
+
+TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
+  const Fp8Model& p = GetParam();
+  std::string ckpt = src(p.dir);
+  std::string prompts_text;
+  if (p.synthesise) {
+#ifdef QTK_SYNTH_BIN
+    ckpt = fmt::format("{}/{}-ckpt", work_dir(), p.name);
+    RunResult s = run(fmt::format("{} {}/config.json {} --seed 5 --fp8", QTK_SYNTH_BIN, src(p.dir), ckpt));
+    ASSERT_EQ(s.status, 0) << s.err;
+    for (int i = 0; i < 12; ++i) {
+      std::vector<int> ids;
+      for (int k = 0; k < 1 + (i * 37) % 90; ++k) ids.push_back((i * 131 + k * 17) % 500);
+      prompts_text += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 10}}.dump() + "\n";
+    }
+#else
+    GTEST_SKIP() << "built without QTK_BENCH: no bench/synth to synthesise the FP8 checkpoint";
+#endif
+  } else {
+    prompts_text = golden_prompts(load_json(src(std::string(p.dir) + "/golden.json")));
+  }
+  const std::string fp8 = fmt::format("{}/{}.fp8.pack", work_dir(), p.name);
+  const std::string f32 = fmt::format("{}/{}.f32.pack", work_dir(), p.name);
+  RunResult c1 = run(fmt::format("{} {} {} --force", QTK_CONVERT_BIN, ckpt, fp8));
+  ASSERT_EQ(c1.status, 0) << c1.err;
+  RunResult c2 = run(fmt::format("{} {} {} --dtype f32 --force", QTK_CONVERT_BIN, ckpt, f32));
+  ASSERT_EQ(c2.status, 0) << c2.err;
+  const std::string prompts = fmt::format("{}/{}.fp8-vs-f32.jsonl", work_dir(), p.name);
+  write_text(prompts, prompts_text);
   const std::string out_fp8 = prompts + ".fp8.out", out_f32 = prompts + ".f32.out";
   RunResult a = generate(fp8, prompts, out_fp8, "--ignore-eos --margins --threads 2");
   ASSERT_EQ(a.status, 0) << a.err;
   RunResult b = generate(f32, prompts, out_f32, "--ignore-eos --margins --threads 2");
   ASSERT_EQ(b.status, 0) << b.err;
-  EXPECT_EQ(read_text(out_fp8), read_text(out_f32));
+  const std::string text = read_text(out_fp8);
+  EXPECT_EQ(text.find("\"error\""), std::string::npos) << text;
+  EXPECT_EQ(text, read_text(out_f32));
   const auto meta = load_json(out_fp8 + ".meta.json");
   const std::string precision = meta["precision"];
   EXPECT_NE(precision.find("BF16+F8_E4M3 weights"), std::string::npos) << precision;
-  EXPECT_NE(precision.find("float32 block scales (blocks of 64 or 128 rows x 128 columns)"),
-            std::string::npos)
-      << precision;
+  EXPECT_NE(precision.find(p.block_text), std::string::npos) << precision;
   EXPECT_NE(precision.find("float32 product fp8 x scale"), std::string::npos) << precision;
   const std::string p32 = load_json(out_f32 + ".meta.json")["precision"];
   EXPECT_EQ(p32.find("F8"), std::string::npos) << p32;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, Fp8Equivalence,
+    ::testing::Values(Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
+                               "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
+                      Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
+                               "float32 block scales (blocks of 32 or 128 rows x 128 columns)"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The sample models' text prompts go through the pack's tokenizer and give
 // the reference prompt ids, outputs and output text.
