@@ -92,6 +92,14 @@ std::string string_field(const nlohmann::json& obj, const char* key, const std::
 void Pack::read_fp8_section(const std::string& mwhere) {
   const std::string qwhere = mwhere + " quantization";
   std::set<std::string, std::less<>> listed;
+  // note: by name once, not find_tensor per entry: a per-expert MoE pack
+  // holds tens of thousands of tensors.
+  std::unordered_map<std::string_view, const PackTensorInfo*> by_name;
+  for (const auto& t : tensors_) by_name.emplace(t.name, &t);
+  auto find = [&](const std::string& name) -> const PackTensorInfo* {
+    const auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
   if (manifest_.contains("quantization")) {
     const auto& q = manifest_["quantization"];
     if (!q.is_object()) fail("{}: expected an object", qwhere);
@@ -119,14 +127,14 @@ void Pack::read_fp8_section(const std::string& mwhere) {
             ewhere, block.dump());
       f.block_rows = block[0].get<int64_t>();
       f.block_cols = block[1].get<int64_t>();
-      const PackTensorInfo* w = find_tensor(f.tensor);
+      const PackTensorInfo* w = find(f.tensor);
       if (w == nullptr)
         fail("{}: names tensor \"{}\", which the pack does not hold", ewhere, f.tensor);
       if (w->view.dtype != DType::F8_E4M3 || w->view.ndim < 2)
         fail("{}: tensor \"{}\" is {} {}, expected an F8_E4M3 matrix", ewhere, f.tensor,
              dtype_name(w->view.dtype), w->view.shape_string());
       if (!listed.insert(f.tensor).second) fail("{}: tensor \"{}\" listed twice", ewhere, f.tensor);
-      const PackTensorInfo* s = find_tensor(scale_name);
+      const PackTensorInfo* s = find(scale_name);
       if (s == nullptr) fail("{}: scale tensor \"{}\" is not in the pack", ewhere, scale_name);
       const int64_t cols = w->view.shape[w->view.ndim - 1];
       const int64_t rows = cols > 0 ? w->view.numel() / cols : 0;
@@ -139,6 +147,7 @@ void Pack::read_fp8_section(const std::string& mwhere) {
              f.tensor, w->view.shape_string(), f.block_rows, f.block_cols);
       f.scale = s->view;
       f.scale_name = scale_name;
+      f.weight = w->view;
       fp8_.push_back(std::move(f));
     }
   }

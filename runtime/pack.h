@@ -39,6 +39,7 @@ struct PackTensorInfo {
 // rows being all dims but the last.
 struct PackFp8Scales {
   std::string tensor;      // "layers.0.mlp.gate_up_proj"
+  TensorView weight;       // the F8_E4M3 tensor itself
   std::string scale_name;  // "layers.0.mlp.gate_up_proj.scale"
   TensorView scale;        // f32 [ceil(rows/block_rows), ceil(cols/block_cols)]
   int64_t block_rows = 0;

@@ -56,10 +56,7 @@ class TiledWeights {
   // would not fit in memory: Pack::anonymous_copy_fits) or no matrix is
   // usable: pack.load_for_cpu() instead.
   void build(const Pack& pack, const std::vector<TensorView>& mats, ThreadPool* pool) {
-    for (const PackFp8Scales& q : pack.fp8_tensors()) {
-      const TensorView& w = pack.tensor(q.tensor);
-      fp8_[w.data] = &q;
-    }
+    for (const PackFp8Scales& q : pack.fp8_tensors()) fp8_[q.weight.data] = &q;
     if (const PackTensorInfo* e = pack.find_tensor("embed_tokens");
         e != nullptr && e->view.dtype == DType::F8_E4M3) {
       fail(

@@ -4,22 +4,24 @@
 # workloads and prints one JSON object with tok/s, peak RSS, achieved GB/s and
 # GFLOP/s next to the read bandwidth measured in the same run.
 #
-#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick] [--seqs "1 8 32"]
+#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick] [--seqs "1 8 32"] [--fp8]
 #
-# --quick = --seqs "1 8"; the default is "1 8 32 64".
+# --quick = --seqs "1 8"; the default is "1 8 32 64". --fp8 synthesises the
+# block-FP8 layout (bench/synth --fp8) and keeps it FP8 in the pack.
 #
 # Example: bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json > bench/results/qwen3-0.6b.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${1:?usage: bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]}
 shift
-THREADS=$(nproc); WORK=bench-work; QUICK=0; SEQS="1 8 32 64"
+THREADS=$(nproc); WORK=bench-work; QUICK=0; SEQS="1 8 32 64"; FP8=0
 while (($#)); do
   case $1 in
     --threads) THREADS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --seqs) SEQS=$2; shift 2 ;;
+    --fp8) FP8=1; shift ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 1 ;;
   esac
 done
@@ -28,9 +30,11 @@ for b in synth convert generate membw; do
   [[ -x $BIN/$b ]] || { echo "run.sh: $BIN/$b missing: build first (bash scripts/setup.sh)" >&2; exit 1; }
 done
 NAME=$(basename "$CONFIG" .json)
+SYNTH_FLAGS=()
+if ((FP8)); then NAME=$NAME-fp8; SYNTH_FLAGS=(--fp8); fi
 mkdir -p "$WORK"
 CKPT=$WORK/$NAME-ckpt; PACK=$WORK/$NAME.pack
-[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 >&2
+[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 "${SYNTH_FLAGS[@]}" >&2
 [[ -f $PACK ]] || "$BIN/convert" "$CKPT" "$PACK" >&2
 
 "$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw.json"
@@ -92,10 +96,19 @@ pack_bytes = os.path.getsize(pack)
 embed_bytes = tc["vocab_size"] * tc["hidden_size"] * 2
 tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
 step_bytes = pack_bytes - (0 if tied else embed_bytes)  # tied: the table is read as lm_head
-flops_per_token = 2 * (step_bytes / 2 - tc["vocab_size"] * tc["hidden_size"])  # matmul flops, lm_head excluded
+# Matmul flops per token, lm_head excluded: 2 x the weights of every matrix
+# the pack holds (FP8 block scales and the untied embedding table are not matmuls).
+import zipfile
+man = json.loads(zipfile.ZipFile(pack).read("manifest.json"))
+scales = {q["scale"] for q in man.get("quantization", {}).get("tensors", [])}
+weights = sum(t["shape"][0] * t["shape"][1] for t in man["tensors"]
+              if len(t["shape"]) == 2 and t["name"] not in scales and "conv1d" not in t["name"]
+              and not (t["name"] == "embed_tokens" and not tied))
+flops_per_token = 2 * (weights - tc["vocab_size"] * tc["hidden_size"])
+weight_dtypes = sorted({t["dtype"] for t in man["tensors"] if len(t["shape"]) == 2 and t["name"] not in scales})
 p = meta("prefill")
 out = {
-  "model": os.path.basename(cfg_path), "threads": threads, "read_bandwidth_gbps": bw,
+  "model": os.path.basename(cfg_path), "weight_dtypes": weight_dtypes, "threads": threads, "read_bandwidth_gbps": bw,
   "read_bandwidth_gbps_after": bw_after, "bandwidth_used_for_floor_gbps": bw_t,
   "load_average_before": open(f"{work}/load_before.txt").read().strip(),
   "load_average_after": open(f"{work}/load_after.txt").read().strip(),
