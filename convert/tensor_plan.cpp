@@ -292,8 +292,21 @@ class Planner {
     const TensorView& z = need(hf + "linear_attn.in_proj_z.weight", {VD, H});
     const TensorView& b = need(hf + "linear_attn.in_proj_b.weight", {Hv, H});
     const TensorView& a = need(hf + "linear_attn.in_proj_a.weight", {Hv, H});
-    matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H},
-           {whole(qkv), whole(z), whole(b), whole(a)}, {"fuse_gdn_in_proj"});
+    if (!matrix_dtype_ && (qkv.dtype == DType::F8_E4M3 || z.dtype == DType::F8_E4M3) &&
+        b.dtype != DType::F8_E4M3 && a.dtype != DType::F8_E4M3) {
+      // note: Qwen's FP8 releases quantise in_proj_qkv and in_proj_z but keep
+      // the [Hv, H] gates in_proj_b/a in bf16; one fused matrix cannot hold
+      // both exactly, so --dtype keep stores the b and a rows as their own
+      // matrix and the runtime writes its outputs into the same columns of
+      // the projection (each output is its own dot product: same values).
+      matrix(pk + "linear_attn.in_proj", {C + VD, H}, {whole(qkv), whole(z)},
+             {"fuse_gdn_in_proj", "split_gdn_in_proj_ba"});
+      matrix(pk + "linear_attn.in_proj_ba", {2 * Hv, H}, {whole(b), whole(a)},
+             {"split_gdn_in_proj_ba"});
+    } else {
+      matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H},
+             {whole(qkv), whole(z), whole(b), whole(a)}, {"fuse_gdn_in_proj"});
+    }
     // note: [C, 1, K] and [C, K] hold the same bytes in the same order; only
     // the recorded shape changes.
     small(pk + "linear_attn.conv1d", {C, K}, need(hf + "linear_attn.conv1d.weight", {C, 1, K}),
@@ -323,6 +336,10 @@ class Planner {
          "all gates (Hq*D rows)"},
         {"fuse_gdn_in_proj",
          "linear_attn.in_proj = rows of in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"},
+        {"split_gdn_in_proj_ba",
+         "FP8 packs whose in_proj_qkv or in_proj_z is F8_E4M3 while in_proj_b and in_proj_a are "
+         "not: linear_attn.in_proj holds the in_proj_qkv and in_proj_z rows only, and "
+         "linear_attn.in_proj_ba [2*Hv, H] the in_proj_b then in_proj_a rows in their own dtype"},
         {"conv1d_squeeze", "linear_attn.conv1d.weight [C, 1, K] stored as [C, K]"},
         {"A_neg_exp", "linear_attn.A = -exp(A_log), computed in float64, rounded once to float32"},
         {"norm_plus_one_folded",

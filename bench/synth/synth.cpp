@@ -4,7 +4,7 @@
 //   synth CONFIG.json OUT_DIR [--seed N] [--dtype bf16|f32] [--shard-mb N] [--fp8]
 //
 // --fp8 writes the layout of Qwen's block-FP8 releases: every decoder-layer
-// projection ([out, in]; not the embedding, lm_head or the GDN in_proj_*)
+// projection ([out, in]; not the embedding, lm_head or the GDN in_proj_a/b)
 // as F8_E4M3 with a float32 `_scale_inv` [ceil(out/128), ceil(in/128)]
 // (scale = block amax / 448, values rounded to the nearest e4m3), and
 // config.json gets the matching quantization_config.
@@ -268,12 +268,12 @@ int run(int argc, char** argv) {
                     : (multimodal ? "model.language_model." : "model.") + e.name;
     t.shape = e.shape;
     t.init = init_for(e.name, c);
-    // note: layer projections are quantised; the embedding, lm_head and the
-    // GDN in_proj_* stay bf16 (as in the fixture qwen3.5-moe-fp8-tiny: a
-    // pack cannot yet fuse FP8 in_proj_qkv/z rows with the bf16 in_proj_a/b
-    // rows without dequantizing).
+    // note: as Qwen's FP8 releases: layer projections are quantised (GDN
+    // in_proj_qkv and in_proj_z included); the embedding, lm_head and the
+    // [Hv, H] gates in_proj_a/b stay bf16.
     t.fp8 = args.count("fp8") && e.shape.size() == 2 && e.name.rfind("layers.", 0) == 0 &&
-            e.name.find("linear_attn.in_proj") == std::string::npos;
+            e.name.find("in_proj_a") == std::string::npos &&
+            e.name.find("in_proj_b") == std::string::npos;
     all.push_back(std::move(t));
   }
   std::filesystem::create_directories(out);

@@ -1,6 +1,7 @@
 // Golden cases of every fixture model through the real programs:
 // convert -> generate -> compare, by the fixtures rule (exact up to the
 // first step whose reference top-1 margin is below 1e-3).
+#include "runtime/pack.h"
 #include "tests/runtime/test_util.h"
 
 namespace qtk::rt_test {
@@ -69,8 +70,10 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
 // (kernels/matmul_fp8.h). The run headers differ only in the precision line.
 // Models: the qwen3-fp8-tiny fixture (its golden prompts), and a Qwen3.5
 // checkpoint synthesised by bench/synth --fp8 from the qwen3.5-tiny-vlm
-// config (nested text_config quantization, split_q_gate with head_dim 32, so
-// 32-row scale blocks; random prompts).
+// config (nested text_config quantization; split_q_gate with head_dim 32 and
+// the GDN in_proj q,k,v,z rows give 32- and 16-row scale blocks; FP8
+// in_proj_qkv/z beside bf16 in_proj_b/a, the split_gdn_in_proj_ba layout;
+// random prompts).
 struct Fp8Model {
   const char* name;
   const char* dir;   // fixture with golden.json, or the config's model dir for synth
@@ -106,6 +109,9 @@ TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
   ASSERT_EQ(c1.status, 0) << c1.err;
   RunResult c2 = run(fmt::format("{} {} {} --dtype f32 --force", QTK_CONVERT_BIN, ckpt, f32));
   ASSERT_EQ(c2.status, 0) << c2.err;
+  if (p.synthesise) {
+    EXPECT_TRUE(Pack::open(fp8)->has_transform("split_gdn_in_proj_ba"));
+  }
   const std::string prompts = fmt::format("{}/{}.fp8-vs-f32.jsonl", work_dir(), p.name);
   write_text(prompts, prompts_text);
   const std::string out_fp8 = prompts + ".fp8.out", out_f32 = prompts + ".f32.out";
@@ -130,7 +136,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
                                "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
                       Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
-                               "float32 block scales (blocks of 32 or 128 rows x 128 columns)"}),
+                               "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The sample models' text prompts go through the pack's tokenizer and give

@@ -73,7 +73,7 @@ TEST(Synth, DifferentSeedsDiffer) {
 
 // --fp8: the layer projections are F8_E4M3 with paired float32 block scales
 // (validated by the loader), sharded or not, for the plain and the nested
-// (text_config) config layouts; the GDN in_proj_* and the embedding stay bf16.
+// (text_config) config layouts; the GDN in_proj_a/b and the embedding stay bf16.
 TEST(Synth, Fp8CheckpointLoads) {
   for (const char* model : {"qwen3-tiny", "qwen3.5-tiny-vlm"}) {
     for (const char* shard : {"", " --shard-mb 1"}) {
@@ -86,7 +86,8 @@ TEST(Synth, Fp8CheckpointLoads) {
         if (t.view.dtype != DType::F8_E4M3) continue;
         ++fp8;
         EXPECT_NE(t.scale.data, nullptr) << t.name;
-        EXPECT_EQ(t.name.find("in_proj"), std::string::npos) << t.name;
+        EXPECT_EQ(t.name.find("in_proj_a"), std::string::npos) << t.name;
+        EXPECT_EQ(t.name.find("in_proj_b"), std::string::npos) << t.name;
       }
       EXPECT_GT(fp8, 0);
       EXPECT_EQ(c->find("embed_tokens.weight")->view.dtype, DType::BF16);
