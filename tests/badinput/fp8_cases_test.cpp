@@ -117,5 +117,34 @@ TEST(BadFp8, NonFiniteScale) {
   }
 }
 
+// An FP8 embedding table converts (it is a valid checkpoint) but the runtime
+// has no FP8 embedding lookup: generate refuses the pack in one line and
+// writes nothing.
+TEST(BadFp8, Fp8EmbeddingRefusedByGenerate) {
+  TempDir t;
+  const std::string ckpt = t / "ckpt";
+  copy_checkpoint(kFp8, ckpt);
+  edit_st([](ordered_json& h, std::string& d) {
+    const std::string name = "model.embed_tokens.weight";  // BF16 [512, 256]
+    remove_tensor(h, d, name);
+    const uint64_t end = d.size();
+    h[name] = {
+        {"dtype", "F8_E4M3"}, {"shape", {512, 256}}, {"data_offsets", {end, end + 512 * 256}}};
+    d.append(512 * 256, '\x38');  // 1.0
+    const uint64_t s0 = d.size();
+    h[name + "_scale_inv"] = {{"dtype", "F32"}, {"shape", {4, 2}}, {"data_offsets", {s0, s0 + 32}}};
+    const float one = 1.0f;
+    for (int i = 0; i < 8; ++i) d.append(reinterpret_cast<const char*>(&one), 4);
+  })(ckpt);
+  const RunResult c = run_program({program("convert"), ckpt, t / "e.pack"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  write_file(t / "p.jsonl", "{\"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 2}\n");
+  const RunResult g = run_program({program("generate"), "--model", t / "e.pack", "--batch",
+                                   t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
+  expect_clean_failure(g, "generate", {"e.pack", "embed_tokens", "F8_E4M3", "not supported"});
+  EXPECT_FALSE(file_exists(t / "out.jsonl"));
+  EXPECT_FALSE(file_exists(t / "out.jsonl.meta.json"));
+}
+
 }  // namespace
 }  // namespace qtk::testing
