@@ -107,7 +107,13 @@ class Planner {
     t.pieces = std::move(pieces);
     for (Piece& p : t.pieces) {
       if (p.dtype != DType::F8_E4M3) continue;
-      p.scale = fp8_scales_.at(p.source);
+      // note: FP8 pieces must come from whole() or rows() of a tensor that
+      // need() returned, which know their source matrix and its scales.
+      const auto it = fp8_scales_.find(p.source);
+      if (it == fp8_scales_.end())
+        fail("{}: internal error: pack tensor \"{}\" has an F8_E4M3 piece without its source's scales",
+             source_, name);
+      p.scale = it->second;
       p.block_rows = c_.fp8.block_rows;
       p.block_cols = c_.fp8.block_cols;
     }
