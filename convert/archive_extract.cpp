@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "convert/interrupt.h"
+#include "convert/stale_temporaries.h"
 #include "loaders/error.h"
 
 namespace qtk {
@@ -84,7 +85,9 @@ void make_dirs(const std::string& root, const std::vector<std::string>& parts, s
 
 ExtractedArchive::ExtractedArchive(const std::string& archive_path, const std::string& parent_dir,
                                    const ArchiveLimits& limits) {
-  std::string templ = parent_dir + "/.qtk-extract.XXXXXX";
+  // note: the name carries our pid, so that a later convert can tell a
+  // leftover of a killed run from the directory of a running one.
+  std::string templ = extract_dir_template(parent_dir);
   if (::mkdtemp(templ.data()) == nullptr)
     fail_errno(
         fmt::format("{}: cannot create a temporary directory in {}", archive_path, parent_dir));

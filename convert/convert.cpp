@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <sstream>
+#include <string_view>
 
 #include "convert/atomic_output.h"
 #include "convert/interrupt.h"
@@ -15,8 +16,10 @@
 #include "convert/pack_writer.h"
 #include "loaders/checkpoint.h"
 #include "loaders/error.h"
+#include "loaders/strict_json.h"
 #include "runtime/pack.h"
 #include "runtime/pack_checksum.h"
+#include "tokenizer/tokenizer.h"
 
 namespace qtk {
 
@@ -33,6 +36,41 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   if (!in.good() && !in.eof()) fail_errno(fmt::format("{}: read failed", path));
   return ss.str();
+}
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Every file carried into the pack is refused unless it is a regular file
+// (after symlinks) that the runtime will read as it is: tokenizer.json is
+// parsed by the runtime's own tokenizer, the JSON files by the strict parser.
+// note: a FIFO or a link to a device used to be skipped silently (or could
+// block the read forever); a tokenizer the runtime refuses used to be packed.
+void check_carried_files(const Checkpoint& ckpt) {
+  for (const char* f : kCarriedFiles) {
+    const std::string path = ckpt.file_path(f);
+    struct stat lst {};
+    if (::lstat(path.c_str(), &lst) != 0) continue;  // absent: not carried
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      fail_errno(fmt::format("{}: cannot read it (a dangling symlink?)", path));
+    if (!S_ISREG(st.st_mode)) {
+      fail("{}: expected a regular file to carry into the pack, found {}", path,
+           file_kind(st.st_mode));
+    }
+    const std::string text = read_file(path);
+    if (std::string_view(f) == "tokenizer.json") {
+      (void)Tokenizer::from_json_text(text, path);
+    } else {
+      (void)parse_json_strict(text, path);
+    }
+  }
 }
 
 // XXH64 of a whole file, read with pread in large blocks.
@@ -88,6 +126,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   }
 
   auto ckpt = Checkpoint::open(dir);
+  check_carried_files(*ckpt);
   const ModelConfig& config = ckpt->config();
   // The names messages use: the input as the user gave it.
   const std::string source = extracted ? opt.input : dir;
@@ -154,11 +193,19 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   }
 
   // Re-read what was written: zip structure, alignment, manifest, sizes.
-  {
+  try {
     auto check = Pack::open(out.temp_path());
     if (check->tensors().size() != plan.tensors.size())
       fail("{}: internal error: the written pack lists {} tensors, expected {}", opt.output,
            check->tensors().size(), plan.tensors.size());
+  } catch (const Error& e) {
+    // note: the message names the temporary file, which is gone by the time
+    // the user reads it; name the output instead.
+    std::string m = e.what();
+    for (size_t at = m.find(out.temp_path()); at != std::string::npos;
+         at = m.find(out.temp_path(), at + opt.output.size()))
+      m.replace(at, out.temp_path().size(), opt.output);
+    fail("{} (reading back the pack just written)", m);
   }
   struct stat ost {};
   if (::fstat(out.fd(), &ost) == 0) result.pack_bytes = static_cast<uint64_t>(ost.st_size);

@@ -6,8 +6,10 @@
 #include <exception>
 #include <string>
 
+#include "convert/atomic_output.h"
 #include "convert/convert.h"
 #include "convert/interrupt.h"
+#include "convert/stale_temporaries.h"
 #include "loaders/cli_args.h"
 #include "loaders/error.h"
 
@@ -62,6 +64,10 @@ int main(int argc, char** argv) {
           qtk::cli::parse_size_flag("--max-entries", args["max-entries"].as<std::string>());
       if (args.count("progress"))
         opt.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+      // note: a convert killed with SIGKILL cannot remove its temporary pack
+      // or extraction directory; the next convert into the directory does.
+      for (const std::string& line : qtk::remove_stale_temporaries(qtk::directory_of(opt.output)))
+        std::fprintf(stderr, "convert: %s\n", line.c_str());
       const auto r = qtk::convert_checkpoint(opt);
       if (args.count("progress"))
         std::fprintf(stderr, "convert: wrote %s: %zu tensors, %.1f MB\n", opt.output.c_str(),

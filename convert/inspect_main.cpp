@@ -38,6 +38,33 @@ std::string ids_text(const std::vector<int64_t>& ids) {
 
 std::string id_text(int64_t id) { return id < 0 ? "none" : std::to_string(id); }
 
+// The mixture-of-experts lines: experts, top-k, renormalisation, shared
+// expert, the stored expert layout and which layers are dense.
+template <typename Line>
+void print_moe(const Checkpoint& ck, Line&& line) {
+  const ModelConfig& c = ck.config();
+  const MoeConfig& m = c.moe;
+  line(fmt::format("mixture of experts: {} experts of width {}, top-{} per token, {}",
+                   m.num_experts, m.expert_intermediate_size, m.top_k,
+                   m.norm_topk_prob ? "top-k weights renormalised to sum 1"
+                                    : "top-k weights not renormalised (norm_topk_prob false)"));
+  line(m.shared_expert_intermediate > 0
+           ? fmt::format("shared expert: width {}, sigmoid gate", m.shared_expert_intermediate)
+           : std::string("shared expert: none"));
+  bool fused = false;
+  for (const CheckpointTensor& t : ck.tensors())
+    fused |= t.name.ends_with(".mlp.experts.gate_up_proj");
+  line(fmt::format("expert tensors: {}",
+                   fused ? "fused 3-D (mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I])"
+                         : "one per expert (mlp.experts.N.{gate,up,down}_proj)"));
+  std::vector<int64_t> dense;
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if (!c.is_moe_layer(i)) dense.push_back(i);
+  line(fmt::format("mlp plan: {}  (E = mixture of experts, D = dense MLP); dense layers: {}",
+                   c.mlp_plan_string(),
+                   dense.empty() ? "none" : fmt::format("{}", fmt::join(dense, ", "))));
+}
+
 void print_checkpoint(const Checkpoint& ck) {
   const ModelConfig& c = ck.config();
   std::string out;
@@ -48,7 +75,11 @@ void print_checkpoint(const Checkpoint& ck) {
   line(fmt::format("layers: {}", c.num_layers));
   line(fmt::format("layer plan: {}  (F = full attention, L = linear attention)", c.plan_string()));
   line(fmt::format("hidden_size: {}", c.hidden_size));
-  line(fmt::format("intermediate_size: {}", c.intermediate_size));
+  if (c.has_moe() && !c.has_dense_mlp())
+    line(fmt::format("intermediate_size: {} (unused: no dense MLP layer)", c.intermediate_size));
+  else
+    line(fmt::format("intermediate_size: {}", c.intermediate_size));
+  if (c.has_moe()) print_moe(ck, line);
   line(fmt::format("vocab_size: {}", c.vocab_size));
   line(fmt::format("attention: {} heads, {} kv heads, head_dim {}{}", c.num_attention_heads,
                    c.num_kv_heads, c.head_dim, c.attn_output_gate ? ", output gate" : ""));
@@ -62,6 +93,7 @@ void print_checkpoint(const Checkpoint& ck) {
     rope += fmt::format(", mrope_section [{}]{}", fmt::join(c.rope.mrope_section, ", "),
                         c.rope.mrope_interleaved ? " interleaved" : "");
   line(rope);
+  for (const std::string& r : c.resolution) line(fmt::format("config: {}", r));
   line(fmt::format("rms_norm_eps: {}{}", c.rms_norm_eps,
                    c.norm_adds_one ? " (norm computes x * (1 + w))" : ""));
   line(fmt::format("tie_word_embeddings: {}", c.tie_word_embeddings));

@@ -1,11 +1,13 @@
 #include "convert/inspect_pack.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <map>
 
 #include "runtime/pack.h"
+#include "runtime/pack_load_check.h"
 
 namespace qtk {
 
@@ -26,6 +28,19 @@ int inspect_pack(const std::string& path, bool verify) {
   line(fmt::format("sizes:         hidden {}, intermediate {}, vocab {}, heads {}/{} x {}",
                    c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads,
                    c.num_kv_heads, c.head_dim));
+  if (c.has_moe()) {
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if (!c.is_moe_layer(i)) dense.push_back(i);
+    line(fmt::format("experts:       {} x width {}, top-{}, {}, shared expert {}",
+                     c.moe.num_experts, c.moe.expert_intermediate_size, c.moe.top_k,
+                     c.moe.norm_topk_prob ? "renormalised" : "not renormalised",
+                     c.moe.shared_expert_intermediate > 0
+                         ? fmt::format("width {} (sigmoid gate)", c.moe.shared_expert_intermediate)
+                         : std::string("none")));
+    line(fmt::format("mlp plan:      {}  dense layers: {}", c.mlp_plan_string(),
+                     dense.empty() ? "none" : fmt::format("{}", fmt::join(dense, ", "))));
+  }
   if (c.linear_num_value_heads > 0)
     line(fmt::format("linear attn:   key heads {} x {}, value heads {} x {}, conv kernel {}",
                      c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
@@ -33,6 +48,7 @@ int inspect_pack(const std::string& path, bool verify) {
   line(fmt::format("rope:          theta {}, rotary dim {}, mrope section [{}]{}", c.rope.theta,
                    c.rope.rotary_dim, fmt::join(c.rope.mrope_section, ", "),
                    c.rope.mrope_interleaved ? " interleaved" : ""));
+  for (const std::string& r : c.resolution) line(fmt::format("config:        {}", r));
   line(fmt::format("eos ids:       [{}]  tied embeddings: {}", fmt::join(c.eos_token_ids, ", "),
                    c.tie_word_embeddings ? "yes" : "no"));
 
@@ -74,8 +90,10 @@ int inspect_pack(const std::string& path, bool verify) {
   line(fmt::format("digest:        {}", pack->digest()));
   std::fputs(out.c_str(), stdout);
   if (verify) {
-    const size_t n = pack->verify();
-    std::printf("verify: %zu entries OK\n", n);
+    // note: every check generate makes at load, not only the checksums: a
+    // pack that passes --verify must load.
+    const size_t n = check_pack_loads(*pack);
+    std::printf("verify: %zu entries OK; the model loads as generate loads it\n", n);
   }
   std::fflush(stdout);
   return 0;

@@ -246,6 +246,10 @@ class Planner {
       else
         linear_attention(hf, pk);
       norm(pk + "post_attention_layernorm", hf + "post_attention_layernorm.weight", H);
+      if (c_.is_moe_layer(i)) {
+        experts(hf, pk);
+        continue;
+      }
       const TensorView& gate = need(hf + "mlp.gate_proj.weight", {I, H});
       const TensorView& up = need(hf + "mlp.up_proj.weight", {I, H});
       matrix(pk + "mlp.gate_up_proj", {2 * I, H}, {whole(gate), whole(up)}, {"fuse_gate_up"});
@@ -291,6 +295,44 @@ class Planner {
     norm(pk + "self_attn.k_norm", hf + "self_attn.k_norm.weight", D);
   }
 
+  // A mixture-of-experts layer. Whatever the source layout, the pack holds
+  // the routed experts stacked: mlp.experts.gate_up_proj [E, 2I, H] (expert
+  // e's gate rows, then its up rows) and mlp.experts.down_proj [E, H, I].
+  // note: that is the Hub's fused 3-D layout, so a fused source is copied as
+  // it is; per-expert sources are streamed piece by piece into it
+  // (stack_experts), never gathered in memory.
+  void experts(const std::string& hf, const std::string& pk) {
+    const int64_t H = c_.hidden_size, E = c_.moe.num_experts;
+    const int64_t I = c_.moe.expert_intermediate_size;
+    matrix(pk + "mlp.router", {E, H}, {whole(need(hf + "mlp.gate.weight", {E, H}))});
+    if (lookup_(hf + "mlp.experts.gate_up_proj") != nullptr) {
+      matrix(pk + "mlp.experts.gate_up_proj", {E, 2 * I, H},
+             {whole(need(hf + "mlp.experts.gate_up_proj", {E, 2 * I, H}))});
+      matrix(pk + "mlp.experts.down_proj", {E, H, I},
+             {whole(need(hf + "mlp.experts.down_proj", {E, H, I}))});
+    } else {
+      std::vector<Piece> gate_up, down;
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", hf, e);
+        gate_up.push_back(whole(need(x + "gate_proj.weight", {I, H})));
+        gate_up.push_back(whole(need(x + "up_proj.weight", {I, H})));
+        down.push_back(whole(need(x + "down_proj.weight", {H, I})));
+      }
+      matrix(pk + "mlp.experts.gate_up_proj", {E, 2 * I, H}, std::move(gate_up), {"stack_experts"});
+      matrix(pk + "mlp.experts.down_proj", {E, H, I}, std::move(down), {"stack_experts"});
+    }
+    if (const int64_t S = c_.moe.shared_expert_intermediate; S > 0) {
+      const TensorView& gate = need(hf + "mlp.shared_expert.gate_proj.weight", {S, H});
+      const TensorView& up = need(hf + "mlp.shared_expert.up_proj.weight", {S, H});
+      matrix(pk + "mlp.shared_expert.gate_up_proj", {2 * S, H}, {whole(gate), whole(up)},
+             {"fuse_gate_up"});
+      matrix(pk + "mlp.shared_expert.down_proj", {H, S},
+             {whole(need(hf + "mlp.shared_expert.down_proj.weight", {H, S}))});
+      matrix(pk + "mlp.shared_expert_gate", {1, H},
+             {whole(need(hf + "mlp.shared_expert_gate.weight", {1, H}))});
+    }
+  }
+
   void linear_attention(const std::string& hf, const std::string& pk) {
     const int64_t H = c_.hidden_size, Hv = c_.linear_num_value_heads, Dv = c_.linear_value_head_dim;
     const int64_t C = c_.linear_conv_dim(), K = c_.linear_conv_kernel, VD = c_.linear_value_dim();
@@ -334,7 +376,14 @@ class Planner {
     TensorPlan plan;
     plan.tensors = std::move(out_);
     static const std::pair<const char*, const char*> kDescriptions[] = {
-        {"fuse_gate_up", "mlp.gate_up_proj = rows of mlp.gate_proj, then rows of mlp.up_proj"},
+        {"fuse_gate_up",
+         "mlp.gate_up_proj = rows of mlp.gate_proj, then rows of mlp.up_proj (likewise "
+         "mlp.shared_expert.gate_up_proj)"},
+        {"stack_experts",
+         "per-expert mlp.experts.{e}.{gate,up,down}_proj stacked: mlp.experts.gate_up_proj "
+         "[E, 2I, H] = per expert e, rows of gate_proj then up_proj; mlp.experts.down_proj "
+         "[E, H, I] = down_proj of each expert in order (the layout of fused 3-D sources, which "
+         "are copied as they are)"},
         {"fuse_qkv",
          "self_attn.qkv_proj = rows of q_proj (queries[, gates]), then k_proj, then v_proj"},
         {"split_q_gate",

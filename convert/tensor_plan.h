@@ -16,6 +16,11 @@
 //     linear_attn.conv1d f32 [C, K], linear_attn.dt_bias f32 [Hv],
 //     linear_attn.A f32 [Hv] (= -exp(A_log)), linear_attn.norm f32 [Dv],
 //     linear_attn.out_proj [H, Hv*Dv]
+//   mixture-of-experts layers (E experts of width Ie, shared expert of width S), instead of
+//     the dense mlp.*: mlp.router [E, H], mlp.experts.gate_up_proj [E, 2*Ie, H] (per expert:
+//     gate rows, then up rows), mlp.experts.down_proj [E, H, Ie]; with a shared expert also
+//     mlp.shared_expert.gate_up_proj [2S, H], mlp.shared_expert.down_proj [H, S],
+//     mlp.shared_expert_gate [1, H]
 #pragma once
 
 #include <cstdint>

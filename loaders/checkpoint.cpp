@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,22 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 bool is_regular_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// note: a FIFO, a device or a directory under a checkpoint file's name would
+// otherwise read as "missing" (or block a read); it is refused by name.
+void refuse_non_regular(const std::string& path) {
+  struct stat lst {}, st {};
+  if (::lstat(path.c_str(), &lst) != 0) return;  // absent
+  if (::stat(path.c_str(), &st) != 0) fail("{}: a symlink to nothing", path);
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  fail("{}: expected a regular file, found {}", path, kind);
 }
 
 std::string quote_name(std::string_view s) {
@@ -165,6 +182,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     fail("{}: expected a checkpoint directory, found {}", dir,
          ::stat(dir.c_str(), &st) != 0 ? "nothing" : "a file");
 
+  for (const char* f : {"config.json", "generation_config.json", kSingleFile, kIndexFile})
+    refuse_non_regular(ck->file_path(f));
   const std::string config_path = ck->file_path("config.json");
   if (!is_regular_file(config_path)) fail("{}: missing config.json", dir);
   ck->config_ = load_hf_config(config_path);
@@ -202,6 +221,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     for (const auto& [tensor, shard] : index) {
       if (ck->shards_.count(shard)) continue;
       const std::string path = ck->file_path(shard);
+      refuse_non_regular(path);
       if (!is_regular_file(path))
         fail("{}: field 'weight_map': tensor {}: shard {} does not exist in {}", index_path,
              quote_name(tensor), quote_name(shard), dir);
@@ -255,7 +275,15 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
 
   const ModelConfig& c = ck->config_;
   const std::string& arch = c.hf_architecture;
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  // note: the routed experts are stored one tensor per expert or fused into
+  // 3-D tensors; a fused gate_up_proj anywhere picks the fused layout, and
+  // a layer in the other layout then fails below as missing/unexpected.
+  ExpertLayout experts = ExpertLayout::kPerExpert;
+  for (const auto& [name, where] : by_canonical) {
+    const std::string_view fused = ".mlp.experts.gate_up_proj";
+    if (name.size() > fused.size() && name.ends_with(fused)) experts = ExpertLayout::kFused;
+  }
+  for (const ExpectedTensor& e : expected_tensors(c, experts)) {
     const auto it = by_canonical.find(e.name);
     if (it == by_canonical.end()) {
       if (e.name == "lm_head.weight")

@@ -12,9 +12,40 @@
 
 namespace qtk {
 
+// A message made printable as one line: control bytes (a NUL, a newline
+// from user data) become escapes such as \x00 and \n.
+// note: what() is a C string, so an embedded NUL would cut every printed
+// message there; escaping at construction keeps all of it.
+// (Inline: the tokenizer uses this header without linking loaders.)
+inline std::string printable_message(const std::string& message) {
+  bool plain = true;
+  for (char c : message) plain = plain && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+  if (plain) return message;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(message.size() + 16);
+  for (char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(printable_message(message)) {}
 };
 
 // Throws qtk::Error with a fmt-formatted message.

@@ -1,10 +1,43 @@
 // parse_hf_config: Hugging Face config.json -> ModelConfig.
 //
-// Spellings differ between transformers 4.x files (rope_theta and
-// rope_scaling at the top level) and 5.x files (rope_parameters), and the
-// multimodal Qwen3.5 layout nests the text model under text_config. Every
-// field is read through one lookup that knows those places, so each
-// variant is handled in exactly one spot.
+// Where each value comes from, exactly as transformers 5.17 reads a saved
+// config (PreTrainedConfig.__post_init__, RotaryEmbeddingConfigMixin and the
+// Qwen3 / Qwen3.5 config and rotary classes). One rule per field; each
+// function below that applies a rule names it. Where a value is found in
+// more than one place, ModelConfig::resolution says which was used and
+// which was ignored (`inspect` prints it).
+//
+//  R1 text fields        Multimodal layout (*ForConditionalGeneration):
+//                        every text-model field comes from text_config; a
+//                        top-level field of the same name is ignored
+//                        (transformers builds the text model from
+//                        text_config alone). Token ids (eos/bos/pad) fall
+//                        back to the top level: they do not change the
+//                        forward pass.
+//  R2 RoPE dict          `rope_scaling` (4.x name), when a non-empty object,
+//                        replaces `rope_parameters` wholesale; else
+//                        `rope_parameters`; else {}.
+//  R3 rope_theta         the RoPE dict's value; else the top-level
+//                        `rope_theta`; else 10000 (the mixin's default_theta).
+//  R4 partial_rotary_    the RoPE dict's value; else the top-level field;
+//     factor             else 0.25 for Qwen3.5 (Qwen3_5TextConfig's default)
+//                        and 1.0 for Qwen3. rotary_dim = int(head_dim *
+//                        factor), truncated as Python's int() does.
+//  R5 mrope_section      Qwen3.5: the RoPE dict's value, else [11, 11, 10]
+//                        (the rotary class's default); a top-level field is
+//                        ignored. Qwen3 has no M-RoPE: ignored.
+//  R6 mrope_interleaved  ignored: Qwen3.5's rotary embedding always
+//                        interleaves (recomposition_frequencies); recorded
+//                        as interleaved.
+//  R7 rope_type          "default" (or absent) only; any other type changes
+//                        the frequencies and is refused.
+//  R8 head_dim           the field; absent: the class default (128 for
+//                        Qwen3, 256 for Qwen3.5), never hidden_size / heads.
+//  R9 tie_word_          multimodal layout: text_config's or the top level's,
+//     embeddings         whichever is given; both given and different is
+//                        refused as ambiguous (which one ties the weights
+//                        has changed between transformers versions).
+//                        Absent: false (both classes' default).
 #include <cmath>
 #include <optional>
 
@@ -34,8 +67,13 @@ struct ConfigDoc {
   std::string source;
   bool nested;
 
-  // The field from text_config, else from the top level; nullptr if absent.
+  // The text model's field (R1: text_config only in the multimodal layout);
+  // nullptr if absent.
   const json* find(const char* field) const {
+    return text.contains(field) ? &text[field] : nullptr;
+  }
+  // A token id field: text_config first, then the top level (R1).
+  const json* find_token_ids(const char* field) const {
     if (text.contains(field)) return &text[field];
     if (nested && top.contains(field)) return &top[field];
     return nullptr;
@@ -60,8 +98,8 @@ struct ConfigDoc {
       fail("{}: field '{}': expected true or false, found {}", source, name(field), shown(*v));
     return v->get<bool>();
   }
-  // A number read through find(): text_config first, then the top level.
-  std::optional<double> optional_top_number(const char* field) const {
+  // A number field of the text model (R1), absent or null: nullopt.
+  std::optional<double> optional_text_number(const char* field) const {
     const json* v = find(field);
     if (!v || v->is_null()) return std::nullopt;
     if (!v->is_number())
@@ -97,13 +135,13 @@ std::vector<int64_t> token_ids(const json* v, const std::string& source, const s
 }
 
 int64_t single_token_id(const ConfigDoc& d, const char* field) {
-  const auto ids = token_ids(d.find(field), d.source, d.name(field));
+  const auto ids = token_ids(d.find_token_ids(field), d.source, d.name(field));
   if (ids.size() > 1)
     fail("{}: field '{}': expected one token id, found {}", d.source, d.name(field), ids.size());
   return ids.empty() ? -1 : ids[0];
 }
 
-void reject_unsupported(const ConfigDoc& d) {
+void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
   if (auto bias = d.optional_bool("attention_bias"); bias && *bias)
     fail("{}: field '{}': attention_bias true is not supported (expected false)", d.source,
          d.name("attention_bias"));
@@ -117,12 +155,16 @@ void reject_unsupported(const ConfigDoc& d) {
   if (const json* act = d.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
     fail("{}: field '{}': expected \"silu\", found {}", d.source, d.name("hidden_act"),
          shown(*act));
-  for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts",
-                          "num_experts_per_tok", "moe_intermediate_size"}) {
-    const json* v = d.find(moe);
-    if (v && !v->is_null() && !(v->is_number() && v->get<double>() == 0))
-      fail("{}: field '{}': mixture-of-experts models are not supported, found {}", d.source,
-           d.name(moe), shown(*v));
+  if (!moe_architecture) {
+    for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts",
+                            "num_experts_per_tok", "moe_intermediate_size"}) {
+      const json* v = d.find(moe);
+      if (v && !v->is_null() && !(v->is_number() && v->get<double>() == 0))
+        fail(
+            "{}: field '{}': mixture-of-experts models are not supported for {}, found {} "
+            "(expected Qwen3MoeForCausalLM or a Qwen3_5Moe architecture)",
+            d.source, d.name(moe), d.top["architectures"][0].get<std::string>(), shown(*v));
+    }
   }
 }
 
@@ -228,103 +270,184 @@ void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
     c.layer_plan.push_back((i + 1) % interval == 0 ? LayerKind::kFull : LayerKind::kLinear);
 }
 
-void read_rope(const ConfigDoc& d, ModelConfig& c) {
-  // 5.x: rope_parameters {rope_type, rope_theta, partial_rotary_factor, mrope_*};
-  // 4.x: rope_theta and partial_rotary_factor at the top, rope_scaling {type, mrope_*} or null.
-  const json kEmpty = json::object();
+// Mixture-of-experts fields of Qwen3MoeForCausalLM and the Qwen3_5Moe
+// classes, and which layers are MoE.
+void read_moe(const ConfigDoc& d, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  // note: transformers 5.x writes Qwen3-MoE's expert count as
+  // num_local_experts, the Hub's files say num_experts: either is read, and
+  // both must agree when both are given.
+  const json* ne = d.find("num_experts");
+  const json* nl = d.find("num_local_experts");
+  if (ne && ne->is_null()) ne = nullptr;
+  if (nl && nl->is_null()) nl = nullptr;
+  if (!ne && !nl)
+    fail("{}: missing field 'num_experts' (or 'num_local_experts') for {}", d.source,
+         c.hf_architecture);
+  if (ne) m.num_experts = d.positive_int("num_experts");
+  if (nl) {
+    const int64_t local = d.positive_int("num_local_experts");
+    if (ne && local != m.num_experts)
+      fail("{}: fields '{}' ({}) and '{}' ({}) disagree", d.source, d.name("num_experts"),
+           m.num_experts, d.name("num_local_experts"), local);
+    m.num_experts = local;
+  }
+  m.top_k = d.positive_int("num_experts_per_tok");
+  if (m.top_k > m.num_experts)
+    fail("{}: field '{}': expected at most num_experts = {}, found {}", d.source,
+         d.name("num_experts_per_tok"), m.num_experts, m.top_k);
+  m.expert_intermediate_size = d.positive_int("moe_intermediate_size");
+
+  if (c.arch == Arch::kQwen3_5) {
+    // note: Qwen3_5MoeSparseMoeBlock always divides the top-k weights by
+    // their sum and has no norm_topk_prob, decoder_sparse_step or
+    // mlp_only_layers: every layer is MoE, with a shared expert.
+    m.norm_topk_prob = true;
+    m.shared_expert_intermediate = d.positive_int("shared_expert_intermediate_size");
+    m.mlp_plan.assign(static_cast<size_t>(c.num_layers), MlpKind::kMoe);
+    return;
+  }
+  // Qwen3-MoE: Qwen3MoeConfig defaults norm_topk_prob false, step 1, no dense layers.
+  m.norm_topk_prob = d.optional_bool("norm_topk_prob").value_or(false);
+  int64_t step = 1;
+  if (const json* v = d.find("decoder_sparse_step"); v && !v->is_null())
+    step = d.positive_int("decoder_sparse_step");
+  std::vector<bool> dense(static_cast<size_t>(c.num_layers), false);
+  if (const json* v = d.find("mlp_only_layers"); v && !v->is_null()) {
+    if (!v->is_array())
+      fail("{}: field '{}': expected a list of layer indices, found {}", d.source,
+           d.name("mlp_only_layers"), shown(*v));
+    for (const json& x : *v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_layers)
+        fail("{}: field '{}': expected layer indices in [0, {}), found {}", d.source,
+             d.name("mlp_only_layers"), c.num_layers, shown(x));
+      dense[static_cast<size_t>(x.get<int64_t>())] = true;
+    }
+  }
+  // note: transformers' rule (Qwen3MoeDecoderLayer): layer i is MoE when it
+  // is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    m.mlp_plan.push_back(!dense[static_cast<size_t>(i)] && (i + 1) % step == 0 ? MlpKind::kMoe
+                                                                               : MlpKind::kDense);
+  // note: a plan with no MoE layer at all is still a Qwen3-MoE model
+  // (transformers builds it); it runs as dense layers only.
+}
+
+std::string number_text(double v) { return fmt::format("{}", v); }
+
+// R2, R7: the RoPE parameter object transformers keeps, and its name.
+std::pair<const json*, std::string> rope_dict(const ConfigDoc& d, ModelConfig& c) {
   const json* params = d.find("rope_parameters");
   const json* scaling = d.find("rope_scaling");
   for (const auto& [obj, field] :
        {std::pair{params, "rope_parameters"}, {scaling, "rope_scaling"}}) {
-    if (!obj || obj->is_null()) continue;
-    if (!obj->is_object())
+    if (obj && !obj->is_null() && !obj->is_object())
       fail("{}: field '{}': expected an object or null, found {}", d.source, d.name(field),
            shown(*obj));
+  }
+  const bool use_scaling = scaling && scaling->is_object() && !scaling->empty();
+  const json* dict = use_scaling ? scaling : (params && params->is_object() ? params : nullptr);
+  const std::string name = d.name(use_scaling ? "rope_scaling" : "rope_parameters");
+  if (use_scaling && params && params->is_object() && !params->empty() && *params != *scaling)
+    c.resolution.push_back(
+        fmt::format("{} used; {} ignored (transformers lets the 4.x rope_scaling replace it)", name,
+                    d.name("rope_parameters")));
+  if (dict) {
     for (const char* type_key : {"rope_type", "type"}) {
-      if (!obj->contains(type_key)) continue;
-      const json& t = (*obj)[type_key];
+      if (!dict->contains(type_key)) continue;
+      const json& t = (*dict)[type_key];
       if (t != "default")
-        fail("{}: field '{}.{}': only \"default\" RoPE is supported, found {}", d.source,
-             d.name(field), type_key, shown(t));
+        fail("{}: field '{}.{}': only \"default\" RoPE is supported, found {}", d.source, name,
+             type_key, shown(t));
     }
   }
-  const json& p = params && params->is_object() ? *params : kEmpty;
-  const json& s = scaling && scaling->is_object() ? *scaling : kEmpty;
-  const std::string pname = d.name("rope_parameters");
-  const std::string sname = d.name("rope_scaling");
+  return {dict, name};
+}
 
-  // theta
-  const auto theta_top = d.optional_top_number("rope_theta");
-  const auto theta_p = d.optional_number(p, "rope_theta", pname + ".rope_theta");
-  if (theta_top && theta_p && *theta_top != *theta_p)
-    fail("{}: fields '{}' ({}) and '{}.rope_theta' ({}) disagree", d.source, d.name("rope_theta"),
-         *theta_top, pname, *theta_p);
-  if (!theta_top && !theta_p)
-    fail("{}: missing field 'rope_theta' (expected at the top level or in rope_parameters)",
-         d.source);
-  c.rope.theta = theta_p ? *theta_p : *theta_top;
+// R3, R4: a number from the RoPE dict, else the top level, else `fallback`;
+// records a disagreeing duplicate as ignored.
+double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
+                   const std::string& dict_name, const char* field, double fallback,
+                   const char* fallback_why) {
+  const auto top = d.optional_text_number(field);
+  std::optional<double> in_dict;
+  if (dict && dict->contains(field) && !(*dict)[field].is_null()) {
+    const json& v = (*dict)[field];
+    if (!v.is_number())
+      fail("{}: field '{}.{}': expected a number, found {}", d.source, dict_name, field, shown(v));
+    in_dict = v.get<double>();
+  }
+  if (in_dict) {
+    if (top && *top != *in_dict)
+      c.resolution.push_back(fmt::format("{}: {} from {} ('{}' {} ignored)", field,
+                                         number_text(*in_dict), dict_name, d.name(field),
+                                         number_text(*top)));
+    return *in_dict;
+  }
+  if (top) return *top;
+  c.resolution.push_back(
+      fmt::format("{}: absent, {} used ({})", field, number_text(fallback), fallback_why));
+  return fallback;
+}
+
+void read_rope(const ConfigDoc& d, ModelConfig& c) {
+  const auto [dict, dict_name] = rope_dict(d, c);
+
+  c.rope.theta =
+      rope_number(d, c, dict, dict_name, "rope_theta", 10000.0, "transformers' default_theta");
   if (!(c.rope.theta > 0) || !std::isfinite(c.rope.theta))
     fail("{}: field 'rope_theta': expected a positive number, found {}", d.source, c.rope.theta);
 
-  // partial rotary factor
-  const auto f_top = d.optional_top_number("partial_rotary_factor");
-  const auto f_p = d.optional_number(p, "partial_rotary_factor", pname + ".partial_rotary_factor");
-  if (f_top && f_p && *f_top != *f_p)
-    fail("{}: fields '{}' ({}) and '{}.partial_rotary_factor' ({}) disagree", d.source,
-         d.name("partial_rotary_factor"), *f_top, pname, *f_p);
-  c.rope.partial_factor = f_p ? *f_p : (f_top ? *f_top : 1.0);
+  const bool qwen35 = c.arch == Arch::kQwen3_5;
+  c.rope.partial_factor =
+      rope_number(d, c, dict, dict_name, "partial_rotary_factor", qwen35 ? 0.25 : 1.0,
+                  qwen35 ? "Qwen3_5TextConfig's default" : "full rotary, as Qwen3 computes");
   if (!(c.rope.partial_factor > 0 && c.rope.partial_factor <= 1))
     fail("{}: field 'partial_rotary_factor': expected a number in (0, 1], found {}", d.source,
          c.rope.partial_factor);
-  const double rd = static_cast<double>(c.head_dim) * c.rope.partial_factor;
-  c.rope.rotary_dim = static_cast<int64_t>(std::llround(rd));
-  if (std::fabs(rd - static_cast<double>(c.rope.rotary_dim)) > 1e-9)
-    fail(
-        "{}: field 'partial_rotary_factor': head_dim {} x {} = {} is not a whole rotary "
-        "dimension",
-        d.source, c.head_dim, c.rope.partial_factor, rd);
+  // note: transformers takes int(head_dim * partial_rotary_factor): the
+  // product in double precision, truncated (an odd result is refused by
+  // validate_model_config: rotate_half needs pairs).
+  c.rope.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * c.rope.partial_factor);
 
-  // M-RoPE
-  const json* section = nullptr;
-  std::string section_name;
-  const json* interleaved = nullptr;
-  for (const auto& [obj, oname] : {std::pair{&p, pname}, {&s, sname}}) {
-    if (obj->contains("mrope_section") && !(*obj)["mrope_section"].is_null()) {
-      if (section && *section != (*obj)["mrope_section"])
-        fail("{}: fields '{}' and '{}.mrope_section' disagree", d.source, section_name, oname);
-      section = &(*obj)["mrope_section"];
-      section_name = oname + ".mrope_section";
-    }
-    if (obj->contains("mrope_interleaved") && !(*obj)["mrope_interleaved"].is_null()) {
-      interleaved = &(*obj)["mrope_interleaved"];
-      if (!interleaved->is_boolean())
-        fail("{}: field '{}.mrope_interleaved': expected true or false, found {}", d.source, oname,
-             shown(*interleaved));
-    }
+  // R5, R6: M-RoPE.
+  const json* section =
+      dict && dict->contains("mrope_section") && !(*dict)["mrope_section"].is_null()
+          ? &(*dict)["mrope_section"]
+          : nullptr;
+  const std::string section_name = dict_name + ".mrope_section";
+  if (const json* top = d.find("mrope_section"); top && !top->is_null())
+    c.resolution.push_back(fmt::format("'{}' ignored (transformers reads {} only)",
+                                       d.name("mrope_section"), section_name));
+  if (!qwen35) {
+    if (section)
+      c.resolution.push_back(
+          fmt::format("'{}' ignored ({} has no M-RoPE)", section_name, c.hf_architecture));
+    return;
   }
   if (section) {
-    if (c.arch != Arch::kQwen3_5)
-      fail("{}: field '{}': M-RoPE is not supported for {}", d.source, section_name,
-           c.hf_architecture);
-    if (!section->is_array() || section->empty())
-      fail("{}: field '{}': expected a list of positive integers, found {}", d.source, section_name,
-           shown(*section));
-    int64_t sum = 0;
+    if (!section->is_array() || section->size() != 3)
+      fail("{}: field '{}': expected 3 integers (temporal, height, width), found {}", d.source,
+           section_name, shown(*section));
     for (const json& x : *section) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > (1 << 20))
-        fail("{}: field '{}': expected a list of integers >= 0, found {}", d.source, section_name,
+        fail("{}: field '{}': expected 3 integers >= 0, found {}", d.source, section_name,
              shown(*section));
       c.rope.mrope_section.push_back(x.get<int64_t>());
-      sum += x.get<int64_t>();
     }
-    if (c.rope.mrope_section.size() != 3)
-      fail("{}: field '{}': expected 3 entries (temporal, height, width), found {}", d.source,
-           section_name, c.rope.mrope_section.size());
-    c.rope.mrope_interleaved = interleaved && interleaved->get<bool>();
-    // checked against rotary_dim / 2 in validate_model_config
-    (void)sum;
-  } else if (interleaved && interleaved->get<bool>()) {
-    fail("{}: field 'mrope_interleaved' is true but no mrope_section is given", d.source);
+  } else {
+    c.rope.mrope_section = {11, 11, 10};
+    c.resolution.push_back(
+        fmt::format("mrope_section: absent, [11, 11, 10] used (Qwen3.5's rotary default)"));
+  }
+  c.rope.mrope_interleaved = true;
+  for (const json* obj : {dict, d.find("mrope_interleaved") ? &d.text : nullptr}) {
+    if (!obj || !obj->contains("mrope_interleaved")) continue;
+    const json& v = (*obj)["mrope_interleaved"];
+    if (v != true)
+      c.resolution.push_back(fmt::format(
+          "mrope_interleaved {} ignored (Qwen3.5's rotary embedding always interleaves)",
+          shown(v)));
   }
 }
 
@@ -339,6 +462,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
          archs ? shown(*archs) : "nothing");
   c.hf_architecture = (*archs)[0].get<std::string>();
   bool nested = false;
+  bool moe = false;  // a mixture-of-experts class
   if (c.hf_architecture == "Qwen3ForCausalLM") {
     c.arch = Arch::kQwen3;
   } else if (c.hf_architecture == "Qwen3_5ForCausalLM") {
@@ -346,10 +470,21 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   } else if (c.hf_architecture == "Qwen3_5ForConditionalGeneration") {
     c.arch = Arch::kQwen3_5;
     nested = true;
+  } else if (c.hf_architecture == "Qwen3MoeForCausalLM") {
+    c.arch = Arch::kQwen3;
+    moe = true;
+  } else if (c.hf_architecture == "Qwen3_5MoeForCausalLM") {
+    c.arch = Arch::kQwen3_5;
+    moe = true;
+  } else if (c.hf_architecture == "Qwen3_5MoeForConditionalGeneration") {
+    c.arch = Arch::kQwen3_5;
+    nested = true;
+    moe = true;
   } else {
     fail(
-        "{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
-        "Qwen3_5ForConditionalGeneration, found \"{}\"",
+        "{}: field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM, "
+        "Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM or "
+        "Qwen3_5MoeForConditionalGeneration, found \"{}\"",
         source, c.hf_architecture);
   }
   if (nested && !(doc.contains("text_config") && doc["text_config"].is_object()))
@@ -358,23 +493,30 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   const ConfigDoc d{doc, nested ? doc["text_config"] : doc, source, nested};
 
   if (const json* mt = d.find("model_type"); mt && mt->is_string()) c.model_type = *mt;
-  reject_unsupported(d);
+  reject_unsupported(d, moe);
   read_fp8_quantization(d, c);
 
   c.vocab_size = d.positive_int("vocab_size");
   c.hidden_size = d.positive_int("hidden_size");
-  c.intermediate_size = d.positive_int("intermediate_size");
   c.num_layers = d.positive_int("num_hidden_layers");
+  // note: an MoE config may omit intermediate_size (Qwen3.5-MoE has no dense
+  // MLP); validate_model_config requires it when a layer is dense.
+  if (const json* v = d.find("intermediate_size"); !moe || (v && !v->is_null()))
+    c.intermediate_size = d.positive_int("intermediate_size");
   c.num_attention_heads = d.positive_int("num_attention_heads");
   c.num_kv_heads = d.find("num_key_value_heads") && !d.find("num_key_value_heads")->is_null()
                        ? d.positive_int("num_key_value_heads")
                        : c.num_attention_heads;
-  if (!d.find("head_dim"))
-    fail(
-        "{}: missing field 'head_dim' (expected it explicitly; it is not hidden_size / heads "
-        "for these models)",
-        source);
-  c.head_dim = d.positive_int("head_dim");
+  if (const json* hd = d.find("head_dim"); hd && !hd->is_null()) {
+    c.head_dim = d.positive_int("head_dim");
+  } else {
+    // R8: transformers uses the config class's default, not hidden_size / heads.
+    c.head_dim = c.arch == Arch::kQwen3_5 ? 256 : 128;
+    c.resolution.push_back(fmt::format(
+        "head_dim: absent, {} used ({}'s default; hidden_size / num_attention_heads would be {})",
+        c.head_dim, c.arch == Arch::kQwen3_5 ? "Qwen3_5TextConfig" : "Qwen3Config",
+        c.hidden_size / c.num_attention_heads));
+  }
   if (d.find("max_position_embeddings"))
     c.max_position_embeddings = d.positive_int("max_position_embeddings");
   if (const json* eps = d.find("rms_norm_eps")) {
@@ -384,7 +526,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
     c.rms_norm_eps = eps->get<double>();
   }
 
-  // tie_word_embeddings may sit at either level of the multimodal layout.
+  // R9: tie_word_embeddings may sit at either level of the multimodal layout.
   {
     std::optional<bool> tie_text, tie_top;
     auto read_tie = [&](const json& obj, const char* where) -> std::optional<bool> {
@@ -420,9 +562,10 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   }
 
   read_layer_plan(d, c);
+  if (moe) read_moe(d, c);
   read_rope(d, c);
 
-  c.eos_token_ids = token_ids(d.find("eos_token_id"), source, d.name("eos_token_id"));
+  c.eos_token_ids = token_ids(d.find_token_ids("eos_token_id"), source, d.name("eos_token_id"));
   c.bos_token_id = single_token_id(d, "bos_token_id");
   c.pad_token_id = single_token_id(d, "pad_token_id");
 

@@ -17,6 +17,51 @@ std::string ModelConfig::plan_string() const {
   return s;
 }
 
+bool ModelConfig::has_dense_mlp() const {
+  for (int64_t i = 0; i < num_layers; ++i)
+    if (!is_moe_layer(i)) return true;
+  return false;
+}
+
+std::string ModelConfig::mlp_plan_string() const {
+  std::string s;
+  for (int64_t i = 0; i < num_layers; ++i)
+    s += static_cast<char>(is_moe_layer(i) ? MlpKind::kMoe : MlpKind::kDense);
+  return s;
+}
+
+namespace {
+
+// The mixture-of-experts fields, when the model has experts.
+void validate_moe(const ModelConfig& c, const std::string& source) {
+  const MoeConfig& m = c.moe;
+  if (m.num_experts == 0) {
+    if (!m.mlp_plan.empty())
+      fail("{}: field 'mlp_plan': a model without experts has no MoE layer plan, found {}", source,
+           c.mlp_plan_string());
+    return;
+  }
+  if (m.num_experts < 0)
+    fail("{}: field 'num_experts': expected a positive integer, found {}", source, m.num_experts);
+  if (m.top_k <= 0 || m.top_k > m.num_experts)
+    fail("{}: field 'num_experts_per_tok': expected an integer in [1, num_experts = {}], found {}",
+         source, m.num_experts, m.top_k);
+  if (m.expert_intermediate_size <= 0)
+    fail("{}: field 'moe_intermediate_size': expected a positive integer, found {}", source,
+         m.expert_intermediate_size);
+  if (m.shared_expert_intermediate < 0)
+    fail("{}: field 'shared_expert_intermediate_size': expected an integer >= 0, found {}", source,
+         m.shared_expert_intermediate);
+  if (static_cast<int64_t>(m.mlp_plan.size()) != c.num_layers)
+    fail("{}: field 'mlp_plan': expected {} layers (num_hidden_layers), found {}", source,
+         c.num_layers, m.mlp_plan.size());
+  for (MlpKind k : m.mlp_plan)
+    if (k != MlpKind::kDense && k != MlpKind::kMoe)
+      fail("{}: field 'mlp_plan': unknown MLP kind '{}'", source, static_cast<char>(k));
+}
+
+}  // namespace
+
 const char* arch_name(Arch a) { return a == Arch::kQwen3 ? "qwen3" : "qwen3_5"; }
 
 void validate_model_config(const ModelConfig& c, const std::string& source) {
@@ -25,8 +70,11 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   };
   positive(c.vocab_size, "vocab_size");
   positive(c.hidden_size, "hidden_size");
-  positive(c.intermediate_size, "intermediate_size");
   positive(c.num_layers, "num_hidden_layers");
+  validate_moe(c, source);
+  // note: a model whose every layer is a mixture of experts (Qwen3.5-MoE)
+  // has no dense MLP and need not say intermediate_size.
+  if (c.has_dense_mlp()) positive(c.intermediate_size, "intermediate_size");
   positive(c.num_attention_heads, "num_attention_heads");
   positive(c.num_kv_heads, "num_key_value_heads");
   positive(c.head_dim, "head_dim");
@@ -65,7 +113,7 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
         "{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
         "positive and <= head_dim",
         source, c.head_dim, c.rope.partial_factor, rd);
-  if (!c.rope.mrope_section.empty()) {
+  if (!c.rope.mrope_section.empty() && !c.rope.mrope_interleaved) {
     int64_t sum = 0;
     for (int64_t s : c.rope.mrope_section) sum += s;
     if (sum != rd / 2)
@@ -116,6 +164,16 @@ json config_to_json(const ModelConfig& c) {
   j["eos_token_ids"] = c.eos_token_ids;
   j["bos_token_id"] = c.bos_token_id;
   j["pad_token_id"] = c.pad_token_id;
+  if (!c.resolution.empty()) j["resolution"] = c.resolution;
+  // note: written only for models with experts, so dense packs keep the
+  // manifest they always had (and older readers' view of them).
+  if (c.has_moe())
+    j["moe"] = {{"num_experts", c.moe.num_experts},
+                {"top_k", c.moe.top_k},
+                {"expert_intermediate_size", c.moe.expert_intermediate_size},
+                {"norm_topk_prob", c.moe.norm_topk_prob},
+                {"shared_expert_intermediate_size", c.moe.shared_expert_intermediate},
+                {"mlp_plan", c.mlp_plan_string()}};
   return j;
 }
 
@@ -221,6 +279,36 @@ ModelConfig config_from_json(const json& j, const std::string& source) {
   c.eos_token_ids = r.integers("eos_token_ids");
   c.bos_token_id = r.integer("bos_token_id");
   c.pad_token_id = r.integer("pad_token_id");
+  if (j.contains("resolution")) {
+    const json& res = j["resolution"];
+    if (!res.is_array())
+      fail("{}: field 'config.resolution': expected a list of strings, found {}", source,
+           res.type_name());
+    for (const json& line : res) {
+      if (!line.is_string())
+        fail("{}: field 'config.resolution': expected a list of strings, found {}", source,
+             line.type_name());
+      c.resolution.push_back(line.get<std::string>());
+    }
+  }
+  if (j.contains("moe")) {
+    const Reader moe{r.at("moe"), source, "config.moe."};
+    c.moe.num_experts = moe.integer("num_experts");
+    c.moe.top_k = moe.integer("top_k");
+    c.moe.expert_intermediate_size = moe.integer("expert_intermediate_size");
+    c.moe.norm_topk_prob = moe.boolean("norm_topk_prob");
+    c.moe.shared_expert_intermediate = moe.integer("shared_expert_intermediate_size");
+    const std::string mlp = moe.string("mlp_plan");
+    for (char ch : mlp) {
+      if (ch != 'D' && ch != 'E')
+        fail("{}: field 'config.moe.mlp_plan': expected letters D and E, found \"{}\"", source,
+             mlp);
+      c.moe.mlp_plan.push_back(static_cast<MlpKind>(ch));
+    }
+    if (c.moe.num_experts <= 0)
+      fail("{}: field 'config.moe.num_experts': expected a positive integer, found {}", source,
+           c.moe.num_experts);
+  }
   validate_model_config(c, source);
   return c;
 }

@@ -15,11 +15,30 @@ enum class Arch { kQwen3, kQwen3_5 };
 
 enum class LayerKind : char { kFull = 'F', kLinear = 'L' };
 
+// What a layer's feed-forward block is: a dense SwiGLU MLP or a sparse
+// mixture of experts.
+enum class MlpKind : char { kDense = 'D', kMoe = 'E' };
+
+// Mixture-of-experts hyperparameters (Qwen3-MoE, Qwen3.5-MoE); num_experts
+// is 0 for dense models.
+struct MoeConfig {
+  int64_t num_experts = 0;                 // E (num_experts or num_local_experts)
+  int64_t top_k = 0;                       // num_experts_per_tok
+  int64_t expert_intermediate_size = 0;    // moe_intermediate_size, per routed expert
+  bool norm_topk_prob = false;             // renormalise the top-k weights to sum to 1
+  int64_t shared_expert_intermediate = 0;  // shared_expert_intermediate_size; 0: none
+  std::vector<MlpKind> mlp_plan;           // one per layer; empty for dense models
+};
+
 struct RopeConfig {
   double theta = 10000.0;
   double partial_factor = 1.0;         // rotary_dim = head_dim * partial_factor
   int64_t rotary_dim = 0;              // even, <= head_dim
-  std::vector<int64_t> mrope_section;  // empty for plain RoPE; sums to rotary_dim / 2
+  std::vector<int64_t> mrope_section;  // empty for plain RoPE; (t, h, w) frequency pairs
+  // note: interleaved (Qwen3.5): frequency j takes axis a in {1, 2} when
+  // j % 3 == a and j < 3 * section[a], else the temporal axis; sections need
+  // not sum to rotary_dim / 2 (transformers does not require it).
+  // Contiguous: sections [t][h][w] summing to rotary_dim / 2.
   bool mrope_interleaved = false;
 };
 
@@ -66,6 +85,7 @@ struct ModelConfig {
 
   RopeConfig rope;
   std::vector<LayerKind> layer_plan;  // one per layer
+  MoeConfig moe;
 
   // note: read from config.json only; a pack records its quantised tensors
   // in the manifest's "quantization" section, not in this struct.
@@ -75,6 +95,11 @@ struct ModelConfig {
   int64_t bos_token_id = -1;  // -1 when absent
   int64_t pad_token_id = -1;
 
+  // How values found in more than one place of config.json (or absent) were
+  // resolved, one line each: "rope_theta: 1e+07 from rope_parameters
+  // ('rope_theta' 10000 ignored)". The rules: loaders/hf_config.cpp.
+  std::vector<std::string> resolution;
+
   // Derived sizes.
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -82,6 +107,13 @@ struct ModelConfig {
   int64_t linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   std::string plan_string() const;  // "LLLF LLLF" without spaces: "LLLFLLLF"
+  bool has_moe() const { return moe.num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const {
+    const auto i = static_cast<size_t>(layer);
+    return i < moe.mlp_plan.size() && moe.mlp_plan[i] == MlpKind::kMoe;
+  }
+  bool has_dense_mlp() const;           // some layer has a dense MLP (intermediate_size used)
+  std::string mlp_plan_string() const;  // "DEEE": D dense MLP, E mixture of experts
 };
 
 // Parses an HF config.json document. `source` names the file in messages.

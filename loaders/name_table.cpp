@@ -46,7 +46,15 @@ HfName map_hf_name(std::string_view hf) {
   return out;
 }
 
+ExpertLayout hub_expert_layout(const ModelConfig& c) {
+  return c.arch == Arch::kQwen3_5 ? ExpertLayout::kFused : ExpertLayout::kPerExpert;
+}
+
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  return expected_tensors(c, hub_expert_layout(c));
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, ExpertLayout experts) {
   // note: shapes are the HF ones ([out, in] for projections), read the way
   // the transformers modeling code builds each module.
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
@@ -82,9 +90,32 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
       add(p + "linear_attn.out_proj.weight", {H, c.linear_value_dim()});
     }
     add(p + "post_attention_layernorm.weight", {H});
-    add(p + "mlp.gate_proj.weight", {I, H});
-    add(p + "mlp.up_proj.weight", {I, H});
-    add(p + "mlp.down_proj.weight", {H, I});
+    if (!c.is_moe_layer(i)) {
+      add(p + "mlp.gate_proj.weight", {I, H});
+      add(p + "mlp.up_proj.weight", {I, H});
+      add(p + "mlp.down_proj.weight", {H, I});
+      continue;
+    }
+    // Mixture of experts: router [E, H], routed experts, optional shared expert.
+    const int64_t E = c.moe.num_experts, EI = c.moe.expert_intermediate_size;
+    add(p + "mlp.gate.weight", {E, H});
+    if (experts == ExpertLayout::kFused) {
+      add(p + "mlp.experts.gate_up_proj", {E, 2 * EI, H});
+      add(p + "mlp.experts.down_proj", {E, H, EI});
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {EI, H});
+        add(x + "up_proj.weight", {EI, H});
+        add(x + "down_proj.weight", {H, EI});
+      }
+    }
+    if (const int64_t S = c.moe.shared_expert_intermediate; S > 0) {
+      add(p + "mlp.shared_expert.gate_proj.weight", {S, H});
+      add(p + "mlp.shared_expert.up_proj.weight", {S, H});
+      add(p + "mlp.shared_expert.down_proj.weight", {H, S});
+      add(p + "mlp.shared_expert_gate.weight", {1, H});
+    }
   }
   add("norm.weight", {H});
   if (!c.tie_word_embeddings) add("lm_head.weight", {V, H});

@@ -41,9 +41,21 @@ struct ExpectedTensor {
   std::vector<int64_t> shape;  // as the config implies, HF layout [out, in]
 };
 
+// How a checkpoint stores a mixture-of-experts layer's routed experts:
+//   kPerExpert  mlp.experts.{e}.{gate,up,down}_proj.weight, [I, H] / [I, H] / [H, I]
+//               (Qwen3-MoE on the Hub; Qwen3.5-MoE FP8 releases)
+//   kFused      mlp.experts.gate_up_proj [E, 2I, H] (gate rows first) and
+//               mlp.experts.down_proj [E, H, I] (Qwen3.5-MoE bf16 on the Hub)
+enum class ExpertLayout { kPerExpert, kFused };
+
+// The layout the Hub's bf16 checkpoints of this architecture use.
+ExpertLayout hub_expert_layout(const ModelConfig& c);
+
 // Every tensor a model with config `c` needs, in canonical order: embed,
-// layers in order (norms, attention or GDN, MLP), final norm, lm_head (only
-// when embeddings are not tied).
+// layers in order (norms, attention or GDN, MLP or experts), final norm,
+// lm_head (only when embeddings are not tied). MoE layers list their
+// experts in `experts` layout.
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, ExpertLayout experts);
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c);
 
 }  // namespace qtk

@@ -40,6 +40,11 @@ int main(int argc, char** argv) {
                                   std::numeric_limits<double>::max(), "a non-negative number");
     const auto expected = qtk::read_compare_file(args["expected"].as<std::string>());
     const auto actual = qtk::read_compare_file(args["actual"].as<std::string>());
+    // note: two empty files would otherwise compare "OK" with nothing checked.
+    if (expected.empty()) {
+      throw qtk::Error(fmt::format("{}: expected at least one case, found none (an empty file?)",
+                                   args["expected"].as<std::string>()));
+    }
     const auto rep = qtk::compare_cases(expected, actual, thr);
     const bool verbose = args.count("verbose") > 0;
     for (const auto& c : rep.cases) {

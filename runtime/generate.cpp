@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -23,15 +23,21 @@
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
 #include "loaders/error.h"
+#include "runtime/generate_progress.h"
+#include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/pack.h"
+#include "runtime/pack_checksum.h"
 #include "runtime/prompt_jsonl.h"
+#include "runtime/results_file.h"
 #include "runtime/scheduler.h"
+#include "runtime/shard.h"
 #include "tokenizer/tokenizer.h"
 
 #ifdef QTK_HAVE_CUDA
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_startup.h"
 #endif
 
 namespace qtk {
@@ -50,63 +56,6 @@ int default_threads() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
-}
-
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail_errno(fmt::format("{}: cannot read {}", path, what));
-  return ss.str();
-}
-
-// Splits into lines; a final line without '\n' counts, a final empty one does not.
-std::vector<std::string_view> split_lines(std::string_view text) {
-  std::vector<std::string_view> lines;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(start, end - start);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    lines.push_back(line);
-    start = end + 1;
-  }
-  return lines;
-}
-
-// Writes `data` with one write(2) (retrying only the rest of a short write).
-void write_all(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail_errno(fmt::format("{}: write failed", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-}
-
-// Replaces `path` atomically: a temp file in the same directory, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_errno(fmt::format("{}: cannot create", tmp));
-  try {
-    write_all(fd, data, tmp);
-    if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", tmp));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    fail_errno(fmt::format("{}: cannot rename the temp file into place", path));
-  }
 }
 
 std::string weight_dtypes(const Pack& pack) {
@@ -203,36 +152,18 @@ std::string precision_text(const DeviceChoice& d, const Pack& pack) {
       weight_dtypes(pack));
 }
 
-class Progress {
- public:
-  Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
-  void update(int64_t done, const SchedulerStats& st, bool final) {
-    if (!on_) return;
-    const auto now = Clock::now();
-    if (!final && now - last_ < std::chrono::milliseconds(200)) return;
-    last_ = now;
-    const double sec = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
-    const double eta =
-        done > 0 ? sec * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0;
-    const std::string eta_text = done > 0 ? fmt::format("{:.0f}s", eta) : std::string("?");
-    std::fprintf(
-        stderr, "\rgenerate: %lld/%lld done | prompt %.0f tok/s | gen %.0f tok/s | ETA %s   %s",
-        static_cast<long long>(done), static_cast<long long>(total_),
-        static_cast<double>(st.prompt_tokens) / sec, static_cast<double>(st.generated_tokens) / sec,
-        eta_text.c_str(), final ? "\n" : "");
-    std::fflush(stderr);
-  }
+// note: sizes below come from user input (max_tokens up to INT64_MAX, any
+// number of lines), so their sums and products saturate instead of wrapping.
+int64_t sat_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
 
- private:
-  bool on_;
-  int64_t total_;
-  Clock::time_point start_, last_;
-};
-
-}  // namespace
-
-void run_generate(const GenerateOptions& o) {
-  const DeviceChoice dev = resolve_device(o);
+void check_flags(const GenerateOptions& o) {
   if (o.block_size < 1) fail("--block-size: expected a positive integer, found {}", o.block_size);
   if (o.max_num_seqs < 1)
     fail("--max-num-seqs: expected a positive integer, found {}", o.max_num_seqs);
@@ -243,74 +174,130 @@ void run_generate(const GenerateOptions& o) {
     fail("--kv-cache-blocks: expected a positive integer, found {}", o.kv_cache_blocks);
   if (o.max_tokens < 0) fail("--max-tokens: expected a positive integer, found {}", o.max_tokens);
   if (o.threads < 0) fail("--threads: expected a positive integer, found {}", o.threads);
-
-  const auto load_start = Clock::now();
-  auto pack = Pack::open(o.model);
-  const ModelConfig& cfg = pack->config();
-  if (dev.device != "cpu" && !pack->fp8_tensors().empty()) {
+  if (o.logprobs < 0 || o.logprobs > kMaxLogprobs)
+    fail("--logprobs: expected 0 (off) to {}, found {}", kMaxLogprobs, o.logprobs);
+  if (o.logprobs > 0 && o.device == "cuda") {
     fail(
-        "{}: holds {} F8_E4M3 weight tensors; --device {} does not run FP8 packs yet (expected "
-        "--device cpu, or a pack converted with --dtype bf16 or f32)",
-        o.model, pack->fp8_tensors().size(), dev.device);
+        "--logprobs: the cuda device picks tokens on the GPU and does not return the logits; "
+        "expected --device cpu for --logprobs");
   }
+  if (o.tune_only && o.device != "cuda")
+    fail("--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found --device {}",
+         o.device);
+  if (o.tune_only && o.plan_cache == "off") {
+    fail(
+        "--tune-only: the tuned plans go to the plan cache; expected a file or the default "
+        "location, found --plan-cache off");
+  }
+  if (o.force && o.resume)
+    fail("--force and --resume: expected at most one (--force starts over, --resume continues)");
+}
+
+// `--out -` writes the results to stdout: nothing to resume, and --show
+// would mix its text into them.
+void check_stdout_flags(const GenerateOptions& o) {
+  if (o.resume)
+    fail("--resume: expected --out FILE; results written to stdout (--out -) cannot be resumed");
+  if (o.show)
+    fail(
+        "--show: prints to stdout, which --out - already writes the results to; expected one of "
+        "them");
+}
+
+// The pack, its tokenizer and the model on the chosen device.
+// note: members are destroyed in reverse order: the model before the pool it
+// points to, both before the pack they read.
+struct LoadedModel {
+  std::unique_ptr<Pack> pack;
   std::optional<Tokenizer> tokenizer;
-  if (auto tj = pack->entry("tokenizer.json")) {
-    tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
-  }
-  const int threads = o.threads > 0 ? o.threads : default_threads();
-  // note: the pool outlives the model that holds a pointer to it.
   std::optional<ThreadPool> pool;
   std::unique_ptr<Model> model;
   std::string device_name = "cpu";
+  int threads = 0;
+#ifdef QTK_HAVE_CUDA
+  std::optional<CudaStartup> plans;  // the GEMM plan cache (cuda_startup.h); uses `model`
+#endif
+  Clock::time_point load_start;
+  double load_seconds = 0.0;        // verify_seconds included
+  double verify_seconds = 0.0;      // the checksums (0 with --no-verify)
+  double first_token_seconds = -1;  // since load_start; -1: no token generated
+};
+
+void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
+  const auto load_start = Clock::now();
+  m.load_start = load_start;
+  m.pack = Pack::open(o.model);
+  if (dev.device != "cpu" && !m.pack->fp8_tensors().empty()) {
+    fail(
+        "{}: holds {} F8_E4M3 weight tensors; --device {} does not run FP8 packs yet (expected "
+        "--device cpu, or a pack converted with --dtype bf16 or f32)",
+        o.model, m.pack->fp8_tensors().size(), dev.device);
+  }
+  // note: checked before any tensor is used: a flipped byte would otherwise
+  // give wrong tokens silently, and the pack digest (from the manifest)
+  // would not tell the run apart from a clean one.
+  if (o.verify) {
+    const auto t = Clock::now();
+    m.pack->verify();
+    m.verify_seconds = std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  if (auto tj = m.pack->entry("tokenizer.json")) {
+    m.tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
+  }
+  m.threads = o.threads > 0 ? o.threads : default_threads();
 #ifdef QTK_HAVE_CUDA
   if (dev.device == "cuda") {
-    model = load_cuda_model(*pack, parse_cuda_precision(dev.precision));
-    device_name = cuda_device_name();
+    auto cuda_model = load_cuda_model(*m.pack, parse_cuda_precision(dev.precision));
+    m.device_name = cuda_device_name();
+    m.plans.emplace(*cuda_model, *m.pack, dev.precision, o.plan_cache);
+    m.model = std::move(cuda_model);
   }
 #endif
-  if (!model) {
-    pool.emplace(threads);
-    model = load_model(*pack, &*pool);
+  if (!m.model) {
+    m.pool.emplace(m.threads);
+    m.model = load_model(*m.pack, &*m.pool);
   }
-  const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
+  m.load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
+}
 
-  // Parse every input line first: ids are needed for --resume, and sizes for the cache.
-  const std::string batch_text = read_file(o.batch, "the batch file");
-  const auto raw_lines = split_lines(batch_text);
-  PromptDefaults defaults;
-  defaults.max_tokens = o.max_tokens > 0 ? o.max_tokens : pack_max_new_tokens(*pack);
-  defaults.ignore_eos = o.ignore_eos;
-  for (int64_t e : cfg.eos_token_ids) defaults.eos_ids.push_back(static_cast<int32_t>(e));
-  defaults.vocab_size = cfg.vocab_size;
-  defaults.max_context = cfg.max_position_embeddings;
-  defaults.allow_mrope = !cfg.rope.mrope_section.empty();
-  defaults.tokenizer = tokenizer ? &*tokenizer : nullptr;
+std::vector<PromptLine> parse_lines(const std::vector<std::string_view>& raw,
+                                    const PromptDefaults& defaults) {
   std::vector<PromptLine> lines;
-  lines.reserve(raw_lines.size());
+  lines.reserve(raw.size());
   std::set<std::string> ids_seen;
-  for (size_t i = 0; i < raw_lines.size(); ++i) {
-    lines.push_back(parse_prompt_line(raw_lines[i], static_cast<int64_t>(i) + 1, defaults));
+  for (size_t i = 0; i < raw.size(); ++i) {
+    lines.push_back(parse_prompt_line(raw[i], static_cast<int64_t>(i) + 1, defaults));
     PromptLine& l = lines.back();
     if (!ids_seen.insert(l.id.dump()).second && l.error.empty()) {
       l.error = fmt::format("duplicate id {} (ids must be unique within a batch)", l.id.dump());
     }
   }
+  return lines;
+}
 
-  // Size the cache: enough for max_num_seqs of the longest request, within the budget.
-  const CacheSpec spec = model->cache_spec();
+// The most tokens a request can hold: its prompt plus its budget, capped by the context.
+int64_t request_tokens(const SequenceRequest& r, int64_t max_context) {
+  const int64_t p = static_cast<int64_t>(r.prompt.size());
+  return p + std::min(r.max_tokens, std::max<int64_t>(0, max_context - p));
+}
+
+// Scheduler settings, with the cache sized for max_num_seqs of the longest
+// request, within the byte budget.
+SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, const CacheSpec& spec,
+                            const std::vector<PromptLine>& lines) {
   int64_t longest = 1, all_blocks = 0;
   for (const auto& l : lines) {
     if (!l.error.empty()) continue;
-    const int64_t n = std::min(static_cast<int64_t>(l.request.prompt.size()) + l.request.max_tokens,
-                               cfg.max_position_embeddings);
+    const int64_t n = request_tokens(l.request, cfg.max_position_embeddings);
     longest = std::max(longest, n);
-    all_blocks += (n + o.block_size - 1) / o.block_size;
+    all_blocks = sat_add(all_blocks, (n + o.block_size - 1) / o.block_size);
   }
   SchedulerOptions so;
   so.max_num_seqs = o.max_num_seqs;
   so.max_batched_tokens = o.max_batched_tokens;
   so.block_size = o.block_size;
   so.max_context = cfg.max_position_embeddings;
+  so.logprobs = o.logprobs;
   const int64_t blocks_per_seq = (longest + o.block_size - 1) / o.block_size;
   if (o.kv_cache_blocks > 0) {
     so.num_blocks = o.kv_cache_blocks;
@@ -319,188 +306,310 @@ void run_generate(const GenerateOptions& o) {
     // note: never more than every request at once needs (fewer prompts than
     // --max-num-seqs, or shorter ones than the longest): the cache is zeroed
     // at allocation, and a worst-case size cost seconds of page faults.
-    const int64_t needed = std::min(all_blocks, blocks_per_seq * o.max_num_seqs);
+    const int64_t needed = std::min(all_blocks, sat_mul(blocks_per_seq, o.max_num_seqs));
     so.num_blocks = std::max(blocks_per_seq, std::min(o.kv_cache_bytes / bb, needed));
   }
   // note: the per-sequence block table never needs more than the longest request.
   so.max_context = std::min<int64_t>(so.max_context, std::max<int64_t>(longest, 2));
-  Scheduler sched(*model, so);
-  // Refuse up front what can never fit (context or cache); it gets an error line.
-  for (auto& l : lines) {
-    if (!l.error.empty()) continue;
-    if (auto why = sched.check_fits(l.request); !why.empty()) l.error = why;
-  }
+  return so;
+}
 
-  // Output: fresh, or resumed after the complete lines already written.
-  const std::string meta_path = o.out + ".meta.json";
+std::vector<std::string> ignored_fields(const std::vector<PromptLine>& lines) {
+  std::set<std::string> names;
+  for (const auto& l : lines) names.insert(l.ignored_fields.begin(), l.ignored_fields.end());
+  return {names.begin(), names.end()};
+}
+
+// The run header (OUT.meta.json), without status and stats.
+nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, const LoadedModel& m,
+                          const PromptDefaults& defaults, const SchedulerOptions& so,
+                          const std::vector<std::string_view>& raw,
+                          const std::vector<PromptLine>& lines) {
+  const ModelConfig& cfg = m.pack->config();
   nlohmann::json settings = {{"max_tokens_default", defaults.max_tokens},
                              {"ignore_eos", o.ignore_eos},
                              {"margins", o.margins},
+                             {"logprobs", o.logprobs},
                              {"max_num_seqs", o.max_num_seqs},
                              {"max_batched_tokens", o.max_batched_tokens},
                              {"block_size", o.block_size},
                              {"kv_cache_blocks", so.num_blocks},
                              {"kv_cache_blocks_flag", o.kv_cache_blocks},
-                             {"threads", threads},
+                             {"threads", m.threads},
                              {"device", dev.device},
-                             {"precision", dev.precision}};
+                             {"precision", dev.precision},
+                             {"verify_checksums", o.verify},
+                             {"allow_unknown_fields", o.allow_unknown_fields}};
   nlohmann::json meta = {
       {"tool", "qtk generate"},
       {"tool_version", QTK_VERSION},
       {"pack",
-       {{"path", o.model}, {"digest", pack->digest()}, {"architecture", cfg.hf_architecture}}},
+       {{"path", o.model}, {"digest", m.pack->digest()}, {"architecture", cfg.hf_architecture}}},
       {"batch", o.batch},
-      {"device", device_name},
-      {"precision", precision_text(dev, *pack)},
-      {"settings", settings}};
+      {"device", m.device_name},
+      {"precision", precision_text(dev, *m.pack)},
+      {"settings", settings},
+      {"input_lines", raw.size()},
+      {"input_line_xxh64", input_line_digests(raw)}};
+  if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);
+  return meta;
+}
 
-  size_t skip = 0;
-  int fd = -1;
-  if (o.resume && ::access(o.out.c_str(), F_OK) == 0) {
-    nlohmann::json old =
-        nlohmann::json::parse(read_file(meta_path, "the run header"), nullptr, false);
-    if (old.is_discarded() || !old.is_object()) {
-      fail("{}: cannot resume: the run header is missing or malformed", meta_path);
-    }
-    auto same = [&](const nlohmann::json& a, const nlohmann::json& b) { return a == b; };
-    if (!same(old.value("/pack/digest"_json_pointer, nlohmann::json()), meta["pack"]["digest"])) {
-      fail("{}: cannot resume: the results were made with pack digest {}, this pack has {}",
-           meta_path, old.value("/pack/digest"_json_pointer, nlohmann::json()).dump(),
-           pack->digest());
-    }
-    // note: device and precision change the arithmetic, hence the results.
-    for (const char* key : {"max_tokens_default", "ignore_eos", "margins", "device", "precision"}) {
-      const auto was = old.value(nlohmann::json::json_pointer(std::string("/settings/") + key),
-                                 nlohmann::json());
-      if (!same(was, settings[key])) {
-        fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", meta_path,
-             key, was.dump(), settings[key].dump());
-      }
-    }
-    const std::string existing = read_file(o.out, "the results");
-    const size_t keep = existing.rfind('\n') == std::string::npos ? 0 : existing.rfind('\n') + 1;
-    const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
-    if (done_lines.size() > lines.size()) {
-      fail("{}: cannot resume: it has {} lines but {} has only {}", o.out, done_lines.size(),
-           o.batch, lines.size());
-    }
-    for (size_t i = 0; i < done_lines.size(); ++i) {
-      nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
-        fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", o.out, i + 1,
-             o.batch, i + 1, lines[i].id.dump());
-      }
-    }
-    skip = done_lines.size();
-    meta["status"] = "running";
-    write_file_atomic(meta_path, meta.dump(2) + "\n");
-    fd = ::open(o.out.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) fail_errno(fmt::format("{}: cannot open for appending", o.out));
-    // Drop a trailing partial line left by a kill.
-    if (::ftruncate(fd, static_cast<off_t>(keep)) != 0 || ::lseek(fd, 0, SEEK_END) < 0) {
-      ::close(fd);
-      fail_errno(fmt::format("{}: cannot truncate the partial last line", o.out));
-    }
-  } else {
-    // note: the run header is written before the results file exists, so a
-    // killed run always leaves a header for --resume to check.
-    meta["status"] = "running";
-    write_file_atomic(meta_path, meta.dump(2) + "\n");
-    fd = ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail_errno(fmt::format("{}: cannot create", o.out));
+// One result line; prints it with --show.
+std::string format_result(const GenerateOptions& o, const PromptLine& l, const SequenceResult& r,
+                          const std::optional<Tokenizer>& tokenizer) {
+  std::string text;
+  if (tokenizer) {
+    // note: output_text is the decode of all of output_token_ids, a final
+    // stop token included (as vLLM's include_stop_str_in_output=True), so
+    // the two fields always describe the same tokens.
+    text = tokenizer->decode(std::span<const int32_t>(r.output.data(), r.output.size()));
   }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  if (o.show) {
+    const std::string prompt_text = tokenizer ? tokenizer->decode(l.request.prompt)
+                                              : fmt::format("{}", fmt::join(l.request.prompt, " "));
+    const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
+    // The continuation in bold on a terminal.
+    const bool tty = ::isatty(1);
+    std::fprintf(stdout, "=== %s\n%s%s%s%s\n", l.id.dump().c_str(), prompt_text.c_str(),
+                 tty ? "\033[1m" : "", cont.c_str(), tty ? "\033[0m" : "");
+    std::fflush(stdout);
+  }
+  std::string line = result_line(l.id, l.request.prompt, r.output, r.stopped,
+                                 tokenizer ? &text : nullptr, o.margins ? &r.margins : nullptr);
+  if (o.logprobs > 0) append_logprobs(line, r.top_ids, r.top_logprobs, o.logprobs);
+  return line;
+}
 
-  // Schedule everything not yet written.
+// Runs every line from `skip` on through the scheduler and appends its
+// result line, in input order, as soon as it and all lines before it are done.
+void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
+               Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
+               int64_t max_context, Clock::time_point since, double* first_token_seconds) {
   std::vector<int64_t> line_of;  // handle -> input line index
+  int64_t work_tokens = 0;
   for (size_t i = skip; i < lines.size(); ++i) {
     if (!lines[i].error.empty()) continue;
     const int64_t h = sched.add(lines[i].request);
     if (h != static_cast<int64_t>(line_of.size()))
       fail("generate: internal error: unexpected handle {}", h);
     line_of.push_back(static_cast<int64_t>(i));
+    work_tokens = sat_add(work_tokens, request_tokens(lines[i].request, max_context));
   }
   std::vector<std::optional<SequenceResult>> results(lines.size());
   size_t next = skip;
-  const auto t0 = Clock::now();
-  Progress progress(o.progress || ::isatty(2), static_cast<int64_t>(lines.size() - skip));
+  Progress progress(o.progress || ::isatty(2), static_cast<int64_t>(lines.size() - skip),
+                    work_tokens);
   int64_t done = 0;
-
   auto flush = [&]() {
-    while (next < lines.size()) {
+    for (; next < lines.size(); ++next, ++done) {
       const PromptLine& l = lines[next];
-      std::string line;
       if (!l.error.empty()) {
-        line = error_line(l.id, l.error);
+        out.append(error_line(l.id, l.error));
       } else if (results[next]) {
-        const SequenceResult& r = *results[next];
-        std::string text;
-        if (tokenizer) {
-          // note: output_text leaves out a final stop token (it is in output_token_ids).
-          size_t n = r.output.size() - (r.stopped ? 1 : 0);
-          text = tokenizer->decode(std::span<const int32_t>(r.output.data(), n));
-        }
-        line = result_line(l.id, l.request.prompt, r.output, r.stopped, tokenizer ? &text : nullptr,
-                           o.margins ? &r.margins : nullptr);
-        if (o.show) {
-          const std::string prompt_text = tokenizer
-                                              ? tokenizer->decode(l.request.prompt)
-                                              : fmt::format("{}", fmt::join(l.request.prompt, " "));
-          const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
-          // The continuation in bold on a terminal.
-          const bool tty = ::isatty(1);
-          std::fprintf(stdout, "=== %s\n%s%s%s%s\n", l.id.dump().c_str(), prompt_text.c_str(),
-                       tty ? "\033[1m" : "", cont.c_str(), tty ? "\033[0m" : "");
-          std::fflush(stdout);
-        }
+        out.append(format_result(o, l, *results[next], tokenizer));
         results[next].reset();
       } else {
         break;
       }
-      line += '\n';
-      write_all(fd, line, o.out);
-      ++next;
-      ++done;
     }
   };
-
   flush();
   std::vector<int64_t> finished;
   while (sched.has_work()) {
     finished.clear();
     sched.step(finished);
+    if (*first_token_seconds < 0 && sched.stats().generated_tokens > 0)
+      *first_token_seconds = std::chrono::duration<double>(Clock::now() - since).count();
     for (int64_t h : finished) {
+      const PromptLine& l = lines[line_of[h]];
       results[line_of[h]] = sched.take_result(h);
+      progress.finished_early(request_tokens(l.request, max_context) -
+                              static_cast<int64_t>(l.request.prompt.size()) -
+                              static_cast<int64_t>(results[line_of[h]]->output.size()));
     }
     flush();
     progress.update(done, sched.stats(), false);
   }
   flush();
   progress.update(done, sched.stats(), true);
-  if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", o.out));
+}
 
-  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  const auto& st = sched.stats();
-  meta["status"] = "complete";
-  meta["stats"] = {{"lines", lines.size()},
-                   {"resumed_after_lines", skip},
-                   {"steps", st.steps},
-                   {"preemptions", st.preemptions},
-                   {"prompt_tokens", st.prompt_tokens},
-                   {"generated_tokens", st.generated_tokens},
-                   {"recomputed_tokens", st.recomputed_tokens},
-                   {"seconds", sec},
-                   {"prompt_tokens_computed", st.prompt_tokens_computed},
-                   {"decode_tokens", st.decode_tokens},
-                   {"prefill_seconds", st.prefill_seconds},
-                   {"decode_seconds", st.decode_seconds},
-                   {"load_seconds", load_seconds},
-                   {"peak_rss_bytes", peak_rss_bytes()},
-                   {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
-  write_file_atomic(meta_path, meta.dump(2) + "\n");
+nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, double sec,
+                         const LoadedModel& m) {
+  return {{"lines", lines},
+          {"resumed_after_lines", skip},
+          {"steps", st.steps},
+          {"preemptions", st.preemptions},
+          {"prompt_tokens", st.prompt_tokens},
+          {"generated_tokens", st.generated_tokens},
+          {"recomputed_tokens", st.recomputed_tokens},
+          {"seconds", sec},
+          {"prompt_tokens_computed", st.prompt_tokens_computed},
+          {"decode_tokens", st.decode_tokens},
+          {"prefill_seconds", st.prefill_seconds},
+          {"decode_seconds", st.decode_seconds},
+          {"load_seconds", m.load_seconds},
+          {"first_token_seconds", m.first_token_seconds},
+          {"verify_seconds", m.verify_seconds},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
+}
+
+}  // namespace
+
+std::string summary_line(const GenerateSummary& s) {
+  const double sec = std::max(s.seconds, 1e-9);
+  return fmt::format(
+      "generate: {} lines: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
+      "({:.1f} tok/s generated); wall time {:.2f} s",
+      s.lines, s.lines - s.failed_lines, s.failed_lines,
+      s.resumed_after > 0 ? fmt::format(" ({} done before --resume)", s.resumed_after) : "",
+      s.prompt_tokens, s.generated_tokens, s.seconds, static_cast<double>(s.generated_tokens) / sec,
+      s.wall_seconds);
+}
+
+GenerateSummary run_generate(const GenerateOptions& o) {
+  const auto start = Clock::now();
+  const DeviceChoice dev = resolve_device(o);
+  check_flags(o);
+  if (o.tune_only) {
+    // --tune-only: the model and its GEMM plans, no prompts and no output.
+    LoadedModel m;
+    load(o, dev, m);
+#ifdef QTK_HAVE_CUDA
+    if (m.plans) m.plans->tune_only();
+#endif
+    return {};
+  }
+  const bool sharded = !o.shard.empty();
+  const ShardSpec shard = sharded ? parse_shard("--shard", o.shard, ::getenv) : ShardSpec{};
+  if (sharded && o.out == "-")
+    fail("--shard: expected --out FILE (a shard's results must be resumable and merged)");
+  // Nothing is opened for writing before the output is known to be safe to
+  // write and ours alone.
+  const bool to_stdout = o.out == "-";
+  const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
+  const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
+                                                                   {"--batch", o.batch}};
+  std::optional<OutputLock> lock;
+  ResumeSource source;
+  if (to_stdout) {
+    check_stdout_flags(o);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
+  } else {
+    refuse_outputs_that_are_inputs(paths, inputs);
+    lock.emplace(paths.lock, o.out);
+    // note: --shard implies --resume: a retried task runs the same command.
+    source = choose_start(paths, o.force               ? StartMode::kForce
+                                 : o.resume || sharded ? StartMode::kResume
+                                                       : StartMode::kFresh);
+  }
+
+  LoadedModel m;
+  load(o, dev, m);
+  const ModelConfig& cfg = m.pack->config();
+
+  // Parse every input line first: ids are needed for --resume, and sizes for the cache.
+  const std::string batch_text = read_whole_file(o.batch, "the batch file");
+  const auto raw_lines = split_lines(batch_text);
+  // note: an empty prompts file is a mistake (a wrong path, a failed
+  // upstream step), not an empty golden file.
+  if (raw_lines.empty())
+    fail("{}: expected at least one prompt line, found an empty file", o.batch);
+  PromptDefaults defaults;
+  defaults.max_tokens = o.max_tokens > 0 ? o.max_tokens : pack_max_new_tokens(*m.pack);
+  defaults.ignore_eos = o.ignore_eos;
+  for (int64_t e : cfg.eos_token_ids) defaults.eos_ids.push_back(static_cast<int32_t>(e));
+  defaults.vocab_size = cfg.vocab_size;
+  defaults.max_context = cfg.max_position_embeddings;
+  defaults.allow_mrope = !cfg.rope.mrope_section.empty();
+  defaults.allow_unknown_fields = o.allow_unknown_fields;
+  defaults.tokenizer = m.tokenizer ? &*m.tokenizer : nullptr;
+  std::vector<PromptLine> lines = parse_lines(raw_lines, defaults);
+  // A shard keeps its own lines, after every line was parsed: default ids
+  // (line numbers) and duplicate-id errors are those of the whole batch.
+  const int64_t lines_total = static_cast<int64_t>(lines.size());
+  if (sharded) {
+    std::vector<PromptLine> own;
+    for (int64_t i = 0; i < lines_total; ++i)
+      if (shard.owns(i)) own.push_back(std::move(lines[static_cast<size_t>(i)]));
+    lines = std::move(own);
+  }
+
+  const SchedulerOptions so = size_cache(o, cfg, m.model->cache_spec(), lines);
+  Scheduler sched(*m.model, so);
+  // Refuse up front what can never fit (context or cache); it gets an error line.
+  for (auto& l : lines) {
+    if (!l.error.empty()) continue;
+    if (auto why = sched.check_fits(l.request); !why.empty()) l.error = why;
+  }
+
+  nlohmann::json meta = run_header(o, dev, m, defaults, so, raw_lines, lines);
+  if (sharded) {
+    meta["shard"] = shard_json(
+        shard, lines_total, "xxh64:" + checksum_hex(xxh64(batch_text.data(), batch_text.size())));
+  }
+  if (sharded && source.resume) {
+    // note: checked before the line-by-line resume checks, so that the
+    // message names the real mismatch (another shard's file).
+    const nlohmann::json old =
+        nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
+    const nlohmann::json was =
+        old.is_object() ? old.value("shard", nlohmann::json()) : nlohmann::json();
+    if (was != meta["shard"])
+      fail("{}: cannot resume: it holds shard {}, this run is shard {}", source.meta, was.dump(),
+           meta["shard"].dump());
+  }
+  ResumePoint rp;
+  if (source.resume) rp = check_resume(source, meta, lines, o.batch);
+  if (sharded && source.resume) {
+    // A retried task whose shard is already complete does nothing.
+    if (source.path == paths.out && rp.lines_done == lines.size()) {
+      std::fprintf(stderr, "generate: shard %lld/%lld of %s is already complete in %s\n",
+                   static_cast<long long>(shard.index), static_cast<long long>(shard.count),
+                   o.batch.c_str(), o.out.c_str());
+      GenerateSummary done;
+      done.lines = static_cast<int64_t>(lines.size());
+      for (const auto& l : lines) done.failed_lines += l.error.empty() ? 0 : 1;
+      done.resumed_after = done.lines;
+      return done;
+    }
+  }
+  std::optional<ResultsWriter> out;
+  if (to_stdout) {
+    out.emplace(STDOUT_FILENO, o.meta, meta);
+  } else if (source.resume) {
+    out.emplace(paths, source, meta, rp.keep_bytes);
+  } else {
+    out.emplace(paths, meta);
+  }
+  const auto t0 = Clock::now();
+  try {
+    run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings,
+              m.load_start, &m.first_token_seconds);
+#ifdef QTK_HAVE_CUDA
+    if (m.plans) {
+      nlohmann::json entries = nlohmann::json::object();
+      m.plans->finish(entries);  // the plan cache written; "gemm_plan" and "startup"
+      for (const auto& [key, value] : entries.items()) out->set_header(key, value);
+    }
+#endif
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m));
+  } catch (const std::exception& e) {
+    out->set_failure(e.what());
+    throw;
+  }
+  GenerateSummary s;
+  s.lines = static_cast<int64_t>(lines.size());
+  for (const auto& l : lines) s.failed_lines += l.error.empty() ? 0 : 1;
+  s.resumed_after = static_cast<int64_t>(rp.lines_done);
+  s.prompt_tokens = sched.stats().prompt_tokens;
+  s.generated_tokens = sched.stats().generated_tokens;
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return s;
 }
 
 }  // namespace qtk

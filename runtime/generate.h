@@ -2,12 +2,15 @@
 // file, run every valid line through the scheduler, and write one result
 // line per input line, in input order, each with a single write(2) so that a
 // kill at any moment leaves only complete lines (which --resume continues).
+// Where the results go and how they reach their name: runtime/results_file.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace qtk {
+
+inline constexpr int kMaxLogprobs = 20;
 
 struct GenerateOptions {
   std::string model;           // X.pack
@@ -24,14 +27,38 @@ struct GenerateOptions {
   int64_t kv_cache_blocks = 0;                // 0: sized from the prompts and a memory budget
   int64_t kv_cache_bytes = int64_t{4} << 30;  // budget used when kv_cache_blocks == 0
   bool margins = false;
+  int logprobs = 0;  // top-K (id, logprob) per step; 0: off
   bool progress = false;
   bool show = false;
   bool resume = false;
+  bool force = false;                 // replace an existing --out
+  bool allow_unknown_fields = false;  // ignore request fields generate does not know
+  bool verify = true;                 // check every tensor's XXH64 at load
+  std::string meta;                   // run header path; empty: out + ".meta.json"
+  std::string shard;  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  // --device cuda: the GEMM plan cache file ("" = the default location under
+  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/cuda/cuda_startup.h),
+  // and --tune-only (tune every GEMM range, write the cache, run no prompts).
+  std::string plan_cache;
+  bool tune_only = false;
+};
+
+// What a completed run did (for the one-line summary and the exit status).
+struct GenerateSummary {
+  int64_t lines = 0;         // input lines
+  int64_t failed_lines = 0;  // lines that got an {"id", "error"} line
+  int64_t resumed_after = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  double seconds = 0.0;       // the generation loop
+  double wall_seconds = 0.0;  // the whole run, load included
 };
 
 // Returns normally when the run completed (bad prompt lines are per-line
-// errors, not failures). Throws qtk::Error for bad flags, an unreadable pack
-// or batch file, or an output that cannot be written / resumed.
-void run_generate(const GenerateOptions& options);
+// errors, counted in failed_lines). Throws qtk::Error for bad flags, an
+// unreadable pack or batch file, or an output that cannot be written / resumed.
+GenerateSummary run_generate(const GenerateOptions& options);
+
+// The one-line end-of-run summary printed on stderr.
+std::string summary_line(const GenerateSummary& s);
 
 }  // namespace qtk

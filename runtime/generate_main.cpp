@@ -2,9 +2,11 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -13,17 +15,28 @@
 #include "loaders/error.h"
 #include "runtime/generate.h"
 
+// Exit statuses: 0 every line has a result, 1 the run failed (one line on
+// stderr), 3 the run completed but some lines got an {"id", "error"} line.
+constexpr int kSomeLinesFailed = 3;
+
 int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would kill us with
   // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
   // one error line, leaving only complete result lines for --resume.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    cxxopts::Options opts("generate", "Batched greedy generation from a .pack file.");
+    cxxopts::Options opts("generate",
+                          "Batched greedy generation from a .pack file.\nExit status: 0 every line "
+                          "has a result, 1 the run failed, 3 some lines got an error line.");
     qtk::GenerateOptions o;
     opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line", cxxopts::value<std::string>())(
-        "out", "results JSONL (run header: OUT.meta.json)", cxxopts::value<std::string>())(
+        "batch", "prompts, one JSON object per line (- reads stdin)",
+        cxxopts::value<std::string>())(
+        "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
+        cxxopts::value<std::string>())(
+        "meta",
+        "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
+        cxxopts::value<std::string>()->default_value(""))(
         "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
         cxxopts::value<std::string>()->default_value("cpu"))(
         "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
@@ -45,15 +58,38 @@ int main(int argc, char** argv) {
         "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
         cxxopts::value<std::string>()->default_value("0"))(
         "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
-        "progress", "show a progress line on stderr")(
+        "logprobs",
+        "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
+        "--device cpu)",
+        cxxopts::value<std::string>()->default_value("0"))("progress",
+                                                           "show a progress line on stderr")(
         "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run into the same --out")("h,help", "show this help");
+        "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
+        "force", "replace an existing --out (it stays until the new run completes)")(
+        "allow-unknown-fields",
+        "ignore request fields generate does not know (default: such a line gets an error)")(
+        "no-verify", "skip checking every tensor's XXH64 checksum at load")(
+        "shard",
+        "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
+        "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
+        "--resume; a complete shard is not redone. Join the shards with `merge`.",
+        cxxopts::value<std::string>())(
+        "plan-cache",
+        "with --device cuda: the GEMM plan cache file, or 'off' (default: "
+        "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
+        "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
+        cxxopts::value<std::string>()->default_value(""))(
+        "tune-only",
+        "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
+        "(no --batch or --out)")("h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}", opts.help());
       return 0;
     }
-    for (const char* req : {"model", "batch", "out"}) qtk::cli::require_flag(opts, args, req);
+    o.tune_only = args.count("tune-only") > 0;
+    for (const char* req : {"model", "batch", "out"})
+      if (!o.tune_only || std::string_view(req) == "model") qtk::cli::require_flag(opts, args, req);
     qtk::cli::no_extra_arguments(args);
     // note: the upper bounds are far above any useful setting; past them the
     // run would overflow its sizes or exhaust memory instead of failing here.
@@ -64,8 +100,9 @@ int main(int argc, char** argv) {
     };
     constexpr const char* kPositive = "a positive integer";
     o.model = args["model"].as<std::string>();
-    o.batch = args["batch"].as<std::string>();
-    o.out = args["out"].as<std::string>();
+    if (args.count("batch")) o.batch = args["batch"].as<std::string>();
+    if (args.count("out")) o.out = args["out"].as<std::string>();
+    o.meta = args["meta"].as<std::string>();
     o.device =
         qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
     o.precision = args["precision"].as<std::string>();
@@ -82,11 +119,28 @@ int main(int argc, char** argv) {
     o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
                                  "0 (sized from the prompts) or a positive integer");
     o.margins = args.count("margins") > 0;
+    o.logprobs = static_cast<int>(
+        int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
     o.progress = args.count("progress") > 0;
     o.show = args.count("show") > 0;
     o.resume = args.count("resume") > 0;
-    qtk::run_generate(o);
-    return 0;
+    if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+    o.force = args.count("force") > 0;
+    o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
+    o.verify = args.count("no-verify") == 0;
+    // note: QTK_PLAN_CACHE is the flag's default (a whole test suite or
+    // benchmark can run with the cache off or in a scratch file); the value
+    // used is written to the run header.
+    o.plan_cache = args["plan-cache"].as<std::string>();
+    if (o.plan_cache.empty()) {
+      if (const char* env = std::getenv("QTK_PLAN_CACHE")) o.plan_cache = env;
+    }
+    const qtk::GenerateSummary s = qtk::run_generate(o);
+    if (o.tune_only) return 0;
+    std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
+    // note: 3, not 0, when any line got an error line: a golden file with
+    // failed lines must not pass a script's `&&` as a complete one.
+    return s.failed_lines > 0 ? kSomeLinesFailed : 0;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "generate: out of memory (std::bad_alloc); if a large --kv-cache-blocks, "

@@ -1,6 +1,7 @@
 #include "runtime/pack.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -157,7 +158,48 @@ void Pack::read_fp8_section(const std::string& mwhere) {
            t.name);
 }
 
+namespace {
+
+// Names what a path that is not a pack is, when that is recognisable: a
+// checkpoint directory or a GGUF or safetensors file (the common mix-ups).
+void refuse_what_is_not_a_pack(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // MappedFile reports it
+  if (S_ISDIR(st.st_mode)) {
+    struct stat cfg {};
+    if (::stat((path + "/config.json").c_str(), &cfg) == 0) {
+      fail(
+          "{}: this is a checkpoint directory, not a .pack file; run convert first (convert {} "
+          "OUT.pack)",
+          path, path);
+    }
+    fail("{}: is a directory; expected a .pack file (made by convert)", path);
+  }
+  if (!S_ISREG(st.st_mode)) return;
+  char head[16] = {};
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return;
+  const size_t n = std::fread(head, 1, sizeof(head), f);
+  std::fclose(f);
+  if (n >= 4 && std::memcmp(head, "GGUF", 4) == 0) {
+    fail(
+        "{}: this looks like a GGUF file (llama.cpp's format), not a .pack; convert the Hugging "
+        "Face checkpoint (safetensors) with convert instead",
+        path);
+  }
+  // note: safetensors starts with a little-endian u64 header length, then '{'.
+  if (n >= 9 && head[8] == '{' && head[6] == 0 && head[7] == 0) {
+    fail(
+        "{}: this looks like a safetensors file, not a .pack; run convert on its checkpoint "
+        "directory first",
+        path);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Pack> Pack::open(const std::string& path) {
+  refuse_what_is_not_a_pack(path);
   std::unique_ptr<Pack> pack(new Pack());
   pack->file_ = MappedFile(path);
   const uint8_t* base = pack->file_.data();

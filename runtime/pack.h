@@ -105,7 +105,7 @@ class Pack {
   // the process (the pack's size in RSS, as the mapped page cache was; the
   // page cache itself stays behind as reclaimable cache), ~0.2-0.5 s per GB
   // at load. The CPU models call it unless QTK_HUGEPAGES=0
-  // (bench/RESULTS.md, session 3, has the measurement).
+  // (bench/RESULTS.md has the measurement).
   size_t copy_to_hugepages() const;
 
   // Reads the pages of [p, p + n) (a range inside the pack) in now, like

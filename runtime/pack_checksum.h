@@ -1,35 +1,36 @@
 // The checksum recorded for every pack entry: XXH64 (seed 0), the 64-bit
-// xxHash of Yann Collet, implemented here from its published specification
-// (github.com/Cyan4973/xxHash, doc/xxhash_spec.md).
+// xxHash of Yann Collet, from Debian's libxxhash-dev.
 //
 // note: chosen over SHA-256 because the pack checksums guard against
 // corruption, not tampering, and XXH64 runs at memory speed (several GB/s on
-// one core), so `convert` stays disk-bound; it is a fixed, well-known
-// function, so other tools can recompute it (`xxhsum -H1`). Written by hand
-// instead of depending on libxxhash-dev to keep the dependency list as is.
+// one core), so `convert` stays disk-bound and generate can check every
+// tensor at load; it is a fixed, well-known function, so other tools can
+// recompute it (`xxhsum -H1`).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+
+struct XXH64_state_s;  // <xxhash.h>
 
 namespace qtk {
 
 // Streaming XXH64: update() any number of times, then digest().
 class Xxh64 {
  public:
-  explicit Xxh64(uint64_t seed = 0) { reset(seed); }
+  explicit Xxh64(uint64_t seed = 0);
   void reset(uint64_t seed = 0);
   void update(const void* data, size_t size);
   uint64_t digest() const;
 
  private:
-  uint64_t acc_[4];
-  uint64_t seed_ = 0;
-  uint64_t total_ = 0;
-  uint8_t buf_[32];
-  size_t buf_len_ = 0;
+  struct StateDeleter {
+    void operator()(XXH64_state_s* s) const;
+  };
+  std::unique_ptr<XXH64_state_s, StateDeleter> state_;
 };
 
 uint64_t xxh64(const void* data, size_t size, uint64_t seed = 0);

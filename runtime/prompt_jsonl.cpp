@@ -6,6 +6,7 @@
 
 #include "loaders/error.h"
 #include "loaders/strict_json.h"
+#include "runtime/request_fields.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {
@@ -50,7 +51,49 @@ std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
   return {};
 }
 
+// max_tokens, or its synonym max_new_tokens (the fixtures' and
+// transformers' name); both given must agree.
+std::string read_max_tokens(const nlohmann::json& doc, const PromptDefaults& d, int64_t& out) {
+  out = d.max_tokens;
+  const nlohmann::json* given = nullptr;
+  for (const char* name : {"max_tokens", "max_new_tokens"}) {
+    auto it = doc.find(name);
+    if (it == doc.end()) continue;
+    if (!it->is_number_integer() || it->get<int64_t>() < 1)
+      return fmt::format("field '{}': expected a positive integer, found {}", name, describe(*it));
+    if (given != nullptr && *given != *it) {
+      return fmt::format(
+          "fields 'max_tokens' ({}) and 'max_new_tokens' ({}) differ; expected one of them, or "
+          "the same value in both",
+          describe(*given), describe(*it));
+    }
+    given = &*it;
+    out = it->get<int64_t>();
+  }
+  return {};
+}
+
+// An error for the first field not in kRequestFields (or, with
+// allow_unknown_fields, their names in `ignored`).
+std::string check_fields(const nlohmann::json& doc, const PromptDefaults& d,
+                         std::vector<std::string>& ignored) {
+  for (const auto& [key, value] : doc.items()) {
+    if (is_request_field(key)) continue;
+    if (d.allow_unknown_fields) {
+      ignored.push_back(key);
+      continue;
+    }
+    return fmt::format(
+        "unknown field '{}' (generate does greedy decoding and knows only: {}); pass "
+        "--allow-unknown-fields to ignore such fields",
+        printable_message(key.size() > 40 ? key.substr(0, 40) + "..." : key),
+        fmt::join(kRequestFields, ", "));
+  }
+  return {};
+}
+
 std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, PromptLine& out) {
+  if (auto e = check_fields(doc, d, out.ignored_fields); !e.empty()) return e;
   SequenceRequest& r = out.request;
   const bool has_text = doc.contains("prompt");
   const bool has_ids = doc.contains("prompt_token_ids");
@@ -93,14 +136,7 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
         n, d.max_context);
   }
 
-  r.max_tokens = d.max_tokens;
-  if (auto it = doc.find("max_tokens"); it != doc.end()) {
-    if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-      return fmt::format("field 'max_tokens': expected a positive integer, found {}",
-                         describe(*it));
-    }
-    r.max_tokens = it->get<int64_t>();
-  }
+  if (auto e = read_max_tokens(doc, d, r.max_tokens); !e.empty()) return e;
   bool ignore_eos = d.ignore_eos;
   if (auto it = doc.find("ignore_eos"); it != doc.end()) {
     if (!it->is_boolean())
@@ -150,6 +186,16 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   PromptLine out;
   out.line_no = line_no;
   out.id = line_no;
+  // note: a raw NUL byte is never valid JSON (inside a string it must be
+  // written \u0000); the JSON parser would stop at it and silently drop the
+  // rest of the line.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    out.error = fmt::format(
+        "malformed JSON: a raw NUL byte at byte {} (JSON text never contains one; inside a "
+        "string write \\u0000)",
+        nul + 1);
+    return out;
+  }
   nlohmann::json doc;
   try {
     // note: the strict parser validates UTF-8 first, refuses duplicate keys
@@ -201,6 +247,26 @@ std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& pr
   }
   s += "}";
   return s;
+}
+
+void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
+                     const std::vector<float>& logprobs, int k) {
+  line.pop_back();  // the closing '}'
+  line += ", \"logprobs\": [";
+  const size_t steps = k > 0 ? ids.size() / static_cast<size_t>(k) : 0;
+  for (size_t s = 0; s < steps; ++s) {
+    line += s ? ", [" : "[";
+    for (size_t j = 0; j < static_cast<size_t>(k); ++j) {
+      const size_t at = s * static_cast<size_t>(k) + j;
+      const float lp = logprobs[at];
+      // note: {} prints the shortest text that reads back to the same float;
+      // a logit of -inf gives a logprob of -inf, written null as in margins.
+      line += fmt::format("{}[{}, {}]", j ? ", " : "", ids[at],
+                          std::isfinite(lp) ? fmt::format("{}", lp) : std::string("null"));
+    }
+    line += "]";
+  }
+  line += "]}";
 }
 
 std::string error_line(const nlohmann::json& id, const std::string& error) {

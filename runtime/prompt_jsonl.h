@@ -23,13 +23,15 @@ struct PromptDefaults {
   int64_t vocab_size = 0;                // valid token ids are [0, vocab_size)
   int64_t max_context = 0;               // prompt + 1 must fit
   bool allow_mrope = false;              // the model uses M-RoPE positions
+  bool allow_unknown_fields = false;     // ignore fields not in kRequestFields (else an error)
   const Tokenizer* tokenizer = nullptr;  // for "prompt"; nullptr: pack has none
 };
 
 struct PromptLine {
-  int64_t line_no = 0;  // 1-based
-  nlohmann::json id;    // as given, or the line number
-  std::string error;    // non-empty: the line is rejected
+  int64_t line_no = 0;                      // 1-based
+  nlohmann::json id;                        // as given, or the line number
+  std::string error;                        // non-empty: the line is rejected
+  std::vector<std::string> ignored_fields;  // unknown fields (with allow_unknown_fields)
   SequenceRequest request;
 };
 
@@ -40,6 +42,10 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
 std::string result_line(const nlohmann::json& id, const std::vector<int32_t>& prompt,
                         const std::vector<int32_t>& output, bool stopped, const std::string* text,
                         const std::vector<float>* margins);
+// Appends "logprobs": [[[id, logprob] x k] per step] before the closing '}'
+// of a result line (generate --logprobs K).
+void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
+                     const std::vector<float>& logprobs, int k);
 std::string error_line(const nlohmann::json& id, const std::string& error);
 
 }  // namespace qtk

@@ -62,7 +62,8 @@ TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n) {
   return v;
 }
 
-Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(pool) {
+Qwen3::Qwen3(const Pack& pack, ThreadPool* pool)
+    : cfg_(pack.config()), pool_(pool), moe_(pack.config()) {
   const ModelConfig& c = cfg_;
   if (c.arch != Arch::kQwen3) fail("{}: Qwen3 model built from a non-Qwen3 pack", pack.path());
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -80,15 +81,24 @@ Qwen3::Qwen3(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(po
     l.k_norm = pack_vector(pack, p + "self_attn.k_norm", D);
     l.o_proj = pack_matrix(pack, p + "self_attn.o_proj", H, c.q_dim());
     l.post_attention_layernorm = pack_vector(pack, p + "post_attention_layernorm", H);
-    l.gate_up_proj = pack_matrix(pack, p + "mlp.gate_up_proj", 2 * I, H);
-    l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
+    l.is_moe = c.is_moe_layer(i);
+    if (l.is_moe) {
+      l.moe = load_moe_weights(pack, c, p);
+    } else {
+      l.gate_up_proj = pack_matrix(pack, p + "mlp.gate_up_proj", 2 * I, H);
+      l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
+    }
     w_.layers.push_back(l);
   }
   // note: every weight is read by the first forward pass anyway; reading
   // them here keeps disk reads and page faults out of the timed steps.
   std::vector<TensorView> mats{w_.lm_head};
   for (const Qwen3LayerWeights& l : w_.layers) {
-    mats.insert(mats.end(), {l.qkv_proj, l.o_proj, l.gate_up_proj, l.down_proj});
+    mats.insert(mats.end(), {l.qkv_proj, l.o_proj});
+    if (l.is_moe)
+      append_moe_matrices(l.moe, mats);
+    else
+      mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
   }
   tiled_.build(pack, mats, pool_);
 }
@@ -112,6 +122,10 @@ void Qwen3::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_context) {
   act_.resize(T * c.intermediate_size);
   last_.resize(std::max(T, max_seqs) * c.hidden_size);
   attn_scratch_.resize(paged_attention_scratch_floats(max_context, pool_size(pool_)));
+  if (c.has_moe()) {
+    moe_.reserve(T);
+    moe_out_.resize(T * c.hidden_size);
+  }
 }
 
 void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, float* logits) {
@@ -155,12 +169,17 @@ void Qwen3::forward(const StepBatch& b, KvCache& kv, StatePool& /*states*/, floa
                     attn_scratch_.data(), pool_);
     tiled_.matmul(attn_.data(), c.q_dim(), l.o_proj, h, H, T, H, c.q_dim(), pool_);
     add_inplace(x, h, T * H);
-    // MLP block.
+    // MLP block: dense SwiGLU, or the sparse mixture of experts.
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
-    swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
-    tiled_.matmul(act_.data(), I, l.down_proj, h, H, T, H, I, pool_);
-    add_inplace(x, h, T * H);
+    if (l.is_moe) {
+      moe_.forward(l.moe, h, T, moe_out_.data(), tiled_, pool_);
+      add_inplace(x, moe_out_.data(), T * H);
+    } else {
+      tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
+      swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
+      tiled_.matmul(act_.data(), I, l.down_proj, h, H, T, H, I, pool_);
+      add_inplace(x, h, T * H);
+    }
     if (hook_) hook_(li, x, T, H, H);
   }
 

@@ -1,5 +1,7 @@
-// Qwen3 (dense): the transformers Qwen3ForCausalLM forward pass over a
-// scheduler step (prefill chunks and decode tokens of many sequences at once).
+// Qwen3 and Qwen3-MoE: the transformers Qwen3ForCausalLM / Qwen3MoeForCausalLM
+// forward pass over a scheduler step (prefill chunks and decode tokens of many
+// sequences at once). A layer's feed-forward block is a dense MLP or the
+// shared mixture-of-experts block (runtime/moe_block.h), as the config says.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +9,7 @@
 
 #include "loaders/tensor_view.h"
 #include "runtime/model.h"
+#include "runtime/moe_block.h"
 #include "runtime/tiled_weights.h"
 
 namespace qtk {
@@ -21,8 +24,12 @@ struct Qwen3LayerWeights {
   TensorView k_norm;                    // f32 [head_dim]
   TensorView o_proj;                    // mat [hidden, Hq*head_dim]
   TensorView post_attention_layernorm;  // f32 [hidden]
-  TensorView gate_up_proj;              // mat [2*intermediate, hidden]: rows gate, up
-  TensorView down_proj;                 // mat [hidden, intermediate]
+  // Feed-forward: a dense SwiGLU MLP, or (Qwen3-MoE, per the config's mlp
+  // plan) a mixture of experts.
+  bool is_moe = false;
+  TensorView gate_up_proj;  // mat [2*intermediate, hidden]: rows gate, up (dense)
+  TensorView down_proj;     // mat [hidden, intermediate] (dense)
+  MoeWeights moe;           // when is_moe
 };
 
 struct Qwen3Weights {
@@ -61,6 +68,8 @@ class Qwen3 : public Model {
   std::vector<float> act_;      // f32 [T, intermediate]
   std::vector<float> last_;     // f32 [max_seqs, hidden] final-normed last rows
   std::vector<float> attn_scratch_;
+  MoeBlock moe_;                // mixture-of-experts scratch (unused by dense models)
+  std::vector<float> moe_out_;  // f32 [T, hidden] MoE block output (MoE models only)
 };
 
 }  // namespace qtk

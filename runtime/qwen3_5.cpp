@@ -29,7 +29,8 @@ int64_t in_proj_rows(const ModelConfig& c) {
 
 }  // namespace
 
-Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool_(pool) {
+Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool)
+    : cfg_(pack.config()), pool_(pool), moe_(pack.config()) {
   const ModelConfig& c = cfg_;
   if (c.arch != Arch::kQwen3_5)
     fail("{}: Qwen3.5 model built from a non-Qwen3.5 pack", pack.path());
@@ -54,8 +55,13 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
     l.kind = c.layer_plan[i];
     l.input_layernorm = pack_vector(pack, p + "input_layernorm", H);
     l.post_attention_layernorm = pack_vector(pack, p + "post_attention_layernorm", H);
-    l.gate_up_proj = pack_matrix(pack, p + "mlp.gate_up_proj", 2 * I, H);
-    l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
+    l.is_moe = c.is_moe_layer(i);
+    if (l.is_moe) {
+      l.moe = load_moe_weights(pack, c, p);
+    } else {
+      l.gate_up_proj = pack_matrix(pack, p + "mlp.gate_up_proj", 2 * I, H);
+      l.down_proj = pack_matrix(pack, p + "mlp.down_proj", H, I);
+    }
     if (l.kind == LayerKind::kFull) {
       l.attn.qkv_proj =
           pack_matrix(pack, p + "self_attn.qkv_proj", 2 * c.q_dim() + 2 * c.kv_dim(), H);
@@ -98,7 +104,10 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool) : cfg_(pack.config()), pool
       mats.insert(mats.end(), {l.gdn.in_proj, l.gdn.out_proj});
       if (l.gdn.in_proj_ba.data != nullptr) mats.push_back(l.gdn.in_proj_ba);
     }
-    mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
+    if (l.is_moe)
+      append_moe_matrices(l.moe, mats);
+    else
+      mats.insert(mats.end(), {l.gate_up_proj, l.down_proj});
   }
   tiled_.build(pack, mats, pool_);
 }
@@ -129,6 +138,7 @@ void Qwen3_5::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_context)
   attn_scratch_.resize(paged_attention_scratch_floats(max_context, pool_size(pool_)));
   conv_states_.resize(max_seqs);
   rec_states_.resize(max_seqs);
+  if (c.has_moe()) moe_.reserve(T);
 }
 
 void Qwen3_5::full_attention(const Qwen3_5FullAttention& w, int64_t ai, const StepBatch& b,
@@ -239,9 +249,13 @@ void Qwen3_5::forward(const StepBatch& b, KvCache& kv, StatePool& states, float*
     }
     add_inplace(x, mix, T * H);
     rmsnorm(x, H, l.post_attention_layernorm.as<float>(), h, H, T, H, eps);
-    tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
-    swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
-    tiled_.matmul(act_.data(), I, l.down_proj, mix, H, T, H, I, pool_);
+    if (l.is_moe) {
+      moe_.forward(l.moe, h, T, mix, tiled_, pool_);
+    } else {
+      tiled_.matmul(h, H, l.gate_up_proj, gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
+      swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
+      tiled_.matmul(act_.data(), I, l.down_proj, mix, H, T, H, I, pool_);
+    }
     add_inplace(x, mix, T * H);
     if (hook_) hook_(li, x, T, H, H);
   }

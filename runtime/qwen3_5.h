@@ -1,7 +1,8 @@
 // Qwen3.5 hybrid: Gated DeltaNet (linear attention) layers and gated full
 // attention layers with partial rotary M-RoPE, reading like transformers'
 // modeling_qwen3_5 (text model; the multimodal layout converts to the same
-// pack names).
+// pack names). Qwen3.5-MoE (modeling_qwen3_5_moe) is the same model with the
+// mixture-of-experts block (runtime/moe_block.h) as every layer's MLP.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "loaders/tensor_view.h"
 #include "runtime/model.h"
+#include "runtime/moe_block.h"
 #include "runtime/tiled_weights.h"
 
 namespace qtk {
@@ -42,8 +44,12 @@ struct Qwen3_5LayerWeights {
   Qwen3_5FullAttention attn;            // when kind == kFull
   Qwen3_5LinearAttention gdn;           // when kind == kLinear
   TensorView post_attention_layernorm;  // f32 [hidden] (1+w)
-  TensorView gate_up_proj;              // mat [2*intermediate, hidden]: rows gate, up
-  TensorView down_proj;                 // mat [hidden, intermediate]
+  // Feed-forward: a dense SwiGLU MLP, or (Qwen3.5-MoE) a mixture of experts
+  // with a gated shared expert.
+  bool is_moe = false;
+  TensorView gate_up_proj;  // mat [2*intermediate, hidden]: rows gate, up (dense)
+  TensorView down_proj;     // mat [hidden, intermediate] (dense)
+  MoeWeights moe;           // when is_moe
 };
 
 struct Qwen3_5Weights {
@@ -93,6 +99,7 @@ class Qwen3_5 : public Model {
   std::vector<float> last_;      // f32 [max_seqs, hidden]
   std::vector<float> attn_scratch_;
   std::vector<float*> conv_states_, rec_states_;  // [max_seqs] per-step pointers
+  MoeBlock moe_;  // mixture-of-experts scratch (unused by dense models)
 };
 
 }  // namespace qtk

@@ -8,6 +8,7 @@
 
 #include "kernels/argmax.h"
 #include "loaders/error.h"
+#include "runtime/logprobs.h"
 
 namespace qtk {
 
@@ -59,7 +60,9 @@ std::string Scheduler::check_fits(const SequenceRequest& r) const {
   }
   // note: the last generated token is never fed back, so a sequence caches at
   // most prompt + max_tokens - 1 tokens.
-  const int64_t longest = std::min(p + r.max_tokens, opt_.max_context) - 1;
+  // note: max_tokens may be as large as INT64_MAX; it is clamped to the room
+  // left in the context before the sum, which cannot then overflow.
+  const int64_t longest = p + std::min(r.max_tokens, opt_.max_context - p) - 1;
   if (blocks_for(longest) > opt_.num_blocks) {
     return fmt::format(
         "prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "
@@ -245,7 +248,9 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   // note: a model that picks the greedy tokens itself (the GPU) returns the
   // same ids and margins argmax_rows would compute from its logits; the CPU
   // models take the host path, unchanged.
-  if (!model_.forward_greedy(b, kv_, states_, argmax_.data(), margins_.data())) {
+  // note: --logprobs needs the logits themselves, so it takes the host path.
+  if (opt_.logprobs > 0 ||
+      !model_.forward_greedy(b, kv_, states_, argmax_.data(), margins_.data())) {
     model_.forward(b, kv_, states_, logits_.data());
     if (num_logits > 0) {
       argmax_rows(logits_.data(), num_logits, model_.config().vocab_size, argmax_.data(),
@@ -276,6 +281,14 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     ++r;
     s.result.output.push_back(tok);
     s.result.margins.push_back(margin);
+    if (opt_.logprobs > 0) {
+      const int64_t vocab = model_.config().vocab_size;
+      const size_t at = s.result.top_ids.size();
+      s.result.top_ids.resize(at + static_cast<size_t>(opt_.logprobs));
+      s.result.top_logprobs.resize(at + static_cast<size_t>(opt_.logprobs));
+      top_logprobs(logits_.data() + (r - 1) * vocab, vocab, opt_.logprobs, &s.result.top_ids[at],
+                   &s.result.top_logprobs[at]);
+    }
     s.tokens.push_back(tok);
     ++stats_.generated_tokens;
     const bool stop =

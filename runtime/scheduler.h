@@ -32,7 +32,11 @@ struct SequenceRequest {
 struct SequenceResult {
   std::vector<int32_t> output;
   std::vector<float> margins;  // logit(top1) - logit(top2) per step
-  bool stopped = false;        // ended on a stop id (else: length)
+  // With SchedulerOptions::logprobs = K: K (id, log-probability) pairs per
+  // step, most likely first (runtime/logprobs.h).
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  bool stopped = false;  // ended on a stop id (else: length)
 };
 
 struct SchedulerOptions {
@@ -45,6 +49,7 @@ struct SchedulerOptions {
   int64_t block_size = 16;
   int64_t num_blocks = 0;   // K/V blocks in the cache
   int64_t max_context = 0;  // longest sequence (prompt + generated) allowed
+  int logprobs = 0;         // top-K log-probabilities per step (0: none; needs host logits)
 };
 
 struct SchedulerStats {

@@ -9,4 +9,4 @@ BIN=${QTK_BUILD_DIR:-build}/bin
 mkdir -p out
 "$BIN/convert" samples/qwen3.5-sample out/qwen3.5-sample.pack --force
 "$BIN/generate" --model out/qwen3.5-sample.pack --batch samples/prompts.jsonl \
-  --out out/results.jsonl --max-tokens 48 --show
+  --out out/results.jsonl --max-tokens 48 --show --force

@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ clang pkg-config make
           libzip-dev nlohmann-json3-dev libarchive-dev libcxxopts-dev libfmt-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev
+          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev libxxhash-dev
           zip unzip zstd python3
-          libclang-rt-14-dev llvm-14)  # libFuzzer + sanitizer runtimes, llvm-symbolizer (scripts/test.sh)
+          libclang-rt-14-dev llvm-14  # libFuzzer + sanitizer runtimes, llvm-symbolizer (scripts/test.sh)
+          slurm-wlm munge yamllint)   # the sharded-job tests (tests/slurm/)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

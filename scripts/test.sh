@@ -14,6 +14,12 @@ QTK_CMAKE_ARGS="${QTK_CMAKE_ARGS:-} -DQTK_WERROR=ON" bash scripts/setup.sh
 ctest --test-dir "${QTK_BUILD_DIR:-build}" --output-on-failure -j"$JOBS"
 echo "test.sh: release suite done at $((SECONDS - t0)) s" >&2
 
+# Sharded jobs on a real one-node Slurm cluster started here, and the
+# Kubernetes job files (linted; no cluster runs here).
+bash tests/slurm/k8s_manifest_check.sh
+bash tests/slurm/slurm_test.sh "${QTK_BUILD_DIR:-build}"
+echo "test.sh: slurm test done at $((SECONDS - t0)) s" >&2
+
 if [[ -z "${QTK_SKIP_ASAN:-}" ]]; then
   # note: the sanitizer build runs every test through ASan + UBSan (any
   # report aborts: -fno-sanitize-recover); CUDA and the benchmarks are left

@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -100,6 +102,7 @@ qtk::Tokenizer load_tokenizer(const std::string& path) {
 // --threads 2 slower than one thread.
 class LineReader {
  public:
+  explicit LineReader(std::FILE* in, std::string name) : in_(in), name_(std::move(name)) {}
   bool next(std::string& line) {
     line.clear();
     for (;;) {
@@ -112,10 +115,10 @@ class LineReader {
       line.append(buffer_, pos_, std::string::npos);
       pos_ = 0;
       buffer_.resize(kBlock);
-      const size_t got = std::fread(buffer_.data(), 1, kBlock, stdin);
+      const size_t got = std::fread(buffer_.data(), 1, kBlock, in_);
       buffer_.resize(got);
       if (got == 0) {
-        if (std::ferror(stdin)) fail("cannot read stdin");
+        if (std::ferror(in_)) fail("{}: cannot read", name_);
         return !line.empty();  // a last line without '\n'
       }
     }
@@ -123,23 +126,49 @@ class LineReader {
 
  private:
   static constexpr size_t kBlock = size_t{1} << 20;
+  std::FILE* in_;
+  std::string name_;
   std::string buffer_;
   size_t pos_ = 0;
 };
 
-std::string error_line(size_t line_number, const std::string& message) {
-  return nlohmann::json{{"line", line_number}, {"error", message}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+std::string error_line(size_t line_number, const std::string& message,
+                       const nlohmann::json* id = nullptr) {
+  nlohmann::json j = {{"line", line_number}, {"error", message}};
+  if (id != nullptr) j["id"] = *id;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// An input line's "id" (a string or an integer), passed through to its
+// output line so that results can be matched without counting lines.
+const nlohmann::json* id_of(const nlohmann::json& input) {
+  if (!input.is_object()) return nullptr;
+  auto it = input.find("id");
+  if (it == input.end() || !(it->is_string() || it->is_number_integer())) return nullptr;
+  return &*it;
+}
+
+std::string with_id(const nlohmann::json* id, const std::string& body) {
+  if (id == nullptr) return "{" + body + "}";
+  return "{\"id\":" + id->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "," +
+         body + "}";
 }
 
 std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
                          size_t line_number) {
+  // note: a raw NUL byte is never valid JSON; the parser would stop there
+  // and drop the rest of the line silently.
+  if (const size_t nul = line.find('\0'); nul != std::string::npos) {
+    return error_line(line_number, fmt::format("line {}: invalid JSON: a raw NUL byte at byte {}",
+                                               line_number, nul + 1));
+  }
   nlohmann::json input;
   try {
     input = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     return error_line(line_number, fmt::format("line {}: invalid JSON: {}", line_number, e.what()));
   }
+  const nlohmann::json* id = id_of(input);
   try {
     if (!input.is_object()) {
       fail("line {}: expected a JSON object with \"{}\", found {}", line_number,
@@ -151,7 +180,7 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
         fail("line {}: expected a string field \"text\"", line_number);
       }
       const std::vector<int32_t> ids = tokenizer.encode(text->get_ref<const std::string&>());
-      return fmt::format("{{\"ids\":[{}]}}", fmt::join(ids, ","));
+      return with_id(id, fmt::format("\"ids\":[{}]", fmt::join(ids, ",")));
     }
     const auto ids_field = input.find("ids");
     if (ids_field == input.end() || !ids_field->is_array()) {
@@ -169,31 +198,37 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
       }
       ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     }
-    return nlohmann::json{{"text", tokenizer.decode(ids)}}.dump();
+    const std::string text = nlohmann::json(tokenizer.decode(ids)).dump();
+    return with_id(id, "\"text\":" + text);
   } catch (const qtk::Error& e) {
     std::string message = e.what();
     if (message.rfind("line ", 0) != 0) message = fmt::format("line {}: {}", line_number, message);
-    return error_line(line_number, message);
+    return error_line(line_number, message, id);
   }
 }
 
 int run(int argc, char** argv) {
   cxxopts::Options options(
       "tokenize",
-      "Encode JSONL {\"text\": ...} lines from stdin to {\"ids\": [...]} lines on stdout, or "
-      "decode\n"
+      "Encode JSONL {\"text\": ...} lines from INPUT (or stdin) to {\"ids\": [...]} lines on "
+      "stdout, or decode\n"
       "{\"ids\": [...]} to {\"text\": ...} with --decode. Encoding adds no special tokens; "
       "decoding\n"
       "keeps them. A bad input line gives {\"line\": N, \"error\": \"...\"} and the other lines "
       "still\n"
-      "come out, in input order. Exit status 0 once the tokenizer loads (even with bad lines),\n"
+      "come out, in input order. An input \"id\" (string or integer) is copied to its\n"
+      "output line. Exit status 0 once the tokenizer loads (even with bad lines),\n"
       "1 for bad flags or an unusable tokenizer.");
   options.add_options()("tokenizer",
                         "tokenizer.json, a model directory holding one, or a .pack file",
                         cxxopts::value<std::string>())(
       "decode", "read {\"ids\": [...]} lines and write {\"text\": ...}")(
       "threads", "worker threads (0 = all cores)",
-      cxxopts::value<std::string>()->default_value("1"))("h,help", "print this help");
+      cxxopts::value<std::string>()->default_value("1"))(
+      "input", "the JSONL input file (default, or -: stdin)",
+      cxxopts::value<std::string>()->default_value("-"))("h,help", "print this help");
+  options.parse_positional({"input"});
+  options.positional_help("[INPUT|-]");
   const cxxopts::ParseResult args = qtk::cli::parse_flags(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << std::endl;
@@ -207,6 +242,18 @@ int run(int argc, char** argv) {
       "--threads", args["threads"].as<std::string>(), 0, 1024, "0 (all cores) or a thread count");
   const bool decode = args.count("decode") > 0;
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
+  const std::string input_path = args["input"].as<std::string>();
+  std::FILE* input = stdin;
+  if (input_path != "-") {
+    input = std::fopen(input_path.c_str(), "rb");
+    if (input == nullptr) fail("{}: cannot open the input: {}", input_path, std::strerror(errno));
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f != stdin) std::fclose(f);
+    }
+  } closer{input};
   const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())
                                            : static_cast<size_t>(threads_flag);
 
@@ -245,7 +292,7 @@ int run(int argc, char** argv) {
       }
     });
   }
-  LineReader reader;
+  LineReader reader(input, input_path == "-" ? std::string("stdin") : input_path);
   std::string line;
   for (bool more = true; more;) {
     lines.clear();

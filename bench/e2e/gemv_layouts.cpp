@@ -1,7 +1,7 @@
-// gemv_layouts: M = 1 bf16 matmul read patterns on this machine (issue 7,
-// session 3; bench/RESULTS.md): a plain AVX-512 read of the buffer, the
-// HF-layout 6-row tile with and without software prefetch (the kernel of
-// session 2), and the tile-order layout (kernels/matmul_tiled.h) with and
+// gemv_layouts: M = 1 bf16 matmul read patterns on this machine
+// (bench/RESULTS.md): a plain AVX-512 read of the buffer, the
+// HF-layout 6-row tile with and without software prefetch (the kernel
+// before the tile order), and the tile-order layout (kernels/matmul_tiled.h) with and
 // without prefetch, each over 768 MiB so every byte comes from memory; and
 // the tile-order loop reading x from a 4 KiB window (wrong arithmetic,
 // timing only: shows the cost of the x row leaving L1 at K = 3072).
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   };
   V vs[] = {
       {"probe", probe},
-      {"HF nr6 pf1 T1 (session 2)", gemv<6, 1, 1>},
+      {"HF nr6 pf1 T1", gemv<6, 1, 1>},
       {"nr6 none", gemv<6, 0, 1>},
       {"nr6 pf2 T1", gemv<6, 2, 1>},
       {"nr6 pf1 T0", gemv<6, 1, 0>},

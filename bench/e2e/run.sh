@@ -60,7 +60,7 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
   local name=$1 prompts=$2 max=$3; shift 3
   /usr/bin/time -f '{"wall_s": %e, "user_s": %U, "sys_s": %S}' -o "$WORK/$name.time.json" \
     "$BIN/generate" --model "$PACK" --batch "$prompts" --out "$WORK/$name.jsonl" --threads "$THREADS" \
-    --max-tokens "$max" --ignore-eos "$@" >&2
+    --max-tokens "$max" --ignore-eos --force "$@" >&2
   cp "$WORK/$name.jsonl.meta.json" "$WORK/$name.meta.json"
 }
 
@@ -96,16 +96,40 @@ pack_bytes = os.path.getsize(pack)
 embed_bytes = tc["vocab_size"] * tc["hidden_size"] * 2
 tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
 step_bytes = pack_bytes - (0 if tied else embed_bytes)  # tied: the table is read as lm_head
-# Matmul flops per token, lm_head excluded: 2 x the weights of every matrix
-# the pack holds (FP8 block scales and the untied embedding table are not matmuls).
 import zipfile
 man = json.loads(zipfile.ZipFile(pack).read("manifest.json"))
 scales = {q["scale"] for q in man.get("quantization", {}).get("tensors", [])}
+weight_dtypes = sorted({t["dtype"] for t in man["tensors"] if len(t["shape"]) == 2 and t["name"] not in scales})
+def numel(t):
+  n = 1
+  for d in t["shape"]: n *= d
+  return n
+# Mixture of experts: a decode step reads only the experts its tokens chose.
+# note: batch 1 reads exactly top_k experts per MoE layer; a batch of n
+# reads the distinct experts its n tokens chose, estimated for a uniform
+# router as E * (1 - (1 - k/E)^n) (random weights route close to uniformly).
+# The stacked expert tensors' bytes (FP8 block scales included) come from the
+# manifest, so an FP8 MoE pack counts 1 byte per expert weight.
+E = tc.get("num_experts") or tc.get("num_local_experts") or 0
+expert_bytes, expert_weights, moe_k = 0, 0, 0
+if E:
+  moe_k = tc["num_experts_per_tok"]
+  elem = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
+  for t in man["tensors"]:
+    if "mlp.experts." in t["name"]:
+      expert_bytes += numel(t) * elem[t["dtype"]]
+      if t["name"] not in scales: expert_weights += numel(t)
+def bytes_per_step(n):
+  if not E: return step_bytes
+  return step_bytes - expert_bytes + expert_bytes * (1 - (1 - moe_k / E) ** n)
+# Matmul flops per token, lm_head excluded: 2 x the weights of every matrix
+# the pack holds (FP8 block scales and the untied embedding table are not
+# matmuls), the stacked experts counted for the top_k a token uses.
 weights = sum(t["shape"][0] * t["shape"][1] for t in man["tensors"]
               if len(t["shape"]) == 2 and t["name"] not in scales and "conv1d" not in t["name"]
               and not (t["name"] == "embed_tokens" and not tied))
+if E: weights += expert_weights * moe_k // E
 flops_per_token = 2 * (weights - tc["vocab_size"] * tc["hidden_size"])
-weight_dtypes = sorted({t["dtype"] for t in man["tensors"] if len(t["shape"]) == 2 and t["name"] not in scales})
 p = meta("prefill")
 out = {
   "model": os.path.basename(cfg_path), "weight_dtypes": weight_dtypes, "threads": threads, "read_bandwidth_gbps": bw,
@@ -113,6 +137,7 @@ out = {
   "load_average_before": open(f"{work}/load_before.txt").read().strip(),
   "load_average_after": open(f"{work}/load_after.txt").read().strip(),
   "weights_bytes_per_step": step_bytes,
+  "moe_expert_bytes": expert_bytes, "weights_bytes_per_step_batch1": bytes_per_step(1),
   "prefill": {"tokens": p["prompt_tokens_computed"], "seconds": p["prefill_seconds"],
               "tok_per_s": p["prompt_tokens_computed"] / p["prefill_seconds"],
               "gflop_per_s": p["prompt_tokens_computed"] * flops_per_token / p["prefill_seconds"] / 1e9,
@@ -120,14 +145,14 @@ out = {
   "decode": {},
   "cpu_path": p.get("cpu_path"),
 }
-floor = bw_t * 1e9 / step_bytes
+floor = bw_t * 1e9 / bytes_per_step(1)
 for n in seqs:
   m = meta(f"decode{n}")
   tps = m["decode_tokens"] / m["decode_seconds"]
   steps_per_s = tps / int(n)
   out["decode"][n] = {"tok_per_s": tps, "gen_tok_per_s_incl_prefill": int(n) * 64 / (m["prefill_seconds"] + m["decode_seconds"]),
-                      "achieved_weight_gbps": steps_per_s * step_bytes / 1e9,
-                      "fraction_of_bandwidth_floor": steps_per_s / floor,
+                      "achieved_weight_gbps": steps_per_s * bytes_per_step(int(n)) / 1e9,
+                      "fraction_of_bandwidth_floor": steps_per_s * bytes_per_step(int(n)) / (bw_t * 1e9),
                       "peak_rss_mb": m["peak_rss_bytes"] / 2**20, **cpu(f"decode{n}")}
 out["decode_floor_tok_per_s_batch1"] = floor
 print(json.dumps(out, indent=2))

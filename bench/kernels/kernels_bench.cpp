@@ -194,7 +194,7 @@ void BM_MatmulFp8(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulFp8)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
 
-// avx512 against amx (issue 7, session 3) at Qwen3-0.6B shapes, lm_head
+// avx512 against amx at Qwen3-0.6B shapes, lm_head
 // included. args: M, N, K, threads, path (2 avx512, 3 amx).
 // note: weights are made once per shape (cheap integer noise, bf16 of
 // magnitude ~0.01-0.06) and shared by both paths and every M; enough copies

@@ -258,7 +258,8 @@ int run(int argc, char** argv) {
   if (dtype != "bf16" && dtype != "f32")
     fail("synth: --dtype: expected bf16 or f32, found \"{}\"", dtype);
   const ModelConfig c = load_hf_config(config_path);
-  const bool multimodal = c.hf_architecture == "Qwen3_5ForConditionalGeneration";
+  // note: Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration.
+  const bool multimodal = c.hf_architecture.ends_with("ForConditionalGeneration");
 
   std::vector<Tensor> all;
   for (const auto& e : expected_tensors(c)) {

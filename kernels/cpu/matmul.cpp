@@ -62,7 +62,7 @@ uint16_t* amx_workspace(size_t u16) {
 // note: QTK_AMX_PREFETCH=0..4 picks the AMX kernel's weight prefetch
 // (matmul_paths.h; a measurement knob, read once; results are identical).
 // The default, 1, was the only mode never far behind at M = 1 and the best
-// at M = 8 on the AMX host (bench/kernels/RESULTS.md, "AMX (session 3)").
+// at M = 8 on the AMX host (bench/kernels/RESULTS.md, the AMX section).
 int amx_prefetch_mode() {
   static const int mode = [] {
     const char* env = std::getenv("QTK_AMX_PREFETCH");

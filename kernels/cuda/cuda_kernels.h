@@ -160,7 +160,7 @@ struct AttentionBatch {
 // note: 32 tiles (contexts up to 2048 keys). A longer context walks its
 // tiles in one block per (sequence, kv head), which at batch 1 leaves most
 // SMs idle: H100, Hq/Hkv 16/8, D 128, batch 1, 1024 keys took 73.5 us per
-// layer walked with 8 tiles as the limit (S5-8). The workspace costs
+// layer walked with 8 tiles as the limit. The workspace costs
 // rows x 32 x (D + 2) floats (Qwen3-0.6B, 256 sequences: 136 MB).
 constexpr int64_t kAttentionSplitTiles = 32;
 inline int64_t attention_partials_floats(int64_t rows, int64_t head_dim) {

@@ -21,7 +21,7 @@ constexpr int kThreads = 256;
 // gate, up and output columns move as one 16-byte access each.
 // note: the element formula is the scalar one, so the bits do not change;
 // at the prefill's 8192 tokens the one-thread-per-element form with int64
-// division ran at ~1.2 TB/s (S4-5: 121 us per call, 11 % of the step).
+// division ran at ~1.2 TB/s (121 us per call, 11 % of the step).
 constexpr int kSwigluPer = 8;
 
 template <class T>

@@ -79,16 +79,14 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 //   K^T (e^{..} new_v): K exact x (hi + lo).
 // Measured on the H100 against the float64 chunked reference
 // (tests/cuda/test_gdn_chunked.cpp, relative L2, 1..9 chunks, Dk 16..128):
-// state 1.4e-6 .. 2.9e-6 (session 2's f32 CUDA-core kernel: 1.6e-7 ..
+// state 1.4e-6 .. 2.9e-6 (an f32 CUDA-core kernel: 1.6e-7 ..
 // 5.2e-7), outputs 2.3e-3 .. 2.4e-3 (1.7e-3 is the bf16 rounding of the
 // outputs alone, which the f32 kernel reached). The extra output error is
 // P in bf16; a hi/lo P would cost 4 more mma per k tile of (3) and 8 KiB
 // more workspace per chunk and head. Against the recurrent kernel: state
 // 3.3e-6, outputs 2.6e-3. The 4-lane forward substitution of the diagonal
-// T blocks and the two-chain mma sums (session 4) left these figures where
-// they were: state 1.4e-6 .. 2.9e-6, outputs 2.3e-3 .. 2.4e-3, vs recurrent
-// 3.3e-6 / 2.6e-3 (session 3: 1.4e-6 .. 2.9e-6, 2.2e-3 .. 2.4e-3, 3.3e-6 /
-// 2.6e-3); the bf16 generate tests still agree with the CPU on 810 of 960
+// T blocks and the two-chain mma sums leave these figures where they are
+// without them (within 2.2e-3 .. 2.4e-3 for the outputs); the bf16 generate tests still agree with the CPU on 810 of 960
 // qwen3.5-sample tokens and every invariance case is byte-identical.
 //
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row

@@ -3,12 +3,14 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/compare.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv_mma.h"
 #include "loaders/error.h"
@@ -16,7 +18,14 @@
 namespace qtk::cuda {
 
 using bf16 = __nv_bfloat16;
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(LtAlgoBytes),
+              "cublasLtMatmulAlgo_t is stored as 8 x uint64 (gemm_plan.h)");
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -71,7 +80,36 @@ int32_t disable_split_k(cublasLtMatmulAlgo_t& algo) {
   return got;
 }
 
+// The split-K count an algorithm is configured with (1 where it has no such knob).
+int32_t split_k_of(const cublasLtMatmulAlgo_t& algo) {
+  int32_t got = 1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &got,
+                                           sizeof(got), &written) != CUBLAS_STATUS_SUCCESS)
+    return 1;
+  return got;
+}
+
 }  // namespace
+
+// Faster algorithms for small or large M, used only once verified bitwise
+// equal to the plan algorithm (see Gemm::verify_range), or taken from a preloaded
+// record of such a verification (Gemm::preload).
+struct Gemm::PlanAlt {
+  cublasLtMatmulAlgo_t algo{};
+  int64_t lo = 0, hi = 0;                        // the M range it serves
+  int64_t verify_m = 0;                          // the M of the equality check
+  int64_t time_m = 0;                            // the M the candidates are timed at
+  std::vector<int64_t> heuristics;               // the M whose heuristics offer candidates
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
+  int algo_id = -1, tile = -1, stages = -1;
+  bool usable = false;     // algo (a verified cuBLASLt alternate) serves the range
+  bool own = false;        // the own skinny kernel (gemv_mma.cu) serves it, verified
+  bool own_equal = false;  // the own kernel gave the plan algorithm's bits (maybe slower)
+  bool checked = false;    // decided: tuned in this process or taken from a record
+  bool cached = false;     // taken from a preloaded record
+  std::string status = "not used yet";
+};
 
 // Column-major view of the row-major product: C[N, M] = op(A) B with
 // A = w as col-major [K, N] (ld ldw), op = transpose; B = x as col-major
@@ -84,23 +122,10 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
   int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
-  // Faster algorithms for small or large M, used only once verified bitwise
-  // equal to `algo` (see Gemm::verify_alternates).
-  struct Alt {
-    cublasLtMatmulAlgo_t algo{};
-    int64_t lo = 0, hi = 0;                        // the M range it serves
-    int64_t verify_m = 0;                          // the M of the equality check
-    int64_t time_m = 0;                            // the M the candidates are timed at
-    std::vector<cublasLtMatmulAlgo_t> candidates;  // until verified
-    int algo_id = -1, tile = -1, stages = -1;
-    bool usable = false;     // algo (a verified cuBLASLt alternate) serves the range
-    bool own = false;        // the own skinny kernel (gemv_mma.cu) serves it, verified
-    bool own_equal = false;  // the own kernel gave the plan algorithm's bits (maybe slower)
-    std::string status = "not verified";
-  };
+  using Alt = PlanAlt;
   std::vector<Alt> alts;
-  bool alts_checked = false;
-  bool ok = true;  // false: no algorithm qualified (why says what was rejected)
+  const void* w = nullptr;  // the weights of the first call (tune_remaining verifies on them)
+  bool ok = true;           // false: no algorithm qualified (why says what was rejected)
   std::string why;
   std::map<int64_t, std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> bc;  // per M
 
@@ -111,6 +136,12 @@ struct Gemm::Plan {
     }
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+  // The alternate range holding m, or null (alternates off).
+  Alt* alt_for(int64_t m) {
+    for (auto& a : alts)
+      if (m >= a.lo && m <= a.hi) return &a;
+    return nullptr;
   }
   const std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>& layouts(int64_t m) {
     auto it = bc.find(m);
@@ -140,10 +171,10 @@ int64_t default_ref_m() {
 
 // QTK_FUSED_MAX_M: the largest M whose decode-step add + RMSNorm is fused
 // into the next projection's launch (0..16, 0 = never; default 1).
-// note: the fused launch computes its norm (in S7-5 also the SwiGLU) in every block, before
+// note: the fused launch computes its norm (formerly also the SwiGLU) in every block, before
 // the product, so its cost grows with M; the separate launches compute each
 // row once, and PDL overlaps them. On the H100 the separate launches were
-// faster from M = 2 on (S7-5, Qwen3-0.6B decode step with fusion up to 16 /
+// faster from M = 2 on (Qwen3-0.6B decode step with fusion up to 16 /
 // none: batch 2 1.46 / 1.29 ms, 8 2.15 / 1.31, 16 3.44 / 1.46; Qwen3.5-0.8B
 // batch 16 3.83 / 1.81), while at M = 1 the fused launch saves a launch.
 constexpr int64_t kFusedMaxMDefault = 1;
@@ -189,6 +220,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   if (it != plans_.end()) return *it->second;
   if (in == DType::F32 && out != DType::F32)
     fail("Gemm: F32 inputs need an F32 output, got {}", dtype_name(out));
+  const auto t0 = Clock::now();
   auto p = std::make_unique<Plan>();
   auto lt = static_cast<cublasLtHandle_t>(handle_);
   p->in_t = cuda_type(in);
@@ -264,6 +296,10 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
         "Gemm: cuBLASLt offers no split-K-free algorithm for N {} K {} ({} -> {}) "
         "among {} candidates:{}",
         n, k, dtype_name(in), dtype_name(out), found_total, why);
+    // A record for this shape class claims an algorithm that this cuBLASLt
+    // does not offer: it does not apply.
+    if (presets_.erase(key) > 0) ++stats_.records_stale;
+    stats_.seconds += seconds_since(t0);
     return *plans_.emplace(key, std::move(p)).first->second;
   }
   size_t written = 0;
@@ -273,8 +309,185 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
                                        sizeof(p->tile), &written);
   cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &p->stages,
                                        sizeof(p->stages), &written);
-  if (alternates_) find_alternates(*p);
+  if (alternates_) {
+    init_ranges(*p);
+    if (auto pre = presets_.find(key); pre != presets_.end()) {
+      apply_record(*p, pre->second);
+      presets_.erase(pre);
+    }
+  }
+  stats_.seconds += seconds_since(t0);
   return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+// The alternate M ranges, not yet searched (find_candidates) or verified
+// (verify_range): both happen the first time a call falls into the range.
+// note: lazily per range because each range's search and timing costs
+// start-up time (each candidate is run ~20 times at the range's probe M);
+// a run that never reaches a range (batch 1 never uses 17..64) never pays
+// for it. The decision for a range does not depend on when it is made.
+void Gemm::init_ranges(Plan& p) {
+  struct Range {
+    int64_t probe, lo, hi, verify;
+    std::vector<int64_t> heuristics;  // the M whose heuristics offer candidates
+  };
+  for (const Range& r :
+       {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}}, Range{32, kSmallMaxM + 1, 64, 64, {32, 64}},
+        Range{128, 65, kLargeMinM - 1, kLargeMinM - 1, {128, 256}},
+        Range{kLargeMinM, kLargeMinM, kHugeMinM - 1, kLargeMinM, {512, 1024}},
+        Range{kHugeMinM, kHugeMinM, kGemmOpenRangeEnd, kHugeMinM, {512, 2048, 8192}}}) {
+    Plan::Alt alt;
+    alt.lo = r.lo;
+    alt.hi = r.hi;
+    alt.verify_m = r.verify;
+    alt.time_m = r.probe;
+    alt.heuristics = r.heuristics;
+    p.alts.push_back(std::move(alt));
+  }
+}
+
+// True when cuBLASLt accepts `algo` for every M the range is checked at
+// (its ends, its verify and probe M; the open last range at its start),
+// with no workspace.
+bool Gemm::runs_over_range(Plan& p, const PlanAlt& alt, const void* algo_ptr) {
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  const auto& algo = *static_cast<const cublasLtMatmulAlgo_t*>(algo_ptr);
+  bool ok = true;
+  for (int64_t m :
+       {alt.lo, alt.verify_m, alt.time_m, alt.hi == kGemmOpenRangeEnd ? alt.lo : alt.hi}) {
+    const auto& l = p.layouts(m);
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, &algo, &check) !=
+            CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize != 0)
+      ok = false;
+  }
+  return ok;
+}
+
+// Takes the decisions of a record (what an earlier tuning chose for this
+// shape class) for the ranges it holds, where they still apply here.
+// note: exactness. The record is used only when this process chose the same
+// plan algorithm (the one that serves every M and defines the bits): then a
+// recorded alternate is one that gave exactly that algorithm's bits when it
+// was verified, on the same GPU, driver, CUDA and cuBLASLt versions and own
+// kernel (the plan cache's key), and it gives them again here. A recorded
+// cuBLASLt alternate must still pass cuBLASLt's own check at the range's M
+// values with no workspace and no split-K; anything that does not fit is
+// left to be tuned (records_stale counts it).
+void Gemm::apply_record(Plan& p, const GemmPlanRecord& r) {
+  if (std::memcmp(r.algo.data(), &p.algo, sizeof(p.algo)) != 0) {
+    ++stats_.records_stale;
+    return;
+  }
+  const bool bf16_in = p.in_t == CUDA_R_16BF;
+  for (const GemmRangeChoice& c : r.ranges) {
+    Plan::Alt* alt = nullptr;
+    for (auto& a : p.alts)
+      if (a.lo == c.lo && a.hi == c.hi) alt = &a;
+    bool valid = alt != nullptr && !alt->checked;
+    // The own kernel serves only the smallest range of bf16 products, and
+    // serves it only where it was bit-equal.
+    if (valid && c.own_equal) valid = bf16_in && alt->lo == 1;
+    if (valid && c.use == GemmRangeChoice::Use::kOwn) valid = c.own_equal;
+    cublasLtMatmulAlgo_t algo{};
+    if (valid && c.use == GemmRangeChoice::Use::kLt) {
+      std::memcpy(&algo, c.algo.data(), sizeof(algo));
+      valid = std::memcmp(&algo, &p.algo, sizeof(algo)) != 0 && split_k_of(algo) <= 1 &&
+              runs_over_range(p, *alt, &algo);
+    }
+    if (!valid) {
+      ++stats_.records_stale;
+      continue;
+    }
+    alt->checked = alt->cached = true;
+    alt->own_equal = c.own_equal;
+    alt->own = c.use == GemmRangeChoice::Use::kOwn;
+    alt->usable = c.use == GemmRangeChoice::Use::kLt;
+    if (alt->usable) {
+      alt->algo = algo;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&alt->algo, CUBLASLT_ALGO_CONFIG_ID, &alt->algo_id,
+                                           sizeof(alt->algo_id), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&alt->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &alt->tile,
+                                           sizeof(alt->tile), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&alt->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &alt->stages,
+                                           sizeof(alt->stages), &written);
+    }
+    alt->status = "from the plan cache";
+    ++stats_.ranges_cached;
+  }
+}
+
+void Gemm::preload(const std::vector<GemmPlanRecord>& records) {
+  for (const GemmPlanRecord& r : records) {
+    const Key key{r.n, r.k, r.ldx, r.ldw, r.ldy, static_cast<int>(r.in), static_cast<int>(r.out)};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      presets_[key] = r;
+    } else if (alternates_ && it->second->ok) {
+      apply_record(*it->second, r);
+    } else {
+      ++stats_.records_stale;
+    }
+  }
+}
+
+std::vector<GemmPlanRecord> Gemm::records() const {
+  std::vector<GemmPlanRecord> out;
+  for (const auto& [key, p] : plans_) {
+    if (!p->ok) continue;
+    GemmPlanRecord r;
+    r.n = p->n;
+    r.k = p->k;
+    r.ldx = p->ldx;
+    r.ldw = p->ldw;
+    r.ldy = p->ldy;
+    r.in = static_cast<DType>(std::get<5>(key));
+    r.out = static_cast<DType>(std::get<6>(key));
+    std::memcpy(r.algo.data(), &p->algo, sizeof(p->algo));
+    for (const auto& a : p->alts) {
+      if (!a.checked) continue;
+      GemmRangeChoice c;
+      c.lo = a.lo;
+      c.hi = a.hi;
+      c.use = a.own      ? GemmRangeChoice::Use::kOwn
+              : a.usable ? GemmRangeChoice::Use::kLt
+                         : GemmRangeChoice::Use::kPlan;
+      if (a.usable && !a.own) std::memcpy(c.algo.data(), &a.algo, sizeof(a.algo));
+      c.own_equal = a.own_equal;
+      r.ranges.push_back(c);
+    }
+    if (!r.ranges.empty()) out.push_back(std::move(r));
+  }
+  // note: records of shape classes this process never met stay, so that a
+  // cache file keeps what other runs (other batch sizes) tuned.
+  for (const auto& [key, r] : presets_) out.push_back(r);
+  return out;
+}
+
+void Gemm::tune_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t stream) {
+  // note: the check needs a synchronous stream; inside a graph capture the
+  // plan algorithm serves the range until the next call outside one.
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  QTK_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return;
+  // (the work queued before is not tuning's time)
+  QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto t0 = Clock::now();
+  alt.checked = true;
+  find_candidates(p, alt);
+  verify_range(p, alt, w, stream);
+  ++stats_.ranges_tuned;
+  stats_.seconds += seconds_since(t0);
+}
+
+void Gemm::tune_remaining(cudaStream_t stream) {
+  for (auto& [key, p] : plans_) {
+    if (!p->ok || p->w == nullptr) continue;
+    for (auto& alt : p->alts)
+      if (!alt.checked) tune_range(*p, alt, p->w, stream);
+  }
 }
 
 // note: candidates for M <= 16 (cuBLASLt's heuristics for M = 1 and 8),
@@ -284,77 +497,50 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
 // steps): up to 8 split-K-free, workspace-free algorithms per heuristic
 // other than the plan's own that run at the range's ends (the open last
 // range: at 2048), each timed at the range's probe M.
-// note: the prefill range was one, 512.., until session 8, timed at M 2048,
-// so a 512-token step ran the kernel that was fastest for 2048 rows; timed
-// at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
-// Qwen3.5-0.8B (S8-4, same call). The range from 2048 keeps the old one's
-// candidates and timing: checked also at 8192 and timed at 4096, it kept 5
-// of N 1024 K 3072's 15 candidates and none of N 3072 K 1024's (S8-5), and
-// Qwen3-8B's batch-128 prefill (M 8192 steps) took 541 ms instead of 420
-// (S8-6, S8-7). The H100 end-to-end runs use M up to 8192 with these
-// algorithms.
-// None is used before verify_alternates has compared it with the plan's.
-void Gemm::find_alternates(Plan& p) {
+// note: the prefill is split in two ranges because one range 512.., timed
+// at M 2048, made a 512-token step run the kernel fastest for 2048 rows;
+// timed at 512, the pp512 prefill ran 9% faster on Qwen3-0.6B and 5% on
+// Qwen3.5-0.8B (same call). The range from 2048 is checked at 2048 and
+// timed at 4096: checked also at 8192 and timed at 4096, it kept 5 of
+// N 1024 K 3072's 15 candidates and none of N 3072 K 1024's, and Qwen3-8B's
+// batch-128 prefill (M 8192 steps) took 541 ms instead of 420. The H100
+// end-to-end runs use M up to 8192 with these algorithms.
+// None is used before verify_range has compared it with the plan's.
+void Gemm::find_candidates(Plan& p, PlanAlt& alt) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
   cublasLtMatmulPreference_t pref = no_workspace_preference();
-  struct Range {
-    int64_t probe, lo, hi, verify;
-    std::vector<int64_t> heuristics;  // the M whose heuristics offer candidates
-  };
   constexpr int kCandidates = 8;
-  for (const Range& r :
-       {Range{1, 1, kSmallMaxM, kSmallMaxM, {1, 8}}, Range{32, kSmallMaxM + 1, 64, 64, {32, 64}},
-        Range{128, 65, kLargeMinM - 1, kLargeMinM - 1, {128, 256}},
-        Range{kLargeMinM, kLargeMinM, kHugeMinM - 1, kLargeMinM, {512, 1024}},
-        Range{kHugeMinM, kHugeMinM, INT64_MAX, kHugeMinM, {512, 2048, 8192}}}) {
-    std::vector<cublasLtMatmulHeuristicResult_t> results;
-    for (int64_t hm : r.heuristics) {
-      const auto& probe = p.layouts(hm);
-      std::vector<cublasLtMatmulHeuristicResult_t> got(kCandidates);
-      int found = 0;
-      if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, probe.first, probe.second, probe.second,
-                                         pref, kCandidates, got.data(),
-                                         &found) == CUBLAS_STATUS_SUCCESS)
-        results.insert(results.end(), got.begin(), got.begin() + found);
-    }
-    Plan::Alt alt;
-    alt.lo = r.lo;
-    alt.hi = r.hi;
-    alt.verify_m = r.verify;
-    alt.time_m = r.probe;
-    int same = 0, split = 0, refused = 0;
-    for (const auto& res : results) {
-      cublasLtMatmulAlgo_t algo = res.algo;
-      bool seen = std::memcmp(&algo, &p.algo, sizeof(algo)) == 0;
-      for (const auto& c : alt.candidates) seen = seen || std::memcmp(&algo, &c, sizeof(c)) == 0;
-      if (seen) {
-        ++same;
-        continue;
-      }
-      if (disable_split_k(algo) > 1) {
-        ++split;
-        continue;
-      }
-      bool ok = true;
-      for (int64_t m : {r.lo, r.verify, r.probe, r.hi == INT64_MAX ? r.lo : r.hi}) {
-        const auto& l = p.layouts(m);
-        cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(lt, p.desc, p.a, l.first, l.second, l.second, &algo, &check) !=
-                CUBLAS_STATUS_SUCCESS ||
-            check.workspaceSize != 0)
-          ok = false;
-      }
-      if (ok)
-        alt.candidates.push_back(algo);
-      else
-        ++refused;
-    }
-    alt.status = fmt::format("{} offered: {} repeats, {} split-K, {} refused at some M",
-                             results.size(), same, split, refused);
-    p.alts.push_back(std::move(alt));
+  std::vector<cublasLtMatmulHeuristicResult_t> results;
+  for (int64_t hm : alt.heuristics) {
+    const auto& probe = p.layouts(hm);
+    std::vector<cublasLtMatmulHeuristicResult_t> got(kCandidates);
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, probe.first, probe.second, probe.second,
+                                       pref, kCandidates, got.data(),
+                                       &found) == CUBLAS_STATUS_SUCCESS)
+      results.insert(results.end(), got.begin(), got.begin() + found);
   }
+  int same = 0, split = 0, refused = 0;
+  for (const auto& res : results) {
+    cublasLtMatmulAlgo_t algo = res.algo;
+    bool seen = std::memcmp(&algo, &p.algo, sizeof(algo)) == 0;
+    for (const auto& c : alt.candidates) seen = seen || std::memcmp(&algo, &c, sizeof(c)) == 0;
+    if (seen) {
+      ++same;
+      continue;
+    }
+    if (disable_split_k(algo) > 1) {
+      ++split;
+      continue;
+    }
+    if (runs_over_range(p, alt, &algo))
+      alt.candidates.push_back(algo);
+    else
+      ++refused;
+  }
+  alt.status = fmt::format("{} offered: {} repeats, {} split-K, {} refused at some M",
+                           results.size(), same, split, refused);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.alts_checked = false;
 }
 
 // note: batch invariance with several algorithms. An alternate serves its M
@@ -368,163 +554,165 @@ void Gemm::find_alternates(Plan& p) {
 // it beats the plan's algorithm there by 5%; the rest are dropped for the
 // process. tests/cuda/test_gemm.cpp compares rows of M = 1..1024 products
 // across the ranges. The check needs a synchronous stream, so it runs at the
-// first call outside graph capture; until then the plan algorithm serves
-// every M.
-void Gemm::verify_alternates(Plan& p, const void* w, cudaStream_t stream) {
+// first call in the range outside graph capture (tune_range); until then the
+// plan algorithm serves the range.
+void Gemm::verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t stream) {
   // note: each candidate is timed over kTimedRuns back-to-back calls at the
   // range's probe M (5 runs picked a slower kernel now and then).
   constexpr int kTimedRuns = 20;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  QTK_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
-  if (cap != cudaStreamCaptureStatusNone) return;
-  p.alts_checked = true;
   auto lt = static_cast<cublasLtHandle_t>(handle_);
   const size_t in_es = p.in_t == CUDA_R_16BF ? 2 : 4, out_es = p.out_t == CUDA_R_16BF ? 2 : 4;
   constexpr size_t kFlushBytes = size_t{64} << 20;
+  if (alt.candidates.empty()) return;  // status says why
   void* flush = nullptr;
-  for (auto& alt : p.alts) {
-    if (alt.candidates.empty()) continue;  // status says why
-    const int64_t rows = std::max(alt.verify_m, alt.time_m);
-    std::vector<unsigned char> xh(static_cast<size_t>(rows * p.ldx) * in_es, 0);
-    std::mt19937 rng(1234);
-    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-    for (int64_t i = 0; i < rows * p.ldx; ++i) {
-      const float f = dist(rng);
-      if (in_es == 4) {
-        std::memcpy(&xh[i * 4], &f, 4);
-      } else {  // round to nearest even bf16
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        const uint16_t h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        std::memcpy(&xh[i * 2], &h, 2);
+  const int64_t rows = std::max(alt.verify_m, alt.time_m);
+  std::vector<unsigned char> xh(static_cast<size_t>(rows * p.ldx) * in_es, 0);
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (int64_t i = 0; i < rows * p.ldx; ++i) {
+    const float f = dist(rng);
+    if (in_es == 4) {
+      std::memcpy(&xh[i * 4], &f, 4);
+    } else {  // round to nearest even bf16
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      const uint16_t h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      std::memcpy(&xh[i * 2], &h, 2);
+    }
+  }
+  const size_t y_bytes = static_cast<size_t>(rows * p.ldy) * out_es;
+  void *xd = nullptr, *y0 = nullptr, *y1 = nullptr;
+  unsigned long long* differ_d = nullptr;
+  QTK_CUDA_CHECK(cudaMalloc(&xd, xh.size()));
+  QTK_CUDA_CHECK(cudaMalloc(&y0, y_bytes));
+  QTK_CUDA_CHECK(cudaMalloc(&y1, y_bytes));
+  QTK_CUDA_CHECK(cudaMalloc(&differ_d, sizeof(unsigned long long)));
+  QTK_CUDA_CHECK(cudaMemcpyAsync(xd, xh.data(), xh.size(), cudaMemcpyHostToDevice, stream));
+  cudaEvent_t e0, e1;
+  QTK_CUDA_CHECK(cudaEventCreate(&e0));
+  QTK_CUDA_CHECK(cudaEventCreate(&e1));
+  const float alpha = 1.0f, beta = 0.0f;
+  // note: a candidate that does not run is just not used (no throw).
+  auto mm = [&](const cublasLtMatmulAlgo_t* algo, int64_t m, void* y) {
+    const auto& l = p.layouts(m);
+    return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second, y, l.second,
+                          algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
+  };
+  // note: the decode ranges (M < kLargeMinM: a decode step's products) are
+  // timed with the weights out of L2, as in a step, where each layer's
+  // weights are read once: a kFlushBytes write between runs evicts them.
+  // Back to back, a product whose weights fit the 50 MB L2 is timed at L2
+  // speed, which is not what a step sees (on the H100 the cold timing
+  // moved Qwen3-0.6B's qkv and gate_up products from the own kernel to
+  // cuBLASLt; with warm timing of M 65..511 the batch-128 lm_head
+  // blocks ran on 19 us kernels in one process and on 27 us ones in the
+  // next).
+  const bool cold = alt.hi < kLargeMinM;
+  if (cold && flush == nullptr) QTK_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
+  auto timed = [&](const auto& run) {
+    run();  // warm-up
+    float total = 0;
+    for (int i = 0; i < kTimedRuns; ++i) {
+      if (cold) QTK_CUDA_CHECK(cudaMemsetAsync(flush, i, kFlushBytes, stream));
+      if (cold || i == 0) QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
+      run();
+      if (cold || i + 1 == kTimedRuns) {
+        QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
+        QTK_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        total += ms;
       }
     }
-    const size_t y_bytes = static_cast<size_t>(rows * p.ldy) * out_es;
-    void *xd = nullptr, *y0 = nullptr, *y1 = nullptr;
-    QTK_CUDA_CHECK(cudaMalloc(&xd, xh.size()));
-    QTK_CUDA_CHECK(cudaMalloc(&y0, y_bytes));
-    QTK_CUDA_CHECK(cudaMalloc(&y1, y_bytes));
-    QTK_CUDA_CHECK(cudaMemcpyAsync(xd, xh.data(), xh.size(), cudaMemcpyHostToDevice, stream));
-    cudaEvent_t e0, e1;
-    QTK_CUDA_CHECK(cudaEventCreate(&e0));
-    QTK_CUDA_CHECK(cudaEventCreate(&e1));
-    const float alpha = 1.0f, beta = 0.0f;
-    // note: a candidate that does not run is just not used (no throw).
-    auto mm = [&](const cublasLtMatmulAlgo_t* algo, int64_t m, void* y) {
-      const auto& l = p.layouts(m);
-      return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second, y,
-                            l.second, algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
+    return total;
+  };
+  auto time_of = [&](const cublasLtMatmulAlgo_t* algo) {
+    if (!mm(algo, alt.time_m, y1)) return 1e30f;
+    return timed([&] { mm(algo, alt.time_m, y1); });
+  };
+  // Whether the first m rows of y1 hold y0's bits. Only the N columns of
+  // each row are outputs (ldy may pad).
+  // note: compared on the device: copying both products to the host took
+  // rows x ldy x 4 bytes twice per candidate (for a vocabulary-wide f32
+  // lm_head at the 2048.. range: two 2 GB host buffers, most of a run's
+  // peak RSS, and seconds of transfers at start-up).
+  auto same_as_plan = [&](int64_t m) {
+    unsigned long long differ = 0;
+    QTK_CUDA_CHECK(cudaMemsetAsync(differ_d, 0, sizeof(differ), stream));
+    count_differing_words(y0, y1, m, p.n * static_cast<int64_t>(out_es),
+                          p.ldy * static_cast<int64_t>(out_es), differ_d, stream);
+    QTK_CUDA_CHECK(
+        cudaMemcpyAsync(&differ, differ_d, sizeof(differ), cudaMemcpyDeviceToHost, stream));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return differ == 0;
+  };
+  QTK_CUDA_CHECK(cudaMemsetAsync(y0, 0, y_bytes, stream));
+  const bool plan_runs = mm(&p.algo, alt.verify_m, y0);
+  const float plan_ms = time_of(&p.algo);
+  if (!plan_runs) alt.candidates.clear();
+  float best_ms = plan_ms * 0.95f;
+  int verified = 0;
+  for (const auto& cand : alt.candidates) {
+    QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
+    if (!mm(&cand, alt.verify_m, y1)) continue;
+    if (!same_as_plan(alt.verify_m)) continue;
+    ++verified;
+    const float ms = time_of(&cand);
+    if (ms < best_ms) {
+      best_ms = ms;
+      alt.algo = cand;
+      alt.usable = true;
+    }
+  }
+  // note: the own skinny kernel (gemv_mma.cu) competes for the small-M
+  // range of bf16 products on the same terms: bit-equal to the plan
+  // algorithm at 8 and at verify_m rows (its two token-tile variants), then
+  // faster at time_m.
+  std::string own_status;
+  if (alt.lo == 1 && p.in_t == CUDA_R_16BF && plan_runs &&
+      gemv_bf16_supported(xd, p.ldx, w, p.ldw, alt.verify_m, p.k)) {
+    const DType out = p.out_t == CUDA_R_32F ? DType::F32 : DType::BF16;
+    auto own = [&](int64_t m, void* y) {
+      own_gemv(xd, p.ldx, w, p.ldw, y, p.ldy, m, p.n, p.k, out, stream);
     };
-    // note: the decode ranges (M < kLargeMinM: a decode step's products) are
-    // timed with the weights out of L2, as in a step, where each layer's
-    // weights are read once: a kFlushBytes write between runs evicts them.
-    // Back to back, a product whose weights fit the 50 MB L2 is timed at L2
-    // speed, which is not what a step sees (on the H100 the cold timing
-    // moved Qwen3-0.6B's qkv and gate_up products from the own kernel to
-    // cuBLASLt, S4-4; with warm timing of M 65..511 the batch-128 lm_head
-    // blocks ran on 19 us kernels in one process and on 27 us ones in the
-    // next, S8-1 and S8-2).
-    const bool cold = alt.hi < kLargeMinM;
-    if (cold && flush == nullptr) QTK_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
-    auto timed = [&](const auto& run) {
-      run();  // warm-up
-      float total = 0;
-      for (int i = 0; i < kTimedRuns; ++i) {
-        if (cold) QTK_CUDA_CHECK(cudaMemsetAsync(flush, i, kFlushBytes, stream));
-        if (cold || i == 0) QTK_CUDA_CHECK(cudaEventRecord(e0, stream));
-        run();
-        if (cold || i + 1 == kTimedRuns) {
-          QTK_CUDA_CHECK(cudaEventRecord(e1, stream));
-          QTK_CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          QTK_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          total += ms;
-        }
-      }
-      return total;
-    };
-    auto time_of = [&](const cublasLtMatmulAlgo_t* algo) {
-      if (!mm(algo, alt.time_m, y1)) return 1e30f;
-      return timed([&] { mm(algo, alt.time_m, y1); });
-    };
-    std::vector<unsigned char> h0(y_bytes), h1(y_bytes);
-    QTK_CUDA_CHECK(cudaMemsetAsync(y0, 0, y_bytes, stream));
-    const bool plan_runs = mm(&p.algo, alt.verify_m, y0);
-    QTK_CUDA_CHECK(cudaMemcpyAsync(h0.data(), y0, y_bytes, cudaMemcpyDeviceToHost, stream));
-    const float plan_ms = time_of(&p.algo);
-    if (!plan_runs) alt.candidates.clear();
-    float best_ms = plan_ms * 0.95f;
-    int verified = 0;
-    for (const auto& cand : alt.candidates) {
+    bool same = true;
+    for (const int64_t m : {std::min<int64_t>(8, alt.verify_m), alt.verify_m}) {
       QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
-      if (!mm(&cand, alt.verify_m, y1)) continue;
-      QTK_CUDA_CHECK(cudaMemcpyAsync(h1.data(), y1, y_bytes, cudaMemcpyDeviceToHost, stream));
-      QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
-      // Only the N columns of each row are outputs (ldy may pad).
-      bool same = true;
-      for (int64_t r = 0; r < alt.verify_m && same; ++r)
-        same = std::memcmp(&h0[r * p.ldy * out_es], &h1[r * p.ldy * out_es], p.n * out_es) == 0;
-      if (!same) continue;
-      ++verified;
-      const float ms = time_of(&cand);
+      own(m, y1);
+      same = same_as_plan(m) && same;
+    }
+    alt.own_equal = same;
+    if (same) {
+      const float ms = timed([&] { own(alt.time_m, y1); });
+      own_status = fmt::format("; own kernel bit-equal, {:.1f} us", 1000.0f * ms / kTimedRuns);
       if (ms < best_ms) {
         best_ms = ms;
-        alt.algo = cand;
-        alt.usable = true;
+        alt.own = true;
       }
+    } else {
+      own_status = "; own kernel not bit-equal";
     }
-    // note: the own skinny kernel (gemv_mma.cu) competes for the small-M
-    // range of bf16 products on the same terms: bit-equal to the plan
-    // algorithm at 8 and at verify_m rows (its two token-tile variants), then
-    // faster at time_m.
-    std::string own_status;
-    if (alt.lo == 1 && p.in_t == CUDA_R_16BF && plan_runs &&
-        gemv_bf16_supported(xd, p.ldx, w, p.ldw, alt.verify_m, p.k)) {
-      const DType out = p.out_t == CUDA_R_32F ? DType::F32 : DType::BF16;
-      auto own = [&](int64_t m, void* y) {
-        own_gemv(xd, p.ldx, w, p.ldw, y, p.ldy, m, p.n, p.k, out, stream);
-      };
-      bool same = true;
-      for (const int64_t m : {std::min<int64_t>(8, alt.verify_m), alt.verify_m}) {
-        QTK_CUDA_CHECK(cudaMemsetAsync(y1, 0xff, y_bytes, stream));
-        own(m, y1);
-        QTK_CUDA_CHECK(cudaMemcpyAsync(h1.data(), y1, y_bytes, cudaMemcpyDeviceToHost, stream));
-        QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
-        for (int64_t r = 0; r < m && same; ++r)
-          same = std::memcmp(&h0[r * p.ldy * out_es], &h1[r * p.ldy * out_es], p.n * out_es) == 0;
-      }
-      alt.own_equal = same;
-      if (same) {
-        const float ms = timed([&] { own(alt.time_m, y1); });
-        own_status = fmt::format("; own kernel bit-equal, {:.1f} us", 1000.0f * ms / kTimedRuns);
-        if (ms < best_ms) {
-          best_ms = ms;
-          alt.own = true;
-        }
-      } else {
-        own_status = "; own kernel not bit-equal";
-      }
-    }
-    QTK_CUDA_CHECK(cudaEventDestroy(e0));
-    QTK_CUDA_CHECK(cudaEventDestroy(e1));
-    QTK_CUDA_CHECK(cudaFree(xd));
-    QTK_CUDA_CHECK(cudaFree(y0));
-    QTK_CUDA_CHECK(cudaFree(y1));
-    if (alt.usable) {
-      size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_ID, &alt.algo_id,
-                                           sizeof(alt.algo_id), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &alt.tile,
-                                           sizeof(alt.tile), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &alt.stages,
-                                           sizeof(alt.stages), &written);
-    }
-    alt.status = fmt::format("{} of {} candidates bit-equal{}; M {}: {:.1f} us vs {:.1f} us",
-                             verified, alt.candidates.size(), own_status, alt.time_m,
-                             1000.0f * (alt.usable || alt.own ? best_ms : plan_ms) / kTimedRuns,
-                             1000.0f * plan_ms / kTimedRuns);
-    alt.candidates.clear();
   }
+  QTK_CUDA_CHECK(cudaEventDestroy(e0));
+  QTK_CUDA_CHECK(cudaEventDestroy(e1));
+  QTK_CUDA_CHECK(cudaFree(xd));
+  QTK_CUDA_CHECK(cudaFree(y0));
+  QTK_CUDA_CHECK(cudaFree(y1));
+  QTK_CUDA_CHECK(cudaFree(differ_d));
+  if (alt.usable) {
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_ID, &alt.algo_id,
+                                         sizeof(alt.algo_id), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &alt.tile,
+                                         sizeof(alt.tile), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&alt.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &alt.stages,
+                                         sizeof(alt.stages), &written);
+  }
+  alt.status = fmt::format("{} of {} candidates bit-equal{}; M {}: {:.1f} us vs {:.1f} us",
+                           verified, alt.candidates.size(), own_status, alt.time_m,
+                           1000.0f * (alt.usable || alt.own ? best_ms : plan_ms) / kTimedRuns,
+                           1000.0f * plan_ms / kTimedRuns);
+  alt.candidates.clear();
   if (flush != nullptr) QTK_CUDA_CHECK(cudaFree(flush));
 }
 
@@ -546,7 +734,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // launch where it gave, on this GPU, the bits of the plan algorithms of
     // both chunk widths (the full one and the last): each output is then
     // the same chain as in the chunked product. One launch instead of ten
-    // for a 151936-row lm_head (H100, S7-7, same call, against the chunks:
+    // for a 151936-row lm_head (H100, same call, against the chunks:
     // Qwen3.5-0.8B batch 1 1.18 vs 1.23 ms per step, Qwen3-0.6B 1.09 vs
     // 1.10; batch 8 and 16 within the runs' spread).
     const int64_t wes = dtype_size(in), yes = dtype_size(out);
@@ -564,15 +752,15 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
           stream);
     return;
   }
-  if (!p.alts_checked) verify_alternates(p, w, stream);
+  if (p.w == nullptr) p.w = w;
   const cublasLtMatmulAlgo_t* algo = &p.algo;
-  for (const auto& alt : p.alts) {
-    if (m < alt.lo || m > alt.hi) continue;
-    if (alt.own && gemv_bf16_supported(x, ldx, w, ldw, m, k)) {
+  if (Plan::Alt* alt = p.alt_for(m)) {
+    if (!alt->checked) tune_range(p, *alt, w, stream);
+    if (alt->own && gemv_bf16_supported(x, ldx, w, ldw, m, k)) {
       own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
       return;
     }
-    if (alt.usable) algo = &alt.algo;
+    if (alt->usable) algo = &alt->algo;
   }
   const auto& l = p.layouts(m);
   const float alpha = 1.0f, beta = 0.0f;
@@ -586,10 +774,11 @@ bool Gemm::own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const voi
   if (m < 1 || m > kSmallMaxM || n == 0) return false;
   Plan& p = plan(n, k, ldx, ldw, ldy, DType::BF16, out);
   if (!p.ok) return false;
-  if (!p.alts_checked) verify_alternates(p, w, stream);
-  for (const auto& alt : p.alts)
-    if (m >= alt.lo && m <= alt.hi) return alt.own_equal;
-  return false;
+  if (p.w == nullptr) p.w = w;
+  Plan::Alt* alt = p.alt_for(m);
+  if (alt == nullptr) return false;
+  if (!alt->checked) tune_range(p, *alt, w, stream);
+  return alt->own_equal;
 }
 
 bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw, void* y,

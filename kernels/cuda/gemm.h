@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/gemv_mma.h"
 #include "loaders/dtype.h"
 
@@ -30,7 +31,7 @@ class Gemm {
   // 512) and of the H100 end-to-end runs (M up to 8192) ran. ref_m = 1 is for
   // experiments: on the H100 its f32 algorithm refused M > 1 (status 15),
   // and for bf16 it was 9% faster at M = 1 but 22% slower at batch 128 and
-  // 18% slower in prefill (bench/cuda/NOTES.md, run 6).
+  // 18% slower in prefill (bench/HISTORY.md, run 6).
   // note: speed without giving that up: a shape class may also hold a faster
   // algorithm for each of the M ranges 1..16, 17..64, 65..511, 512..2047 and
   // 2048.., each used only after it gave the plan algorithm's output bit for
@@ -86,16 +87,43 @@ class Gemm {
   std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                        DType out);
 
+  // ---- tuning that outlives the process (runtime/cuda/plan_cache.h) ----
+  // Each alternate M range is searched, verified and timed the first time a
+  // call falls into it (outside graph capture). records() returns what was
+  // decided so far (plus preloaded records not met yet); preload() hands
+  // such records to a later process, whose ranges then skip the search. A
+  // record applies only where this process picks the same plan algorithm and
+  // cuBLASLt still accepts the recorded alternate; anything else is tuned
+  // as without it (stats().records_stale counts those). Preloading never
+  // changes a result: every choice it restores gave the plan algorithm's
+  // bits when it was verified (gemm.cpp, apply_record).
+  void preload(const std::vector<GemmPlanRecord>& records);
+  std::vector<GemmPlanRecord> records() const;
+  // Searches and verifies every range not decided yet, of every shape class
+  // met so far, on the weights of its first call (generate --tune-only).
+  void tune_remaining(cudaStream_t stream);
+  const GemmTuneStats& stats() const { return stats_; }
+  bool alternates() const { return alternates_; }  // false under QTK_GEMM_ALTS=0
+  int64_t ref_m() const { return ref_m_; }
+
  private:
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
   Plan& plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in, DType out);
-  void find_alternates(Plan& p);
+  void init_ranges(Plan& p);
+  // Search (find_candidates) and verification (verify_range) of one range,
+  // skipped inside a graph capture; tune_range does both and counts them.
+  struct PlanAlt;  // one alternate M range of a Plan (gemm.cpp)
+  void tune_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t stream);
+  void find_candidates(Plan& p, PlanAlt& alt);
+  void verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t stream);
+  void apply_record(Plan& p, const GemmPlanRecord& r);
+  // algo: a cublasLtMatmulAlgo_t (cuBLASLt's header stays out of this one).
+  bool runs_over_range(Plan& p, const PlanAlt& alt, const void* algo);
   // True when the own skinny kernel gave the plan algorithm's bits for the
   // small-M range holding m of this bf16 shape class (verifying it first).
   bool own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
                      int64_t ldy, DType out, cudaStream_t stream);
-  void verify_alternates(Plan& p, const void* w, cudaStream_t stream);
 
   static constexpr int64_t kSmallMaxM = 16;   // the smallest alternate range: 1..16
   static constexpr int64_t kLargeMinM = 512;  // the prefill ranges: 512..2047 and
@@ -106,6 +134,8 @@ class Gemm {
   int64_t fused_max_m_;     // QTK_FUSED_MAX_M: the fused add + RMSNorm launches only up to this M
   void* handle_ = nullptr;  // cublasLtHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, GemmPlanRecord> presets_;  // preloaded, applied when the shape class is met
+  GemmTuneStats stats_;
 };
 
 }  // namespace qtk::cuda

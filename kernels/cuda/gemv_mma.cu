@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(WB * 32)
   // note: an L2 prefetch of the block's whole weight panel here
   // (cp.async.bulk.prefetch.L2) was tried and made every shape slower from
   // DRAM (H100, BM_Gemv: N 24576 K 4096 70 -> 98 us, N 6144 K 1024 5.1 ->
-  // 6.1 us) and the Qwen3-0.6B batch-1 step 1.15 -> 1.26 ms (S4-5).
+  // 6.1 us) and the Qwen3-0.6B batch-1 step 1.15 -> 1.26 ms.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     if (s < tiles) issue_w(s);
@@ -344,7 +344,7 @@ void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, in
     fail_message("gemv_bf16: warps per block " + std::to_string(warps) +
                  " (expected 0, 1, 2 or 4)");
   // note: 4 warps per block was the fastest or within 4 % of it on every
-  // Qwen3-0.6B decode shape but one on the H100 (S4-5, BM_Gemv 1 / 2 / 4
+  // Qwen3-0.6B decode shape but one on the H100 (BM_Gemv 1 / 2 / 4
   // warps: N 1024 K 3072 6.38 / 7.73 / 6.39 us; N 16384 K 1024 14.0 / 13.5
   // / 12.7 us; N 4096 K 1024 3.68 / 3.93 / 4.11 us).
   if constexpr (kPro != kStreamX) {

@@ -156,7 +156,7 @@ __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams r
 // same operations in the same order with the row in registers; the two are
 // compared bit for bit (tests/cuda/test_attention.cpp). Tried in S6: this
 // function on that register form; the batch-128 Qwen3-0.6B step was ~3%
-// slower (S6-8, S6-9), so it keeps its own.
+// slower, so it keeps its own.
 // note: every load is issued before any value is used: the row, the norm
 // weights, and the (cos, sin) of the lane's rotate_half pairs (position,
 // then table), instead of one dependent round trip after another; a row

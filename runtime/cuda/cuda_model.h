@@ -8,6 +8,7 @@
 // instead of load_model(*pack, &pool); the scheduler uses forward_greedy.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,18 @@
 namespace qtk {
 
 class Pack;
+namespace cuda {
+class Gemm;
+}
+
+// Seconds of load_cuda_model's one-time work, for the run header, and the
+// process's resident memory after each part (process_memory.h; -1: unknown).
+struct CudaLoadTimes {
+  double init_seconds = 0;    // creating the CUDA context (the first runtime call that needs it)
+  double upload_seconds = 0;  // the model's constructor: weights to the device, handles, streams
+  int64_t rss_after_init_bytes = -1, rss_after_upload_bytes = -1;
+  int64_t anon_after_upload_bytes = -1, file_after_upload_bytes = -1;
+};
 
 enum class CudaPrecision {
   kF32,   // f32 weights (converted once at upload), activations and K/V cache
@@ -33,6 +46,15 @@ class CudaModel : public Model {
   // K/V cache and GDN state live in device memory (the host ones are only
   // the scheduler's block and slot bookkeeping).
   bool uses_host_cache() const override { return false; }
+
+  // The GEMM wrapper whose tuned choices the plan cache keeps
+  // (runtime/cuda/cuda_startup.h); null for a model without one.
+  virtual cuda::Gemm* gemm() { return nullptr; }
+  // Decode graphs captured and instantiated so far, and the seconds it took.
+  virtual int64_t graphs_captured() const { return 0; }
+  virtual double graph_capture_seconds() const { return 0; }
+
+  CudaLoadTimes load_times;  // set by load_cuda_model
 };
 
 // "f32" or "bf16"; throws qtk::Error naming the flag for anything else.

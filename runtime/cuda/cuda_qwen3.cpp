@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -21,6 +22,7 @@
 #include "runtime/cuda/device_memory.h"
 #include "runtime/cuda/device_upload.h"
 #include "runtime/cuda/fused_steps.h"
+#include "runtime/cuda/process_memory.h"
 #include "runtime/cuda/step_io.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pack.h"
@@ -78,6 +80,9 @@ class CudaQwen3 final : public CudaModel {
   ~CudaQwen3() override { cudaStreamDestroy(stream_); }
 
   const ModelConfig& config() const override { return cfg_; }
+  cuda::Gemm* gemm() override { return &gemm_; }
+  int64_t graphs_captured() const override { return graphs_.captured(); }
+  double graph_capture_seconds() const override { return graphs_.capture_seconds(); }
 
   CacheSpec cache_spec() const override {
     CacheSpec s;
@@ -249,7 +254,7 @@ class CudaQwen3 final : public CudaModel {
   // The whole attention of a bf16 decode step in one launch, from the raw
   // q, k, v rows in qkv_; false (nothing launched) where it does not apply.
   // note: only up to kMaxFusedSeqs sequences. H100, Qwen3-0.6B, ms per
-  // decode step fused vs separate (S6-3, S6-8): batch 1 1.10 vs 1.19, batch
+  // decode step fused vs separate: batch 1 1.10 vs 1.19, batch
   // 32 1.65 vs 1.75-1.81, batch 128 2.76-2.79 vs 2.70; at 128 the attention
   // kernel is bound by the K/V reads and each block's extra q-norm work
   // (once per key tile) costs more than the launch it saves. The values are
@@ -382,9 +387,15 @@ std::unique_ptr<CudaModel> make_cuda_qwen3(const Pack& pack, CudaPrecision preci
   return std::make_unique<CudaQwen3<bf16>>(pack);
 }
 
-std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
-  if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
+namespace {
+std::unique_ptr<CudaModel> make_cuda_model(const Pack& pack, CudaPrecision precision) {
   const ModelConfig& c = pack.config();
+  // note: the CUDA backend has no mixture-of-experts block yet (issue 22).
+  if (c.has_moe())
+    fail(
+        "{}: {} is a mixture-of-experts model; mixture-of-experts models run on the CPU only for "
+        "now (use --device cpu)",
+        pack.path(), c.hf_architecture);
   switch (c.arch) {
     case Arch::kQwen3:
       return make_cuda_qwen3(pack, precision);
@@ -397,6 +408,32 @@ std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision preci
       return make_cuda_qwen3_5(pack, precision);
   }
   fail("{}: unsupported architecture '{}'", pack.path(), c.hf_architecture);
+}
+}  // namespace
+
+std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
+  if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  // note: cudaFree(nullptr) creates the context now, so that its cost is
+  // reported apart from the upload's.
+  const auto t0 = Clock::now();
+  QTK_CUDA_CHECK(cudaFree(nullptr));
+  const double init = since(t0);
+  const ProcessMemory after_init = process_memory();
+  const auto t1 = Clock::now();
+  auto model = make_cuda_model(pack, precision);
+  CudaLoadTimes& lt = model->load_times;
+  lt.init_seconds = init;
+  lt.upload_seconds = since(t1);
+  const ProcessMemory after_upload = process_memory();
+  lt.rss_after_init_bytes = after_init.rss_bytes;
+  lt.rss_after_upload_bytes = after_upload.rss_bytes;
+  lt.anon_after_upload_bytes = after_upload.anon_bytes;
+  lt.file_after_upload_bytes = after_upload.file_bytes;
+  return model;
 }
 
 }  // namespace qtk

@@ -62,7 +62,7 @@ DeviceMemory upload_conv(const Pack& pack, const std::string& name, int64_t c, i
     fail("{}: tensor '{}' is {} {}; expected F32 [{}, {}]", pack.path(), name, dtype_name(v.dtype),
          v.shape_string(), c, k);
   DeviceMemory d(c * k * sizeof(float));
-  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, c * k * sizeof(float), cudaMemcpyHostToDevice));
+  cuda::upload_pack_bytes(pack, d.as(), v.data, c * k * sizeof(float));
   return d;
 }
 
@@ -122,6 +122,9 @@ class CudaQwen3_5 final : public CudaModel {
   ~CudaQwen3_5() override { cudaStreamDestroy(stream_); }
 
   const ModelConfig& config() const override { return cfg_; }
+  cuda::Gemm* gemm() override { return &gemm_; }
+  int64_t graphs_captured() const override { return graphs_.captured(); }
+  double graph_capture_seconds() const override { return graphs_.capture_seconds(); }
 
   // note: bf16 computes a prompt's full 64-token chunks (anchored at
   // position 0) with the chunked GDN kernel, so the scheduler must not split

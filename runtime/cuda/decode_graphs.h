@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -68,13 +69,22 @@ class DecodeGraphs {
       return;
     }
     Entry e;
+    const auto t0 = std::chrono::steady_clock::now();
     QTK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     body();
     QTK_CUDA_CHECK(cudaStreamEndCapture(stream, &e.graph));
     QTK_CUDA_CHECK(cudaGraphInstantiate(&e.exec, e.graph, 0));
+    capture_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++captured_;
     graphs_.emplace(key, e);
     QTK_CUDA_CHECK(cudaGraphLaunch(e.exec, stream));
   }
+
+  // Graphs captured so far (also those dropped since) and the host time
+  // their capture and instantiation took (the start-up breakdown).
+  int64_t captured() const { return captured_; }
+  double capture_seconds() const { return capture_seconds_; }
 
   // Drops every graph (device buffers they captured were reallocated).
   void clear() {
@@ -93,6 +103,8 @@ class DecodeGraphs {
   };
   std::map<Key, Entry> graphs_;
   std::map<Key, int> seen_;
+  int64_t captured_ = 0;
+  double capture_seconds_ = 0;
 };
 
 // A decode step padded to `bucket` sequences (host arrays).

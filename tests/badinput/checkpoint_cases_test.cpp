@@ -1,4 +1,7 @@
 // Bad shard indexes, configs and tensor sets handed to the real `convert`.
+#include <sys/stat.h>
+#include <sys/types.h>
+
 #include <filesystem>
 #include <string>
 
@@ -125,10 +128,11 @@ TEST(BadConfig, LayerTypesLengthContradictsLayerCount) {
                          {"config.json", "sliding_attention"});
 }
 
-TEST(BadConfig, MropeSectionSumContradictsRotaryDim) {
-  // head_dim 32 * partial 0.25 = rotary 8 -> sections must sum to 4.
+TEST(BadConfig, MropeSectionNotThreeIntegers) {
+  // note: sections need not sum to rotary_dim / 2 (transformers accepts that,
+  // see tests/loaders/config_precedence_test.cpp); two entries it cannot use.
   expect_convert_rejects("qwen3.5-tiny",
-                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2, 1}; }),
+                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2}; }),
                          {"config.json", "mrope_section"});
 }
 
@@ -198,6 +202,96 @@ TEST(BadTensors, MissingAndUnknownTensors) {
                            data.append(4, '\0');
                          }),
                          {"model.layers.0.mystery.weight"});
+}
+
+// Issue 20 item 13: a message quoting a value with a NUL byte shows all of
+// it, escaped (the old message stopped at the NUL: found "Qwen3).
+TEST(BadConfig, NulInAQuotedValueIsEscapedNotCut) {
+  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) {
+                           c["architectures"] = {std::string("Qwen3\0EvilForCausalLM", 21)};
+                         }),
+                         {"architectures", "Qwen3\\x00EvilForCausalLM"});
+}
+
+// Issue 20 item 11: every file carried into the pack is validated as the
+// runtime reads it, and a non-regular one is refused by name (the old
+// convert packed a tokenizer generate then refused, and dropped a FIFO or a
+// link to a device silently).
+TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  expect_convert_rejects("qwen3-tiny",
+                         [&](const std::string& ckpt) { write_file(ckpt + "/tokenizer.json", deep); },
+                         {"tokenizer.json"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           write_file(ckpt + "/tokenizer.json", "{\"model\": {\"type\": \"WordPiece\"}}");
+                         },
+                         {"tokenizer.json"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           write_file(ckpt + "/tokenizer_config.json", "{\"a\": 1, \"a\": 2}");
+                         },
+                         {"tokenizer_config.json", "duplicate"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           ASSERT_EQ(::mkfifo((ckpt + "/tokenizer.json").c_str(), 0644), 0);
+                         },
+                         {"tokenizer.json", "regular file", "FIFO"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::create_symlink("/dev/null", ckpt + "/tokenizer.json");
+                         },
+                         {"tokenizer.json", "regular file", "device"});
+  // The checkpoint's own files too (they read as "missing" before).
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/config.json");
+                           ASSERT_EQ(::mkfifo((ckpt + "/config.json").c_str(), 0644), 0);
+                         },
+                         {"config.json", "regular file", "FIFO"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           std::filesystem::remove(ckpt + "/model.safetensors");
+                           std::filesystem::create_directory(ckpt + "/model.safetensors");
+                         },
+                         {"model.safetensors", "regular file", "directory"});
+  // Control: a valid tokenizer is carried.
+  TempDir t;
+  copy_checkpoint("qwen3-tiny", t / "ckpt");
+  write_file(t / "ckpt/tokenizer.json", read_file(source_path("samples/qwen3-sample/tokenizer.json")));
+  const RunResult ok = run_program({program("convert"), t / "ckpt", t / "ok.pack"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// ---- mixture of experts --------------------------------------------------------
+
+TEST(BadMoe, ConfigContradictsTheExperts) {
+  // 9 experts claimed, 8 stored: the router's shape says so first.
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_local_experts"] = 9; }),
+                         {"model.layers.0.mlp.gate.weight", "[9, 64]", "[8, 64]"});
+  // Fused 3-D experts of another width.
+  expect_convert_rejects(
+      "qwen3.5-moe-tiny-vlm",
+      edit_config([](ordered_json& c) { c["text_config"]["moe_intermediate_size"] = 16; }),
+      {"model.language_model.layers.0.mlp.experts.gate_up_proj", "[8, 32, 64]", "[8, 64, 64]"});
+  // A layer the config makes dense has experts, not a dense MLP.
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["mlp_only_layers"] = {1}; }),
+                         {"layers.1.mlp.gate_proj.weight", "missing"});
+}
+
+TEST(BadMoe, ConfigFieldsOutOfRange) {
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_experts_per_tok"] = 9; }),
+                         {"config.json", "num_experts_per_tok", "9"});
+  expect_convert_rejects("qwen3-moe-tiny",
+                         edit_config([](ordered_json& c) { c["num_experts"] = 4; }),
+                         {"config.json", "num_experts", "num_local_experts", "disagree"});
+  expect_convert_rejects("qwen3.5-moe-tiny-vlm", edit_config([](ordered_json& c) {
+                           c["text_config"].erase("shared_expert_intermediate_size");
+                         }),
+                         {"config.json", "shared_expert_intermediate_size"});
 }
 
 }  // namespace

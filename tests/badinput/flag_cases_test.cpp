@@ -115,7 +115,9 @@ TEST(BadFlags, Tokenize) {
       {{"--threads", "--decode"}, {"--threads", "expected a value", "--decode"}},
       // a switch given a value
       {{"--decode=sure"}, {"--decode", "takes no value"}},
-      {{"stray"}, {"unexpected argument", "\"stray\""}},
+      // note: one positional argument is the input file (- for stdin); a
+      // second one is stray.
+      {{"-", "stray"}, {"unexpected argument", "\"stray\""}},
   };
   for (const FlagCase& c : cases) {
     SCOPED_TRACE(c.describe());

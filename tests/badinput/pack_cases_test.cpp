@@ -112,7 +112,6 @@ class BadPack : public ::testing::Test {
     std::vector<std::string> all = {"bad.pack"};
     all.insert(all.end(), needles.begin(), needles.end());
     expect_clean_failure(run_program(argv), "inspect", all);
-    if (verify) return;  // generate does not verify checksums (by design: --verify is explicit)
     write_file(t / "p.jsonl", "{\"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 2}\n");
     const RunResult g = run_program({program("generate"), "--model", t / "bad.pack", "--batch",
                                      t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
@@ -160,6 +159,37 @@ TEST_F(BadPack, ManifestEdits) {
   expect_rejected(edited([](auto& k) { k["config"]["num_kv_heads"] = 3; }),
                   {"config", "heads", "found 3"});
   expect_rejected(replace_last_entry(*good_, "manifest.json", "{\"format\": "), {"manifest.json"});
+}
+
+// Issue 20 item 12: `inspect --verify` runs every check generate runs at
+// load; these packs have a valid zip structure, manifest and checksums, so
+// the old --verify (checksums only) passed them while generate refused them.
+TEST_F(BadPack, VerifyRefusesWhatGenerateRefuses) {
+  const ZipEntry m = parse_zip(*good_).find("manifest.json");
+  const auto j = nlohmann::ordered_json::parse(good_->substr(m.data, m.size));
+  auto edited = [&](const std::function<void(nlohmann::ordered_json&)>& f) {
+    auto k = j;
+    f(k);
+    return replace_last_entry(*good_, "manifest.json", k.dump());
+  };
+  auto tensor = [](nlohmann::ordered_json& k, const std::string& name) -> nlohmann::ordered_json& {
+    for (auto& t : k["tensors"])
+      if (t["name"] == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  };
+  // A tensor missing from the table (its entry stays in the zip).
+  const std::string missing = edited([&](auto& k) {
+    auto& ts = k["tensors"];
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i]["name"] == "layers.0.mlp.down_proj") ts.erase(i);
+  });
+  expect_rejected(missing, {"layers.0.mlp.down_proj"}, /*verify=*/true);
+  // A transposed shape (same bytes, same checksum).
+  const std::string transposed = edited([&](auto& k) {
+    auto& t = tensor(k, "layers.0.self_attn.o_proj");
+    t["shape"] = {t["shape"][1], t["shape"][0]};
+  });
+  expect_rejected(transposed, {"layers.0.self_attn.o_proj"}, /*verify=*/true);
 }
 
 TEST_F(BadPack, DeeplyNestedManifest) {

@@ -64,7 +64,7 @@ TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
                                    t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1",
                                    "--ignore-eos"});
   ASSERT_EQ(r.signal, 0) << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // some lines failed
   bool partial = true;
   const auto out = split_lines(read_file(t / "out.jsonl"), &partial);
   EXPECT_FALSE(partial);
@@ -116,7 +116,7 @@ TEST_F(BadPrompts, DeeplyNestedLine) {
   const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
                                    t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
   ASSERT_EQ(r.signal, 0) << "generate died of a signal on a deeply nested line";
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // two lines failed
   const auto out = split_lines(read_file(t / "out.jsonl"));
   ASSERT_EQ(out.size(), 3u);
   EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("output_token_ids")) << out[0];
@@ -174,6 +174,34 @@ TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
     EXPECT_EQ(j["line"], i + 1) << out[i];
   }
   EXPECT_NE(out[4].find("\"ids\""), std::string::npos);
+}
+
+// Issue 20 item 14: tokenize reads a file argument (or - for stdin) and
+// passes each line's "id" through; item 13: a raw NUL hides no rest of line.
+TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
+  TempDir t;
+  write_file(t / "in.jsonl", std::string("{\"id\": \"a\", \"text\": \"hello\"}\n{\"id\": 7, \"text\": 5}\n") +
+                                 std::string("{\"text\": \"x\"}\0{\"text\": \"y\"}\n", 28));
+  const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
+  const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  const auto a = nlohmann::json::parse(out[0]);
+  EXPECT_EQ(a["id"], "a") << out[0];
+  EXPECT_TRUE(a.contains("ids")) << out[0];
+  const auto b = nlohmann::json::parse(out[1]);
+  EXPECT_EQ(b["id"], 7) << out[1];
+  EXPECT_TRUE(b.contains("error")) << out[1];
+  const auto c = nlohmann::json::parse(out[2]);
+  ASSERT_TRUE(c.contains("error")) << out[2];
+  EXPECT_NE(c["error"].get<std::string>().find("NUL"), std::string::npos) << out[2];
+  // "-" is stdin, as without an argument.
+  const RunResult d = run_program({program("tokenize"), "--tokenizer", tok, "-"}, t / "in.jsonl");
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(d.out, r.out);
+  const RunResult missing = run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
+  expect_clean_failure(missing, "tokenize", {"nope.jsonl"});
 }
 
 }  // namespace

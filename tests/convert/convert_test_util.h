@@ -27,7 +27,8 @@ inline std::string source_path(const std::string& rel) { return std::string(QTK_
 inline std::vector<std::string> all_models() {
   return {"tests/data/models/qwen3-tiny", "tests/data/models/qwen3-tiny-sharded-f32",
           "tests/data/models/qwen3.5-tiny", "tests/data/models/qwen3.5-tiny-vlm",
-          "samples/qwen3-sample", "samples/qwen3.5-sample"};
+          "samples/qwen3-sample", "samples/qwen3.5-sample", "tests/data/models/qwen3-moe-tiny",
+          "tests/data/models/qwen3.5-moe-tiny-vlm"};
 }
 
 class TempDir {

@@ -101,6 +101,38 @@ Expect expected(const Source& src, const ModelConfig& c, const std::string& name
   if (name == "norm") return norm("norm.weight");
   if (ends("input_layernorm") || ends("post_attention_layernorm") || ends("q_norm") || ends("k_norm"))
     return norm(name + ".weight");
+  // Mixture of experts: the pack stacks experts [E, 2I, H] (gate rows, then
+  // up rows, per expert) and [E, H, I], whether the source has one tensor per
+  // expert or the fused 3-D tensors.
+  if (ends("mlp.router")) {
+    const auto& v = src.get(layer + "mlp.gate.weight");
+    return {bytes_of(v), v.dtype};
+  }
+  if (ends("mlp.experts.gate_up_proj") || ends("mlp.experts.down_proj")) {
+    if (src.has(name)) {
+      const auto& v = src.get(name);
+      return {bytes_of(v), v.dtype};
+    }
+    const bool gate_up = ends("mlp.experts.gate_up_proj");
+    std::string b;
+    DType dt = DType::F32;
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const std::string x = layer + "mlp.experts." + std::to_string(e) + ".";
+      const auto& first = src.get(x + (gate_up ? "gate_proj.weight" : "down_proj.weight"));
+      dt = first.dtype;
+      b += bytes_of(first);
+      if (gate_up) b += bytes_of(src.get(x + "up_proj.weight"));
+    }
+    return {b, dt};
+  }
+  if (ends("mlp.shared_expert.gate_up_proj")) {
+    const auto& g = src.get(layer + "mlp.shared_expert.gate_proj.weight");
+    return {bytes_of(g) + bytes_of(src.get(layer + "mlp.shared_expert.up_proj.weight")), g.dtype};
+  }
+  if (ends("mlp.shared_expert_gate")) {
+    const auto& v = src.get(name + ".weight");
+    return {bytes_of(v), v.dtype};
+  }
   if (ends("mlp.gate_up_proj")) {
     const auto& g = src.get(layer + "mlp.gate_proj.weight");
     return {bytes_of(g) + bytes_of(src.get(layer + "mlp.up_proj.weight")), g.dtype};
@@ -207,7 +239,15 @@ TEST_P(RoundTrip, PackMatchesSource) {
   // Every source tensor appears: count what the config implies.
   const int64_t full = std::count(c.layer_plan.begin(), c.layer_plan.end(), LayerKind::kFull);
   const int64_t lin = c.num_layers - full;
-  EXPECT_EQ(static_cast<int64_t>(matrices), 1 + (c.tie_word_embeddings ? 0 : 1) + 2 * c.num_layers + 2 * full + 2 * lin);
+  // note: per layer, a dense MLP is 2 matrices; an MoE block 3 (router,
+  // stacked gate_up, stacked down) plus 3 for a shared expert (gate_up,
+  // down, its gate).
+  int64_t mlp = 0, moe_layers = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    moe_layers += c.is_moe_layer(i);
+    mlp += !c.is_moe_layer(i) ? 2 : c.moe.shared_expert_intermediate > 0 ? 6 : 3;
+  }
+  EXPECT_EQ(static_cast<int64_t>(matrices), 1 + (c.tie_word_embeddings ? 0 : 1) + mlp + 2 * full + 2 * lin);
   EXPECT_EQ(static_cast<int64_t>(smalls), 1 + 2 * c.num_layers + 2 * full + 4 * lin);
   if (!c.tie_word_embeddings) {
     EXPECT_TRUE(src.has("lm_head.weight"));
@@ -224,7 +264,14 @@ TEST_P(RoundTrip, PackMatchesSource) {
   EXPECT_EQ(pack->has_transform("norm_plus_one_folded"), c.norm_adds_one);
   EXPECT_EQ(pack->has_transform("A_neg_exp"), lin > 0);
   EXPECT_EQ(pack->has_transform("split_q_gate"), c.attn_output_gate);
-  EXPECT_TRUE(pack->has_transform("fuse_gate_up"));
+  EXPECT_EQ(pack->has_transform("fuse_gate_up"),
+            c.has_dense_mlp() || c.moe.shared_expert_intermediate > 0);
+  // stack_experts exactly when the source stores one tensor per expert.
+  bool per_expert = false;
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    per_expert |= c.is_moe_layer(i) && src.has("layers." + std::to_string(i) + ".mlp.experts.0.gate_proj.weight");
+  EXPECT_EQ(pack->has_transform("stack_experts"), per_expert);
+  EXPECT_EQ(moe_layers > 0, c.has_moe());
   EXPECT_EQ(pack->entry("tokenizer.json").has_value(),
             std::filesystem::exists(opt.input + "/tokenizer.json"));
   if (pack->entry("tokenizer.json")) {
@@ -264,3 +311,141 @@ TEST(RoundTrip, SameInputGivesByteIdenticalPacks) {
 
 }  // namespace
 }  // namespace qtk
+
+namespace qtk {
+namespace {
+
+// One safetensors file from (name, dtype, shape, bytes) records.
+struct StTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+std::string safetensors_file(const std::vector<StTensor>& ts) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& t : ts) {
+    h[t.name] = {{"dtype", t.dtype == DType::BF16 ? "BF16" : t.dtype == DType::F16 ? "F16" : "F32"},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  const std::string header = h.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+// The Qwen3.5-MoE fixture rewritten as the text-only class
+// Qwen3_5MoeForCausalLM (model.layers.*, text_config at the top) with one
+// tensor per expert (the FP8 releases' layout, here in bf16): the pack must
+// hold the same tensors, byte for byte, as the one converted from the
+// multimodal layout with fused 3-D experts.
+TEST(RoundTrip, Qwen35MoeTextOnlyPerExpertEqualsFusedMultimodal) {
+  TempDir tmp;
+  const std::string vlm = testing::source_path("tests/data/models/qwen3.5-moe-tiny-vlm");
+  const std::string text_dir = tmp.file("text-only");
+  std::filesystem::create_directories(text_dir);
+  auto cfg = nlohmann::json::parse(testing::read_file(vlm + "/config.json"));
+  nlohmann::json text = cfg["text_config"];
+  text["architectures"] = {"Qwen3_5MoeForCausalLM"};
+  testing::write_file(text_dir + "/config.json", text.dump(2));
+  std::vector<StTensor> out;
+  int64_t stacked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(vlm)) {
+    const std::string p = e.path().string();
+    if (!p.ends_with(".safetensors") || e.path().filename() == "activations.safetensors") continue;
+    const auto f = SafetensorsFile::open(p);
+    for (const auto& t : f->tensors()) {
+      const std::string prefix = "model.language_model.";
+      if (!t.name.starts_with(prefix) && t.name != "lm_head.weight") continue;  // vision, MTP
+      const std::string name =
+          t.name == "lm_head.weight" ? t.name : "model." + t.name.substr(prefix.size());
+      const TensorView& v = t.view;
+      const std::string bytes = bytes_of(v);
+      std::vector<int64_t> shape(v.shape, v.shape + v.ndim);
+      const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
+      if (!gate_up && !name.ends_with("mlp.experts.down_proj")) {
+        out.push_back({name, v.dtype, shape, bytes});
+        continue;
+      }
+      ++stacked;
+      const std::string base = name.substr(0, name.size() - std::string(gate_up ? "gate_up_proj" : "down_proj").size());
+      const int64_t E = shape[0], rows = shape[1], cols = shape[2];
+      const size_t per = static_cast<size_t>(rows * cols * dtype_size(v.dtype));
+      for (int64_t x = 0; x < E; ++x) {
+        const std::string one = bytes.substr(x * per, per);
+        const std::string pre = base + std::to_string(x) + ".";
+        if (gate_up) {  // gate rows first, then up rows
+          out.push_back({pre + "gate_proj.weight", v.dtype, {rows / 2, cols}, one.substr(0, per / 2)});
+          out.push_back({pre + "up_proj.weight", v.dtype, {rows / 2, cols}, one.substr(per / 2)});
+        } else {
+          out.push_back({pre + "down_proj.weight", v.dtype, {rows, cols}, one});
+        }
+      }
+    }
+  }
+  ASSERT_EQ(stacked, 8);  // 4 layers x (gate_up, down)
+  testing::write_file(text_dir + "/model.safetensors", safetensors_file(out));
+
+  ConvertOptions a, b;
+  a.input = vlm;
+  a.output = tmp.file("vlm.pack");
+  b.input = text_dir;
+  b.output = tmp.file("text.pack");
+  convert_checkpoint(a);
+  convert_checkpoint(b);
+  const auto pa = Pack::open(a.output);
+  const auto pb = Pack::open(b.output);
+  EXPECT_EQ(pb->config().hf_architecture, "Qwen3_5MoeForCausalLM");
+  ASSERT_EQ(pa->tensors().size(), pb->tensors().size());
+  for (size_t i = 0; i < pa->tensors().size(); ++i) {
+    const auto& x = pa->tensors()[i];
+    const auto& y = pb->tensors()[i];
+    ASSERT_EQ(x.name, y.name);
+    EXPECT_EQ(x.view.nbytes(), y.view.nbytes()) << x.name;
+    EXPECT_EQ(std::memcmp(x.view.data, y.view.data, static_cast<size_t>(x.view.nbytes())), 0) << x.name;
+  }
+  auto ca = config_to_json(pa->config()), cb = config_to_json(pb->config());
+  for (auto* c : {&ca, &cb}) c->erase("hf_architecture"), c->erase("model_type");
+  EXPECT_EQ(ca, cb);
+  EXPECT_FALSE(pa->has_transform("stack_experts"));
+  EXPECT_TRUE(pb->has_transform("stack_experts"));
+}
+
+}  // namespace
+}  // namespace qtk
+
+#ifdef QTK_INSPECT_BIN
+namespace qtk {
+namespace {
+
+// `inspect X.pack` on MoE packs: experts, top-k, renormalisation, shared
+// expert, the mlp plan and the stack_experts transform where it applied.
+TEST(RoundTrip, InspectShowsExperts) {
+  testing::TempDir tmp;
+  for (const char* model : {"qwen3-moe-tiny", "qwen3.5-moe-tiny-vlm"}) {
+    SCOPED_TRACE(model);
+    ConvertOptions opt;
+    opt.input = testing::source_path(std::string("tests/data/models/") + model);
+    opt.output = tmp.file(std::string(model) + ".pack");
+    convert_checkpoint(opt);
+    const auto r = testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(opt.output));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const bool q35 = std::string(model) == "qwen3.5-moe-tiny-vlm";
+    const std::string want_experts =
+        q35 ? "experts:       8 x width 32, top-2, renormalised, shared expert width 48 (sigmoid gate)\n"
+            : "experts:       8 x width 32, top-2, renormalised, shared expert none\n";
+    EXPECT_NE(r.out.find(want_experts), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(q35 ? "mlp plan:      EEEE  dense layers: none\n" : "mlp plan:      EEE  dense layers: none\n"),
+              std::string::npos)
+        << r.out;
+    // Per-expert sources are stacked (stack_experts); fused 3-D ones are copied.
+    EXPECT_EQ(r.out.find("stack_experts") != std::string::npos, !q35) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace qtk
+#endif

@@ -8,6 +8,8 @@
 #   QTK_GPU_SKIP_GENERATE=1 ...   # without the generate --device cuda tests
 #   QTK_GPU_BENCH_FILTER=Attention ...   # only the benchmarks matching a regex
 #   QTK_GPU_E2E="qwen3-0.6b" QTK_GPU_E2E_ALSO="QTK_GEMM_ALTS=0" ...  # e2e, and again under other env
+#   QTK_GPU_PLAN_CACHE=both ...   # the generate tests with the GEMM plan cache on, then off
+#                                 # (default "on": a fresh cache directory per run; "off")
 #
 # A GPU machine without this project's Debian packages: run
 # tests/cuda/make_device_bundle.sh on a Debian 12 machine first and ship the
@@ -97,10 +99,25 @@ if [ "$mode" = full ] && [ -z "${QTK_GPU_SKIP_GENERATE:-}" ]; then
   echo "== generate --device cuda (convert -> generate -> compare)"
   if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_generate_tests generate compare convert \
        >>"$OUT/build.log" 2>&1; then
-    "$BUILD/bin/qtk_cuda_generate_tests" --gtest_color=no >"$OUT/generate_tests.log" 2>&1
-    gen_rc=$?
-    grep -E "^\[  (FAILED|PASSED) |^\[ cuda|^compare:|Failure|Expected|Which is|differs|agree|^\[==========\]" \
-      "$OUT/generate_tests.log" | head -60
+    # note: the GEMM plan cache (runtime/cuda/cuda_startup.h) of these runs
+    # lives in a fresh directory, so that the suite's runs share it (each
+    # model's first run tunes and writes, later ones read) and nothing of
+    # an earlier build is read; "off" tunes in every run.
+    case "${QTK_GPU_PLAN_CACHE:-on}" in
+      both) plan_modes="on off" ;;
+      off) plan_modes=off ;;
+      *) plan_modes=on ;;
+    esac
+    for plan_mode in $plan_modes; do
+      log=$OUT/generate_tests.log
+      [ "$plan_modes" = "on off" ] && log=$OUT/generate_tests_plan_cache_$plan_mode.log
+      rm -rf "$BUILD/plan-cache-xdg"
+      if [ "$plan_mode" = on ]; then plan_env=(XDG_CACHE_HOME="$BUILD/plan-cache-xdg"); else plan_env=(QTK_PLAN_CACHE=off); fi
+      echo "-- plan cache $plan_mode"
+      env "${plan_env[@]}" "$BUILD/bin/qtk_cuda_generate_tests" --gtest_color=no >"$log" 2>&1 || gen_rc=1
+      grep -E "^\[  (FAILED|PASSED) |^\[ cuda|^compare:|Failure|Expected|Which is|differs|agree|^\[==========\]" \
+        "$log" | head -60
+    done
   else
     grep -E "error" "$OUT/build.log" | tail -20
     echo "FAILED: building qtk_cuda_generate_tests"

@@ -1,8 +1,14 @@
 // cuBLASLt GEMM wrapper: against the float64 reference, and batch invariance:
-// row r of an M-row product is bitwise equal to the 1-row product of row r.
+// row r of an M-row product is bitwise equal to the 1-row product of row r;
+// records of what tuning chose (the plan cache's content) reproduce its bits.
 #include <cstdio>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
+
+#include "kernels/cuda/compare.h"
 #include "kernels/cuda/gemm.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
@@ -79,6 +85,114 @@ TEST(Gemm, F32InF32OutMatchesReferenceAndIsBatchInvariant) {
   Gemm gemm;
   check_gemm<float, float>(gemm, 1000, 1024, DType::F32, DType::F32);
   check_gemm<float, float>(gemm, 64, 36, DType::F32, DType::F32);
+}
+
+// The tuning that outlives a process (Gemm::records / preload, the plan
+// cache's content): each M range is tuned the first time a call needs it;
+// a second Gemm given the first one's records tunes nothing and gives the
+// same bits in every range; records whose plan algorithm is not the one
+// this Gemm picks are not used (and the bits are still the same).
+template <class In, class Out>
+void check_records(DType in, DType out) {
+  const int64_t N = 1024, K = 3072;
+  const std::vector<int64_t> ms = {1, 5, 16, 17, 64, 65, 200, 512, 600};  // 4 ranges
+  const int64_t max_m = 600;
+  const auto xh = to_device_type<In>(random_floats(max_m * K, -1, 1, 61));
+  const auto wh = to_device_type<In>(random_floats(N * K, -1, 1, 62));
+  DeviceBuffer<In> x(xh), w(wh);
+  auto products = [&](Gemm& g) {
+    std::vector<std::vector<Out>> ys;
+    for (const int64_t m : ms) {
+      DeviceBuffer<Out> y(m * N);
+      g.run(x.get(), K, w.get(), K, y.get(), N, m, N, K, in, out, nullptr);
+      ys.push_back(y.download());
+    }
+    return ys;
+  };
+  const std::string what =
+      fmt::format("{} -> {}", std::string(dtype_name(in)), std::string(dtype_name(out)));
+  Gemm tuned;
+  const auto want = products(tuned);
+  EXPECT_EQ(tuned.stats().ranges_tuned, 4) << what << ": one tuning per range used";
+  EXPECT_EQ(tuned.stats().ranges_cached, 0) << what;
+  const std::vector<GemmPlanRecord> recs = tuned.records();
+  ASSERT_EQ(recs.size(), 1u) << what;
+  ASSERT_EQ(recs[0].ranges.size(), 4u) << what;
+
+  Gemm cached;
+  cached.preload(recs);
+  const auto got = products(cached);
+  for (size_t i = 0; i < ms.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(got[i].data(), want[i].data(), got[i].size()))
+        << what << ": M " << ms[i] << " differs with preloaded records ("
+        << cached.describe(N, K, K, K, N, in, out) << ")";
+  EXPECT_EQ(cached.stats().ranges_tuned, 0) << what;
+  EXPECT_EQ(cached.stats().ranges_cached, 4) << what;
+  EXPECT_EQ(cached.stats().records_stale, 0) << what;
+  const auto again = cached.records();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].algo, recs[0].algo);
+  ASSERT_EQ(again[0].ranges.size(), recs[0].ranges.size());
+  for (size_t i = 0; i < recs[0].ranges.size(); ++i) {
+    EXPECT_EQ(again[0].ranges[i].use, recs[0].ranges[i].use) << i;
+    EXPECT_EQ(again[0].ranges[i].algo, recs[0].ranges[i].algo) << i;
+    EXPECT_EQ(again[0].ranges[i].own_equal, recs[0].ranges[i].own_equal) << i;
+  }
+
+  // A record with another plan algorithm: not used; tuned instead.
+  auto stale = recs;
+  stale[0].algo[7] ^= 1;
+  Gemm retuned;
+  retuned.preload(stale);
+  const auto got2 = products(retuned);
+  for (size_t i = 0; i < ms.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(got2[i].data(), want[i].data(), got2[i].size()))
+        << what << ": M " << ms[i];
+  EXPECT_EQ(retuned.stats().records_stale, 1) << what;
+  EXPECT_EQ(retuned.stats().ranges_cached, 0) << what;
+  EXPECT_EQ(retuned.stats().ranges_tuned, 4) << what;
+
+  // tune_remaining decides the ranges no call reached yet (--tune-only).
+  Gemm lazy;
+  DeviceBuffer<Out> y(N);
+  lazy.run(x.get(), K, w.get(), K, y.get(), N, 1, N, K, in, out, nullptr);
+  EXPECT_EQ(lazy.stats().ranges_tuned, 1) << what;
+  lazy.tune_remaining(nullptr);
+  EXPECT_EQ(lazy.stats().ranges_tuned, 5) << what;
+  ASSERT_EQ(lazy.records().size(), 1u);
+  EXPECT_EQ(lazy.records()[0].ranges.size(), 5u) << what;
+  std::printf("[ gemm     ] records %s: %s\n", what.c_str(),
+              cached.describe(N, K, K, K, N, in, out).c_str());
+}
+
+TEST(Gemm, PreloadedRecordsGiveTheTunedBitsWithoutTuning) {
+  check_records<bf16, bf16>(DType::BF16, DType::BF16);
+  check_records<bf16, float>(DType::BF16, DType::F32);
+  check_records<float, float>(DType::F32, DType::F32);
+}
+
+// The on-device comparison behind the verification (compare.h).
+TEST(Gemm, CountDifferingWordsCountsOnlyTheRowsPrefix) {
+  const int64_t rows = 37, pitch = 1030, cols = 1001;  // in 16-bit words
+  std::vector<uint16_t> a(rows * pitch), b;
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  b = a;
+  for (int64_t r = 0; r < rows; ++r) b[r * pitch + cols + r % (pitch - cols)] ^= 1;  // padding
+  DeviceBuffer<uint16_t> da(a), db(b);
+  DeviceBuffer<unsigned long long> count(1);
+  auto differing = [&](int64_t n_rows) {
+    QTK_CUDA_CHECK(cudaMemset(count.get(), 0, sizeof(unsigned long long)));
+    count_differing_words(da.get(), db.get(), n_rows, cols * 2, pitch * 2, count.get(), nullptr);
+    return count.download()[0];
+  };
+  EXPECT_EQ(differing(rows), 0u) << "differences past the row's columns do not count";
+  b[5 * pitch + 3] ^= 0x8000;
+  b[36 * pitch + cols - 1] ^= 1;
+  b[36 * pitch] ^= 2;
+  db.upload(b);
+  EXPECT_EQ(differing(rows), 3u);
+  EXPECT_EQ(differing(36), 1u) << "only the first n rows";
+  EXPECT_EQ(differing(0), 0u);
 }
 
 TEST(Gemm, RejectsBadArguments) {

@@ -8,6 +8,7 @@
 //    and chunked prefill (--max-batched-tokens 7), plus a preempting cache:
 //    byte-identical results files, with f32 and with bf16.
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "tests/runtime/test_util.h"
@@ -129,7 +130,7 @@ TEST_P(CudaBf16, AgreesWithCpu) {
       name_of(dir).c_str(), static_cast<long long>(agree), static_cast<long long>(total),
       static_cast<long long>(identical), a.size());
   // note: a sanity floor far under what bf16 gave on these models (about
-  // 80-90% vs the goldens, bench/cuda/NOTES.md): a broken bf16 path agrees
+  // 80-90% vs the goldens, bench/HISTORY.md): a broken bf16 path agrees
   // on a few tokens only.
   EXPECT_GE(agree * 2, total) << "fewer than half of the tokens agree with the CPU";
 }
@@ -238,6 +239,161 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                            return name_of(info.param.dir) +
                                   (info.param.long_prompts ? "_long" : "");
                          });
+
+// The GEMM plan cache (runtime/cuda/cuda_startup.h) through generate: a run
+// that takes its GEMM choices from the cache file writes the results file
+// of a run that tuned from scratch, byte for byte, whether the file came
+// from earlier runs (partly or fully covering the ranges used) or from
+// --tune-only; a foreign, corrupt or stale file is ignored with a message
+// naming it, and tuning runs.
+struct PlanCacheCase {
+  const char* dir;
+  bool mrope;
+};
+
+class CudaPlanCache : public ::testing::TestWithParam<PlanCacheCase> {};
+
+TEST_P(CudaPlanCache, CachedPlanGivesTheBitsOfTuningFromScratch) {
+  const std::string dir = GetParam().dir;
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const auto config = load_json(src(dir + "/config.json"));
+  const int64_t vocab = config.contains("text_config")
+                            ? config["text_config"]["vocab_size"].get<int64_t>()
+                            : config["vocab_size"].get<int64_t>();
+  int64_t longest = 0;
+  const std::string prompts = fmt::format("{}/{}.plans.jsonl", work_dir(), name_of(dir));
+  // Long prompts: prefill steps of up to 512+ rows (the ranges 65..511 and
+  // 512..2047) and decode steps of up to 48 sequences (1..16, 17..64).
+  write_text(prompts, make_prompts(vocab, GetParam().mrope, true, &longest));
+  for (const char* precision : {"f32", "bf16"}) {
+    const std::string base = fmt::format("{}/{}.plans.{}", work_dir(), name_of(dir), precision);
+    struct Run {
+      std::string results;
+      nlohmann::json plan;  // the run header's gemm_plan
+      RunResult r;
+    };
+    auto run_with = [&](const std::string& tag, const std::string& flags) {
+      const std::string out = fmt::format("{}.{}.jsonl", base, tag);
+      Run x;
+      x.r = generate(
+          pack, prompts, out,
+          fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
+      EXPECT_EQ(x.r.status, 0) << precision << " " << tag << ": " << x.r.err;
+      if (x.r.status != 0) return x;
+      x.results = read_text(out);
+      const auto meta = load_json(out + ".meta.json");
+      x.plan = meta.value("gemm_plan", nlohmann::json());
+      EXPECT_TRUE(meta.contains("startup")) << meta.dump(2);
+      EXPECT_GT(meta["stats"]["first_token_seconds"].get<double>(), 0.0) << meta.dump(2);
+      std::printf("[ cuda plan] %s %s %-10s %s: %s, %lld ranges cached, %lld tuned\n",
+                  name_of(dir).c_str(), precision, tag.c_str(),
+                  x.plan.value("cache", std::string("?")).c_str(),
+                  x.plan.value("source", std::string("?")).c_str(),
+                  static_cast<long long>(x.plan.value("ranges_cached", int64_t{-1})),
+                  static_cast<long long>(x.plan.value("ranges_tuned", int64_t{-1})));
+      return x;
+    };
+    const std::string cache = base + ".cache.json";
+    std::filesystem::remove(cache);
+
+    // The reference: tuned from scratch, no file read or written.
+    const Run off = run_with("off", "--plan-cache off");
+    ASSERT_EQ(off.r.status, 0);
+    ASSERT_EQ(std::count(off.results.begin(), off.results.end(), '\n'), 48);
+    ASSERT_EQ(off.results.find("\"error\""), std::string::npos) << off.results;
+    EXPECT_EQ(off.plan["cache"], "off");
+    EXPECT_EQ(off.plan["source"], "tuned");
+    EXPECT_GT(off.plan["ranges_tuned"].get<int64_t>(), 0);
+    EXPECT_FALSE(std::filesystem::exists(cache));
+
+    // One sequence at a time into an empty cache: it tunes and writes the
+    // ranges of batch-1 decode steps and of the prefill.
+    const Run first = run_with("first", fmt::format("--plan-cache {} --max-num-seqs 1", cache));
+    EXPECT_EQ(first.results, off.results) << precision << ": tuned into a new cache file";
+    EXPECT_EQ(first.plan["source"], "tuned") << first.plan.dump(2);
+    EXPECT_EQ(first.plan["written"], true) << first.plan.dump(2);
+    EXPECT_NE(first.r.err.find(cache), std::string::npos) << "no stderr line names the new file";
+    ASSERT_TRUE(std::filesystem::exists(cache));
+
+    // Batched: the cached ranges, plus the batch ranges tuned and added.
+    const Run grow = run_with("grow", fmt::format("--plan-cache {}", cache));
+    EXPECT_EQ(grow.results, off.results) << precision << ": partly cached plan";
+    EXPECT_GT(grow.plan["ranges_cached"].get<int64_t>(), 0) << grow.plan.dump(2);
+    EXPECT_EQ(grow.plan["file_used"], true) << grow.plan.dump(2);
+
+    // The same run again: every range from the file, nothing tuned.
+    const Run warm = run_with("warm", fmt::format("--plan-cache {}", cache));
+    EXPECT_EQ(warm.results, off.results) << precision << ": fully cached plan";
+    EXPECT_EQ(warm.plan["source"], "cached") << warm.plan.dump(2);
+    EXPECT_EQ(warm.plan["ranges_tuned"].get<int64_t>(), 0) << warm.plan.dump(2);
+    EXPECT_EQ(warm.plan["records_stale"].get<int64_t>(), 0) << warm.plan.dump(2);
+    EXPECT_EQ(warm.plan["written"], false) << "nothing new, nothing written";
+
+    // --tune-only into a fresh file (no --batch/--out), then a run with it.
+    const std::string tuned = base + ".tuneonly.json";
+    std::filesystem::remove(tuned);
+    RunResult t =
+        run(fmt::format("{} --model {} --device cuda --precision {} --tune-only "
+                        "--plan-cache {}",
+                        QTK_GENERATE_BIN, pack, precision, tuned));
+    EXPECT_EQ(t.status, 0) << t.err;
+    EXPECT_NE(t.err.find("written to " + tuned), std::string::npos) << t.err;
+    const Run pre = run_with("tuneonly", fmt::format("--plan-cache {}", tuned));
+    EXPECT_EQ(pre.results, off.results) << precision << ": plan from --tune-only";
+    EXPECT_EQ(pre.plan["source"], "cached") << pre.plan.dump(2);
+    EXPECT_EQ(pre.plan["ranges_tuned"].get<int64_t>(), 0) << pre.plan.dump(2);
+
+    // A file made for another setup: ignored (stderr names it), tuned.
+    auto doc = load_json(cache);
+    doc["key"]["gpu"] = "Some Other GPU";
+    const std::string foreign = base + ".foreign.json";
+    write_text(foreign, doc.dump());
+    const Run f = run_with("foreign", fmt::format("--plan-cache {}", foreign));
+    EXPECT_EQ(f.results, off.results) << precision << ": foreign cache";
+    EXPECT_EQ(f.plan["source"], "tuned") << f.plan.dump(2);
+    EXPECT_EQ(f.plan["ranges_cached"].get<int64_t>(), 0) << f.plan.dump(2);
+    EXPECT_NE(f.r.err.find(foreign), std::string::npos) << f.r.err;
+    EXPECT_NE(f.r.err.find("Some Other GPU"), std::string::npos) << f.r.err;
+    // It was rewritten for this setup.
+    EXPECT_NE(load_json(foreign)["key"]["gpu"], "Some Other GPU");
+
+    // A corrupt file: a warning naming it, tuned.
+    const std::string corrupt = base + ".corrupt.json";
+    write_text(corrupt, "{\"format\": \"qtk-gemm-plans\", \"version\": 1, \"plans\": [");
+    const Run c = run_with("corrupt", fmt::format("--plan-cache {}", corrupt));
+    EXPECT_EQ(c.results, off.results) << precision << ": corrupt cache";
+    EXPECT_EQ(c.plan["source"], "tuned") << c.plan.dump(2);
+    EXPECT_NE(c.r.err.find(corrupt), std::string::npos) << c.r.err;
+
+    // Records whose plan algorithm is not the one this run picks (a stale
+    // entry under a matching key): not used, tuned instead.
+    doc = load_json(cache);
+    ASSERT_FALSE(doc["plans"].empty());
+    for (auto& p : doc["plans"]) {
+      std::string a = p["algo"];
+      a[127] = a[127] == '0' ? '1' : '0';
+      p["algo"] = a;
+    }
+    const std::string stale = base + ".stale.json";
+    write_text(stale, doc.dump());
+    const Run st = run_with("stale", fmt::format("--plan-cache {}", stale));
+    EXPECT_EQ(st.results, off.results) << precision << ": stale records";
+    EXPECT_GT(st.plan["records_stale"].get<int64_t>(), 0) << st.plan.dump(2);
+    EXPECT_EQ(st.plan["ranges_cached"].get<int64_t>(), 0) << st.plan.dump(2);
+
+    std::printf(
+        "[ cuda plan] %s %s: cached, partly cached, --tune-only, foreign, corrupt, "
+        "stale all byte-identical to tuning from scratch: %s\n",
+        name_of(dir).c_str(), precision, ::testing::Test::HasFailure() ? "NO" : "yes");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaPlanCache,
+                         ::testing::Values(PlanCacheCase{"samples/qwen3-sample", false},
+                                           PlanCacheCase{"samples/qwen3.5-sample", false},
+                                           PlanCacheCase{"tests/data/models/qwen3.5-tiny", true}),
+                         [](const auto& info) { return name_of(info.param.dir); });
 
 }  // namespace
 }  // namespace qtk::rt_test

@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "tests/badinput/run_util.h"
 
 namespace qtk::testing {
@@ -176,6 +178,66 @@ TEST(Faults, ConvertOnAFullDiskFailsCleanly) {
   }
 }
 
+// A pid that is no longer running: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+// Issue 20 item 4: what a SIGKILL leaves (a temporary pack, an extraction
+// directory) is named with the owner's pid; the next convert into the same
+// directory removes those whose owner is gone, says so, and keeps those of
+// a running process.
+TEST(Faults, ConvertRemovesTheLeftoversOfKilledRuns) {
+  TempDir t;
+  const pid_t dead = dead_pid();
+  const std::string stale_pack = fmt::format(".OTHER.pack.tmp.{}.0123abcd", dead);
+  const std::string stale_dir = fmt::format(".qtk-extract.{}.AbC123", dead);
+  const std::string live_pack = fmt::format(".OTHER.pack.tmp.{}.0123abcd", ::getpid());
+  write_file(t / stale_pack, std::string(4096, 'x'));
+  fs::create_directories(t / (stale_dir + "/sub"));
+  write_file(t / (stale_dir + "/sub/model.safetensors"), "x");
+  write_file(t / live_pack, "x");
+  write_file(t / ".unrelated.tmp.note", "kept");
+  const RunResult r =
+      run_program({program("convert"), model_fixture("qwen3-tiny"), t / "OUT.pack"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(file_exists(t / stale_pack));
+  EXPECT_FALSE(file_exists(t / stale_dir));
+  EXPECT_TRUE(file_exists(t / live_pack)) << "removed the file of a running process";
+  EXPECT_TRUE(file_exists(t / ".unrelated.tmp.note"));
+  EXPECT_NE(r.err.find(stale_pack), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(stale_dir), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(std::to_string(dead)), std::string::npos) << r.err;
+
+  // The real thing: convert an archive, SIGKILL it as soon as its
+  // extraction directory appears, then convert again.
+  const std::string tar = t / "model.tar";
+  ASSERT_EQ(run_program({"/bin/tar", "-cf", tar, "-C", model_fixture("qwen3-tiny"), "."}).exit_code,
+            0);
+  const std::string out_dir = t / "killed";
+  fs::create_directories(out_dir);
+  const pid_t pid = spawn_program({program("convert"), tar, out_dir + "/OUT.pack"});
+  bool seen = false;
+  for (int i = 0; i < 20000 && !seen; ++i) {
+    for (const std::string& f : list_dir(out_dir)) seen = seen || f.rfind(".qtk-extract.", 0) == 0;
+    if (!seen) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(seen) << "convert never created its extraction directory";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "convert finished before the kill";
+  ASSERT_FALSE(list_dir(out_dir).empty());
+  const RunResult again = run_program({program("convert"), tar, out_dir + "/OUT.pack", "--force"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("no longer running"), std::string::npos) << again.err;
+  EXPECT_EQ(list_dir(out_dir), std::vector<std::string>{"OUT.pack"});
+}
+
 // ---- generate -----------------------------------------------------------------
 
 class GenerateFaults : public ::testing::Test {
@@ -255,8 +317,12 @@ TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
     const double delay = when(rng);
     SCOPED_TRACE("iteration " + std::to_string(i) + ", kill after " + std::to_string(delay) + " s");
     run_and_kill(generate_argv(out), delay);
+    // note: a run in progress writes OUT.partial; OUT appears only complete.
     if (file_exists(out)) {
-      const std::string part = read_file(out);
+      EXPECT_EQ(read_file(out), ref) << "OUT exists but is not complete";
+    }
+    if (file_exists(out + ".partial")) {
+      const std::string part = read_file(out + ".partial");
       // Only complete lines, and exactly the first lines of the full run.
       EXPECT_TRUE(part.empty() || part.back() == '\n') << "partial last line after SIGKILL";
       EXPECT_EQ(ref.compare(0, part.size(), part), 0)
@@ -321,6 +387,19 @@ TEST_F(GenerateFaults, FullDiskFailsCleanlyAndResumes) {
     expect_clean_failure(r, "generate", {std::string("out") + limit + ".jsonl"});
     for (const std::string& f : list_dir(t.path()))
       EXPECT_EQ(f.find(".tmp"), std::string::npos) << "temporary file left behind: " << f;
+    // Issue 20 item 5: OUT never appears; the partial results hold only
+    // complete lines, and their run header says the run failed (with 3 KB
+    // the header fits, and the results do not).
+    EXPECT_FALSE(file_exists(out)) << "a failed run created OUT";
+    if (std::string(limit) == "6") {
+      ASSERT_TRUE(file_exists(out + ".partial.meta.json"))
+          << "no run header for the partial results";
+      const auto meta = nlohmann::json::parse(read_file(out + ".partial.meta.json"));
+      EXPECT_EQ(meta["status"], "failed") << meta.dump(2);
+      const std::string part = read_file(out + ".partial");
+      EXPECT_TRUE(part.empty() || part.back() == '\n') << "a partial last line was kept";
+      EXPECT_EQ(ref.compare(0, part.size(), part), 0) << "the partial results are not a prefix";
+    }
     const RunResult res = run_program(generate_argv(out, {"--resume"}));
     ASSERT_EQ(res.exit_code, 0) << res.err;
     EXPECT_EQ(read_file(out), ref) << "resumed results differ from the uninterrupted run";
@@ -351,7 +430,7 @@ TEST_F(GenerateFaults, TinyKvCacheGivesIdenticalTokensOrRefusesByName) {
       run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
                    t / "mixed.jsonl", "--out", t / "mixed_out.jsonl", "--threads", "1",
                    "--block-size", "4", "--kv-cache-blocks", "2", "--ignore-eos"});
-  ASSERT_EQ(m.exit_code, 0) << m.err;
+  ASSERT_EQ(m.exit_code, 3) << m.err;  // one line failed
   const auto out = split_lines(read_file(t / "mixed_out.jsonl"));
   ASSERT_EQ(out.size(), 2u);
   const auto fits = nlohmann::json::parse(out[0]);

@@ -36,6 +36,9 @@ int hf_config(const uint8_t* data, size_t size) {
                       e.what());
   }
   fuzz_check(static_cast<int64_t>(c.layer_plan.size()) == c.num_layers, "layer_plan length");
+  fuzz_check(c.moe.mlp_plan.empty() == (c.moe.num_experts == 0), "mlp_plan without experts");
+  fuzz_check(c.moe.mlp_plan.empty() || static_cast<int64_t>(c.moe.mlp_plan.size()) == c.num_layers,
+             "mlp_plan length");
   // ...and the manifest round trip gives the same config back.
   const nlohmann::json j = config_to_json(c);
   ModelConfig back;

@@ -26,7 +26,8 @@ std::vector<int32_t> text_positions(int64_t rows, int32_t start) {
 // inv_freq's own rounding scaled by the position), which moves each rotated
 // value by at most that times |x1| + |x2|.
 double rope_tolerance(double x1, double x2, double angle) {
-  return (std::fabs(x1) + std::fabs(x2)) * (3.0 * std::ldexp(1.0, -23) * (std::fabs(angle) + 1.0)) + 1e-6 * (std::fabs(x1) + std::fabs(x2));
+  return (std::fabs(x1) + std::fabs(x2)) * (3.0 * std::ldexp(1.0, -23) * (std::fabs(angle) + 1.0)) +
+         1e-6 * (std::fabs(x1) + std::fabs(x2));
 }
 
 void check_against_ref(int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dim,
@@ -149,7 +150,8 @@ TEST(Rope, Float32FrequenciesAtLongPositions) {
   const int32_t p = 4000;
   std::vector<int32_t> pos = {p, p, p};
   // Frequency j = 1 is 1 / theta^(2/4) = 0.01; its bf16 value is 0.010009765625.
-  float inv = 1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)), 0.5));
+  float inv =
+      1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)), 0.5));
   uint16_t hb = test::float_to_bf16(inv);
   uint32_t bits = static_cast<uint32_t>(hb) << 16;
   float inv_bf16;

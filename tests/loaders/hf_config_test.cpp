@@ -22,6 +22,8 @@ const char* kQwen3Tiny = "tests/data/models/qwen3-tiny/config.json";
 const char* kQwen3Sharded = "tests/data/models/qwen3-tiny-sharded-f32/config.json";
 const char* kQwen35Tiny = "tests/data/models/qwen3.5-tiny/config.json";
 const char* kQwen35Vlm = "tests/data/models/qwen3.5-tiny-vlm/config.json";
+const char* kQwen3Moe = "tests/data/models/qwen3-moe-tiny/config.json";
+const char* kQwen35MoeVlm = "tests/data/models/qwen3.5-moe-tiny-vlm/config.json";
 
 ModelConfig parse(const json& j) { return parse_hf_config(j, "cfg.json"); }
 std::string reject(const json& j) {
@@ -134,6 +136,113 @@ TEST(HfConfig, Samples) {
   EXPECT_EQ(b.rope.rotary_dim, 16);
 }
 
+// --- mixture of experts --------------------------------------------------------
+
+TEST(HfConfigMoe, Qwen3MoeTiny) {
+  const ModelConfig c = load_hf_config(source_path(kQwen3Moe));
+  EXPECT_EQ(c.arch, Arch::kQwen3);
+  EXPECT_EQ(c.hf_architecture, "Qwen3MoeForCausalLM");
+  EXPECT_TRUE(c.has_moe());
+  EXPECT_EQ(c.moe.num_experts, 8);  // spelled num_local_experts in this file
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.expert_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.shared_expert_intermediate, 0);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.mlp_plan_string(), "EEE");
+  EXPECT_FALSE(c.has_dense_mlp());
+}
+
+TEST(HfConfigMoe, ExpertCountEitherSpelling) {
+  json j = load(kQwen3Moe);
+  j["num_experts"] = j["num_local_experts"];
+  EXPECT_EQ(parse(j).moe.num_experts, 8);  // both given, agreeing
+  j.erase("num_local_experts");
+  EXPECT_EQ(parse(j).moe.num_experts, 8);  // the Hub's spelling alone
+}
+
+TEST(HfConfigMoe, NormTopkProbDefaultsFalseForQwen3Moe) {
+  json j = load(kQwen3Moe);
+  j.erase("norm_topk_prob");
+  EXPECT_FALSE(parse(j).moe.norm_topk_prob);  // Qwen3MoeConfig's default
+  j["norm_topk_prob"] = false;
+  EXPECT_FALSE(parse(j).moe.norm_topk_prob);
+}
+
+// transformers' rule: layer i is MoE when i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0; every other layer is a dense MLP.
+TEST(HfConfigMoe, SparseStepAndMlpOnlyLayers) {
+  json j = load(kQwen3Moe);
+  j["num_hidden_layers"] = 7;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.mlp_plan_string(), "DEDDDED");
+  EXPECT_TRUE(c.has_dense_mlp());
+  EXPECT_TRUE(c.is_moe_layer(1));
+  EXPECT_FALSE(c.is_moe_layer(3));
+  j["decoder_sparse_step"] = 3;
+  j["mlp_only_layers"] = json::array();
+  EXPECT_EQ(parse(j).mlp_plan_string(), "DDEDDED");
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = {0, 6};
+  EXPECT_EQ(parse(j).mlp_plan_string(), "DEEEEED");
+  j.erase("decoder_sparse_step");
+  j.erase("mlp_only_layers");
+  EXPECT_EQ(parse(j).mlp_plan_string(), "EEEEEEE");  // defaults: step 1, none dense
+}
+
+TEST(HfConfigMoe, Qwen35MoeVlm) {
+  const ModelConfig c = load_hf_config(source_path(kQwen35MoeVlm));
+  EXPECT_EQ(c.arch, Arch::kQwen3_5);
+  EXPECT_EQ(c.hf_architecture, "Qwen3_5MoeForConditionalGeneration");
+  EXPECT_EQ(c.plan_string(), "LFLF");
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.expert_intermediate_size, 32);
+  EXPECT_EQ(c.moe.shared_expert_intermediate, 48);
+  EXPECT_TRUE(c.moe.norm_topk_prob);  // always, for Qwen3.5-MoE
+  EXPECT_EQ(c.mlp_plan_string(), "EEEE");
+  EXPECT_EQ(c.intermediate_size, 0);  // absent: no dense MLP
+  EXPECT_EQ(c.rope.mrope_section, (std::vector<int64_t>{2, 1, 1}));
+}
+
+TEST(HfConfigMoe, Qwen35MoeTextOnlyAndAlwaysRenormalised) {
+  const json vlm = load(kQwen35MoeVlm);
+  json j = vlm["text_config"];
+  j["architectures"] = {"Qwen3_5MoeForCausalLM"};
+  j["norm_topk_prob"] = false;  // Qwen3_5MoeSparseMoeBlock has no such switch
+  const ModelConfig c = parse(j);
+  EXPECT_EQ(c.hf_architecture, "Qwen3_5MoeForCausalLM");
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(config_to_json(c)["moe"], config_to_json(parse(vlm))["moe"]);
+}
+
+TEST(HfConfigMoe, RealSizeConfigs) {
+  const ModelConfig a = load_hf_config(source_path("tests/data/configs/qwen3-30b-a3b.json"));
+  EXPECT_EQ(a.moe.num_experts, 128);
+  EXPECT_EQ(a.moe.top_k, 8);
+  EXPECT_EQ(a.moe.expert_intermediate_size, 768);
+  EXPECT_TRUE(a.moe.norm_topk_prob);
+  EXPECT_EQ(a.mlp_plan_string(), std::string(48, 'E'));
+  const ModelConfig b = load_hf_config(source_path("tests/data/configs/qwen3.5-35b-a3b.json"));
+  EXPECT_EQ(b.moe.num_experts, 256);
+  EXPECT_EQ(b.moe.top_k, 8);
+  EXPECT_EQ(b.moe.expert_intermediate_size, 512);
+  EXPECT_EQ(b.moe.shared_expert_intermediate, 512);
+  EXPECT_EQ(b.mlp_plan_string(), std::string(40, 'E'));
+}
+
+TEST(HfConfigMoe, DenseModelsHaveNoExperts) {
+  const ModelConfig c = load_hf_config(source_path(kQwen3Tiny));
+  EXPECT_FALSE(c.has_moe());
+  EXPECT_EQ(c.mlp_plan_string(), "DDD");
+  EXPECT_FALSE(config_to_json(c).contains("moe"));  // dense manifests are unchanged
+  json j = load(kQwen3Tiny);
+  j["num_experts"] = 0;  // written as 0 by some exports: still dense
+  EXPECT_FALSE(parse(j).has_moe());
+}
+
 // --- spelling variants ------------------------------------------------------
 
 TEST(HfConfigVariants, Transformers4RopeThetaAtTopLevel) {
@@ -158,17 +267,7 @@ TEST(HfConfigVariants, PartialFactorInEitherPlace) {
   EXPECT_EQ(parse(params_only).rope.rotary_dim, 8);
   json neither = load(kQwen3Tiny);  // Qwen3: full rotary
   EXPECT_DOUBLE_EQ(parse(neither).rope.partial_factor, 1.0);
-  json disagree = load(kQwen35Tiny);
-  disagree["partial_rotary_factor"] = 0.5;
-  expect_has(
-      reject(disagree),
-      "'partial_rotary_factor' (0.5) and 'rope_parameters.partial_rotary_factor' (0.25) disagree");
-  json both_theta = load(kQwen3Tiny);
-  both_theta["rope_theta"] = 1e4;
-  expect_has(reject(both_theta), "disagree");
-  json no_theta = load(kQwen3Tiny);
-  no_theta["rope_parameters"].erase("rope_theta");
-  expect_has(reject(no_theta), "missing field 'rope_theta'");
+  // Disagreeing duplicates and absent values: config_precedence_test.cpp.
 }
 
 TEST(HfConfigVariants, TieAtEitherLevel) {
@@ -260,11 +359,43 @@ std::vector<Reject> rejects() {
       {"attention_bias_nested", kQwen35Vlm,
        [](json& j) { j["text_config"]["attention_bias"] = true; },
        "field 'text_config.attention_bias'"},
-      {"moe", kQwen3Tiny, [](json& j) { j["num_experts"] = 8; },
-       "field 'num_experts': mixture-of-experts models are not supported, found 8"},
-      {"moe_arch", kQwen3Tiny, [](json& j) { j["architectures"] = {"Qwen3MoeForCausalLM"}; },
-       "field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM or "
-       "Qwen3_5ForConditionalGeneration, found \"Qwen3MoeForCausalLM\""},
+      {"moe_fields_dense_arch", kQwen3Tiny, [](json& j) { j["num_experts"] = 8; },
+       "field 'num_experts': mixture-of-experts models are not supported for Qwen3ForCausalLM, "
+       "found 8 (expected Qwen3MoeForCausalLM or a Qwen3_5Moe architecture)"},
+      {"unknown_arch", kQwen3Moe, [](json& j) { j["architectures"] = {"MixtralForCausalLM"}; },
+       "field 'architectures': expected Qwen3ForCausalLM, Qwen3_5ForCausalLM, "
+       "Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM or "
+       "Qwen3_5MoeForConditionalGeneration, found \"MixtralForCausalLM\""},
+      {"moe_no_expert_count", kQwen3Moe, [](json& j) { j.erase("num_local_experts"); },
+       "missing field 'num_experts' (or 'num_local_experts') for Qwen3MoeForCausalLM"},
+      {"moe_expert_counts_disagree", kQwen3Moe, [](json& j) { j["num_experts"] = 16; },
+       "fields 'num_experts' (16) and 'num_local_experts' (8) disagree"},
+      {"moe_top_k_over", kQwen3Moe, [](json& j) { j["num_experts_per_tok"] = 9; },
+       "field 'num_experts_per_tok': expected at most num_experts = 8, found 9"},
+      {"moe_top_k_missing", kQwen3Moe, [](json& j) { j.erase("num_experts_per_tok"); },
+       "missing field 'num_experts_per_tok' (expected a positive integer)"},
+      {"moe_width_zero", kQwen3Moe, [](json& j) { j["moe_intermediate_size"] = 0; },
+       "field 'moe_intermediate_size': expected a positive integer, found 0"},
+      {"moe_sparse_step_zero", kQwen3Moe, [](json& j) { j["decoder_sparse_step"] = 0; },
+       "field 'decoder_sparse_step': expected a positive integer, found 0"},
+      {"moe_mlp_only_out_of_range", kQwen3Moe, [](json& j) { j["mlp_only_layers"] = {0, 3}; },
+       "field 'mlp_only_layers': expected layer indices in [0, 3), found 3"},
+      {"moe_mlp_only_not_list", kQwen3Moe, [](json& j) { j["mlp_only_layers"] = 1; },
+       "field 'mlp_only_layers': expected a list of layer indices, found 1"},
+      {"moe_norm_topk_not_bool", kQwen3Moe, [](json& j) { j["norm_topk_prob"] = "yes"; },
+       "field 'norm_topk_prob': expected true or false, found \"yes\""},
+      {"moe_dense_layer_needs_intermediate", kQwen3Moe,
+       [](json& j) {
+         j["mlp_only_layers"] = {1};
+         j.erase("intermediate_size");
+       },
+       "field 'intermediate_size': expected a positive integer, found 0"},
+      {"moe35_no_shared_expert", kQwen35MoeVlm,
+       [](json& j) { j["text_config"].erase("shared_expert_intermediate_size"); },
+       "missing field 'shared_expert_intermediate_size'"},
+      {"moe35_no_experts", kQwen35MoeVlm, [](json& j) { j["text_config"].erase("num_experts"); },
+       "missing field 'num_experts' (or 'num_local_experts') for "
+       "Qwen3_5MoeForConditionalGeneration"},
       {"quant_awq", kQwen3Tiny,
        [](json& j) { j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}}; },
        "field 'quantization_config.quant_method': not supported: quant_method \"awq\""},
@@ -307,12 +438,6 @@ std::vector<Reject> rejects() {
       {"layer_type_unknown", kQwen35Tiny, [](json& j) { j["layer_types"][0] = "mamba"; },
        "field 'layer_types[0]': expected \"full_attention\" or \"linear_attention\", found "
        "\"mamba\""},
-      {"mrope_sum", kQwen35Tiny,
-       [](json& j) {
-         j["rope_parameters"]["mrope_section"] = {2, 2, 1};
-       },
-       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [2,2,1] (sum "
-       "5)"},
       {"heads_not_divisible", kQwen3Tiny, [](json& j) { j["num_key_value_heads"] = 3; },
        "field 'num_key_value_heads': expected a divisor of num_attention_heads (4), found 3"},
       {"value_heads_not_divisible", kQwen35Tiny, [](json& j) { j["linear_num_value_heads"] = 3; },
@@ -327,10 +452,8 @@ std::vector<Reject> rejects() {
        "rotary dim head_dim 32 x 0.15625 = 5 must be even"},
       {"rotary_over_head_dim", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 1.5; },
        "field 'partial_rotary_factor': expected a number in (0, 1], found 1.5"},
-      {"rotary_not_whole", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 0.3; },
-       "is not a whole rotary dimension"},
-      {"head_dim_missing", kQwen3Tiny, [](json& j) { j.erase("head_dim"); },
-       "missing field 'head_dim'"},
+      {"rotary_odd_truncated", kQwen3Tiny, [](json& j) { j["partial_rotary_factor"] = 0.3; },
+       "rotary dim head_dim 32 x 0.3 = 9 must be even"},
       {"hidden_size_negative", kQwen3Tiny, [](json& j) { j["hidden_size"] = -64; },
        "field 'hidden_size': expected a positive integer, found -64"},
       {"linear_dim_missing", kQwen35Tiny, [](json& j) { j.erase("linear_key_head_dim"); },
@@ -341,11 +464,6 @@ std::vector<Reject> rejects() {
        "field 'hidden_act': expected \"silu\", found \"gelu\""},
       {"no_output_gate", kQwen35Tiny, [](json& j) { j["attn_output_gate"] = false; },
        "field 'attn_output_gate': false is not supported"},
-      {"mrope_for_qwen3", kQwen3Tiny,
-       [](json& j) {
-         j["rope_parameters"]["mrope_section"] = {8, 4, 4};
-       },
-       "M-RoPE is not supported for Qwen3ForCausalLM"},
       {"not_object", kQwen3Tiny, [](json& j) { j = json::array(); }, "expected a JSON object"},
   };
 }
@@ -385,7 +503,8 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
 TEST(ConfigJson, RoundTripIsExact) {
   for (const char* rel :
        {kQwen3Tiny, kQwen3Sharded, kQwen35Tiny, kQwen35Vlm, "tests/data/configs/qwen3.5-9b.json",
-        "samples/qwen3-sample/config.json"}) {
+        "samples/qwen3-sample/config.json", kQwen3Moe, kQwen35MoeVlm,
+        "tests/data/configs/qwen3-30b-a3b.json"}) {
     SCOPED_TRACE(rel);
     ModelConfig c = load_hf_config(source_path(rel));
     c.rms_norm_eps = 0.1 + 0.2;  // a double with no short decimal form
@@ -412,6 +531,24 @@ TEST(ConfigJson, RejectsMissingOrWrongFields) {
   j = config_to_json(c);
   j["arch"] = "llama";
   expect_has(error_of([&] { config_from_json(j, "m.json"); }), "field 'config.arch'");
+
+  const ModelConfig m = load_hf_config(source_path(kQwen3Moe));
+  j = config_to_json(m);
+  j["moe"]["mlp_plan"] = "EXE";
+  expect_has(error_of([&] { config_from_json(j, "m.json"); }),
+             "m.json: field 'config.moe.mlp_plan': expected letters D and E, found \"EXE\"");
+  j = config_to_json(m);
+  j["moe"]["mlp_plan"] = "EE";
+  expect_has(error_of([&] { config_from_json(j, "m.json"); }),
+             "m.json: field 'mlp_plan': expected 3 layers (num_hidden_layers), found 2");
+  j = config_to_json(m);
+  j["moe"]["top_k"] = 9;
+  expect_has(error_of([&] { config_from_json(j, "m.json"); }),
+             "field 'num_experts_per_tok': expected an integer in [1, num_experts = 8], found 9");
+  j = config_to_json(m);
+  j["moe"].erase("norm_topk_prob");
+  expect_has(error_of([&] { config_from_json(j, "m.json"); }),
+             "m.json: missing field 'config.moe.norm_topk_prob'");
 }
 
 }  // namespace

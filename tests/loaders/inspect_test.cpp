@@ -58,6 +58,33 @@ TEST(Inspect, VlmPlanAndSkippedGroups) {
       << r.out;
 }
 
+// Mixture of experts: experts, top-k, renormalisation, shared expert, the
+// stored expert layout and the dense layers, for both layouts.
+TEST(Inspect, MixtureOfExperts) {
+  const ChildRun a = run_inspect(shell_quote(source_path("tests/data/models/qwen3-moe-tiny")));
+  ASSERT_EQ(a.status, 0) << a.err;
+  for (const char* want :
+       {"architecture: Qwen3MoeForCausalLM (model_type qwen3_moe)\n",
+        "intermediate_size: 96 (unused: no dense MLP layer)\n",
+        "mixture of experts: 8 experts of width 32, top-2 per token, top-k weights renormalised "
+        "to sum 1\n",
+        "shared expert: none\n",
+        "expert tensors: one per expert (mlp.experts.N.{gate,up,down}_proj)\n",
+        "mlp plan: EEE  (E = mixture of experts, D = dense MLP); dense layers: none\n",
+        "tensors: 102, "})
+    EXPECT_NE(a.out.find(want), std::string::npos) << want << " in:\n" << a.out;
+  const ChildRun b =
+      run_inspect(shell_quote(source_path("tests/data/models/qwen3.5-moe-tiny-vlm")));
+  ASSERT_EQ(b.status, 0) << b.err;
+  for (const char* want :
+       {"architecture: Qwen3_5MoeForConditionalGeneration",
+        "mixture of experts: 8 experts of width 32, top-2 per token, top-k weights renormalised",
+        "shared expert: width 48, sigmoid gate\n",
+        "expert tensors: fused 3-D (mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I])\n",
+        "mlp plan: EEEE ", "  mtp: "})
+    EXPECT_NE(b.out.find(want), std::string::npos) << want << " in:\n" << b.out;
+}
+
 TEST(Inspect, ShardedF32AndHybridPlans) {
   const ChildRun a =
       run_inspect(shell_quote(source_path("tests/data/models/qwen3-tiny-sharded-f32")));

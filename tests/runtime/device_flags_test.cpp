@@ -44,6 +44,13 @@ TEST(DeviceFlags, UnknownPrecisionAndDevice) {
   expect_refused("--device cuda --precision fp8", "cuda_fp8", "--precision");
 }
 
+// --tune-only tunes the CUDA GEMM plans (runtime/cuda/cuda_startup.h).
+TEST(DeviceFlags, TuneOnlyNeedsCuda) {
+  expect_refused("--tune-only", "tune_cpu",
+                 "--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found "
+                 "--device cpu");
+}
+
 #ifndef QTK_TEST_HAVE_CUDA
 TEST(DeviceFlags, CudaWithoutCudaBuild) {
   expect_refused("--device cuda", "cuda", "--device cuda: this build has no CUDA backend");

@@ -56,6 +56,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                                            GoldenModel{"tests/data/models/qwen3.5-tiny"},
                                            GoldenModel{"tests/data/models/qwen3.5-tiny-vlm"},
                                            GoldenModel{"samples/qwen3.5-sample"},
+                                           GoldenModel{"tests/data/models/qwen3-moe-tiny"},
+                                           GoldenModel{"tests/data/models/qwen3.5-moe-tiny-vlm"},
                                            GoldenModel{"tests/data/models/qwen3-fp8-tiny"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;

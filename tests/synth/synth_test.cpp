@@ -102,7 +102,8 @@ TEST(Synth, BadConfigFailsWithMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SynthTest,
-                         ::testing::Values("qwen3-tiny", "qwen3-tiny-sharded-f32", "qwen3.5-tiny", "qwen3.5-tiny-vlm"),
+                         ::testing::Values("qwen3-tiny", "qwen3-tiny-sharded-f32", "qwen3.5-tiny", "qwen3.5-tiny-vlm",
+                                           "qwen3-moe-tiny", "qwen3.5-moe-tiny-vlm"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& ch : s)

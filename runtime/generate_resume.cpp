@@ -1,0 +1,135 @@
+#include "runtime/generate_resume.h"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+#include "runtime/pack_checksum.h"
+
+namespace qtk {
+
+namespace {
+
+constexpr size_t kDigestChars = 16;
+
+// The settings that change the results: resuming with another value would
+// mix two different runs in one file.
+// note: device and precision change the arithmetic, hence the results;
+// allow_unknown_fields turns error lines into results.
+constexpr const char* kResultSettings[] = {
+    "max_tokens_default", "ignore_eos",          "margins", "logprobs", "device",
+    "precision",          "allow_unknown_fields"};
+
+nlohmann::json at(const nlohmann::json& j, const std::string& pointer) {
+  return j.value(nlohmann::json::json_pointer(pointer), nlohmann::json());
+}
+
+void check_same_prompts(const nlohmann::json& old, const nlohmann::json& meta,
+                        const std::string& header, const std::string& batch) {
+  const nlohmann::json was = at(old, "/input_line_xxh64"), now = meta["input_line_xxh64"];
+  if (!was.is_string()) {
+    fail(
+        "{}: cannot resume: the run header has no digest of the prompts file (made by an older "
+        "qtk), so {} cannot be checked against it; start over with --force",
+        header, batch);
+  }
+  const std::string& a = was.get_ref<const std::string&>();
+  const std::string& b = now.get_ref<const std::string&>();
+  const size_t n = std::min(a.size(), b.size()) / kDigestChars;
+  for (size_t i = 0; i < n; ++i) {
+    if (a.compare(i * kDigestChars, kDigestChars, b, i * kDigestChars, kDigestChars) != 0) {
+      fail(
+          "{}: cannot resume: line {} is not the line {} the run was started with (its digest "
+          "differs; the results would mix two inputs)",
+          batch, i + 1, i + 1);
+    }
+  }
+  if (a.size() != b.size()) {
+    fail("{}: cannot resume: it has {} lines, the prompts file the run was started with had {}",
+         batch, b.size() / kDigestChars, a.size() / kDigestChars);
+  }
+}
+
+}  // namespace
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  if (path == "-") {  // stdin
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) fail_errno(fmt::format("stdin: cannot read {}", what));
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail_errno(fmt::format("{}: cannot read {}", path, what));
+  return ss.str();
+}
+
+std::vector<std::string_view> split_lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    lines.push_back(line);
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::string input_line_digests(const std::vector<std::string_view>& lines) {
+  std::string s;
+  s.reserve(lines.size() * kDigestChars);
+  for (std::string_view l : lines) s += checksum_hex(xxh64(l.data(), l.size()));
+  return s;
+}
+
+ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
+                         const std::vector<PromptLine>& lines, const std::string& batch) {
+  nlohmann::json old =
+      nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
+  if (old.is_discarded() || !old.is_object())
+    fail("{}: cannot resume: the run header is missing or malformed", source.meta);
+  if (at(old, "/pack/digest") != meta["pack"]["digest"]) {
+    fail("{}: cannot resume: the results were made with pack digest {}, this pack has {}",
+         source.meta, at(old, "/pack/digest").dump(), meta["pack"]["digest"].dump());
+  }
+  for (const char* key : kResultSettings) {
+    const nlohmann::json was = at(old, std::string("/settings/") + key);
+    nlohmann::json now = meta["settings"].value(key, nlohmann::json());
+    // note: a header without allow_unknown_fields or logprobs predates the
+    // flag, which was then off.
+    if (was.is_null() && (now == false || now == 0)) continue;
+    if (was != now) {
+      fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", source.meta,
+           key, was.dump(), now.dump());
+    }
+  }
+  check_same_prompts(old, meta, source.meta, batch);
+
+  const std::string existing = read_whole_file(source.path, "the results");
+  const size_t last_newline = existing.rfind('\n');
+  const size_t keep = last_newline == std::string::npos ? 0 : last_newline + 1;
+  const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
+  if (done_lines.size() > lines.size()) {
+    fail("{}: cannot resume: it has {} lines but {} has only {}", source.path, done_lines.size(),
+         batch, lines.size());
+  }
+  for (size_t i = 0; i < done_lines.size(); ++i) {
+    nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
+      fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
+           batch, i + 1, lines[i].id.dump());
+    }
+  }
+  return {done_lines.size(), keep};
+}
+
+}  // namespace qtk

@@ -1,0 +1,40 @@
+// --resume's checks: an interrupted run is continued only with the same
+// pack, the same results-changing settings and the same prompts file (a
+// digest of every input line is kept in the run header).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/prompt_jsonl.h"
+#include "runtime/results_file.h"
+
+namespace qtk {
+
+// XXH64 of every input line, as one string of 16 hex digits per line (the
+// run header's "input_line_xxh64").
+std::string input_line_digests(const std::vector<std::string_view>& lines);
+
+struct ResumePoint {
+  size_t lines_done = 0;    // result lines already there
+  uint64_t keep_bytes = 0;  // their bytes (a partial last line is dropped)
+};
+
+// Checks that `source` (an interrupted or complete run) was made from the
+// same pack, settings and prompts as the run header `meta` describes, and
+// that its lines are the results of the first input lines. Throws
+// qtk::Error naming what differs.
+ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
+                         const std::vector<PromptLine>& lines, const std::string& batch_path);
+
+// Reads a whole file (for the batch file and the results being resumed).
+std::string read_whole_file(const std::string& path, const char* what);
+
+// Splits into lines; a final line without '\n' counts, a final empty one does not.
+std::vector<std::string_view> split_lines(std::string_view text);
+
+}  // namespace qtk

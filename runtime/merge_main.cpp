@@ -1,0 +1,46 @@
+// merge OUT.jsonl SHARD.jsonl... : joins the results of `generate --shard K/N`
+// tasks into the file one `generate` run over the whole batch writes.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <cxxopts.hpp>
+
+#include "loaders/cli_args.h"
+#include "loaders/error.h"
+#include "runtime/shard.h"
+
+int main(int argc, char** argv) {
+  try {
+    cxxopts::Options opts(
+        "merge",
+        "Join the results files of `generate --shard K/N` tasks (each with its .meta.json next "
+        "to it) into OUT.jsonl, byte-identical to one generate run over the whole batch. "
+        "Checks that every shard 0..N-1 is present once, complete, and of the same pack, "
+        "prompts file and settings.");
+    opts.positional_help("OUT.jsonl SHARD.jsonl...");
+    opts.add_options()("force", "replace an existing OUT.jsonl")("h,help", "show this help")(
+        "files", "OUT.jsonl then the shard results", cxxopts::value<std::vector<std::string>>());
+    opts.parse_positional({"files"});
+    const auto args = qtk::cli::parse_flags(opts, argc, argv);
+    if (args.count("help")) {
+      fmt::print("{}", opts.help());
+      return 0;
+    }
+    const auto files = args.count("files") ? args["files"].as<std::vector<std::string>>()
+                                           : std::vector<std::string>{};
+    if (files.size() < 2)
+      qtk::fail("merge: expected OUT.jsonl and at least one SHARD.jsonl (see --help)");
+    qtk::MergeOptions o;
+    o.out = files[0];
+    o.shards.assign(files.begin() + 1, files.end());
+    o.force = args.count("force") > 0;
+    qtk::run_merge(o);
+    std::fprintf(stderr, "merge: %zu shards -> %s\n", o.shards.size(), o.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,137 @@
+#include "runtime/moe_block.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/moe.h"
+#include "loaders/error.h"
+#include "runtime/pack.h"
+#include "runtime/qwen3.h"
+#include "runtime/tiled_weights.h"
+
+namespace qtk {
+
+namespace {
+
+// A stacked expert tensor [E, rows, cols] in a matrix dtype.
+TensorView pack_stacked(const Pack& pack, const std::string& name, int64_t E, int64_t rows,
+                        int64_t cols) {
+  const TensorView& v = pack.tensor(name);
+  if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32)
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+         dtype_name(v.dtype));
+  if (v.ndim != 3 || v.shape[0] != E || v.shape[1] != rows || v.shape[2] != cols)
+    fail("{}: tensor '{}' has shape {}; expected [{}, {}, {}] from the config", pack.path(), name,
+         v.shape_string(), E, rows, cols);
+  return v;
+}
+
+// Expert e's [rows, cols] slice of a stacked tensor.
+TensorView expert_slice(const TensorView& stacked, int64_t e) {
+  const int64_t rows = stacked.shape[1], cols = stacked.shape[2];
+  const auto* base = static_cast<const uint8_t*>(stacked.data);
+  return TensorView(base + e * rows * cols * dtype_size(stacked.dtype), stacked.dtype,
+                    {rows, cols});
+}
+
+}  // namespace
+
+MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::string& p) {
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, I = c.moe.expert_intermediate_size;
+  MoeWeights w;
+  w.router = pack_matrix(pack, p + "mlp.router", E, H);
+  w.gate_up_proj = pack_stacked(pack, p + "mlp.experts.gate_up_proj", E, 2 * I, H);
+  w.down_proj = pack_stacked(pack, p + "mlp.experts.down_proj", E, H, I);
+  for (int64_t e = 0; e < E; ++e) {
+    w.expert_gate_up.push_back(expert_slice(w.gate_up_proj, e));
+    w.expert_down.push_back(expert_slice(w.down_proj, e));
+  }
+  if (const int64_t S = c.moe.shared_expert_intermediate; S > 0) {
+    w.has_shared = true;
+    w.shared_gate_up_proj = pack_matrix(pack, p + "mlp.shared_expert.gate_up_proj", 2 * S, H);
+    w.shared_down_proj = pack_matrix(pack, p + "mlp.shared_expert.down_proj", H, S);
+    w.shared_expert_gate = pack_matrix(pack, p + "mlp.shared_expert_gate", 1, H);
+  }
+  return w;
+}
+
+void append_moe_matrices(const MoeWeights& w, std::vector<TensorView>& mats) {
+  mats.push_back(w.router);
+  mats.insert(mats.end(), w.expert_gate_up.begin(), w.expert_gate_up.end());
+  mats.insert(mats.end(), w.expert_down.begin(), w.expert_down.end());
+  if (w.has_shared)
+    mats.insert(mats.end(), {w.shared_gate_up_proj, w.shared_down_proj, w.shared_expert_gate});
+}
+
+MoeBlock::MoeBlock(const ModelConfig& c)
+    : H_(c.hidden_size),
+      E_(c.moe.num_experts),
+      k_(c.moe.top_k),
+      I_(c.moe.expert_intermediate_size),
+      S_(c.moe.shared_expert_intermediate),
+      renormalize_(c.moe.norm_topk_prob) {}
+
+void MoeBlock::reserve(int64_t T) {
+  const int64_t width = std::max(I_, S_);
+  probs_.resize(T * E_);
+  ids_.resize(T * k_);
+  weights_.resize(T * k_);
+  offsets_.resize(E_ + 1);
+  cursor_.resize(E_);
+  rows_.resize(T * k_);
+  row_weight_.resize(T * k_);
+  xg_.resize(T * H_);
+  gate_up_.resize(T * 2 * width);
+  act_.resize(T * width);
+  y_.resize(T * H_);
+  shared_gate_.resize(T);
+}
+
+void MoeBlock::forward(const MoeWeights& w, const float* h, int64_t T, float* out,
+                       const TiledWeights& tiled, ThreadPool* pool) {
+  const int64_t H = H_, E = E_, k = k_, I = I_;
+  // Router: logits, then the float32 softmax and top-k.
+  tiled.matmul(h, H, w.router, probs_.data(), E, T, E, H, pool);
+  moe_route(probs_.data(), E, T, E, k, renormalize_, ids_.data(), weights_.data());
+
+  // Group the (token, weight) pairs by expert (a counting sort: tokens stay
+  // in increasing order within an expert).
+  std::fill(offsets_.begin(), offsets_.end(), 0);
+  for (int64_t i = 0; i < T * k; ++i) ++offsets_[ids_[i] + 1];
+  for (int64_t e = 0; e < E; ++e) offsets_[e + 1] += offsets_[e];
+  std::copy(offsets_.begin(), offsets_.end() - 1, cursor_.begin());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = cursor_[ids_[t * k + j]]++;
+      rows_[slot] = static_cast<int32_t>(t);
+      row_weight_[slot] = weights_[t * k + j];
+    }
+  }
+
+  std::memset(out, 0, static_cast<size_t>(T * H) * sizeof(float));
+  // note: experts in increasing index, so each token sums its experts'
+  // outputs in that order (as transformers' loop over experts does).
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = offsets_[e], n = offsets_[e + 1] - r0;
+    if (n == 0) continue;
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(xg_.data() + r * H, h + rows_[r0 + r] * H,
+                  static_cast<size_t>(H) * sizeof(float));
+    tiled.matmul(xg_.data(), H, w.expert_gate_up[e], gate_up_.data(), 2 * I, n, 2 * I, H, pool);
+    swiglu(gate_up_.data(), 2 * I, act_.data(), I, n, I);
+    tiled.matmul(act_.data(), I, w.expert_down[e], y_.data(), H, n, H, I, pool);
+    moe_scatter_add(out, H, y_.data(), H, rows_.data() + r0, row_weight_.data() + r0, n, H);
+  }
+
+  if (w.has_shared) {
+    const int64_t S = S_;
+    tiled.matmul(h, H, w.shared_gate_up_proj, gate_up_.data(), 2 * S, T, 2 * S, H, pool);
+    swiglu(gate_up_.data(), 2 * S, act_.data(), S, T, S);
+    tiled.matmul(act_.data(), S, w.shared_down_proj, y_.data(), H, T, H, S, pool);
+    tiled.matmul(h, H, w.shared_expert_gate, shared_gate_.data(), 1, T, 1, H, pool);
+    moe_add_gated(out, H, y_.data(), H, shared_gate_.data(), T, H);
+  }
+}
+
+}  // namespace qtk

@@ -1,0 +1,313 @@
+#include "runtime/results_file.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+
+namespace qtk {
+
+namespace {
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+void fsync_directory_of(const std::string& path) {
+  const std::string dir = directory_of(path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;  // note: best effort; the data itself was fsynced
+  ::fsync(dfd);
+  ::close(dfd);
+}
+
+// Overwrites the start of an existing file without growing it, padding with
+// spaces (JSON allows trailing whitespace). note: used when a full disk
+// refuses a new file: rewriting blocks the file already has needs no space.
+bool overwrite_in_place(const std::string& path, std::string data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && static_cast<off_t>(data.size()) <= st.st_size;
+  if (ok) {
+    data.resize(static_cast<size_t>(st.st_size), ' ');
+    if (!data.empty()) data.back() = '\n';
+    ok = ::pwrite(fd, data.data(), data.size(), 0) == static_cast<ssize_t>(data.size());
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+ResultsPaths ResultsPaths::of(const std::string& out, const std::string& meta_override) {
+  ResultsPaths p;
+  p.out = out;
+  p.meta = meta_override.empty() ? out + ".meta.json" : meta_override;
+  p.partial = out + ".partial";
+  p.partial_meta = p.partial + ".meta.json";
+  p.lock = out + ".lock";
+  return p;
+}
+
+void refuse_output_that_is_an_input(
+    const std::string& flag, const std::string& path,
+    const std::vector<std::pair<std::string, std::string>>& inputs) {
+  struct stat o {};
+  // note: stat follows symlinks, so a link to the pack is caught too, and
+  // a hard link shares the inode.
+  if (::stat(path.c_str(), &o) != 0) return;
+  for (const auto& [in_flag, in] : inputs) {
+    if (in == "-") continue;  // stdin
+    struct stat i {};
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
+      fail(
+          "{}: generate would write {}, which is the {} file {} (the same file, by inode after "
+          "symlinks); refusing to overwrite an input",
+          flag, path, in_flag, in);
+    }
+  }
+}
+
+void refuse_outputs_that_are_inputs(
+    const ResultsPaths& paths, const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (paths.out.empty() || paths.out.back() == '/')
+    fail("--out: expected a file name, found \"{}\"", paths.out);
+  struct stat st {};
+  const std::string dir = directory_of(paths.out);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail("{}: cannot write the results: directory {} does not exist", paths.out, dir);
+  if (::stat(paths.out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    fail("--out {}: is a directory; expected a file name", paths.out);
+  for (const std::string& out :
+       {paths.out, paths.meta, paths.partial, paths.partial_meta, paths.lock}) {
+    refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
+  }
+}
+
+OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {
+  // note: the lock file is removed at exit, so a process may lock a file that
+  // was just unlinked by the previous holder; the inode check after flock
+  // catches that and starts over on the new file.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail_errno(fmt::format("{}: cannot create the lock file {}", out, path_));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      if (err != EWOULDBLOCK) {
+        errno = err;
+        fail_errno(fmt::format("{}: cannot lock {}", out, path_));
+      }
+      const long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+      fail(
+          "{}: another generate (pid {}) is writing these results (it holds {}); wait for it to "
+          "finish or stop it",
+          out, pid > 0 ? std::to_string(pid) : std::string("unknown"), path_);
+    }
+    struct stat by_fd {
+    }, by_path{};
+    if (::fstat(fd_, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 &&
+        by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino) {
+      const std::string pid = fmt::format("{}\n", ::getpid());
+      if (::ftruncate(fd_, 0) != 0 ||
+          ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+        // note: the lock holds without the pid; a second process then says "unknown".
+      }
+      return;
+    }
+    ::close(fd_);
+    fd_ = -1;
+  }
+  fail("{}: cannot lock {}: it keeps being replaced", out, path_);
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // note: while still holding the lock (see the constructor)
+  ::close(fd_);
+}
+
+ResumeSource choose_start(const ResultsPaths& paths, StartMode mode) {
+  const bool have_out = exists(paths.out), have_partial = exists(paths.partial);
+  switch (mode) {
+    case StartMode::kForce:
+      return {};
+    case StartMode::kFresh:
+      if (have_out && have_partial) {
+        fail(
+            "{}: already exists, and an interrupted run left its first results in {} (pass "
+            "--resume to finish that run, or --force to start over)",
+            paths.out, paths.partial);
+      }
+      if (have_out) {
+        fail(
+            "{}: already exists (pass --force to replace it, or --resume to finish an "
+            "interrupted run into it)",
+            paths.out);
+      }
+      if (have_partial) {
+        fail(
+            "{}: an interrupted run left its first results in {} (pass --resume to finish it, "
+            "or --force to start over)",
+            paths.out, paths.partial);
+      }
+      return {};
+    case StartMode::kResume:
+      if (have_partial) return {true, paths.partial, paths.partial_meta};
+      if (have_out) return {true, paths.out, paths.meta};
+      return {};
+  }
+  return {};
+}
+
+void write_all(int fd, const std::string& data, const std::string& what) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_errno(fmt::format("{}: write failed", what));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& data) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot create it", path));
+  try {
+    write_all(fd, data, path);
+    if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", path));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail_errno(fmt::format("{}: cannot move the new file into place", path));
+  }
+}
+
+ResultsWriter::ResultsWriter(const ResultsPaths& paths, nlohmann::json meta)
+    : paths_(paths), work_(paths.partial), work_meta_(paths.partial_meta), meta_(std::move(meta)) {
+  // note: the header goes first, so a killed run always leaves one for --resume.
+  meta_["status"] = "running";
+  write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+  open_for_append(work_, 0, true);
+}
+
+ResultsWriter::ResultsWriter(const ResultsPaths& paths, const ResumeSource& source,
+                             nlohmann::json meta, uint64_t keep_bytes)
+    : paths_(paths), work_(source.path), work_meta_(source.meta), meta_(std::move(meta)) {
+  meta_["status"] = "running";
+  write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+  open_for_append(work_, keep_bytes, false);
+}
+
+ResultsWriter::ResultsWriter(int fd, const std::string& meta_path, nlohmann::json meta)
+    : paths_(ResultsPaths::of("-", meta_path)),
+      work_("-"),
+      work_meta_(meta_path),
+      meta_(std::move(meta)),
+      fd_(fd),
+      stream_(true) {
+  meta_["status"] = "running";
+  if (!work_meta_.empty()) write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+}
+
+void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes, bool create) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0644);
+  if (fd_ < 0) {
+    mark_failed();
+    fail_errno(fmt::format("{}: cannot open the results for writing", paths_.out));
+  }
+  // Drop a trailing partial line left by a kill.
+  if (::ftruncate(fd_, static_cast<off_t>(keep_bytes)) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {
+    mark_failed();
+    fail_errno(fmt::format("{}: cannot cut the partial last line", paths_.out));
+  }
+  complete_bytes_ = keep_bytes;
+}
+
+void ResultsWriter::append(const std::string& line) {
+  std::string data = line;
+  data += '\n';
+  write_all(fd_, data, paths_.out);
+  complete_bytes_ += data.size();
+}
+
+void ResultsWriter::complete(const nlohmann::json& stats) {
+  meta_["status"] = "complete";
+  meta_["stats"] = stats;
+  const std::string text = meta_.dump(2) + "\n";
+  if (stream_) {
+    if (!work_meta_.empty()) write_file_atomic(work_meta_, text);
+    done_ = true;
+    return;
+  }
+  if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync failed", paths_.out));
+  // note: the final header is written before the results are renamed: a kill
+  // between the two leaves OUT.partial, which --resume then finishes (all
+  // its lines are there) and renames.
+  write_file_atomic(paths_.meta, text);
+  if (work_ != paths_.out) {
+    if (::rename(work_.c_str(), paths_.out.c_str()) != 0)
+      fail_errno(fmt::format("{}: cannot move the completed results into place", paths_.out));
+    ::unlink(work_meta_.c_str());
+  }
+  fsync_directory_of(paths_.out);
+  done_ = true;
+}
+
+void ResultsWriter::mark_failed() noexcept {
+  try {
+    if (stream_ && work_meta_.empty()) return;
+    if (fd_ >= 0 && !stream_) {
+      // note: a write that failed half-way (a full disk) leaves part of a
+      // line; --resume would drop it, but the file should hold only
+      // complete lines now.
+      if (::ftruncate(fd_, static_cast<off_t>(complete_bytes_)) != 0) {
+      }
+    }
+    meta_["status"] = "failed";
+    if (!failure_.empty()) meta_["error"] = failure_;
+    try {
+      write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+    } catch (...) {
+      meta_.erase("error");
+      overwrite_in_place(work_meta_, meta_.dump(2) + "\n");
+    }
+  } catch (...) {
+  }
+}
+
+ResultsWriter::~ResultsWriter() {
+  if (!done_) mark_failed();
+  if (fd_ >= 0 && !stream_) ::close(fd_);
+}
+
+}  // namespace qtk

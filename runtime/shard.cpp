@@ -1,0 +1,202 @@
+#include "runtime/shard.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "loaders/error.h"
+#include "runtime/generate_resume.h"
+#include "runtime/results_file.h"
+
+namespace qtk {
+
+namespace {
+
+constexpr int64_t kMaxShards = 1000000;
+
+// A whole decimal number in 0..max, or -1.
+int64_t whole_number(std::string_view s, int64_t max) {
+  int64_t v = -1;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty() || v < 0 || v > max) return -1;
+  return v;
+}
+
+ShardSpec checked(const std::string& flag, int64_t k, int64_t n, const std::string& found) {
+  if (n < 1 || k < 0 || k >= n)
+    fail("{}: expected K/N with 0 <= K < N <= {} (or auto), found {}", flag, kMaxShards, found);
+  return ShardSpec{k, n};
+}
+
+// One environment variable as a whole number, or -1 when unset.
+int64_t env_number(const std::string& flag, const std::function<const char*(const char*)>& getenv,
+                   const char* name) {
+  const char* v = getenv(name);
+  if (v == nullptr) return -1;
+  const int64_t n = whole_number(v, kMaxShards);
+  if (n < 0)
+    fail("{} auto: environment variable {}: expected a whole number, found \"{}\"", flag, name, v);
+  return n;
+}
+
+}  // namespace
+
+ShardSpec parse_shard(const std::string& flag, const std::string& text,
+                      const std::function<const char*(const char*)>& getenv) {
+  if (text == "auto") {
+    const int64_t id = env_number(flag, getenv, "SLURM_ARRAY_TASK_ID");
+    if (id >= 0) {
+      const int64_t count = env_number(flag, getenv, "SLURM_ARRAY_TASK_COUNT");
+      const int64_t min = std::max<int64_t>(0, env_number(flag, getenv, "SLURM_ARRAY_TASK_MIN"));
+      if (count < 0)
+        fail("{} auto: SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not", flag);
+      // note: an array --array=1-4 numbers its tasks from 1; the shard index
+      // counts from the array's first task. A stepped or sparse array
+      // (--array=0-7:2, 1,5,9) is not one shard per task: refused below
+      // when the index falls outside 0..count-1.
+      return checked(flag, id - min, count,
+                     fmt::format("task {} of a {}-task array starting at {}", id, count, min));
+    }
+    const int64_t index = env_number(flag, getenv, "JOB_COMPLETION_INDEX");
+    if (index >= 0) {
+      const int64_t count = env_number(flag, getenv, "QTK_SHARD_COUNT");
+      if (count < 0)
+        fail(
+            "{} auto: JOB_COMPLETION_INDEX is set but QTK_SHARD_COUNT is not (set it to the "
+            "Indexed Job's completions)",
+            flag);
+      return checked(flag, index, count, fmt::format("index {} of {}", index, count));
+    }
+    fail(
+        "{} auto: found neither SLURM_ARRAY_TASK_ID (a Slurm job array) nor "
+        "JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) in the environment",
+        flag);
+  }
+  const size_t slash = text.find('/');
+  if (slash == std::string::npos)
+    fail("{}: expected K/N (0-based shard K of N) or auto, found \"{}\"", flag, text);
+  const int64_t k = whole_number(std::string_view(text).substr(0, slash), kMaxShards);
+  const int64_t n = whole_number(std::string_view(text).substr(slash + 1), kMaxShards);
+  return checked(flag, k, n, fmt::format("\"{}\"", text));
+}
+
+nlohmann::json shard_json(const ShardSpec& s, int64_t lines_total,
+                          const std::string& batch_digest) {
+  return {{"index", s.index},
+          {"count", s.count},
+          {"lines_total", lines_total},
+          {"lines", s.lines_of(lines_total)},
+          {"rule", "input lines whose 0-based position modulo count is index"},
+          {"batch_digest", batch_digest}};
+}
+
+namespace {
+
+struct ShardFile {
+  std::string path;
+  nlohmann::json meta;
+  ShardSpec spec;
+  std::vector<std::string_view> lines;
+  std::string text;  // owns `lines`
+};
+
+ShardFile load_shard(const std::string& path) {
+  ShardFile f;
+  f.path = path;
+  const std::string meta_path = path + ".meta.json";
+  f.meta =
+      nlohmann::json::parse(read_whole_file(meta_path, "the shard's meta file"), nullptr, false);
+  if (f.meta.is_discarded() || !f.meta.is_object())
+    fail("{}: expected the JSON meta file generate writes next to {}, found malformed JSON",
+         meta_path, path);
+  const nlohmann::json* shard = f.meta.contains("shard") ? &f.meta["shard"] : nullptr;
+  if (!shard || !shard->is_object() || !(*shard)["index"].is_number_integer() ||
+      !(*shard)["count"].is_number_integer() || !(*shard)["lines_total"].is_number_integer())
+    fail("{}: field 'shard': expected the record of a `generate --shard K/N` run, found {}",
+         meta_path, shard ? shard->dump() : "nothing (not a shard)");
+  f.spec = ShardSpec{(*shard)["index"].get<int64_t>(), (*shard)["count"].get<int64_t>()};
+  const std::string status = f.meta.value("status", std::string());
+  if (status != "complete")
+    fail(
+        "{}: field 'status': expected \"complete\", found \"{}\" (finish the shard with "
+        "`generate --shard {}/{} --resume` first)",
+        meta_path, status, f.spec.index, f.spec.count);
+  f.text = read_whole_file(path, "the shard's results");
+  if (!f.text.empty() && f.text.back() != '\n')
+    fail("{}: the last line is incomplete (the shard did not finish)", path);
+  f.lines = split_lines(f.text);
+  return f;
+}
+
+// The meta fields that must agree between the shards of one job.
+const char* const kSameInEveryShard[] = {
+    "/pack/digest",         "/settings/max_tokens_default",
+    "/settings/ignore_eos", "/settings/margins",
+    "/settings/device",     "/settings/precision",
+    "/shard/count",         "/shard/lines_total",
+    "/shard/batch_digest",
+};
+
+}  // namespace
+
+void run_merge(const MergeOptions& o) {
+  if (o.shards.empty()) fail("merge: expected OUT.jsonl and at least one SHARD.jsonl");
+  struct stat st {};
+  if (!o.force && ::stat(o.out.c_str(), &st) == 0)
+    fail("{}: already exists (pass --force to replace it)", o.out);
+  std::vector<ShardFile> shards;
+  for (const std::string& p : o.shards) shards.push_back(load_shard(p));
+
+  const ShardFile& first = shards.front();
+  for (const ShardFile& s : shards) {
+    for (const char* field : kSameInEveryShard) {
+      const nlohmann::json::json_pointer ptr(field);
+      const nlohmann::json a = first.meta.value(ptr, nlohmann::json());
+      const nlohmann::json b = s.meta.value(ptr, nlohmann::json());
+      if (a != b)
+        fail("{}.meta.json: field '{}' is {}, but {} has {} (the shards are not of one job)",
+             s.path, std::string(field).substr(1), b.dump(), first.path, a.dump());
+    }
+  }
+  const int64_t count = first.spec.count;
+  const int64_t total = first.meta["shard"]["lines_total"].get<int64_t>();
+  std::map<int64_t, const ShardFile*> by_index;
+  for (const ShardFile& s : shards) {
+    auto [it, fresh] = by_index.emplace(s.spec.index, &s);
+    if (!fresh)
+      fail("{}: shard {}/{} is given twice (also {})", s.path, s.spec.index, count,
+           it->second->path);
+    const int64_t want = s.spec.lines_of(total);
+    if (static_cast<int64_t>(s.lines.size()) != want)
+      fail("{}: expected {} result lines for shard {}/{} of {} input lines, found {}", s.path, want,
+           s.spec.index, count, total, s.lines.size());
+  }
+  for (int64_t k = 0; k < count; ++k)
+    if (!by_index.count(k))
+      fail("merge: shard {}/{} is missing (given: {} of {} shards)", k, count, by_index.size(),
+           count);
+
+  std::string merged;
+  for (int64_t i = 0; i < total; ++i) {
+    const ShardFile& s = *by_index[i % count];
+    merged.append(s.lines[static_cast<size_t>(i / count)]);
+    merged.push_back('\n');
+  }
+  nlohmann::json meta = first.meta;
+  meta.erase("shard");
+  meta["merged_from"] = nlohmann::json::array();
+  for (const auto& [k, s] : by_index)
+    meta["merged_from"].push_back({{"shard", k}, {"path", s->path}});
+  meta["stats"] = {{"lines", total}};
+  meta["status"] = "complete";
+  // note: the results first: a meta file saying complete never points at a
+  // results file that is not there.
+  write_file_atomic(o.out, merged);
+  write_file_atomic(o.out + ".meta.json", meta.dump(2) + "\n");
+}
+
+}  // namespace qtk

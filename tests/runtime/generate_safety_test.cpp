@@ -1,0 +1,465 @@
+// Issue 20: golden files are never lost, mixed or silently wrong. Each test
+// names the numbered item of the issue it covers; each fails on the code
+// before the fix (which overwrote inputs, replaced results silently, let two
+// runs interleave, resumed from another prompts file, ignored unknown
+// request fields and exited 0 with failed lines).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tests/runtime/test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qtk::rt_test {
+namespace {
+
+using namespace std::string_literals;
+
+const char* kTiny = "tests/data/models/qwen3-tiny";
+
+std::string prompts(int n, int seed = 0) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> ids;
+    for (int k = 0; k < 3 + (i * 7) % 20; ++k) ids.push_back((seed + i * 31 + k * 17) % 512);
+    s += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 4 + i % 5}}.dump() +
+         "\n";
+  }
+  return s;
+}
+
+std::string batch_file(const std::string& name, const std::string& text) {
+  const std::string path = work_dir() + "/" + name;
+  write_text(path, text);
+  return path;
+}
+
+// Item 1: an output path that is an input (directly, by a symlink or a hard
+// link) is refused before anything is opened for writing.
+TEST(GenerateSafety, Item1_OutputThatIsAnInputIsRefused) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("alias.jsonl", prompts(2));
+  const std::string pack_bytes = read_text(pack), in_bytes = read_text(in);
+  const std::string link = work_dir() + "/alias.link.jsonl";
+  const std::string hard = work_dir() + "/alias.hard.pack";
+  std::filesystem::create_symlink(in, link);
+  std::filesystem::create_hard_link(pack, hard);
+  for (const auto& [out, input] : std::vector<std::pair<std::string, std::string>>{
+           {pack, "--model"}, {in, "--batch"}, {link, "--batch"}, {hard, "--model"}}) {
+    SCOPED_TRACE(out);
+    for (const char* flags : {"", "--force", "--resume"}) {
+      RunResult r = generate(pack, in, out, flags);
+      EXPECT_EQ(r.status, 1) << flags << ": " << r.err;
+      EXPECT_NE(r.err.find(input), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("same file"), std::string::npos) << r.err;
+    }
+    EXPECT_FALSE(std::filesystem::exists(out + ".meta.json"));
+  }
+  EXPECT_EQ(read_text(pack), pack_bytes);
+  EXPECT_EQ(read_text(in), in_bytes);
+  // The run header path is an output too.
+  const std::string meta_alias = work_dir() + "/meta_alias.jsonl";
+  std::filesystem::create_symlink(in, meta_alias + ".meta.json");
+  RunResult m = generate(pack, in, meta_alias, "");
+  EXPECT_EQ(m.status, 1) << m.err;
+  EXPECT_EQ(read_text(in), in_bytes);
+}
+
+// Item 2: an existing --out is refused without --force or --resume; a failed
+// --force run leaves the previous results and header untouched.
+TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
+  const std::string pack = pack_of(kTiny);
+  const std::string a = batch_file("exist.a.jsonl", prompts(3, 0));
+  const std::string b = batch_file("exist.b.jsonl", prompts(3, 7));
+  const std::string out = work_dir() + "/exist.results.jsonl";
+  ASSERT_EQ(generate(pack, a, out, "").status, 0);
+  const std::string first = read_text(out), first_meta = read_text(out + ".meta.json");
+
+  RunResult again = generate(pack, b, out, "");
+  EXPECT_EQ(again.status, 1) << again.err;
+  EXPECT_NE(again.err.find("already exists"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("--force"), std::string::npos) << again.err;
+  EXPECT_EQ(read_text(out), first);
+  EXPECT_EQ(read_text(out + ".meta.json"), first_meta);
+
+  // A --force run that fails half-way (a 4 KB file-size limit; its header
+  // fits, its results do not) keeps the old file and header.
+  const std::string big = batch_file("exist.big.jsonl", prompts(100, 3));
+  RunResult full =
+      run(fmt::format("ulimit -f 8; {} --model {} --batch {} --out {} --force --margins",
+                      QTK_GENERATE_BIN, pack, big, out));
+  EXPECT_EQ(full.status, 1) << full.err;
+  EXPECT_EQ(read_text(out), first) << "a failed --force run changed the previous results";
+  EXPECT_EQ(read_text(out + ".meta.json"), first_meta);
+  ASSERT_TRUE(std::filesystem::exists(out + ".partial.meta.json"));
+  EXPECT_EQ(load_json(out + ".partial.meta.json")["status"], "failed");
+
+  // Then without a flag: the partial results are named, not overwritten.
+  RunResult named = generate(pack, big, out, "--margins");
+  EXPECT_EQ(named.status, 1);
+  EXPECT_NE(named.err.find(".partial"), std::string::npos) << named.err;
+
+  // --force replaces it once the new run completes; nothing else is left.
+  ASSERT_EQ(generate(pack, b, out, "--force").status, 0);
+  EXPECT_NE(read_text(out), first);
+  EXPECT_EQ(load_json(out + ".meta.json")["status"], "complete");
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial.meta.json"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
+}
+
+// Item 3: a second generate on the same --out exits 1 naming the holder.
+// note: the test process holds the lock itself (as a first generate would),
+// so the outcome does not depend on timing two runs.
+TEST(GenerateSafety, Item3_SecondWriterIsRefusedNamingTheHolder) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("lock.jsonl", prompts(2));
+  const std::string out = work_dir() + "/lock.results.jsonl";
+  const int fd = ::open((out + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string pid = std::to_string(::getpid());
+  ASSERT_EQ(::write(fd, pid.data(), pid.size()), static_cast<ssize_t>(pid.size()));
+  RunResult r = generate(pack, in, out, "--force");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("pid " + pid), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+  ::close(fd);  // the holder is gone: the next run proceeds
+  RunResult ok = generate(pack, in, out, "");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
+}
+
+// Flips one byte of a STORED zip entry's data, found through its local header.
+void flip_byte_in_entry(const std::string& zip, const std::string& entry, size_t offset) {
+  std::string bytes = read_text(zip);
+  const size_t name_at = bytes.find(entry);
+  ASSERT_NE(name_at, std::string::npos);
+  const size_t header = name_at - 30;
+  ASSERT_EQ(bytes.compare(header, 4, "PK\x03\x04"), 0);
+  auto u16 = [&](size_t at) {
+    return static_cast<size_t>(static_cast<unsigned char>(bytes[at])) |
+           static_cast<size_t>(static_cast<unsigned char>(bytes[at + 1])) << 8;
+  };
+  const size_t data = name_at + u16(header + 26) + u16(header + 28);
+  bytes[data + offset] = static_cast<char>(bytes[data + offset] ^ 0x5a);
+  write_text(zip, bytes);
+}
+
+// Item 6: every tensor's checksum is verified at load unless --no-verify,
+// and the choice is recorded in the run header.
+TEST(GenerateSafety, Item6_CorruptTensorIsRefusedAtLoad) {
+  const std::string pack = pack_of(kTiny);
+  const std::string bad = work_dir() + "/corrupt.pack";
+  std::filesystem::copy_file(pack, bad);
+  flip_byte_in_entry(bad, "tensors/layers.0.self_attn.o_proj", 100);
+  const std::string in = batch_file("verify.jsonl", prompts(2));
+  const std::string out = work_dir() + "/verify.results.jsonl";
+  RunResult r = generate(bad, in, out, "");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("layers.0.self_attn.o_proj"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial.meta.json"));
+
+  RunResult skip = generate(bad, in, out, "--no-verify");
+  EXPECT_EQ(skip.status, 0) << skip.err;
+  EXPECT_EQ(load_json(out + ".meta.json")["settings"]["verify_checksums"], false);
+  const std::string clean = work_dir() + "/verify.clean.jsonl";
+  ASSERT_EQ(generate(pack, in, clean, "").status, 0);
+  EXPECT_EQ(load_json(clean + ".meta.json")["settings"]["verify_checksums"], true);
+}
+
+// Item 7: --resume refuses a different prompts file with the same ids.
+TEST(GenerateSafety, Item7_ResumeRefusesAnotherPromptsFile) {
+  const std::string pack = pack_of(kTiny);
+  const std::string text = prompts(6);
+  const std::string in = batch_file("digest.jsonl", text);
+  const std::string full = work_dir() + "/digest.full.jsonl";
+  ASSERT_EQ(generate(pack, in, full, "").status, 0);
+  const std::string expected = read_text(full);
+  const std::string part = work_dir() + "/digest.part.jsonl";
+  write_text(part, expected.substr(0, expected.find('\n') + 1));
+  std::filesystem::copy_file(full + ".meta.json", part + ".meta.json");
+  // Line 3 changed, ids kept (default line-number ids would behave the same).
+  auto lines = read_jsonl(in);
+  lines[2]["prompt_token_ids"][0] = 99;
+  std::string changed;
+  for (const auto& l : lines) changed += l.dump() + "\n";
+  const std::string other = batch_file("digest.other.jsonl", changed);
+  RunResult r = generate(pack, other, part, "--resume");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
+  // One line more is another file too.
+  const std::string longer = batch_file("digest.longer.jsonl", text + prompts(1, 5));
+  RunResult l = generate(pack, longer, part, "--resume");
+  EXPECT_EQ(l.status, 1) << l.err;
+  EXPECT_EQ(read_text(part), expected.substr(0, expected.find('\n') + 1));
+  // The same file resumes to the uninterrupted result.
+  ASSERT_EQ(generate(pack, in, part, "--resume").status, 0);
+  EXPECT_EQ(read_text(part), expected);
+}
+
+// Item 8: max_new_tokens is max_tokens; an unknown field is a per-line error
+// naming it unless --allow-unknown-fields (recorded in the run header).
+TEST(GenerateSafety, Item8_RequestFieldContract) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file(
+      "fields.jsonl",
+      "{\"id\": \"mnt\", \"prompt_token_ids\": [1, 2], \"max_new_tokens\": 2}\n"
+      "{\"id\": \"same\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 3, \"max_new_tokens\": 3}\n"
+      "{\"id\": \"differ\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 3, \"max_new_tokens\": "
+      "4}\n"
+      "{\"id\": \"temp\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 2, \"temperature\": 0.7}\n"
+      "{\"id\": \"chat\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 2, \"enable_thinking\": "
+      "false, \"chat_template_kwargs\": {}}\n");
+  const std::string out = work_dir() + "/fields.results.jsonl";
+  RunResult r = generate(pack, in, out, "--ignore-eos");
+  EXPECT_EQ(r.status, 3) << r.err;
+  auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 5u);
+  EXPECT_EQ(res[0]["output_token_ids"].size(), 2u) << res[0];
+  EXPECT_EQ(res[1]["output_token_ids"].size(), 3u) << res[1];
+  ASSERT_TRUE(res[2].contains("error")) << res[2];
+  EXPECT_NE(res[2]["error"].get<std::string>().find("max_new_tokens"), std::string::npos);
+  ASSERT_TRUE(res[3].contains("error")) << res[3];
+  EXPECT_NE(res[3]["error"].get<std::string>().find("'temperature'"), std::string::npos) << res[3];
+  EXPECT_FALSE(res[4].contains("error")) << res[4];
+  EXPECT_EQ(load_json(out + ".meta.json")["settings"]["allow_unknown_fields"], false);
+
+  const std::string out2 = work_dir() + "/fields.allowed.jsonl";
+  RunResult a = generate(pack, in, out2, "--ignore-eos --allow-unknown-fields");
+  EXPECT_EQ(a.status, 3) << a.err;  // "differ" still fails
+  res = read_jsonl(out2);
+  EXPECT_EQ(res[3]["output_token_ids"].size(), 2u) << res[3];
+  const auto meta = load_json(out2 + ".meta.json");
+  EXPECT_EQ(meta["settings"]["allow_unknown_fields"], true);
+  EXPECT_EQ(meta["unknown_fields_ignored"], nlohmann::json({"temperature"}));
+}
+
+// Item 9: exit 3 and a one-line summary when lines failed, even all of them;
+// an empty prompts file is refused; compare of two empty files is not OK.
+TEST(GenerateSafety, Item9_FailedLinesAreNotExitZero) {
+  const std::string pack = pack_of(kTiny);
+  const std::string binary =
+      batch_file("binary.jsonl", "\x1f\x8b\x08\x00\xff\x01"s + "\n\x01\x02\x03\n");
+  const std::string out = work_dir() + "/binary.results.jsonl";
+  RunResult r = generate(pack, binary, out, "");
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_NE(r.err.find("2 lines: 0 ok, 2 failed"), std::string::npos) << r.err;
+
+  const std::string empty = batch_file("empty.jsonl", "");
+  RunResult e = generate(pack, empty, work_dir() + "/empty.results.jsonl", "");
+  EXPECT_EQ(e.status, 1) << e.err;
+  EXPECT_NE(e.err.find("empty"), std::string::npos) << e.err;
+  EXPECT_FALSE(std::filesystem::exists(work_dir() + "/empty.results.jsonl"));
+
+  RunResult c = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, empty, empty));
+  EXPECT_EQ(c.status, 1) << c.out << c.err;
+  EXPECT_EQ(c.out.find("OK"), std::string::npos) << c.out;
+
+  // Success: exit 0 and the summary.
+  const std::string good = batch_file("good.jsonl", prompts(2));
+  RunResult g = generate(pack, good, work_dir() + "/good.results.jsonl", "");
+  EXPECT_EQ(g.status, 0) << g.err;
+  EXPECT_NE(g.err.find("2 lines: 2 ok, 0 failed"), std::string::npos) << g.err;
+}
+
+// Item 10: --max-tokens INT64_MAX must not overflow the cache sizing (it
+// made the context length 2: long prompts were refused, short ones stopped
+// after one token).
+TEST(GenerateSafety, Item10_HugeMaxTokensRunsToTheContextEnd) {
+  const std::string pack = pack_of(kTiny);
+  std::vector<int> ids(4000, 7);
+  const std::string in = batch_file(
+      "huge.jsonl",
+      nlohmann::json{{"id", "long"}, {"prompt_token_ids", ids}}.dump() + "\n" +
+          nlohmann::json{{"id", "short"}, {"prompt_token_ids", {1}}, {"max_tokens", 3}}.dump() +
+          "\n");
+  const std::string out = work_dir() + "/huge.results.jsonl";
+  RunResult r = generate(pack, in, out, "--ignore-eos --max-tokens 9223372036854775807");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 2u);
+  ASSERT_FALSE(res[0].contains("error")) << res[0];
+  EXPECT_EQ(res[0]["output_token_ids"].size(), 4096u - 4000u) << res[0]["finish_reason"];
+  EXPECT_EQ(res[1]["output_token_ids"].size(), 3u);
+}
+
+// Item 13: a raw NUL byte after a JSON object is an error, not a hidden tail.
+TEST(GenerateSafety, Item13_RawNulIsRejected) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in =
+      batch_file("nul.jsonl", "{\"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\0{\"x\": 1}\n"s +
+                                  "{\"prompt_token_ids\": [3], \"max_tokens\": 1}\n");
+  const std::string out = work_dir() + "/nul.results.jsonl";
+  RunResult r = generate(pack, in, out, "");
+  EXPECT_EQ(r.status, 3) << r.err;
+  const auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 2u);
+  ASSERT_TRUE(res[0].contains("error")) << res[0];
+  EXPECT_NE(res[0]["error"].get<std::string>().find("NUL"), std::string::npos) << res[0];
+  EXPECT_FALSE(res[1].contains("error")) << res[1];
+}
+
+// Item 14: `-` reads the prompts from stdin and writes the results to
+// stdout; the run header then goes to --meta PATH, or nowhere.
+TEST(GenerateSafety, Item14_StdinAndStdout) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("stdio.jsonl", prompts(3));
+  const std::string file_out = work_dir() + "/stdio.file.jsonl";
+  ASSERT_EQ(generate(pack, in, file_out, "").status, 0);
+  const std::string expected = read_text(file_out);
+
+  const std::string from_stdin = work_dir() + "/stdio.stdin.jsonl";
+  RunResult a = run(
+      fmt::format("{} --model {} --batch - --out {} < {}", QTK_GENERATE_BIN, pack, from_stdin, in));
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(read_text(from_stdin), expected);
+  EXPECT_EQ(load_json(from_stdin + ".meta.json")["batch"], "-");
+
+  const std::string meta = work_dir() + "/stdio.header.json";
+  RunResult b = run(
+      fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack, in, meta));
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(b.out, expected);
+  EXPECT_EQ(load_json(meta)["status"], "complete");
+  EXPECT_FALSE(std::filesystem::exists("-"));
+  EXPECT_FALSE(std::filesystem::exists("-.meta.json"));
+
+  RunResult c =
+      run(fmt::format("{} --model {} --batch - --out - < {}", QTK_GENERATE_BIN, pack, in));
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(c.out, expected);
+
+  RunResult r =
+      run(fmt::format("{} --model {} --batch {} --out - --resume", QTK_GENERATE_BIN, pack, in));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+}
+
+// Item 15: one summary line at the end of every run; --progress counts
+// tokens (the ETA comes from them).
+TEST(GenerateSafety, Item15_SummaryAndTokenProgress) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("summary.jsonl", prompts(4) + "{\"prompt_token_ids\": []}\n");
+  RunResult r =
+      generate(pack, in, work_dir() + "/summary.results.jsonl", "--ignore-eos --progress");
+  EXPECT_EQ(r.status, 3) << r.err;
+  // The last stderr line is the summary.
+  const std::string last = r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("generate: 5 lines: 4 ok, 1 failed; ", 0), 0u) << r.err;
+  EXPECT_NE(last.find("generated tokens in"), std::string::npos) << last;
+  EXPECT_NE(last.find("tok/s"), std::string::npos) << last;
+  EXPECT_NE(last.find("wall time"), std::string::npos) << last;
+  // prompts(4): budgets 4..7 tokens, all generated with --ignore-eos.
+  int64_t prompt_tokens = 0;
+  for (const auto& l : read_jsonl(in))
+    prompt_tokens += l.contains("max_tokens") ? l["prompt_token_ids"].size() : 0;
+  const int64_t work = prompt_tokens + 4 + 5 + 6 + 7;
+  EXPECT_NE(r.err.find(fmt::format("{}/{} tokens", work, work)), std::string::npos) << r.err;
+}
+
+// Item 16: --logprobs K gives the K most likely (id, logprob) per step, from
+// the same logits as the greedy choice, bit-identical however scheduled.
+TEST(GenerateSafety, Item16_LogprobsAreScheduleInvariant) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = batch_file("logprobs.jsonl", prompts(12));
+  const std::string alone = work_dir() + "/logprobs.alone.jsonl";
+  const std::string mixed = work_dir() + "/logprobs.mixed.jsonl";
+  ASSERT_EQ(generate(pack, in, alone, "--logprobs 5 --margins --max-num-seqs 1 --threads 1").status,
+            0);
+  ASSERT_EQ(generate(pack, in, mixed,
+                     "--logprobs 5 --margins --max-batched-tokens 7 --threads 2 --block-size 4")
+                .status,
+            0);
+  EXPECT_EQ(read_text(alone), read_text(mixed));
+  for (const auto& r : read_jsonl(alone)) {
+    ASSERT_EQ(r["logprobs"].size(), r["output_token_ids"].size()) << r;
+    for (size_t step = 0; step < r["logprobs"].size(); ++step) {
+      const auto& top = r["logprobs"][step];
+      ASSERT_EQ(top.size(), 5u);
+      EXPECT_EQ(top[0][0], r["output_token_ids"][step]) << "top-1 is the greedy token";
+      double mass = 0.0;
+      for (size_t j = 0; j < top.size(); ++j) {
+        const double lp = top[j][1].get<double>();
+        EXPECT_LE(lp, 0.0);
+        if (j > 0) {
+          EXPECT_LE(lp, top[j - 1][1].get<double>());
+        }
+        mass += std::exp(lp);
+      }
+      EXPECT_LE(mass, 1.0 + 1e-5);
+      // logprob(top1) - logprob(top2) is the margin, up to float rounding.
+      EXPECT_NEAR(top[0][1].get<double>() - top[1][1].get<double>(),
+                  r["top1_margin"][step].get<double>(), 1e-4);
+    }
+  }
+  EXPECT_EQ(load_json(alone + ".meta.json")["settings"]["logprobs"], 5);
+  RunResult bad = generate(pack, in, work_dir() + "/logprobs.bad.jsonl", "--logprobs 21");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--logprobs"), std::string::npos) << bad.err;
+}
+
+// Item 17: output_text is the decode of every output token, a final stop
+// token included, like output_token_ids.
+TEST(GenerateSafety, Item17_OutputTextIncludesTheStopToken) {
+  const std::string pack = pack_of("samples/qwen3-sample");
+  ASSERT_FALSE(pack.empty());
+  const std::string in =
+      batch_file("stoptext.jsonl", "{\"id\": \"x\", \"prompt\": \"def add(a, b):\\n\"}\n");
+  const std::string free_run = work_dir() + "/stoptext.free.jsonl";
+  ASSERT_EQ(generate(pack, in, free_run, "--max-tokens 8 --ignore-eos").status, 0);
+  const auto ids = read_jsonl(free_run).at(0)["output_token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 8u);
+  // Stop at the token generated at step 4 (its first occurrence).
+  const int32_t stop = ids[3];
+  const size_t first = static_cast<size_t>(std::find(ids.begin(), ids.end(), stop) - ids.begin());
+  write_text(in,
+             nlohmann::json{{"id", "x"}, {"prompt", "def add(a, b):\n"}, {"stop_token_ids", {stop}}}
+                     .dump() +
+                 "\n");
+  const std::string out = work_dir() + "/stoptext.jsonl.out";
+  ASSERT_EQ(generate(pack, in, out, "--max-tokens 8 --ignore-eos").status, 0);
+  const auto res = read_jsonl(out).at(0);
+  ASSERT_EQ(res["finish_reason"], "stop") << res;
+  const auto got = res["output_token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(got.size(), first + 1);
+  const Tokenizer tok = Tokenizer::from_json_text(
+      read_text(src("samples/qwen3-sample/tokenizer.json")), "tokenizer.json");
+  const std::string stop_text = tok.decode(std::vector<int32_t>{stop});
+  ASSERT_FALSE(stop_text.empty());
+  EXPECT_EQ(res["output_text"], tok.decode(got)) << res;
+}
+
+// Item 18: messages name what the user gave, never a temporary file, and say
+// what a checkpoint directory or a GGUF file is.
+TEST(GenerateSafety, Item18_MessagesNameWhatTheUserGave) {
+  const std::string in = batch_file("msg.jsonl", prompts(1));
+  RunResult dir = generate(src(kTiny), in, work_dir() + "/msg.dir.jsonl", "");
+  EXPECT_EQ(dir.status, 1);
+  EXPECT_NE(dir.err.find("this is a checkpoint directory"), std::string::npos) << dir.err;
+  EXPECT_NE(dir.err.find("run convert first"), std::string::npos) << dir.err;
+  const std::string gguf = work_dir() + "/model.gguf";
+  write_text(gguf, "GGUF\x03\x00\x00\x00" + std::string(4096, '\0'));
+  RunResult g = generate(gguf, in, work_dir() + "/msg.gguf.jsonl", "");
+  EXPECT_EQ(g.status, 1);
+  EXPECT_NE(g.err.find("this looks like a GGUF file"), std::string::npos) << g.err;
+  // A run header that cannot be written (a 512-byte file-size limit): the
+  // message names no temporary file.
+  const std::string pack = pack_of(kTiny);
+  const std::string out = work_dir() + "/msg.full.jsonl";
+  RunResult f = run(fmt::format("ulimit -f 1; {} --model {} --batch {} --out {}", QTK_GENERATE_BIN,
+                                pack, in, out));
+  EXPECT_EQ(f.status, 1) << f.err;
+  EXPECT_NE(f.err.find("msg.full.jsonl"), std::string::npos) << f.err;
+  EXPECT_EQ(f.err.find(".tmp"), std::string::npos) << f.err;
+}
+
+}  // namespace
+}  // namespace qtk::rt_test

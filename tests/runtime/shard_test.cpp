@@ -1,0 +1,183 @@
+// Sharded batch jobs through the real programs: `generate --shard K/N` tasks
+// joined by `merge` give the single run's results file byte for byte; the
+// shard flag's parsing; merge's refusals, each naming the shard.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "loaders/error.h"
+#include "runtime/shard.h"
+#include "tests/runtime/test_util.h"
+
+namespace qtk::rt_test {
+namespace {
+
+std::string merge_cmd(const std::string& args) { return fmt::format("{} {}", QTK_MERGE_BIN, args); }
+
+// Text prompts of qwen3.5-sample, a duplicate id and a malformed line: the
+// error lines must land where the single run puts them.
+std::string shard_prompts() {
+  const auto golden = load_json(src("samples/qwen3.5-sample/golden.json"));
+  std::string s;
+  int n = 0;
+  for (const auto& c : golden["cases"]) {
+    nlohmann::json j = {{"prompt", c["prompt"]}, {"max_tokens", 6 + (n % 5)}};
+    if (n % 3 == 0) j["id"] = fmt::format("p{}", n);  // others keep the line-number id
+    s += j.dump() + "\n";
+    ++n;
+  }
+  s += "{\"id\": \"p0\", \"prompt\": \"again\"}\n";  // duplicate id
+  s += "not json\n";
+  return s;
+}
+
+struct ShardJob {
+  std::string pack, prompts, full;
+};
+
+const ShardJob& job() {
+  static ShardJob j = [] {
+    ShardJob s;
+    s.pack = pack_of("samples/qwen3.5-sample");
+    s.prompts = work_dir() + "/shard_prompts.jsonl";
+    write_text(s.prompts, shard_prompts());
+    s.full = work_dir() + "/shard_full.jsonl";
+    const RunResult r = generate(s.pack, s.prompts, s.full, "--margins --threads 2");
+    EXPECT_EQ(r.status == 0 || r.status == 3, true) << r.err;
+    return s;
+  }();
+  return j;
+}
+
+std::string run_shards(const std::string& tag, int n, const std::string& extra = "") {
+  std::string files;
+  for (int k = n - 1; k >= 0; --k) {  // merge order must not matter
+    const std::string out = fmt::format("{}/{}_{}.jsonl", work_dir(), tag, k);
+    const RunResult r =
+        generate(job().pack, job().prompts, out,
+                 fmt::format("--margins --threads 1 --shard {}/{} {}", k, n, extra));
+    EXPECT_TRUE(r.status == 0 || r.status == 3) << r.err;
+    files += " " + out;
+  }
+  return files;
+}
+
+TEST(Shard, MergedShardsAreTheSingleRunByteForByte) {
+  for (int n : {1, 2, 3, 7, 25}) {  // 25: more shards than lines (22): some are empty
+    const std::string files = run_shards(fmt::format("n{}", n), n, "--max-num-seqs 3");
+    const std::string merged = fmt::format("{}/merged{}.jsonl", work_dir(), n);
+    const RunResult m = run(merge_cmd(merged + files));
+    ASSERT_EQ(m.status, 0) << m.err;
+    EXPECT_EQ(read_text(merged), read_text(job().full)) << n << " shards";
+    const auto meta = load_json(merged + ".meta.json");
+    EXPECT_EQ(meta["status"], "complete");
+    EXPECT_EQ(meta["merged_from"].size(), static_cast<size_t>(n));
+  }
+}
+
+TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
+  const std::string files = run_shards("retry", 2);
+  const std::string s0 = work_dir() + "/retry_0.jsonl";
+  const std::string done = read_text(s0);
+  // Complete: the same command again leaves the file as it is.
+  RunResult again = generate(job().pack, job().prompts, s0, "--margins --shard 0/2");
+  EXPECT_TRUE(again.status == 0 || again.status == 3) << again.err;
+  EXPECT_NE(again.err.find("already complete"), std::string::npos) << again.err;
+  EXPECT_EQ(read_text(s0), done);
+  // Killed mid-line: what a kill leaves is OUT.partial (and its header,
+  // "running"); the retry resumes after its complete lines.
+  auto meta = load_json(s0 + ".meta.json");
+  meta["status"] = "running";
+  write_text(s0 + ".partial.meta.json", meta.dump(2));
+  write_text(s0 + ".partial", done.substr(0, done.size() / 2));
+  std::filesystem::remove(s0);
+  std::filesystem::remove(s0 + ".meta.json");
+  again = generate(job().pack, job().prompts, s0, "--margins --shard 0/2");
+  EXPECT_TRUE(again.status == 0 || again.status == 3) << again.err;
+  EXPECT_EQ(read_text(s0), done);
+  EXPECT_FALSE(std::filesystem::exists(s0 + ".partial"));
+  // Another shard's command on this shard's file is refused.
+  const RunResult wrong = generate(job().pack, job().prompts, s0, "--margins --shard 1/2");
+  EXPECT_EQ(wrong.status, 1);
+  EXPECT_NE(wrong.err.find("cannot resume: it holds shard"), std::string::npos) << wrong.err;
+}
+
+TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
+  const std::string files = run_shards("bad", 3);
+  const std::string d = work_dir();
+  auto merge_err = [&](const std::string& args) {
+    const RunResult r = run(merge_cmd(args));
+    EXPECT_EQ(r.status, 1) << args;
+    return r.err;
+  };
+  const std::string s0 = d + "/bad_0.jsonl", s1 = d + "/bad_1.jsonl", s2 = d + "/bad_2.jsonl";
+  EXPECT_NE(merge_err(d + "/m1.jsonl " + s0 + " " + s1).find("shard 2/3 is missing"),
+            std::string::npos);
+  EXPECT_NE(merge_err(d + "/m2.jsonl " + s0 + " " + s1 + " " + s2 + " " + s1)
+                .find("shard 1/3 is given twice"),
+            std::string::npos);
+  // Not a shard: the single run's file.
+  EXPECT_NE(merge_err(d + "/m3.jsonl " + job().full).find("field 'shard'"), std::string::npos);
+  // A shard of another prompts file (same line count, one prompt changed).
+  const std::string other = d + "/shard_other.jsonl";
+  std::string text = shard_prompts();
+  text[text.find("\"prompt\": \"") + 11] ^= 1;
+  write_text(other, text);
+  const std::string o2 = d + "/other_2.jsonl";
+  const RunResult r = generate(job().pack, other, o2, "--margins --shard 2/3");
+  ASSERT_TRUE(r.status == 0 || r.status == 3) << r.err;
+  EXPECT_NE(merge_err(d + "/m4.jsonl " + s0 + " " + s1 + " " + o2).find("shard/batch_digest"),
+            std::string::npos);
+  // Different settings.
+  const std::string nm = d + "/nomargins_2.jsonl";
+  const RunResult plain = generate(job().pack, job().prompts, nm, "--shard 2/3");
+  ASSERT_TRUE(plain.status == 0 || plain.status == 3) << plain.err;
+  EXPECT_NE(merge_err(d + "/m5.jsonl " + s0 + " " + s1 + " " + nm).find("settings/margins"),
+            std::string::npos);
+  // An unfinished shard.
+  auto meta = load_json(s2 + ".meta.json");
+  meta["status"] = "running";
+  write_text(s2 + ".meta.json", meta.dump(2));
+  EXPECT_NE(merge_err(d + "/m6.jsonl " + s0 + " " + s1 + " " + s2).find("expected \"complete\""),
+            std::string::npos);
+  // An existing output without --force.
+  write_text(d + "/exists.jsonl", "x\n");
+  meta["status"] = "complete";
+  write_text(s2 + ".meta.json", meta.dump(2));
+  EXPECT_NE(merge_err(d + "/exists.jsonl " + s0 + " " + s1 + " " + s2).find("already exists"),
+            std::string::npos);
+  EXPECT_EQ(read_text(d + "/exists.jsonl"), "x\n");
+}
+
+TEST(Shard, FlagParsing) {
+  std::map<std::string, std::string> env;
+  auto getenv = [&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  EXPECT_EQ(parse_shard("--shard", "2/5", getenv).index, 2);
+  EXPECT_EQ(parse_shard("--shard", "2/5", getenv).count, 5);
+  for (const char* bad : {"5/5", "-1/3", "1/0", "a/3", "1/3x", "3", "", "1/2000000"}) {
+    try {
+      parse_shard("--shard", bad, getenv);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const qtk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--shard"), std::string::npos) << e.what();
+    }
+  }
+  env = {
+      {"SLURM_ARRAY_TASK_ID", "4"}, {"SLURM_ARRAY_TASK_COUNT", "4"}, {"SLURM_ARRAY_TASK_MIN", "1"}};
+  const ShardSpec s = parse_shard("--shard", "auto", getenv);
+  EXPECT_EQ(s.index, 3);
+  EXPECT_EQ(s.count, 4);
+  env = {{"JOB_COMPLETION_INDEX", "0"}, {"QTK_SHARD_COUNT", "8"}};
+  EXPECT_EQ(parse_shard("--shard", "auto", getenv).count, 8);
+  env = {{"JOB_COMPLETION_INDEX", "0"}};
+  EXPECT_THROW(parse_shard("--shard", "auto", getenv), qtk::Error);
+  env.clear();
+  EXPECT_THROW(parse_shard("--shard", "auto", getenv), qtk::Error);
+}
+
+}  // namespace
+}  // namespace qtk::rt_test
