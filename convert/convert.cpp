@@ -155,6 +155,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   for (const auto& t : ckpt->tensors()) {
     by_name.emplace(t.name, &t.view);
     all_names.push_back(t.name);
+    // note: the loader paired and validated each FP8 weight's scales; the
+    // plan finds them by the source name.
+    if (t.scale.data != nullptr) by_name.emplace(fp8_source_scale_name(t.name), &t.scale);
   }
   const TensorLookup lookup = [&](const std::string& name) -> const TensorView* {
     auto it = by_name.find(name);

@@ -1,5 +1,6 @@
 #include "convert/dtype_convert.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace qtk {
@@ -105,6 +106,33 @@ void store_any(uint8_t* p, DType t, float f) {
 }
 
 }  // namespace
+
+float round_to_odd_f32(double d) {
+  if (std::isnan(d)) return static_cast<float>(d);
+  if (std::isinf(d)) return static_cast<float>(d);
+  const double a = std::fabs(d);
+  float f = static_cast<float>(a);  // nearest; may be inf beyond FLT_MAX
+  if (std::isinf(f) || static_cast<double>(f) > a) f = std::nextafter(f, 0.0f);
+  if (static_cast<double>(f) != a) f = float_of(bits_of(f) | 1u);
+  return d < 0 ? -f : f;
+}
+
+void dequantize_fp8_row(const uint8_t* src, const uint8_t* scale_row, int64_t col0,
+                        int64_t block_cols, void* dst, DType dst_type, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const size_t ds = static_cast<size_t>(dtype_size(dst_type));
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t col = col0 + static_cast<int64_t>(i);
+    float scale;
+    std::memcpy(&scale, scale_row + 4 * (col / block_cols), 4);
+    const double exact = static_cast<double>(fp8_e4m3_to_f32(src[i])) * scale;
+    if (dst_type == DType::F32) {
+      store_any(d + i * ds, dst_type, static_cast<float>(exact));
+    } else {
+      store_any(d + i * ds, dst_type, round_to_odd_f32(exact));
+    }
+  }
+}
 
 void convert_elements(const void* src, DType st, void* dst, DType dt, size_t n) {
   const auto* s = static_cast<const uint8_t*>(src);

@@ -117,6 +117,17 @@ void print_checkpoint(const Checkpoint& ck) {
   line(fmt::format("tensors: {}, {}", ck.tensors().size(), human_bytes(total)));
   for (const auto& [name, nb] : per_dtype)
     line(fmt::format("  {}: {} tensors, {}", name, nb.first, human_bytes(nb.second)));
+  if (ck.config().fp8.enabled) {
+    int64_t scales = 0, scale_bytes = 0;
+    for (const CheckpointTensor& t : ck.tensors())
+      if (t.scale.data != nullptr) ++scales, scale_bytes += t.scale.nbytes();
+    const Fp8Quantization& q = ck.config().fp8;
+    line(fmt::format(
+        "fp8: quant_method fp8, e4m3, weight_block_size [{}, {}], activation_scheme {}; {} "
+        "F8_E4M3 weights with F32 _scale_inv ({}); modules_to_not_convert [{}]",
+        q.block_rows, q.block_cols, q.activation_scheme, scales, human_bytes(scale_bytes),
+        fmt::join(q.modules_to_not_convert, ", ")));
+  }
   if (ck.skipped_groups().empty()) {
     line("skipped groups: none");
   } else {

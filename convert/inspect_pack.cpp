@@ -70,6 +70,22 @@ int inspect_pack(const std::string& path, bool verify) {
       if (t.is_object() && t.contains("name"))
         transforms += (transforms.empty() ? "" : ", ") + t["name"].get<std::string>();
   line(fmt::format("transforms:    {}", transforms.empty() ? "none" : transforms));
+  if (!pack->fp8_tensors().empty()) {
+    // Block heights in use ("128 x 6, 64 x 2").
+    std::map<int64_t, int, std::greater<>> heights;
+    uint64_t scale_bytes = 0;
+    for (const auto& q : pack->fp8_tensors()) {
+      heights[q.block_rows] += 1;
+      scale_bytes += static_cast<uint64_t>(q.scale.nbytes());
+    }
+    std::string h;
+    for (const auto& [rows, n] : heights)
+      h += fmt::format("{}{} rows x {}", h.empty() ? "" : ", ", rows, n);
+    line(fmt::format(
+        "fp8:           {} F8_E4M3 (e4m3fn) matrices with f32 block scales ({} bytes), block "
+        "width {}, block heights: {}",
+        pack->fp8_tensors().size(), scale_bytes, pack->fp8_tensors().front().block_cols, h));
+  }
   line(fmt::format("tokenizer:     {}", pack->entry("tokenizer.json") ? "present" : "absent"));
   line(fmt::format("digest:        {}", pack->digest()));
   std::fputs(out.c_str(), stdout);

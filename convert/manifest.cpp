@@ -73,6 +73,21 @@ std::string build_manifest(const ManifestInputs& in) {
   for (const auto& t : in.plan->transforms)
     tr.push_back({{"name", t.name}, {"description", t.description}, {"tensors", t.tensors}});
   m["transforms"] = tr;
+  if (!in.plan->quantized.empty()) {
+    // note: which tensors are FP8 and how their scales are laid out; the
+    // runtime reads "tensors" (Pack::fp8_scales), the rest says where they
+    // came from and what is computed.
+    json qt = json::array();
+    for (const auto& q : in.plan->quantized)
+      qt.push_back(
+          {{"name", q.tensor}, {"scale", q.scale}, {"block", {q.block_rows, q.block_cols}}});
+    m["quantization"] = {
+        {"method", "fp8"},
+        {"fmt", "e4m3"},
+        {"source_weight_block_size", {in.plan->source_block_rows, in.plan->source_block_cols}},
+        {"weights", "real weight = fp8 value x the float32 scale of its block"},
+        {"tensors", qt}};
+  }
   return m.dump(1) + "\n";
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "convert/dtype_convert.h"
@@ -21,6 +22,10 @@ int64_t PlannedTensor::numel() const {
 }
 
 std::string tensor_entry_name(const std::string& name) { return "tensors/" + name; }
+
+std::string fp8_scale_name(const std::string& name) { return name + ".scale"; }
+
+std::string fp8_source_scale_name(const std::string& name) { return name + "_scale_inv"; }
 
 namespace {
 
@@ -47,9 +52,12 @@ class Planner {
     const TensorView* v = lookup_(name);
     if (v == nullptr)
       fail("{}: tensor \"{}\" is missing (expected shape {})", source_, name, shape_str(shape));
-    if (!is_pack_float(v->dtype))
-      fail("{}: tensor \"{}\" has dtype {}; convert reads BF16, F16 and F32", source_, name,
-           dtype_name(v->dtype));
+    if (v->dtype == DType::F8_E4M3) {
+      need_fp8_scale(name, *v);
+    } else if (!is_pack_float(v->dtype)) {
+      fail("{}: tensor \"{}\" has dtype {}; convert reads BF16, F16, F32 and F8_E4M3", source_,
+           name, dtype_name(v->dtype));
+    }
     std::vector<int64_t> got(v->shape, v->shape + v->ndim);
     if (got != shape)
       fail("{}: tensor \"{}\": expected shape {} (from config.json), found {}", source_, name,
@@ -58,13 +66,37 @@ class Planner {
     return *v;
   }
 
+  // The block scales of an F8_E4M3 source (the loader validated them).
+  void need_fp8_scale(const std::string& name, const TensorView& v) {
+    const std::string scale_name = fp8_source_scale_name(name);
+    const TensorView* s = lookup_(scale_name);
+    if (!c_.fp8.enabled || v.ndim != 2 || s == nullptr || s->dtype != DType::F32 || s->ndim != 2 ||
+        s->shape[0] !=
+            (v.shape[0] + c_.fp8.block_rows - 1) / std::max<int64_t>(c_.fp8.block_rows, 1) ||
+        s->shape[1] !=
+            (v.shape[1] + c_.fp8.block_cols - 1) / std::max<int64_t>(c_.fp8.block_cols, 1))
+      fail(
+          "{}: tensor \"{}\" is F8_E4M3 but has no valid float32 block scales \"{}\" (and an fp8 "
+          "quantization_config)",
+          source_, name, scale_name);
+    fp8_scales_[&v] = s;
+    used_.insert(scale_name);
+  }
+
   // Rows [r0, r0 + n) of a row-major matrix.
   static Piece rows(const TensorView& v, int64_t r0, int64_t n) {
     const int64_t cols = v.numel() / std::max<int64_t>(v.shape[0], 1);
-    return {static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype,
+    Piece p{static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype,
             n * cols};
+    p.source = &v;
+    p.row0 = r0;
+    return p;
   }
-  static Piece whole(const TensorView& v) { return {v.data, v.dtype, v.numel()}; }
+  static Piece whole(const TensorView& v) {
+    Piece p{v.data, v.dtype, v.numel()};
+    p.source = &v;
+    return p;
+  }
 
   // A matrix in the pack: stored in --dtype, or the sources' dtype for keep.
   void matrix(const std::string& name, std::vector<int64_t> shape, std::vector<Piece> pieces,
@@ -73,25 +105,101 @@ class Planner {
     t.name = name;
     t.shape = std::move(shape);
     t.pieces = std::move(pieces);
+    for (Piece& p : t.pieces) {
+      if (p.dtype != DType::F8_E4M3) continue;
+      // note: FP8 pieces must come from whole() or rows() of a tensor that
+      // need() returned, which know their source matrix and its scales.
+      const auto it = fp8_scales_.find(p.source);
+      if (it == fp8_scales_.end())
+        fail("{}: internal error: pack tensor \"{}\" has an F8_E4M3 piece without its source's scales",
+             source_, name);
+      p.scale = it->second;
+      p.block_rows = c_.fp8.block_rows;
+      p.block_cols = c_.fp8.block_cols;
+    }
     if (matrix_dtype_) {
       t.dtype = *matrix_dtype_;
     } else {
       t.dtype = t.pieces.front().dtype;
-      for (const Piece& p : t.pieces)
-        if (p.dtype != t.dtype)
-          fail("{}: pack tensor \"{}\" fuses sources of dtypes {} and {}; pass --dtype to pick one",
-               source_, name, dtype_name(t.dtype), dtype_name(p.dtype));
+      for (const Piece& p : t.pieces) {
+        if (p.dtype == t.dtype) continue;
+        if (p.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E4M3)
+          fail(
+              "{}: pack tensor \"{}\" fuses F8_E4M3 and {} sources; --dtype keep cannot store one "
+              "matrix of both exactly (not supported yet); pass --dtype f32 or bf16 to dequantize",
+              source_, name, dtype_name(p.dtype == DType::F8_E4M3 ? t.dtype : p.dtype));
+        fail("{}: pack tensor \"{}\" fuses sources of dtypes {} and {}; pass --dtype to pick one",
+             source_, name, dtype_name(t.dtype), dtype_name(p.dtype));
+      }
     }
     for (const Piece& p : t.pieces)
-      if (p.dtype != t.dtype) note_transform("cast_matrices", name);
+      if (p.dtype != t.dtype)
+        note_transform(p.dtype == DType::F8_E4M3 ? "dequantize_fp8" : "cast_matrices", name);
     for (const char* tr : transforms) note_transform(tr, name);
+    const bool keep_fp8 = t.dtype == DType::F8_E4M3;
     out_.push_back(std::move(t));
+    if (keep_fp8) fp8_scales(out_.back());
+  }
+
+  // The pack's block scales of FP8 pack tensor t (pieces of whole rows of
+  // F8_E4M3 sources, each with its own scales), pushed right after it.
+  // note: the layout choice. Fusing rows (fuse_qkv, fuse_gate_up,
+  // split_q_gate) puts a source's row r at pack row off + r; a source block
+  // of 128 rows then starts at a pack row that is a multiple of 128 only when
+  // every earlier part's row count is one (intermediate 320 is not), and a
+  // pack row block of 128 could straddle two sources with different scales.
+  // Re-quantizing would change the weights and dequantizing would lose the
+  // halved size, so the pack's scales use row blocks of g rows instead: g is
+  // the largest divisor of 128 that divides every part's first source row
+  // and the row count of every part but the last. Then each pack block of g
+  // rows lies inside one source block, and its scale is that block's scale,
+  // copied unchanged (g = 128, the source layout itself, for an unfused
+  // matrix and for real Qwen shapes). The kernels take g as a parameter.
+  void fp8_scales(const PlannedTensor& t) {
+    const int64_t cols = t.shape.back();
+    const int64_t rows = t.numel() / std::max<int64_t>(cols, 1);
+    const int64_t bc = c_.fp8.block_cols;
+    int64_t g = c_.fp8.block_rows;
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      const Piece& p = t.pieces[i];
+      if (p.source == nullptr || p.source->ndim != 2 || p.source->shape[1] != cols ||
+          p.count % cols != 0)
+        fail("{}: internal error: FP8 pack tensor \"{}\" has a piece that is not whole rows",
+             source_, t.name);
+      g = std::gcd(g, p.row0);
+      if (i + 1 < t.pieces.size()) g = std::gcd(g, p.count / cols);
+    }
+    const int64_t groups = (rows + g - 1) / g, cblocks = (cols + bc - 1) / bc;
+    auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(groups * cblocks));
+    int64_t dst_row = 0;
+    for (const Piece& p : t.pieces) {
+      const int64_t n = p.count / cols;
+      const auto* src = static_cast<const uint8_t*>(p.scale->data);
+      for (int64_t r = 0; r < n; r += g) {
+        const int64_t src_block = (p.row0 + r) / p.block_rows;
+        std::memcpy(values->data() + ((dst_row + r) / g) * cblocks,
+                    src + src_block * p.scale->shape[1] * 4, static_cast<size_t>(cblocks) * 4);
+      }
+      dst_row += n;
+    }
+    PlannedTensor s;
+    s.name = fp8_scale_name(t.name);
+    s.dtype = DType::F32;
+    s.shape = {groups, cblocks};
+    s.pieces.push_back({values->data(), DType::F32, groups * cblocks, false});
+    s.computed = std::move(values);
+    quantized_.push_back({t.name, s.name, g, bc});
+    note_transform("fp8_block_scales", t.name);
+    out_.push_back(std::move(s));
   }
 
   // A small vector stored as f32, optionally through a per-element function
   // evaluated in double.
   void small(const std::string& name, std::vector<int64_t> shape, const TensorView& v,
              double (*fn)(double), std::initializer_list<const char*> transforms = {}) {
+    if (v.dtype == DType::F8_E4M3)
+      fail("{}: pack tensor \"{}\": an F8_E4M3 source is supported for matrices only", source_,
+           name);
     PlannedTensor t;
     t.name = name;
     t.dtype = DType::F32;
@@ -232,8 +340,21 @@ class Planner {
     const TensorView& z = need(hf + "linear_attn.in_proj_z.weight", {VD, H});
     const TensorView& b = need(hf + "linear_attn.in_proj_b.weight", {Hv, H});
     const TensorView& a = need(hf + "linear_attn.in_proj_a.weight", {Hv, H});
-    matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H},
-           {whole(qkv), whole(z), whole(b), whole(a)}, {"fuse_gdn_in_proj"});
+    if (!matrix_dtype_ && (qkv.dtype == DType::F8_E4M3 || z.dtype == DType::F8_E4M3) &&
+        b.dtype != DType::F8_E4M3 && a.dtype != DType::F8_E4M3) {
+      // note: Qwen's FP8 releases quantise in_proj_qkv and in_proj_z but keep
+      // the [Hv, H] gates in_proj_b/a in bf16; one fused matrix cannot hold
+      // both exactly, so --dtype keep stores the b and a rows as their own
+      // matrix and the runtime writes its outputs into the same columns of
+      // the projection (each output is its own dot product: same values).
+      matrix(pk + "linear_attn.in_proj", {C + VD, H}, {whole(qkv), whole(z)},
+             {"fuse_gdn_in_proj", "split_gdn_in_proj_ba"});
+      matrix(pk + "linear_attn.in_proj_ba", {2 * Hv, H}, {whole(b), whole(a)},
+             {"split_gdn_in_proj_ba"});
+    } else {
+      matrix(pk + "linear_attn.in_proj", {C + VD + 2 * Hv, H},
+             {whole(qkv), whole(z), whole(b), whole(a)}, {"fuse_gdn_in_proj"});
+    }
     // note: [C, 1, K] and [C, K] hold the same bytes in the same order; only
     // the recorded shape changes.
     small(pk + "linear_attn.conv1d", {C, K}, need(hf + "linear_attn.conv1d.weight", {C, 1, K}),
@@ -270,6 +391,10 @@ class Planner {
          "all gates (Hq*D rows)"},
         {"fuse_gdn_in_proj",
          "linear_attn.in_proj = rows of in_proj_qkv, in_proj_z, in_proj_b, in_proj_a"},
+        {"split_gdn_in_proj_ba",
+         "FP8 packs whose in_proj_qkv or in_proj_z is F8_E4M3 while in_proj_b and in_proj_a are "
+         "not: linear_attn.in_proj holds the in_proj_qkv and in_proj_z rows only, and "
+         "linear_attn.in_proj_ba [2*Hv, H] the in_proj_b then in_proj_a rows in their own dtype"},
         {"conv1d_squeeze", "linear_attn.conv1d.weight [C, 1, K] stored as [C, K]"},
         {"A_neg_exp", "linear_attn.A = -exp(A_log), computed in float64, rounded once to float32"},
         {"norm_plus_one_folded",
@@ -279,11 +404,25 @@ class Planner {
          "norm weights, conv1d, dt_bias and A stored as float32 (exact widening)"},
         {"cast_matrices",
          "matrices converted to the requested dtype (round to nearest even when narrowing)"},
+        {"fp8_block_scales",
+         "F8_E4M3 (e4m3fn) matrices kept as they are, each with float32 scales <name>.scale "
+         "[ceil(rows/g), ceil(cols/128)]: real weight = fp8 value x the scale of its g x 128 "
+         "block (g in the quantization section: 128, or a divisor of 128 where fused parts start "
+         "at rows that are not multiples of 128); scale values copied unchanged"},
+        {"dequantize_fp8",
+         "F8_E4M3 matrices dequantized: fp8 value x its 128x128 block's scale, exact in float64, "
+         "rounded once to the requested dtype (nearest even; for f32 the float32 product the "
+         "FP8 kernels compute)"},
     };
     for (const auto& [name, desc] : kDescriptions) {
       auto it = transforms_.find(name);
       if (it == transforms_.end()) continue;
       plan.transforms.push_back({name, desc, it->second});
+    }
+    plan.quantized = std::move(quantized_);
+    if (!fp8_scales_.empty()) {
+      plan.source_block_rows = c_.fp8.block_rows;
+      plan.source_block_cols = c_.fp8.block_cols;
     }
     return plan;
   }
@@ -296,6 +435,8 @@ class Planner {
   std::set<std::string> used_;
   std::vector<PlannedTensor> out_;
   std::map<std::string, std::vector<std::string>> transforms_;
+  std::map<const TensorView*, const TensorView*> fp8_scales_;  // F8 source -> its scales
+  std::vector<QuantizedRecord> quantized_;
 };
 
 // note: pages of a read-only file mapping that were streamed into the pack
@@ -362,9 +503,19 @@ class TensorSource final : public EntrySource {
         elem_ += static_cast<int64_t>(n);
         continue;
       }
-      const size_t n = std::min<size_t>(kStageElements, static_cast<size_t>(left));
+      size_t n = std::min<size_t>(kStageElements, static_cast<size_t>(left));
       stage_.resize(kStageElements * esize_);
-      convert_elements(src, p.dtype, stage_.data(), t_.dtype, n);
+      if (p.dtype == DType::F8_E4M3) {
+        // One row at a time: each element needs its block's scale.
+        const int64_t cols = p.source->shape[1];
+        const int64_t row = p.row0 + elem_ / cols, col = elem_ % cols;
+        n = std::min<size_t>(n, static_cast<size_t>(cols - col));
+        const auto* scale_row = static_cast<const uint8_t*>(p.scale->data) +
+                                (row / p.block_rows) * p.scale->shape[1] * 4;
+        dequantize_fp8_row(src, scale_row, col, p.block_cols, stage_.data(), t_.dtype, n);
+      } else {
+        convert_elements(src, p.dtype, stage_.data(), t_.dtype, n);
+      }
       stage_len_ = n * esize_;
       stage_pos_ = 0;
       elem_ += static_cast<int64_t>(n);

@@ -46,6 +46,14 @@ struct Piece {
   // True when data points into a read-only file mapping, whose pages may be
   // dropped from this process once streamed (see TensorSource).
   bool mapped = true;
+  // F8_E4M3 pieces: the 2-D source matrix and the piece's first row in it
+  // (pieces are whole rows), its block scales f32 [ceil(rows/block_rows),
+  // ceil(cols/block_cols)] and block size. Used to dequantize (--dtype
+  // bf16|f16|f32) and to build the pack's scales (--dtype keep).
+  const TensorView* source = nullptr;
+  int64_t row0 = 0;
+  const TensorView* scale = nullptr;
+  int64_t block_rows = 0, block_cols = 0;
 };
 
 struct PlannedTensor {
@@ -64,10 +72,30 @@ struct TransformRecord {
   std::vector<std::string> tensors;  // pack tensors it applies to
 };
 
+// An F8_E4M3 pack tensor and its scales (--dtype keep). The pack's scale
+// tensor is f32 [ceil(rows/block_rows), ceil(cols/block_cols)] over the pack
+// tensor's rows (all dims but the last) and columns (the last dim).
+struct QuantizedRecord {
+  std::string tensor;  // "layers.0.mlp.gate_up_proj"
+  std::string scale;   // "layers.0.mlp.gate_up_proj.scale"
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+};
+
 struct TensorPlan {
   std::vector<PlannedTensor> tensors;
   std::vector<TransformRecord> transforms;
+  std::vector<QuantizedRecord> quantized;                // empty unless FP8 weights are kept
+  int64_t source_block_rows = 0, source_block_cols = 0;  // weight_block_size when FP8
 };
+
+// Name of the pack tensor holding the block scales of FP8 pack tensor `name`.
+std::string fp8_scale_name(const std::string& name);
+
+// The loader's canonical name of the scales of FP8 source tensor `name`
+// ("layers.0.mlp.up_proj.weight" -> "layers.0.mlp.up_proj.weight_scale_inv");
+// TensorLookup must resolve it for every F8_E4M3 source.
+std::string fp8_source_scale_name(const std::string& name);
 
 // What the matrices are stored as; nullopt keeps the source dtype.
 using MatrixDType = std::optional<DType>;

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstring>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -72,6 +74,82 @@ std::map<std::string, std::string> read_index(const std::string& path) {
   }
   if (map.empty()) fail("{}: field 'weight_map': expected at least one tensor, found none", path);
   return map;
+}
+
+// Canonical name -> (shard file name, tensor), the tensors not yet claimed.
+using TensorsByName = std::map<std::string, std::pair<std::string, const SafetensorsTensor*>>;
+
+constexpr std::string_view kScaleSuffix = "_scale_inv";
+
+// Finds, validates and claims the scale of the FP8 weight `t`.
+// note: a weight is FP8 because of its dtype; the `_scale_inv` name only
+// pairs the scale with its weight (the format's convention).
+void attach_fp8_scale(const Checkpoint& ck, TensorsByName& rest, CheckpointTensor& t) {
+  const std::string file = ck.file_path(t.file);
+  const TensorView& v = t.view;
+  if (v.dtype == DType::F8_E5M2)
+    fail(
+        "{}: tensor {}: dtype F8_E5M2 is not supported (expected F8_E4M3 block-FP8 weights with "
+        "float32 scales, or BF16, F16, F32)",
+        file, quote_name(t.hf_name));
+  const Fp8Quantization& q = ck.config().fp8;
+  if (!q.enabled)
+    fail(
+        "{}: tensor {}: dtype F8_E4M3, but {}/config.json has no quantization_config (expected "
+        "quant_method \"fp8\" for FP8 weights)",
+        file, quote_name(t.hf_name), ck.dir());
+  if (v.ndim != 2)
+    fail("{}: tensor {}: F8_E4M3 is supported for 2-D weights only, found shape {}", file,
+         quote_name(t.hf_name), v.shape_string());
+  const std::vector<int64_t> want = {(v.shape[0] + q.block_rows - 1) / q.block_rows,
+                                     (v.shape[1] + q.block_cols - 1) / q.block_cols};
+  const std::string scale_name = t.name + std::string(kScaleSuffix);
+  const auto it = rest.find(scale_name);
+  if (it == rest.end())
+    fail(
+        "{}: tensor {} is F8_E4M3 but its scale {}{} is missing (expected F32 {} for "
+        "weight_block_size [{}, {}])",
+        ck.dir(), quote_name(t.hf_name), t.hf_name, kScaleSuffix, shape_text(want), q.block_rows,
+        q.block_cols);
+  const auto& [shard, s] = it->second;
+  const std::string sfile = ck.file_path(shard);
+  if (s->view.dtype != DType::F32)
+    fail("{}: tensor {}: expected dtype F32 (the block scales of an FP8 weight), found {}", sfile,
+         quote_name(s->name), dtype_name(s->view.dtype));
+  const std::vector<int64_t> got(s->view.shape, s->view.shape + s->view.ndim);
+  if (got != want)
+    fail("{}: tensor {}: expected shape {} (ceil of {} {} by the {}x{} blocks), found {}", sfile,
+         quote_name(s->name), shape_text(want), quote_name(t.hf_name), v.shape_string(),
+         q.block_rows, q.block_cols, shape_text(got));
+  // note: the scales are small (one per 16K weights); a NaN or infinite one
+  // would silently poison every output of its block, so they are read here.
+  const auto* bytes = static_cast<const uint8_t*>(s->view.data);
+  for (int64_t i = 0; i < s->view.numel(); ++i) {
+    float f;
+    std::memcpy(&f, bytes + 4 * i, 4);
+    if (!std::isfinite(f))
+      fail("{}: tensor {}: expected finite scales, found {} at block [{}, {}]", sfile,
+           quote_name(s->name), f, i / want[1], i % want[1]);
+  }
+  t.scale = s->view;
+  t.scale_hf_name = s->name;
+  rest.erase(it);
+}
+
+// A `_scale_inv` tensor left over belongs to a weight that is not FP8.
+void reject_stray_scales(const Checkpoint& ck, const TensorsByName& rest) {
+  for (const auto& [name, where] : rest) {
+    if (name.size() <= kScaleSuffix.size() ||
+        name.compare(name.size() - kScaleSuffix.size(), kScaleSuffix.size(), kScaleSuffix) != 0)
+      continue;
+    const CheckpointTensor* base = ck.find(name.substr(0, name.size() - kScaleSuffix.size()));
+    if (base)
+      fail(
+          "{}: tensor {}: a block scale for {}, whose dtype is {} (expected scales only beside "
+          "F8_E4M3 weights)",
+          ck.file_path(where.first), quote_name(where.second->name), quote_name(base->hf_name),
+          dtype_name(base->view.dtype));
+  }
 }
 
 }  // namespace
@@ -220,12 +298,16 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     if (got != e.shape)
       fail("{}: tensor {}: expected shape {} from the config, found {}", ck->file_path(shard),
            quote_name(t->name), shape_text(e.shape), shape_text(got));
-    if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32)
-      fail("{}: tensor {}: dtype {} is not supported (expected BF16, F16 or F32)",
+    CheckpointTensor ct{t->name, e.name, shard, v, {}, {}};
+    if (v.dtype == DType::F8_E4M3 || v.dtype == DType::F8_E5M2) {
+      attach_fp8_scale(*ck, by_canonical, ct);
+    } else if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
+      fail("{}: tensor {}: dtype {} is not supported (expected BF16, F16, F32 or F8_E4M3)",
            ck->file_path(shard), quote_name(t->name), dtype_name(v.dtype));
+    }
     ck->index_.emplace(e.name, ck->tensors_.size());
-    ck->tensors_.push_back({t->name, e.name, shard, v});
-    by_canonical.erase(it);
+    ck->tensors_.push_back(std::move(ct));
+    by_canonical.erase(e.name);
   }
   // note: a tied checkpoint may still carry lm_head.weight (a copy of the
   // embeddings); it is accepted and ignored, and reported as skipped.
@@ -233,8 +315,14 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     if (const auto it = by_canonical.find("lm_head.weight"); it != by_canonical.end()) {
       skipped["lm_head (tied)"] = {"lm_head (tied)", 1, it->second.second->view.nbytes()};
       by_canonical.erase(it);
+      if (const auto sc = by_canonical.find("lm_head.weight_scale_inv"); sc != by_canonical.end()) {
+        skipped["lm_head (tied)"].count += 1;
+        skipped["lm_head (tied)"].bytes += sc->second.second->view.nbytes();
+        by_canonical.erase(sc);
+      }
     }
   }
+  reject_stray_scales(*ck, by_canonical);
   if (!by_canonical.empty()) {
     const auto& [name, where] = *by_canonical.begin();
     fail("{}: tensor {}: unexpected tensor (canonical {}) for {} with layer plan {}",

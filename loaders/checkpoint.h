@@ -8,7 +8,9 @@
 // HF names go through the one name table (loaders/name_table.h); the vision
 // tower and MTP head are skipped and counted. Every tensor the config
 // implies must be present with the implied shape and a float dtype (BF16,
-// F16, F32); any other tensor is rejected by name. All views point into the
+// F16, F32), or, for a 2-D weight of a checkpoint whose quantization_config
+// is fp8, F8_E4M3 with its float32 `_scale_inv` sibling (validated: shape,
+// dtype, finite values); any other tensor is rejected by name. All views point into the
 // mapped files owned by the Checkpoint.
 #pragma once
 
@@ -31,6 +33,12 @@ struct CheckpointTensor {
   std::string name;     // canonical: "layers.0.linear_attn.A_log"
   std::string file;     // the shard's file name inside dir()
   TensorView view;      // into the shard's mapping
+  // The block scales of an F8_E4M3 weight (HF `<hf_name>_scale_inv`, the
+  // multiplier: real weight = fp8 value x scale): f32 [ceil(rows/block_rows),
+  // ceil(cols/block_cols)] with the config's weight_block_size; data is
+  // nullptr for every other tensor.
+  TensorView scale;
+  std::string scale_hf_name;  // "model.layers.0.mlp.down_proj.weight_scale_inv"
 };
 
 struct SkippedGroup {

@@ -1,6 +1,8 @@
 #include "loaders/dtype.h"
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <utility>
 
 namespace qtk {
@@ -13,6 +15,20 @@ constexpr std::array<std::pair<DType, std::string_view>, 15> kNames = {{
     {DType::BOOL, "BOOL"}, {DType::F8_E4M3, "F8_E4M3"}, {DType::F8_E5M2, "F8_E5M2"},
 }};
 }  // namespace
+
+float fp8_e4m3_to_f32(uint8_t b) {
+  const int exp = (b >> 3) & 0xF;
+  const int mant = b & 0x7;
+  float mag;
+  if (exp == 0xF && mant == 0x7) {
+    mag = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant/8 * 2^-6
+  } else {
+    mag = std::ldexp(static_cast<float>(8 + mant), exp - 10);  // (1 + mant/8) * 2^(exp-7)
+  }
+  return (b & 0x80) ? -mag : mag;
+}
 
 std::string_view dtype_name(DType t) {
   for (const auto& [d, n] : kNames)

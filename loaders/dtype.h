@@ -8,7 +8,8 @@
 namespace qtk {
 
 // note: the set is safetensors' own; later stages reject, by name, what they
-// cannot compute (for example F8_E4M3 weights).
+// cannot compute (F8_E5M2, integer weights). F8_E4M3 is read as block-FP8
+// weights with float32 scales (loaders/checkpoint.h).
 enum class DType : uint8_t {
   BF16, F16, F32, F64,
   I8, I16, I32, I64,
@@ -27,6 +28,13 @@ constexpr int64_t dtype_size(DType t) {
   }
   return 0;
 }
+
+// The value of an F8_E4M3 byte (the "e4m3fn" format of FP8 checkpoints:
+// 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
+// S.1111.111 is NaN; largest finite 448, smallest subnormal 2^-9).
+// note: every e4m3 value is exactly a float (4 significant bits, exponents
+// -9..8), so this is exact.
+float fp8_e4m3_to_f32(uint8_t b);
 
 // The safetensors spelling: "BF16", "F32", ...
 std::string_view dtype_name(DType t);

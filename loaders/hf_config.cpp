@@ -166,21 +166,71 @@ void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
             d.source, d.name(moe), d.top["architectures"][0].get<std::string>(), shown(*v));
     }
   }
-  for (const json* obj : {&d.top, &d.text}) {
+}
+
+// quantization_config: block-FP8 (quant_method "fp8", the format of Qwen's
+// FP8 releases) is read; every other method is refused by name.
+void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
+  const json* q = nullptr;
+  std::string where = "quantization_config";
+  for (const auto& [obj, name] :
+       {std::pair{&d.top, "quantization_config"}, {&d.text, "text_config.quantization_config"}}) {
     if (!obj->contains("quantization_config") || (*obj)["quantization_config"].is_null()) continue;
-    const json& q = (*obj)["quantization_config"];
-    std::string method =
-        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
-            ? q["quant_method"].get<std::string>()
-            : shown(q);
-    if (method == "fp8")
-      fail(
-          "{}: field 'quantization_config.quant_method': FP8 weights are not supported (found "
-          "\"fp8\")",
-          d.source);
-    fail("{}: field 'quantization_config': quantized checkpoints are not supported (found {})",
-         d.source, method);
+    if (!d.nested && obj == &d.text && std::string_view(name) != "quantization_config")
+      continue;  // d.text is d.top
+    if (q && *q != (*obj)["quantization_config"])
+      fail("{}: fields 'quantization_config' and 'text_config.quantization_config' disagree",
+           d.source);
+    q = &(*obj)["quantization_config"];
+    where = name;
   }
+  if (!q) return;
+  if (!q->is_object())
+    fail("{}: field '{}': expected an object, found {}", d.source, where, shown(*q));
+  if (!q->contains("quant_method") || !(*q)["quant_method"].is_string())
+    fail("{}: field '{}.quant_method': expected a string (\"fp8\"), found {}", d.source, where,
+         q->contains("quant_method") ? shown((*q)["quant_method"]) : "nothing");
+  const std::string method = (*q)["quant_method"].get<std::string>();
+  if (method != "fp8")
+    fail(
+        "{}: field '{}.quant_method': not supported: quant_method \"{}\" (only \"fp8\" "
+        "block-quantised checkpoints are)",
+        d.source, where, method);
+  // note: FineGrainedFP8Config's defaults (fmt e4m3, dynamic activations,
+  // 128x128 blocks) apply when a field is absent, as transformers does.
+  if (q->contains("fmt") && !(*q)["fmt"].is_null() && (*q)["fmt"] != "e4m3")
+    fail("{}: field '{}.fmt': not supported: expected \"e4m3\", found {}", d.source, where,
+         shown((*q)["fmt"]));
+  c.fp8.activation_scheme = "dynamic";
+  if (q->contains("activation_scheme") && !(*q)["activation_scheme"].is_null()) {
+    const json& a = (*q)["activation_scheme"];
+    if (a != "dynamic")
+      fail(
+          "{}: field '{}.activation_scheme': not supported: expected \"dynamic\" (static "
+          "activation scales are not read), found {}",
+          d.source, where, shown(a));
+    c.fp8.activation_scheme = a.get<std::string>();
+  }
+  c.fp8.block_rows = c.fp8.block_cols = 128;
+  if (q->contains("weight_block_size") && !(*q)["weight_block_size"].is_null()) {
+    const json& b = (*q)["weight_block_size"];
+    if (b != json::array({128, 128}))
+      fail("{}: field '{}.weight_block_size': not supported: expected [128, 128], found {}",
+           d.source, where, shown(b));
+  }
+  if (q->contains("modules_to_not_convert") && !(*q)["modules_to_not_convert"].is_null()) {
+    const json& m = (*q)["modules_to_not_convert"];
+    if (!m.is_array())
+      fail("{}: field '{}.modules_to_not_convert': expected a list of names, found {}", d.source,
+           where, shown(m));
+    for (const json& x : m) {
+      if (!x.is_string())
+        fail("{}: field '{}.modules_to_not_convert': expected a list of names, found {}", d.source,
+             where, shown(m));
+      c.fp8.modules_to_not_convert.push_back(x.get<std::string>());
+    }
+  }
+  c.fp8.enabled = true;
 }
 
 void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
@@ -444,6 +494,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
 
   if (const json* mt = d.find("model_type"); mt && mt->is_string()) c.model_type = *mt;
   reject_unsupported(d, moe);
+  read_fp8_quantization(d, c);
 
   c.vocab_size = d.positive_int("vocab_size");
   c.hidden_size = d.positive_int("hidden_size");

@@ -42,6 +42,17 @@ struct RopeConfig {
   bool mrope_interleaved = false;
 };
 
+// Block-FP8 weights (config.json quantization_config with quant_method
+// "fp8"). A weight is FP8 exactly when its tensor is F8_E4M3 with a float32
+// `<name>_scale_inv` sibling: real weight = fp8 value x its block's scale.
+struct Fp8Quantization {
+  bool enabled = false;           // quantization_config present with quant_method "fp8"
+  int64_t block_rows = 0;         // weight_block_size[0] (rows of the [out, in] matrix)
+  int64_t block_cols = 0;         // weight_block_size[1]
+  std::string activation_scheme;  // as given ("dynamic"); informational
+  std::vector<std::string> modules_to_not_convert;  // as given; informational (dtype decides)
+};
+
 struct ModelConfig {
   Arch arch = Arch::kQwen3;
   std::string hf_architecture;  // "Qwen3ForCausalLM", "Qwen3_5ForCausalLM", ...
@@ -75,6 +86,10 @@ struct ModelConfig {
   RopeConfig rope;
   std::vector<LayerKind> layer_plan;  // one per layer
   MoeConfig moe;
+
+  // note: read from config.json only; a pack records its quantised tensors
+  // in the manifest's "quantization" section, not in this struct.
+  Fp8Quantization fp8;
 
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;  // -1 when absent

@@ -30,9 +30,10 @@ HfName map_hf_name(std::string_view hf) {
       return out;
     }
   }
-  if (hf == "lm_head.weight") {
+  // note: an FP8 checkpoint may quantise the head too (its scales beside it).
+  if (hf == "lm_head.weight" || hf == "lm_head.weight_scale_inv") {
     out.kind = HfName::Kind::kModel;
-    out.canonical = "lm_head.weight";
+    out.canonical = std::string(hf);
     return out;
   }
   for (std::string_view p : kModelPrefixes) {

@@ -61,8 +61,10 @@ int default_threads() {
 
 std::string weight_dtypes(const Pack& pack) {
   std::set<std::string> names;
+  std::set<std::string_view> scales;  // FP8 block scales are not weights of their own
+  for (const auto& q : pack.fp8_tensors()) scales.insert(q.scale_name);
   for (const auto& t : pack.tensors()) {
-    if (t.view.ndim == 2 && t.name.find("conv1d") == std::string::npos) {
+    if (t.view.ndim == 2 && t.name.find("conv1d") == std::string::npos && !scales.count(t.name)) {
       names.insert(std::string(dtype_name(t.view.dtype)));
     }
   }
@@ -119,12 +121,25 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
   fail("--device: expected cpu or cuda, found '{}'", o.device);
 }
 
+// What an FP8 pack's matrices compute, for the run header ("" for others).
+std::string fp8_text(const Pack& pack) {
+  if (pack.fp8_tensors().empty()) return "";
+  std::set<int64_t> rows;
+  for (const auto& q : pack.fp8_tensors()) rows.insert(q.block_rows);
+  std::string r;
+  for (int64_t x : rows) r += fmt::format("{}{}", r.empty() ? "" : " or ", x);
+  return fmt::format(
+      "; F8_E4M3 (e4m3fn) weights read in place with float32 block scales (blocks of {} rows x "
+      "{} columns), each weight computed as the float32 product fp8 x scale",
+      r, pack.fp8_tensors().front().block_cols);
+}
+
 // The run header's description of the arithmetic.
 std::string precision_text(const DeviceChoice& d, const Pack& pack) {
   if (d.device == "cpu") {
     return fmt::format(
-        "float32 activations, float32 KV cache and state, {} weights, float32 accumulation",
-        weight_dtypes(pack));
+        "float32 activations, float32 KV cache and state, {} weights, float32 accumulation{}",
+        weight_dtypes(pack), fp8_text(pack));
   }
   if (d.precision == "f32") {
     return fmt::format(
@@ -275,6 +290,12 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   const auto load_start = Clock::now();
   m.load_start = load_start;
   m.pack = Pack::open(o.model);
+  if (dev.device != "cpu" && !m.pack->fp8_tensors().empty()) {
+    fail(
+        "{}: holds {} F8_E4M3 weight tensors; --device {} does not run FP8 packs yet (expected "
+        "--device cpu, or a pack converted with --dtype bf16 or f32)",
+        o.model, m.pack->fp8_tensors().size(), dev.device);
+  }
   // note: checked before any tensor is used: a flipped byte would otherwise
   // give wrong tokens silently, and the pack digest (from the manifest)
   // would not tell the run apart from a clean one.
@@ -294,8 +315,6 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
     m.plans.emplace(*cuda_model, *m.pack, dev.precision, o.plan_cache);
     m.model = std::move(cuda_model);
   }
-#else
-  (void)dev;
 #endif
   if (!m.model) {
     m.pool.emplace(m.threads);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -65,9 +66,11 @@ void apply_zip64_extra(const std::string& where, const uint8_t* extra, size_t ex
 
 DType parse_pack_dtype(const std::string& where, const std::string& name) {
   if (auto d = parse_dtype(name)) {
-    if (*d == DType::BF16 || *d == DType::F16 || *d == DType::F32) return *d;
+    if (*d == DType::BF16 || *d == DType::F16 || *d == DType::F32 || *d == DType::F8_E4M3)
+      return *d;
   }
-  fail("{}: dtype \"{}\" is not one a pack holds (expected BF16, F16 or F32)", where, name);
+  fail("{}: dtype \"{}\" is not one a pack holds (expected BF16, F16, F32 or F8_E4M3)", where,
+       name);
 }
 
 const nlohmann::json& field(const nlohmann::json& obj, const char* key, const std::string& where) {
@@ -83,6 +86,77 @@ std::string string_field(const nlohmann::json& obj, const char* key, const std::
 }
 
 }  // namespace
+
+// "quantization": {"method": "fp8", "fmt": "e4m3", "tensors": [{"name",
+// "scale", "block": [rows, cols]}, ...], ...}: every F8_E4M3 tensor listed
+// once, with an f32 scale tensor of the shape its block size implies.
+void Pack::read_fp8_section(const std::string& mwhere) {
+  const std::string qwhere = mwhere + " quantization";
+  std::set<std::string, std::less<>> listed;
+  // note: by name once, not find_tensor per entry: a per-expert MoE pack
+  // holds tens of thousands of tensors.
+  std::unordered_map<std::string_view, const PackTensorInfo*> by_name;
+  for (const auto& t : tensors_) by_name.emplace(t.name, &t);
+  auto find = [&](const std::string& name) -> const PackTensorInfo* {
+    const auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  if (manifest_.contains("quantization")) {
+    const auto& q = manifest_["quantization"];
+    if (!q.is_object()) fail("{}: expected an object", qwhere);
+    const std::string method = string_field(q, "method", qwhere);
+    if (method != "fp8") fail("{}: field \"method\" is \"{}\", expected \"fp8\"", qwhere, method);
+    const std::string fmt_name = string_field(q, "fmt", qwhere);
+    if (fmt_name != "e4m3")
+      fail("{}: field \"fmt\" is \"{}\", expected \"e4m3\"", qwhere, fmt_name);
+    const auto& list = field(q, "tensors", qwhere);
+    if (!list.is_array()) fail("{}: field \"tensors\" must be an array", qwhere);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& e = list[i];
+      const std::string ewhere = fmt::format("{} tensors[{}]", qwhere, i);
+      PackFp8Scales f;
+      f.tensor = string_field(e, "name", ewhere);
+      const std::string scale_name = string_field(e, "scale", ewhere);
+      const auto& block = field(e, "block", ewhere);
+      if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() ||
+          !block[1].is_number_integer() || block[0].get<int64_t>() <= 0 ||
+          block[1].get<int64_t>() <= 0 || block[1].get<int64_t>() % 16 != 0 ||
+          block[0].get<int64_t>() > (1 << 20) || block[1].get<int64_t>() > (1 << 20))
+        fail(
+            "{}: field \"block\" is {}, expected [rows, cols] of positive sizes, cols a multiple "
+            "of 16",
+            ewhere, block.dump());
+      f.block_rows = block[0].get<int64_t>();
+      f.block_cols = block[1].get<int64_t>();
+      const PackTensorInfo* w = find(f.tensor);
+      if (w == nullptr)
+        fail("{}: names tensor \"{}\", which the pack does not hold", ewhere, f.tensor);
+      if (w->view.dtype != DType::F8_E4M3 || w->view.ndim < 2)
+        fail("{}: tensor \"{}\" is {} {}, expected an F8_E4M3 matrix", ewhere, f.tensor,
+             dtype_name(w->view.dtype), w->view.shape_string());
+      if (!listed.insert(f.tensor).second) fail("{}: tensor \"{}\" listed twice", ewhere, f.tensor);
+      const PackTensorInfo* s = find(scale_name);
+      if (s == nullptr) fail("{}: scale tensor \"{}\" is not in the pack", ewhere, scale_name);
+      const int64_t cols = w->view.shape[w->view.ndim - 1];
+      const int64_t rows = cols > 0 ? w->view.numel() / cols : 0;
+      const int64_t want0 = (rows + f.block_rows - 1) / f.block_rows;
+      const int64_t want1 = (cols + f.block_cols - 1) / f.block_cols;
+      if (s->view.dtype != DType::F32 || s->view.ndim != 2 || s->view.shape[0] != want0 ||
+          s->view.shape[1] != want1)
+        fail("{}: scale tensor \"{}\" is {} {}, expected F32 [{}, {}] for {} {} in {}x{} blocks",
+             ewhere, scale_name, dtype_name(s->view.dtype), s->view.shape_string(), want0, want1,
+             f.tensor, w->view.shape_string(), f.block_rows, f.block_cols);
+      f.scale = s->view;
+      f.scale_name = scale_name;
+      f.weight = w->view;
+      fp8_.push_back(std::move(f));
+    }
+  }
+  for (const auto& t : tensors_)
+    if (t.view.dtype == DType::F8_E4M3 && !listed.count(t.name))
+      fail("{}: tensor \"{}\" is F8_E4M3 but has no entry in \"quantization\" (its scales)", mwhere,
+           t.name);
+}
 
 namespace {
 
@@ -343,6 +417,8 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     pack->tensors_.push_back(std::move(info));
   }
 
+  pack->read_fp8_section(mwhere);
+
   // --- digest --------------------------------------------------------------------
   Xxh64 h;
   for (const auto& t : pack->tensors_) {
@@ -351,8 +427,18 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   }
   const std::string cfg = field(m, "config", mwhere).dump();
   h.update(cfg.data(), cfg.size());
+  if (m.contains("quantization")) {
+    const std::string q = m["quantization"].dump();
+    h.update(q.data(), q.size());
+  }
   pack->digest_ = checksum_hex(h.digest());
   return pack;
+}
+
+const PackFp8Scales* Pack::fp8_scales(std::string_view name) const {
+  for (const auto& q : fp8_)
+    if (q.tensor == name) return &q;
+  return nullptr;
 }
 
 const PackTensorInfo* Pack::find_tensor(std::string_view name) const {
@@ -521,6 +607,16 @@ size_t Pack::verify() const {
       fail("{}: entry \"{}\" (tensor \"{}\"): checksum {} does not match the manifest's {}", path(),
            t.entry, t.name, checksum_hex(got), checksum_hex(t.checksum));
     ++checked;
+  }
+  // note: the checksums cover the FP8 scales' bytes; their values must also
+  // be finite (a NaN scale silently poisons its whole block), as the loader
+  // demanded of the checkpoint.
+  for (const auto& q : fp8_) {
+    const float* v = q.scale.as<float>();
+    for (int64_t i = 0; i < q.scale.numel(); ++i)
+      if (!std::isfinite(v[i]))
+        fail("{}: tensor \"{}\" (scales of \"{}\"): expected finite values, found {} at [{}, {}]",
+             path(), q.scale_name, q.tensor, v[i], i / q.scale.shape[1], i % q.scale.shape[1]);
   }
   // Non-tensor entries (tokenizer files, ...) listed under "files".
   auto it = manifest_.find("files");

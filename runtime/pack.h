@@ -34,6 +34,18 @@ struct PackTensorInfo {
   uint64_t checksum = 0;  // as recorded in the manifest
 };
 
+// The block scales of an F8_E4M3 pack tensor (manifest "quantization"):
+// real weight [r, c] = fp8 value x scale[r / block_rows, c / block_cols],
+// rows being all dims but the last.
+struct PackFp8Scales {
+  std::string tensor;      // "layers.0.mlp.gate_up_proj"
+  TensorView weight;       // the F8_E4M3 tensor itself
+  std::string scale_name;  // "layers.0.mlp.gate_up_proj.scale"
+  TensorView scale;        // f32 [ceil(rows/block_rows), ceil(cols/block_cols)]
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;  // a multiple of 16 (the kernels' vector width)
+};
+
 class Pack {
  public:
   // Opens and validates `path`. Throws qtk::Error naming the file and the
@@ -50,6 +62,11 @@ class Pack {
   const PackTensorInfo* find_tensor(std::string_view name) const;
   const TensorView& tensor(std::string_view name) const;
   const std::vector<PackTensorInfo>& tensors() const { return tensors_; }
+
+  // The scales of F8_E4M3 tensor `name`, or nullptr when it has none (every
+  // F8_E4M3 tensor of a pack that opened has them).
+  const PackFp8Scales* fp8_scales(std::string_view name) const;
+  const std::vector<PackFp8Scales>& fp8_tensors() const { return fp8_; }
 
   // Raw bytes of a non-tensor entry ("tokenizer.json", "generation_config.json", ...).
   std::optional<std::string_view> entry(std::string_view name) const;
@@ -118,10 +135,13 @@ class Pack {
 
  private:
   Pack() = default;
+  // Reads and validates the manifest's "quantization" section into fp8_.
+  void read_fp8_section(const std::string& mwhere);
   MappedFile file_;
   nlohmann::json manifest_;
   ModelConfig config_;
   std::vector<PackTensorInfo> tensors_;
+  std::vector<PackFp8Scales> fp8_;
   struct RawEntry {
     std::string name;
     uint64_t offset = 0;  // of the data in the file

@@ -21,7 +21,11 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-bool is_matrix_dtype(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+// note: F8_E4M3 matrices come with block scales (Pack::fp8_scales, checked
+// when the pack opened); TiledWeights::matmul reads both.
+bool is_matrix_dtype(DType t) {
+  return t == DType::BF16 || t == DType::F16 || t == DType::F32 || t == DType::F8_E4M3;
+}
 
 void check_shape(const Pack& pack, const std::string& name, const TensorView& v,
                  std::initializer_list<int64_t> dims) {
@@ -41,7 +45,7 @@ void check_shape(const Pack& pack, const std::string& name, const TensorView& v,
 TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
   const TensorView& v = pack.tensor(name);
   if (!is_matrix_dtype(v.dtype)) {
-    fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack.path(), name,
          dtype_name(v.dtype));
   }
   check_shape(pack, name, v, {rows, cols});

@@ -15,7 +15,8 @@
 namespace qtk {
 
 // Weights of one decoder layer, all views into the mapped pack.
-// "mat" = the pack's matrix dtype (bf16, f16 or f32).
+// "mat" = the pack's matrix dtype (bf16, f16 or f32; or f8_e4m3, whose
+// float32 block scales the pack holds beside it: Pack::fp8_scales).
 struct Qwen3LayerWeights {
   TensorView input_layernorm;           // f32 [hidden]
   TensorView qkv_proj;                  // mat [(Hq + 2*Hkv)*head_dim, hidden]: rows q, k, v

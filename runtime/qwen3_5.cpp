@@ -70,7 +70,13 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool)
       l.attn.o_proj = pack_matrix(pack, p + "self_attn.o_proj", H, c.q_dim());
       kind_index_.push_back(attn_layers_++);
     } else {
-      l.gdn.in_proj = pack_matrix(pack, p + "linear_attn.in_proj", in_proj_rows(c), H);
+      if (pack.find_tensor(p + "linear_attn.in_proj_ba") != nullptr) {
+        l.gdn.in_proj = pack_matrix(pack, p + "linear_attn.in_proj",
+                                    c.linear_conv_dim() + c.linear_value_dim(), H);
+        l.gdn.in_proj_ba = pack_matrix(pack, p + "linear_attn.in_proj_ba", 2 * Hv, H);
+      } else {
+        l.gdn.in_proj = pack_matrix(pack, p + "linear_attn.in_proj", in_proj_rows(c), H);
+      }
       const TensorView& conv = pack.tensor(p + "linear_attn.conv1d");
       if (conv.dtype != DType::F32 || conv.ndim != 2 || conv.shape[0] != c.linear_conv_dim() ||
           conv.shape[1] != c.linear_conv_kernel) {
@@ -96,6 +102,7 @@ Qwen3_5::Qwen3_5(const Pack& pack, ThreadPool* pool)
       mats.insert(mats.end(), {l.attn.qkv_proj, l.attn.o_proj});
     } else {
       mats.insert(mats.end(), {l.gdn.in_proj, l.gdn.out_proj});
+      if (l.gdn.in_proj_ba.data != nullptr) mats.push_back(l.gdn.in_proj_ba);
     }
     if (l.is_moe)
       append_moe_matrices(l.moe, mats);
@@ -184,7 +191,13 @@ void Qwen3_5::linear_attention(const Qwen3_5LinearAttention& w, int64_t gi, cons
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel;
   const int64_t ld = in_proj_rows(c);
   float* proj = proj_.data();
-  tiled_.matmul(h, H, w.in_proj, proj, ld, T, ld, H, pool_);
+  if (w.in_proj_ba.data != nullptr) {
+    const int64_t qkvz = C + c.linear_value_dim();
+    tiled_.matmul(h, H, w.in_proj, proj, ld, T, qkvz, H, pool_);
+    tiled_.matmul(h, H, w.in_proj_ba, proj + qkvz, ld, T, 2 * Hv, H, pool_);
+  } else {
+    tiled_.matmul(h, H, w.in_proj, proj, ld, T, ld, H, pool_);
+  }
   const float* z = proj + C;
   const float* bcol = z + c.linear_value_dim();
   const float* acol = bcol + Hv;

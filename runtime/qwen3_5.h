@@ -15,7 +15,8 @@
 
 namespace qtk {
 
-// "mat" = the pack's matrix dtype (bf16, f16 or f32). Norm weights marked
+// "mat" = the pack's matrix dtype (bf16, f16, f32, or f8_e4m3 with float32
+// block scales beside it in the pack: Pack::fp8_scales). Norm weights marked
 // (1+w) hold Qwen3.5's x * (1 + w) factor folded in by convert.
 struct Qwen3_5FullAttention {
   TensorView qkv_proj;  // mat [(2*Hq + 2*Hkv)*head_dim, hidden]: rows query, gate, k, v
@@ -26,6 +27,10 @@ struct Qwen3_5FullAttention {
 
 struct Qwen3_5LinearAttention {
   TensorView in_proj;   // mat [conv_dim + Hv*Dv + 2*Hv, hidden]: rows q,k,v (conv_dim); z; b; a
+  // note: FP8 packs with the split_gdn_in_proj_ba transform hold the b and a
+  // rows apart (bf16 beside F8_E4M3 q,k,v,z); then in_proj has only the
+  // conv_dim + Hv*Dv rows. data is nullptr otherwise.
+  TensorView in_proj_ba;  // mat [2*Hv, hidden]: rows b; a
   TensorView conv1d;    // f32 [conv_dim, conv_kernel]
   TensorView dt_bias;   // f32 [Hv]
   TensorView A;         // f32 [Hv] = -exp(A_log)

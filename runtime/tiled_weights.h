@@ -23,6 +23,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_fp8.h"
 #include "kernels/matmul_tiled.h"
 #include "kernels/thread_pool.h"
 #include "loaders/error.h"
@@ -55,6 +56,14 @@ class TiledWeights {
   // would not fit in memory: Pack::anonymous_copy_fits) or no matrix is
   // usable: pack.load_for_cpu() instead.
   void build(const Pack& pack, const std::vector<TensorView>& mats, ThreadPool* pool) {
+    for (const PackFp8Scales& q : pack.fp8_tensors()) fp8_[q.weight.data] = &q;
+    if (const PackTensorInfo* e = pack.find_tensor("embed_tokens");
+        e != nullptr && e->view.dtype == DType::F8_E4M3) {
+      fail(
+          "{}: tensor 'embed_tokens' is F8_E4M3; an FP8 embedding table is not supported "
+          "(expected BF16, F16 or F32)",
+          pack.path());
+    }
     if (!enabled() || !pack.anonymous_copy_fits()) {
       pack.load_for_cpu();
       return;
@@ -112,9 +121,20 @@ class TiledWeights {
     return it == tiled_.end() ? nullptr : it->second;
   }
 
-  // y = x w^T through the tiled copy when w has one, else matmul() (HF).
+  // y = x w^T through the tiled copy when w has one, through matmul_fp8 with
+  // the pack's block scales when w is F8_E4M3, else matmul() (HF).
+  // note: FP8 weights are read in place (no tiled or dequantized copy): at
+  // one byte per weight the stream is already half of bf16's.
   void matmul(const float* x, int64_t ldx, const TensorView& w, float* y, int64_t ldy, int64_t M,
               int64_t N, int64_t K, ThreadPool* pool) const {
+    if (w.dtype == DType::F8_E4M3) {
+      const auto it = fp8_.find(w.data);
+      if (it == fp8_.end()) fail("internal error: an F8_E4M3 matrix without block scales");
+      const PackFp8Scales& q = *it->second;
+      matmul_fp8(x, ldx, w.as<uint8_t>(), q.scale.as<float>(), q.block_rows, q.block_cols, y, ldy,
+                 M, N, K, pool);
+      return;
+    }
     if (const uint16_t* wt = find(w.data)) {
       matmul_tiled(x, ldx, wt, y, ldy, M, N, K, pool);
     } else {
@@ -139,6 +159,7 @@ class TiledWeights {
   size_t bytes_ = 0;
   std::unordered_map<const void*, int64_t> offsets_;
   std::unordered_map<const void*, const uint16_t*> tiled_;
+  std::unordered_map<const void*, const PackFp8Scales*> fp8_;  // F8_E4M3 matrix -> its scales
 };
 
 }  // namespace qtk

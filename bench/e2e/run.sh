@@ -4,22 +4,24 @@
 # workloads and prints one JSON object with tok/s, peak RSS, achieved GB/s and
 # GFLOP/s next to the read bandwidth measured in the same run.
 #
-#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick] [--seqs "1 8 32"]
+#   bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick] [--seqs "1 8 32"] [--fp8]
 #
-# --quick = --seqs "1 8"; the default is "1 8 32 64".
+# --quick = --seqs "1 8"; the default is "1 8 32 64". --fp8 synthesises the
+# block-FP8 layout (bench/synth --fp8) and keeps it FP8 in the pack.
 #
 # Example: bench/e2e/run.sh tests/data/configs/qwen3-0.6b.json > bench/results/qwen3-0.6b.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${1:?usage: bench/e2e/run.sh CONFIG.json [--threads N] [--work DIR] [--quick]}
 shift
-THREADS=$(nproc); WORK=bench-work; QUICK=0; SEQS="1 8 32 64"
+THREADS=$(nproc); WORK=bench-work; QUICK=0; SEQS="1 8 32 64"; FP8=0
 while (($#)); do
   case $1 in
     --threads) THREADS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --seqs) SEQS=$2; shift 2 ;;
+    --fp8) FP8=1; shift ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 1 ;;
   esac
 done
@@ -28,9 +30,11 @@ for b in synth convert generate membw; do
   [[ -x $BIN/$b ]] || { echo "run.sh: $BIN/$b missing: build first (bash scripts/setup.sh)" >&2; exit 1; }
 done
 NAME=$(basename "$CONFIG" .json)
+SYNTH_FLAGS=()
+if ((FP8)); then NAME=$NAME-fp8; SYNTH_FLAGS=(--fp8); fi
 mkdir -p "$WORK"
 CKPT=$WORK/$NAME-ckpt; PACK=$WORK/$NAME.pack
-[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 >&2
+[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 "${SYNTH_FLAGS[@]}" >&2
 [[ -f $PACK ]] || "$BIN/convert" "$CKPT" "$PACK" >&2
 
 "$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw.json"
@@ -92,24 +96,43 @@ pack_bytes = os.path.getsize(pack)
 embed_bytes = tc["vocab_size"] * tc["hidden_size"] * 2
 tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
 step_bytes = pack_bytes - (0 if tied else embed_bytes)  # tied: the table is read as lm_head
+import zipfile
+man = json.loads(zipfile.ZipFile(pack).read("manifest.json"))
+scales = {q["scale"] for q in man.get("quantization", {}).get("tensors", [])}
+weight_dtypes = sorted({t["dtype"] for t in man["tensors"] if len(t["shape"]) == 2 and t["name"] not in scales})
+def numel(t):
+  n = 1
+  for d in t["shape"]: n *= d
+  return n
 # Mixture of experts: a decode step reads only the experts its tokens chose.
 # note: batch 1 reads exactly top_k experts per MoE layer; a batch of n
 # reads the distinct experts its n tokens chose, estimated for a uniform
 # router as E * (1 - (1 - k/E)^n) (random weights route close to uniformly).
+# The stacked expert tensors' bytes (FP8 block scales included) come from the
+# manifest, so an FP8 MoE pack counts 1 byte per expert weight.
 E = tc.get("num_experts") or tc.get("num_local_experts") or 0
-expert_bytes, moe_k = 0, 0
+expert_bytes, expert_weights, moe_k = 0, 0, 0
 if E:
-  moe_k, L = tc["num_experts_per_tok"], tc["num_hidden_layers"]
-  step, only = tc.get("decoder_sparse_step") or 1, set(tc.get("mlp_only_layers") or [])
-  moe_layers = sum(1 for i in range(L) if i not in only and (i + 1) % step == 0)
-  expert_bytes = moe_layers * E * 3 * tc["moe_intermediate_size"] * tc["hidden_size"] * 2
+  moe_k = tc["num_experts_per_tok"]
+  elem = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
+  for t in man["tensors"]:
+    if "mlp.experts." in t["name"]:
+      expert_bytes += numel(t) * elem[t["dtype"]]
+      if t["name"] not in scales: expert_weights += numel(t)
 def bytes_per_step(n):
   if not E: return step_bytes
   return step_bytes - expert_bytes + expert_bytes * (1 - (1 - moe_k / E) ** n)
-flops_per_token = 2 * (bytes_per_step(1) / 2 - tc["vocab_size"] * tc["hidden_size"])  # matmul flops, lm_head excluded
+# Matmul flops per token, lm_head excluded: 2 x the weights of every matrix
+# the pack holds (FP8 block scales and the untied embedding table are not
+# matmuls), the stacked experts counted for the top_k a token uses.
+weights = sum(t["shape"][0] * t["shape"][1] for t in man["tensors"]
+              if len(t["shape"]) == 2 and t["name"] not in scales and "conv1d" not in t["name"]
+              and not (t["name"] == "embed_tokens" and not tied))
+if E: weights += expert_weights * moe_k // E
+flops_per_token = 2 * (weights - tc["vocab_size"] * tc["hidden_size"])
 p = meta("prefill")
 out = {
-  "model": os.path.basename(cfg_path), "threads": threads, "read_bandwidth_gbps": bw,
+  "model": os.path.basename(cfg_path), "weight_dtypes": weight_dtypes, "threads": threads, "read_bandwidth_gbps": bw,
   "read_bandwidth_gbps_after": bw_after, "bandwidth_used_for_floor_gbps": bw_t,
   "load_average_before": open(f"{work}/load_before.txt").read().strip(),
   "load_average_after": open(f"{work}/load_after.txt").read().strip(),

@@ -18,6 +18,7 @@
 #include "kernels/attention.h"
 #include "kernels/gdn.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_fp8.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 
@@ -150,6 +151,48 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   b->Args({1, 3072, 1024, 1, 0});
 }
 BENCHMARK(BM_MatmulBf16)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
+
+// FP8 weights (e4m3 + float32 128x128 block scales, kernels/matmul_fp8.h) at
+// the same shapes as BM_MatmulBf16: half the weight bytes per call. Bytes
+// counted: the e4m3 weights plus the scales. args as BM_MatmulBf16.
+void BM_MatmulFp8(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const CpuPath path = static_cast<CpuPath>(state.range(4));
+  if (!cpu_path_supported(path)) {
+    state.SkipWithError("path not supported on this CPU");
+    return;
+  }
+  const int64_t scales = ((N + 127) / 128) * ((K + 127) / 128);
+  // note: as BM_MatmulBf16, enough copies (96 MiB) that every call streams from DRAM.
+  const int copies = static_cast<int>(std::max<int64_t>(1, (96ll << 20) / (N * K)));
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<std::vector<float>> s;
+  uint32_t r = 99;
+  for (int c = 0; c < copies; ++c) {
+    w.emplace_back(static_cast<size_t>(N * K));
+    for (auto& b : w.back()) {
+      r ^= r << 13, r ^= r >> 17, r ^= r << 5;
+      b = static_cast<uint8_t>(r & 0xFF) == 0x7F ? 0 : static_cast<uint8_t>(r & 0xFF);
+    }
+    s.emplace_back(static_cast<size_t>(scales), 1e-4f);
+  }
+  auto x = random_vec(M * K, 1);
+  std::vector<float> y(M * N);
+  ThreadPool* pool = pool_for(threads);
+  int c = 0;
+  for (auto _ : state) {
+    matmul_fp8_on_path(path, x.data(), K, w[c].data(), s[c].data(), 128, 128, y.data(), N, M, N, K,
+                       pool);
+    c = (c + 1) % copies;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (N * K + scales * 4));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * M * N * K,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_MatmulFp8)->Apply(MatmulArgs)->UseRealTime()->MinTime(0.3);
 
 // avx512 against amx at Qwen3-0.6B shapes, lm_head
 // included. args: M, N, K, threads, path (2 avx512, 3 amx).

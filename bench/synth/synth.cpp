@@ -1,7 +1,13 @@
 // synth: writes a random-weight Hugging Face checkpoint for any supported
 // config.json, for benchmarks on real model shapes without real weights.
 //
-//   synth CONFIG.json OUT_DIR [--seed N] [--dtype bf16|f32] [--shard-mb N]
+//   synth CONFIG.json OUT_DIR [--seed N] [--dtype bf16|f32] [--shard-mb N] [--fp8]
+//
+// --fp8 writes the layout of Qwen's block-FP8 releases: every decoder-layer
+// projection ([out, in]; not the embedding, lm_head or the GDN in_proj_a/b)
+// as F8_E4M3 with a float32 `_scale_inv` [ceil(out/128), ceil(in/128)]
+// (scale = block amax / 448, values rounded to the nearest e4m3), and
+// config.json gets the matching quantization_config.
 //
 // The tensor list and shapes come from the loaders' name table
 // (expected_tensors), so a synthesised checkpoint is exactly what `convert`
@@ -11,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -94,6 +101,7 @@ struct Tensor {
   std::string hf_name;
   std::vector<int64_t> shape;
   Init init;
+  bool fp8 = false;  // F8_E4M3 with a `_scale_inv` tensor written after it
   int64_t numel() const {
     int64_t n = 1;
     for (auto d : shape) n *= d;
@@ -111,17 +119,84 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
   }
 }
 
+constexpr int64_t kFp8Block = 128;
+
+int64_t scale_count(const Tensor& t) {
+  return ((t.shape[0] + kFp8Block - 1) / kFp8Block) * ((t.shape[1] + kFp8Block - 1) / kFp8Block);
+}
+
+// The e4m3fn byte nearest to v (|v| <= 448), ties to the even code.
+uint8_t to_e4m3(float v) {
+  static const std::vector<float> mags = [] {
+    std::vector<float> m(127);
+    for (int b = 0; b < 127; ++b) {
+      const int e = b >> 3, mant = b & 7;
+      m[b] = e == 0 ? std::ldexp(static_cast<float>(mant), -9)
+                    : std::ldexp(static_cast<float>(8 + mant), e - 10);
+    }
+    return m;
+  }();
+  const float a = std::fabs(v);
+  const auto it = std::lower_bound(mags.begin(), mags.end(), a);
+  int b = static_cast<int>(it - mags.begin());
+  if (b == 127) b = 126;
+  if (b > 0) {
+    const float lo = mags[b - 1], hi = mags[b];
+    if (a - lo < hi - a || (a - lo == hi - a && ((b - 1) & 1) == 0)) b -= 1;
+  }
+  return static_cast<uint8_t>((v < 0 ? 0x80 : 0) | b);
+}
+
+// An FP8 weight and its scales: values drawn as for bf16, then each 128x128
+// block quantised with scale = amax / 448 (one 128-row band at a time).
+void write_fp8(int fd, const std::string& path, const Tensor& t, Rng& rng) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t cb = (cols + kFp8Block - 1) / kFp8Block;
+  std::vector<float> scales;
+  std::vector<float> band;
+  std::vector<uint8_t> q;
+  for (int64_t r0 = 0; r0 < rows; r0 += kFp8Block) {
+    const int64_t nr = std::min(kFp8Block, rows - r0);
+    band.resize(static_cast<size_t>(nr * cols));
+    for (auto& v : band) v = t.init.center + t.init.scale * rng.uniform();
+    q.resize(band.size());
+    for (int64_t b = 0; b < cb; ++b) {
+      const int64_t c0 = b * kFp8Block, nc = std::min(kFp8Block, cols - c0);
+      float amax = 0;
+      for (int64_t r = 0; r < nr; ++r)
+        for (int64_t c = 0; c < nc; ++c) amax = std::max(amax, std::fabs(band[r * cols + c0 + c]));
+      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+      scales.push_back(scale);
+      for (int64_t r = 0; r < nr; ++r)
+        for (int64_t c = 0; c < nc; ++c)
+          q[r * cols + c0 + c] =
+              to_e4m3(std::min(448.0f, std::max(-448.0f, band[r * cols + c0 + c] / scale)));
+    }
+    write_all(fd, q.data(), q.size(), path);
+  }
+  write_all(fd, scales.data(), scales.size() * 4, path);
+}
+
 void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bool bf16, Rng& rng) {
   const int64_t esize = bf16 ? 2 : 4;
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"generator", "qtk bench/synth"}};
   int64_t offset = 0;
   for (const auto& t : tensors) {
-    const int64_t bytes = t.numel() * esize;
-    header[t.hf_name] = {{"dtype", bf16 ? "BF16" : "F32"},
+    const int64_t bytes = t.numel() * (t.fp8 ? 1 : esize);
+    header[t.hf_name] = {{"dtype", t.fp8 ? "F8_E4M3" : (bf16 ? "BF16" : "F32")},
                          {"shape", t.shape},
                          {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    if (t.fp8) {
+      const int64_t sbytes = scale_count(t) * 4;
+      header[t.hf_name + "_scale_inv"] = {
+          {"dtype", "F32"},
+          {"shape",
+           {(t.shape[0] + kFp8Block - 1) / kFp8Block, (t.shape[1] + kFp8Block - 1) / kFp8Block}},
+          {"data_offsets", {offset, offset + sbytes}}};
+      offset += sbytes;
+    }
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // note: 8-byte aligned data, as HF writers do
@@ -135,6 +210,10 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
   std::vector<float> f32;
   constexpr int64_t kChunk = 1 << 20;
   for (const auto& t : tensors) {
+    if (t.fp8) {
+      write_fp8(fd, path, t, rng);
+      continue;
+    }
     for (int64_t done = 0; done < t.numel(); done += kChunk) {
       const int64_t m = std::min(kChunk, t.numel() - done);
       f32.resize(m);
@@ -163,7 +242,9 @@ int run(int argc, char** argv) {
       "seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))(
       "dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))(
       "shard-mb", "start a new shard after this many MB (0: one file)",
-      cxxopts::value<int64_t>()->default_value("0"))("h,help", "show this help");
+      cxxopts::value<int64_t>()->default_value("0"))(
+      "fp8", "block-FP8 layer projections (F8_E4M3 + float32 128x128 scales)")("h,help",
+                                                                               "show this help");
   opts.parse_positional({"config", "out"});
   opts.positional_help("CONFIG.json OUT_DIR");
   auto args = opts.parse(argc, argv);
@@ -188,6 +269,12 @@ int run(int argc, char** argv) {
                     : (multimodal ? "model.language_model." : "model.") + e.name;
     t.shape = e.shape;
     t.init = init_for(e.name, c);
+    // note: as Qwen's FP8 releases: layer projections are quantised (GDN
+    // in_proj_qkv and in_proj_z included); the embedding, lm_head and the
+    // [Hv, H] gates in_proj_a/b stay bf16.
+    t.fp8 = args.count("fp8") && e.shape.size() == 2 && e.name.rfind("layers.", 0) == 0 &&
+            e.name.find("in_proj_a") == std::string::npos &&
+            e.name.find("in_proj_b") == std::string::npos;
     all.push_back(std::move(t));
   }
   std::filesystem::create_directories(out);
@@ -197,6 +284,16 @@ int run(int argc, char** argv) {
                                                          std::filesystem::perms::owner_write |
                                                          std::filesystem::perms::group_read |
                                                          std::filesystem::perms::others_read);
+  if (args.count("fp8")) {
+    nlohmann::ordered_json cj = nlohmann::ordered_json::parse(std::ifstream(config_path));
+    nlohmann::ordered_json& target = multimodal ? cj["text_config"] : cj;
+    target["quantization_config"] = {{"quant_method", "fp8"},
+                                     {"fmt", "e4m3"},
+                                     {"activation_scheme", "dynamic"},
+                                     {"weight_block_size", {kFp8Block, kFp8Block}},
+                                     {"modules_to_not_convert", {"lm_head"}}};
+    std::ofstream(out + "/config.json") << cj.dump(2) << "\n";
+  }
 
   Rng rng(args["seed"].as<uint64_t>());
   const bool bf16 = dtype == "bf16";
@@ -204,7 +301,7 @@ int run(int argc, char** argv) {
   std::vector<std::vector<Tensor>> shards(1);
   int64_t in_shard = 0;
   for (auto& t : all) {
-    const int64_t b = t.numel() * (bf16 ? 2 : 4);
+    const int64_t b = t.fp8 ? t.numel() + scale_count(t) * 4 : t.numel() * (bf16 ? 2 : 4);
     if (shard_bytes > 0 && in_shard > 0 && in_shard + b > shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -223,7 +320,8 @@ int run(int argc, char** argv) {
       write_shard(out + "/" + name, shards[s], bf16, rng);
       for (const auto& t : shards[s]) {
         index["weight_map"][t.hf_name] = name;
-        total += t.numel() * (bf16 ? 2 : 4);
+        if (t.fp8) index["weight_map"][t.hf_name + "_scale_inv"] = name;
+        total += t.fp8 ? t.numel() + scale_count(t) * 4 : t.numel() * (bf16 ? 2 : 4);
       }
     }
     index["metadata"] = {{"total_size", total}};

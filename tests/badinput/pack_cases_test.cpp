@@ -307,5 +307,64 @@ TEST_F(BadPack, BadChecksumFoundByVerify) {
   expect_rejected(z, {e.name, "checksum"}, /*verify=*/true);
 }
 
+// FP8 packs (issue 23): the manifest's "quantization" section ties each
+// F8_E4M3 tensor to its scales; every broken link is refused by name.
+class BadFp8Pack : public BadPack {
+ protected:
+  static void SetUpTestSuite() {
+    BadPack::SetUpTestSuite();
+    const RunResult r = run_program(
+        {program("convert"), model_fixture("qwen3-fp8-tiny"), *dir_ / "fp8.pack"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    fp8_ = new std::string(read_file(*dir_ / "fp8.pack"));
+  }
+  static void TearDownTestSuite() {
+    delete fp8_;
+    BadPack::TearDownTestSuite();
+  }
+  static std::string* fp8_;
+};
+std::string* BadFp8Pack::fp8_ = nullptr;
+
+TEST_F(BadFp8Pack, QuantizationSectionEdits) {
+  const ZipEntry m = parse_zip(*fp8_).find("manifest.json");
+  const auto j = nlohmann::ordered_json::parse(fp8_->substr(m.data, m.size));
+  ASSERT_TRUE(j.contains("quantization"));
+  auto edited = [&](const std::function<void(nlohmann::ordered_json&)>& f) {
+    auto k = j;
+    f(k);
+    return replace_last_entry(*fp8_, "manifest.json", k.dump());
+  };
+  {  // control
+    TempDir t;
+    write_file(t / "same.pack", edited([](auto&) {}));
+    EXPECT_EQ(run_program({program("inspect"), t / "same.pack", "--verify"}).exit_code, 0);
+  }
+  expect_rejected(edited([](auto& k) { k.erase("quantization"); }),
+                  {"layers.0.self_attn.qkv_proj", "F8_E4M3", "quantization"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["method"] = "awq"; }),
+                  {"quantization", "method", "awq"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["fmt"] = "e5m2"; }),
+                  {"quantization", "fmt", "e5m2"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["block"] = {128, 24}; }),
+                  {"quantization tensors[0]", "block", "multiple of 16"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["block"] = {256, 128}; }),
+                  {"quantization tensors[0]", "scale tensor", "expected F32 [2, 2]"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["scale"] = "nope"; }),
+                  {"quantization tensors[0]", "nope", "not in the pack"});
+  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["name"] = "lm_head"; }),
+                  {"quantization tensors[0]", "lm_head", "BF16", "F8_E4M3"});
+  expect_rejected(edited([](auto& k) {
+                    k["quantization"]["tensors"].push_back(k["quantization"]["tensors"][0]);
+                  }),
+                  {"quantization", "listed twice"});
+  // A scale tensor of another dtype than F32.
+  expect_rejected(edited([](auto& k) {
+                    for (auto& t : k["tensors"])
+                      if (t["name"] == "layers.0.self_attn.o_proj.scale") t["dtype"] = "BF16", t["shape"] = {2, 4};
+                  }),
+                  {"layers.0.self_attn.o_proj.scale", "BF16", "expected F32"});
+}
+
 }  // namespace
 }  // namespace qtk::testing

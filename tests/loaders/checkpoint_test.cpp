@@ -291,11 +291,48 @@ TEST_F(CraftedSingle, WrongShape) {
 TEST_F(CraftedSingle, UnsupportedDType) {
   edit_file("model.safetensors", [](auto& ts) {
     erase(ts, "model.norm.weight");
+    ts.push_back(zeros("model.norm.weight", DType::I16, {64}));
+  });
+  expect_has(open_error(),
+             "tensor \"model.norm.weight\": dtype I16 is not supported (expected BF16, F16, F32 "
+             "or F8_E4M3)");
+}
+
+TEST_F(CraftedSingle, Fp8WithoutQuantizationConfig) {
+  edit_file("model.safetensors", [](auto& ts) {
+    erase(ts, "model.norm.weight");
     ts.push_back(zeros("model.norm.weight", DType::F8_E4M3, {64}));
   });
-  expect_has(
-      open_error(),
-      "tensor \"model.norm.weight\": dtype F8_E4M3 is not supported (expected BF16, F16 or F32)");
+  expect_has(open_error(),
+             "tensor \"model.norm.weight\": dtype F8_E4M3, but " + dir +
+                 "/config.json has no quantization_config");
+}
+
+// The FP8 fixture: every F8_E4M3 weight has its scales attached, every other
+// tensor has none, and the config's block size is read.
+TEST(Checkpoint, Qwen3Fp8TinyScalesPaired) {
+  auto ck = Checkpoint::open(source_path("tests/data/models/qwen3-fp8-tiny"));
+  const Fp8Quantization& q = ck->config().fp8;
+  EXPECT_TRUE(q.enabled);
+  EXPECT_EQ(q.block_rows, 128);
+  EXPECT_EQ(q.block_cols, 128);
+  EXPECT_EQ(q.modules_to_not_convert, std::vector<std::string>{"lm_head"});
+  int fp8 = 0;
+  for (const CheckpointTensor& t : ck->tensors()) {
+    if (t.view.dtype != DType::F8_E4M3) {
+      EXPECT_EQ(t.scale.data, nullptr) << t.hf_name;
+      continue;
+    }
+    ++fp8;
+    ASSERT_NE(t.scale.data, nullptr) << t.hf_name;
+    EXPECT_EQ(t.scale_hf_name, t.hf_name + "_scale_inv");
+    EXPECT_EQ(t.scale.dtype, DType::F32);
+    EXPECT_EQ(shape_of(t.scale),
+              (std::vector<int64_t>{(t.view.shape[0] + 127) / 128, (t.view.shape[1] + 127) / 128}));
+  }
+  EXPECT_EQ(fp8, 2 * 7);  // q, k, v, o, gate, up, down per layer
+  EXPECT_EQ(ck->find("lm_head.weight")->view.dtype, DType::BF16);
+  EXPECT_EQ(ck->find("layers.0.mlp.down_proj.weight")->scale.shape[1], 3);  // 320 cols: partial
 }
 
 TEST_F(CraftedSingle, UnknownTensorName) {

@@ -383,11 +383,43 @@ std::vector<Reject> rejects() {
       {"moe35_no_experts", kQwen35MoeVlm, [](json& j) { j["text_config"].erase("num_experts"); },
        "missing field 'num_experts' (or 'num_local_experts') for "
        "Qwen3_5MoeForConditionalGeneration"},
-      {"fp8", kQwen3Tiny,
+      {"quant_awq", kQwen3Tiny,
+       [](json& j) { j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}}; },
+       "field 'quantization_config.quant_method': not supported: quant_method \"awq\""},
+      {"quant_gptq_nested", kQwen35Vlm,
+       [](json& j) { j["text_config"]["quantization_config"] = {{"quant_method", "gptq"}}; },
+       "field 'text_config.quantization_config.quant_method': not supported: quant_method "
+       "\"gptq\""},
+      {"quant_method_missing", kQwen3Tiny,
+       [](json& j) { j["quantization_config"] = {{"fmt", "e4m3"}}; },
+       "field 'quantization_config.quant_method': expected a string (\"fp8\"), found nothing"},
+      {"quant_not_object", kQwen3Tiny, [](json& j) { j["quantization_config"] = "fp8"; },
+       "field 'quantization_config': expected an object, found \"fp8\""},
+      {"fp8_e5m2", kQwen3Tiny,
+       [](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}}; },
+       "field 'quantization_config.fmt': not supported: expected \"e4m3\", found \"e5m2\""},
+      {"fp8_block_64", kQwen3Tiny,
        [](json& j) {
-         j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+         j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}};
        },
-       "field 'quantization_config.quant_method': FP8 weights are not supported"},
+       "field 'quantization_config.weight_block_size': not supported: expected [128, 128], "
+       "found [64,64]"},
+      {"fp8_static_activations", kQwen3Tiny,
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+       },
+       "field 'quantization_config.activation_scheme': not supported: expected \"dynamic\""},
+      {"fp8_not_convert_type", kQwen3Tiny,
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "fp8"}, {"modules_to_not_convert", "lm_head"}};
+       },
+       "field 'quantization_config.modules_to_not_convert': expected a list of names"},
+      {"fp8_levels_disagree", kQwen35Vlm,
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "fp8"}};
+         j["text_config"]["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
+       },
+       "fields 'quantization_config' and 'text_config.quantization_config' disagree"},
       {"layer_types_length", kQwen35Tiny, [](json& j) { j["layer_types"].erase(0); },
        "field 'layer_types': expected 8 entries (num_hidden_layers), found 7"},
       {"layer_type_unknown", kQwen35Tiny, [](json& j) { j["layer_types"][0] = "mamba"; },

@@ -1,6 +1,8 @@
 // Golden cases of every fixture model through the real programs:
 // convert -> generate -> compare, by the fixtures rule (exact up to the
 // first step whose reference top-1 margin is below 1e-3).
+#include "kernels/cpu_features.h"
+#include "runtime/pack.h"
 #include "tests/runtime/test_util.h"
 
 namespace qtk::rt_test {
@@ -55,13 +57,99 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                                            GoldenModel{"tests/data/models/qwen3.5-tiny-vlm"},
                                            GoldenModel{"samples/qwen3.5-sample"},
                                            GoldenModel{"tests/data/models/qwen3-moe-tiny"},
-                                           GoldenModel{"tests/data/models/qwen3.5-moe-tiny-vlm"}),
+                                           GoldenModel{"tests/data/models/qwen3.5-moe-tiny-vlm"},
+                                           GoldenModel{"tests/data/models/qwen3-fp8-tiny"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// An FP8 pack (weights read in place with their block scales) and the same
+// checkpoint dequantized by `convert --dtype f32` give the same bytes: the
+// FP8 kernels compute each weight as the float32 product fp8 x scale, which
+// is what the f32 pack stores, and then the f32 path's exact arithmetic
+// (kernels/matmul_fp8.h). The run headers differ only in the precision line.
+// Models: the qwen3-fp8-tiny fixture (its golden prompts), and a Qwen3.5
+// checkpoint synthesised by bench/synth --fp8 from the qwen3.5-tiny-vlm
+// config (nested text_config quantization; split_q_gate with head_dim 32 and
+// the GDN in_proj q,k,v,z rows give 32- and 16-row scale blocks; FP8
+// in_proj_qkv/z beside bf16 in_proj_b/a, the split_gdn_in_proj_ba layout;
+// random prompts).
+struct Fp8Model {
+  const char* name;
+  const char* dir;   // fixture with golden.json, or the config's model dir for synth
+  bool synthesise;
+  const char* block_text;
+};
+
+class Fp8Equivalence : public ::testing::TestWithParam<Fp8Model> {};
+
+TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
+  const Fp8Model& p = GetParam();
+  std::string ckpt = src(p.dir);
+  std::string prompts_text;
+  if (p.synthesise) {
+#ifdef QTK_SYNTH_BIN
+    ckpt = fmt::format("{}/{}-ckpt", work_dir(), p.name);
+    RunResult s = run(fmt::format("{} {}/config.json {} --seed 5 --fp8", QTK_SYNTH_BIN, src(p.dir), ckpt));
+    ASSERT_EQ(s.status, 0) << s.err;
+    for (int i = 0; i < 12; ++i) {
+      std::vector<int> ids;
+      for (int k = 0; k < 1 + (i * 37) % 90; ++k) ids.push_back((i * 131 + k * 17) % 500);
+      prompts_text += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 10}}.dump() + "\n";
+    }
+#else
+    GTEST_SKIP() << "built without QTK_BENCH: no bench/synth to synthesise the FP8 checkpoint";
+#endif
+  } else {
+    prompts_text = golden_prompts(load_json(src(std::string(p.dir) + "/golden.json")));
+  }
+  const std::string fp8 = fmt::format("{}/{}.fp8.pack", work_dir(), p.name);
+  const std::string f32 = fmt::format("{}/{}.f32.pack", work_dir(), p.name);
+  RunResult c1 = run(fmt::format("{} {} {} --force", QTK_CONVERT_BIN, ckpt, fp8));
+  ASSERT_EQ(c1.status, 0) << c1.err;
+  RunResult c2 = run(fmt::format("{} {} {} --dtype f32 --force", QTK_CONVERT_BIN, ckpt, f32));
+  ASSERT_EQ(c2.status, 0) << c2.err;
+  if (p.synthesise) {
+    EXPECT_TRUE(Pack::open(fp8)->has_transform("split_gdn_in_proj_ba"));
+  }
+  const std::string prompts = fmt::format("{}/{}.fp8-vs-f32.jsonl", work_dir(), p.name);
+  write_text(prompts, prompts_text);
+  const std::string out_fp8 = prompts + ".fp8.out", out_f32 = prompts + ".f32.out";
+  // note: on the amx path the FP8 pack's bf16 matrices (lm_head, ...) run on
+  // AMX tiles while the f32 pack's run the avx512 kernel, a different
+  // arithmetic; there the identity is checked on the avx512 path, which an
+  // AMX machine also has (the amx path keeps its own golden check).
+  const std::string env = active_cpu_path() == CpuPath::kAmx ? "QTK_CPU_PATH=avx512 " : "";
+  auto gen = [&](const std::string& pack, const std::string& out) {
+    return run(fmt::format("{}{} --model {} --batch {} --out {} --ignore-eos --margins --threads 2",
+                           env, QTK_GENERATE_BIN, pack, prompts, out));
+  };
+  RunResult a = gen(fp8, out_fp8);
+  ASSERT_EQ(a.status, 0) << a.err;
+  RunResult b = gen(f32, out_f32);
+  ASSERT_EQ(b.status, 0) << b.err;
+  const std::string text = read_text(out_fp8);
+  EXPECT_EQ(text.find("\"error\""), std::string::npos) << text;
+  EXPECT_EQ(text, read_text(out_f32));
+  const auto meta = load_json(out_fp8 + ".meta.json");
+  const std::string precision = meta["precision"];
+  EXPECT_NE(precision.find("BF16+F8_E4M3 weights"), std::string::npos) << precision;
+  EXPECT_NE(precision.find(p.block_text), std::string::npos) << precision;
+  EXPECT_NE(precision.find("float32 product fp8 x scale"), std::string::npos) << precision;
+  const std::string p32 = load_json(out_f32 + ".meta.json")["precision"];
+  EXPECT_EQ(p32.find("F8"), std::string::npos) << p32;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, Fp8Equivalence,
+    ::testing::Values(Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
+                               "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
+                      Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
+                               "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The sample models' text prompts go through the pack's tokenizer and give
 // the reference prompt ids, outputs and output text.

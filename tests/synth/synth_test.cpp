@@ -71,6 +71,31 @@ TEST(Synth, DifferentSeedsDiffer) {
   fs::remove_all(b);
 }
 
+// --fp8: the layer projections are F8_E4M3 with paired float32 block scales
+// (validated by the loader), sharded or not, for the plain and the nested
+// (text_config) config layouts; the GDN in_proj_a/b and the embedding stay bf16.
+TEST(Synth, Fp8CheckpointLoads) {
+  for (const char* model : {"qwen3-tiny", "qwen3.5-tiny-vlm"}) {
+    for (const char* shard : {"", " --shard-mb 1"}) {
+      SCOPED_TRACE(std::string(model) + shard);
+      const fs::path out = run_synth(model, std::string("--seed 4 --fp8") + shard, "fp8");
+      auto c = Checkpoint::open(out.string());
+      EXPECT_TRUE(c->config().fp8.enabled);
+      int fp8 = 0;
+      for (const auto& t : c->tensors()) {
+        if (t.view.dtype != DType::F8_E4M3) continue;
+        ++fp8;
+        EXPECT_NE(t.scale.data, nullptr) << t.name;
+        EXPECT_EQ(t.name.find("in_proj_a"), std::string::npos) << t.name;
+        EXPECT_EQ(t.name.find("in_proj_b"), std::string::npos) << t.name;
+      }
+      EXPECT_GT(fp8, 0);
+      EXPECT_EQ(c->find("embed_tokens.weight")->view.dtype, DType::BF16);
+      fs::remove_all(out);
+    }
+  }
+}
+
 TEST(Synth, BadConfigFailsWithMessage) {
   const std::string cmd = std::string(QTK_BIN_DIR) + "/synth /nonexistent/config.json /tmp/x 2>/dev/null";
   EXPECT_NE(std::system(cmd.c_str()), 0);
