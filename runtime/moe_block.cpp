@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/activation.h"
+#include "kernels/matmul_fp8.h"
 #include "kernels/moe.h"
 #include "loaders/error.h"
 #include "runtime/pack.h"
@@ -14,16 +15,32 @@ namespace qtk {
 
 namespace {
 
-// A stacked expert tensor [E, rows, cols] in a matrix dtype.
+// A stacked expert tensor [E, rows, cols] in a matrix dtype. An F8_E4M3 one
+// also gives its block scales (*fp8), whose row blocks must not straddle two
+// experts (each expert's slice then starts on a scale row: see
+// expert_matmul).
 TensorView pack_stacked(const Pack& pack, const std::string& name, int64_t E, int64_t rows,
-                        int64_t cols) {
+                        int64_t cols, const PackFp8Scales** fp8) {
   const TensorView& v = pack.tensor(name);
-  if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32)
-    fail("{}: tensor '{}' has dtype {}; expected BF16, F16 or F32", pack.path(), name,
+  if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32 &&
+      v.dtype != DType::F8_E4M3)
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack.path(), name,
          dtype_name(v.dtype));
   if (v.ndim != 3 || v.shape[0] != E || v.shape[1] != rows || v.shape[2] != cols)
     fail("{}: tensor '{}' has shape {}; expected [{}, {}, {}] from the config", pack.path(), name,
          v.shape_string(), E, rows, cols);
+  *fp8 = nullptr;
+  if (v.dtype == DType::F8_E4M3) {
+    const PackFp8Scales* q = pack.fp8_scales(name);
+    if (q == nullptr)
+      fail("{}: tensor '{}' is F8_E4M3 but has no block scales in the manifest", pack.path(), name);
+    if (rows % q->block_rows != 0)
+      fail(
+          "{}: tensor '{}': scale blocks of {} rows straddle experts of {} rows (expected a "
+          "block height dividing {})",
+          pack.path(), name, q->block_rows, rows, rows);
+    *fp8 = q;
+  }
   return v;
 }
 
@@ -35,14 +52,31 @@ TensorView expert_slice(const TensorView& stacked, int64_t e) {
                     {rows, cols});
 }
 
+// y = x w_e^T for expert e's slice w_e [N, K] of a stacked tensor. An FP8
+// slice goes to matmul_fp8 directly with the expert's scale rows: its rows
+// start at e * N of the stacked tensor, i.e. at scale row e * N / block_rows
+// (pack_stacked checked that this divides). TiledWeights::matmul finds FP8
+// scales by the tensor's own pointer, which only expert 0's slice shares.
+void expert_matmul(const float* x, int64_t ldx, const TensorView& w, const PackFp8Scales* fp8,
+                   int64_t e, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                   const TiledWeights& tiled, ThreadPool* pool) {
+  if (fp8 == nullptr) {
+    tiled.matmul(x, ldx, w, y, ldy, M, N, K, pool);
+    return;
+  }
+  const int64_t scale_row = e * (N / fp8->block_rows);
+  matmul_fp8(x, ldx, w.as<uint8_t>(), fp8->scale.as<float>() + scale_row * fp8->scale.shape[1],
+             fp8->block_rows, fp8->block_cols, y, ldy, M, N, K, pool);
+}
+
 }  // namespace
 
 MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::string& p) {
   const int64_t H = c.hidden_size, E = c.moe.num_experts, I = c.moe.expert_intermediate_size;
   MoeWeights w;
   w.router = pack_matrix(pack, p + "mlp.router", E, H);
-  w.gate_up_proj = pack_stacked(pack, p + "mlp.experts.gate_up_proj", E, 2 * I, H);
-  w.down_proj = pack_stacked(pack, p + "mlp.experts.down_proj", E, H, I);
+  w.gate_up_proj = pack_stacked(pack, p + "mlp.experts.gate_up_proj", E, 2 * I, H, &w.gate_up_fp8);
+  w.down_proj = pack_stacked(pack, p + "mlp.experts.down_proj", E, H, I, &w.down_fp8);
   for (int64_t e = 0; e < E; ++e) {
     w.expert_gate_up.push_back(expert_slice(w.gate_up_proj, e));
     w.expert_down.push_back(expert_slice(w.down_proj, e));
@@ -118,9 +152,11 @@ void MoeBlock::forward(const MoeWeights& w, const float* h, int64_t T, float* ou
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(xg_.data() + r * H, h + rows_[r0 + r] * H,
                   static_cast<size_t>(H) * sizeof(float));
-    tiled.matmul(xg_.data(), H, w.expert_gate_up[e], gate_up_.data(), 2 * I, n, 2 * I, H, pool);
+    expert_matmul(xg_.data(), H, w.expert_gate_up[e], w.gate_up_fp8, e, gate_up_.data(), 2 * I, n,
+                  2 * I, H, tiled, pool);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, n, I);
-    tiled.matmul(act_.data(), I, w.expert_down[e], y_.data(), H, n, H, I, pool);
+    expert_matmul(act_.data(), I, w.expert_down[e], w.down_fp8, e, y_.data(), H, n, H, I, tiled,
+                  pool);
     moe_scatter_add(out, H, y_.data(), H, rows_.data() + r0, row_weight_.data() + r0, n, H);
   }
 

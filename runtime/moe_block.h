@@ -27,6 +27,7 @@
 namespace qtk {
 
 class Pack;
+struct PackFp8Scales;
 class ThreadPool;
 class TiledWeights;
 
@@ -38,6 +39,11 @@ struct MoeWeights {
   TensorView down_proj;     // mat [E, hidden, Ie]
   std::vector<TensorView> expert_gate_up;  // mat [2*Ie, hidden] each: slices of gate_up_proj
   std::vector<TensorView> expert_down;     // mat [hidden, Ie] each: slices of down_proj
+  // The block scales of gate_up_proj / down_proj when they are F8_E4M3
+  // (nullptr otherwise): [E*rows/block_rows, ceil(cols/block_cols)], expert
+  // e's rows starting at scale row e*rows/block_rows.
+  const PackFp8Scales* gate_up_fp8 = nullptr;
+  const PackFp8Scales* down_fp8 = nullptr;
   bool has_shared = false;
   TensorView shared_gate_up_proj;  // mat [2*S, hidden]: gate rows then up rows
   TensorView shared_down_proj;     // mat [hidden, S]

@@ -104,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Activations,
                                            "tests/data/models/qwen3.5-tiny-vlm",
                                            "tests/data/models/qwen3-moe-tiny",
                                            "tests/data/models/qwen3.5-moe-tiny-vlm",
-                                           "tests/data/models/qwen3-fp8-tiny"),
+                                           "tests/data/models/qwen3-fp8-tiny",
+                                           "tests/data/models/qwen3.5-moe-fp8-tiny"),
                          [](const auto& info) {
                            std::string n = std::string(info.param).substr(std::string(info.param).rfind('/') + 1);
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

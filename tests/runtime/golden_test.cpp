@@ -58,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                                            GoldenModel{"samples/qwen3.5-sample"},
                                            GoldenModel{"tests/data/models/qwen3-moe-tiny"},
                                            GoldenModel{"tests/data/models/qwen3.5-moe-tiny-vlm"},
-                                           GoldenModel{"tests/data/models/qwen3-fp8-tiny"}),
+                                           GoldenModel{"tests/data/models/qwen3-fp8-tiny"},
+                                           GoldenModel{"tests/data/models/qwen3.5-moe-fp8-tiny"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
@@ -76,7 +77,9 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
 // config (nested text_config quantization; split_q_gate with head_dim 32 and
 // the GDN in_proj q,k,v,z rows give 32- and 16-row scale blocks; FP8
 // in_proj_qkv/z beside bf16 in_proj_b/a, the split_gdn_in_proj_ba layout;
-// random prompts).
+// random prompts); and the qwen3.5-moe-fp8-tiny fixture (per-expert FP8
+// experts stacked with their scales, expert width 160: 32-row scale blocks;
+// split_q_gate with head_dim 64: 64-row blocks).
 struct Fp8Model {
   const char* name;
   const char* dir;   // fixture with golden.json, or the config's model dir for synth
@@ -148,7 +151,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
                                "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
                       Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
-                               "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"}),
+                               "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"},
+                      Fp8Model{"qwen3_5_moe_fp8_tiny", "tests/data/models/qwen3.5-moe-fp8-tiny",
+                               false, "float32 block scales (blocks of 32 or 64 or 128 rows x 128 columns)"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The sample models' text prompts go through the pack's tokenizer and give

@@ -119,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Invariance,
                                            InvarianceModel{"tests/data/models/qwen3.5-tiny-vlm", false},
                                            InvarianceModel{"tests/data/models/qwen3-moe-tiny", false},
                                            InvarianceModel{"tests/data/models/qwen3.5-moe-tiny-vlm", true},
-                                           InvarianceModel{"tests/data/models/qwen3-fp8-tiny", false}),
+                                           InvarianceModel{"tests/data/models/qwen3-fp8-tiny", false},
+                                           InvarianceModel{"tests/data/models/qwen3.5-moe-fp8-tiny", true}),
                          [](const auto& info) {
                            std::string n = std::string(info.param.dir).substr(std::string(info.param.dir).rfind('/') + 1);
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
