@@ -26,7 +26,7 @@ import json, sys
 g = json.load(open("samples/qwen3.5-sample/golden.json"))
 with open(sys.argv[1], "w") as f:
     for i, c in enumerate(g["cases"]):
-        f.write(json.dumps({"id": f"c{i}", "prompt": c["prompt"], "max_tokens": 160}) + "\n")
+        f.write(json.dumps({"id": f"c{i}", "prompt": c["prompt"], "max_tokens": 400}) + "\n")
     f.write("not json\n")  # an error line, at its place in every layout
 PY
 flags="--margins --max-num-seqs 1 --threads 1 --ignore-eos"
@@ -41,16 +41,19 @@ QTK_BIN=$bin bash scripts/slurm/submit.sh "$work/model.pack" "$work/prompts.json
 array=$(sed -n 's/^array job \([0-9]*\).*/\1/p' "$work/submit.txt")
 merge=$(sed -n 's/.*merge job \([0-9]*\).*/\1/p' "$work/submit.txt")
 
-# Kill task 1 once it has started computing, and requeue it.
-for _ in $(seq 600); do
-  grep -qs "restart 0" "$out"/qtk-generate-"${array}"_1.log && break
-  sleep 0.05
+# Kill task 1 once it has written its first result line (to its .partial
+# file: the shard is then mid-run, with several lines to go), and requeue it.
+partial=$out/shard-1.jsonl.partial
+for _ in $(seq 3000); do
+  [ -f "$partial" ] && [ "$(wc -l <"$partial")" -ge 1 ] && break
+  sleep 0.02
 done
-grep -qs "restart 0" "$out"/qtk-generate-"${array}"_1.log || fail "task 1 never started"
-sleep 1
+lines_at_kill=0
+[ -f "$partial" ] && lines_at_kill=$(wc -l <"$partial")
 state=$(squeue -h -j "${array}_1" -o %T || true)
-echo "slurm_test: requeueing task 1 (state ${state:-gone})"
-[ "$state" = RUNNING ] || fail "task 1 was no longer running when killed (state ${state:-gone}); the kill would test nothing"
+echo "slurm_test: requeueing task 1 (state ${state:-gone}, $lines_at_kill result lines written)"
+[ "$state" = RUNNING ] && [ "$lines_at_kill" -ge 1 ] ||
+  fail "task 1 was not caught mid-run (state ${state:-gone}, $lines_at_kill lines); the kill would test nothing"
 scontrol requeue "${array}_1"
 
 for _ in $(seq 1200); do
