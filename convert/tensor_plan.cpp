@@ -111,8 +111,10 @@ class Planner {
       // need() returned, which know their source matrix and its scales.
       const auto it = fp8_scales_.find(p.source);
       if (it == fp8_scales_.end())
-        fail("{}: internal error: pack tensor \"{}\" has an F8_E4M3 piece without its source's scales",
-             source_, name);
+        fail(
+            "{}: internal error: pack tensor \"{}\" has an F8_E4M3 piece without its source's "
+            "scales",
+            source_, name);
       p.scale = it->second;
       p.block_rows = c_.fp8.block_rows;
       p.block_cols = c_.fp8.block_cols;

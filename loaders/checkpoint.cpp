@@ -29,7 +29,8 @@ bool is_regular_file(const std::string& path) {
 // note: a FIFO, a device or a directory under a checkpoint file's name would
 // otherwise read as "missing" (or block a read); it is refused by name.
 void refuse_non_regular(const std::string& path) {
-  struct stat lst {}, st {};
+  struct stat lst {
+  }, st{};
   if (::lstat(path.c_str(), &lst) != 0) return;  // absent
   if (::stat(path.c_str(), &st) != 0) fail("{}: a symlink to nothing", path);
   if (S_ISREG(st.st_mode)) return;

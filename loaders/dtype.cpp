@@ -9,10 +9,21 @@ namespace qtk {
 
 namespace {
 constexpr std::array<std::pair<DType, std::string_view>, 15> kNames = {{
-    {DType::BF16, "BF16"}, {DType::F16, "F16"}, {DType::F32, "F32"}, {DType::F64, "F64"},
-    {DType::I8, "I8"}, {DType::I16, "I16"}, {DType::I32, "I32"}, {DType::I64, "I64"},
-    {DType::U8, "U8"}, {DType::U16, "U16"}, {DType::U32, "U32"}, {DType::U64, "U64"},
-    {DType::BOOL, "BOOL"}, {DType::F8_E4M3, "F8_E4M3"}, {DType::F8_E5M2, "F8_E5M2"},
+    {DType::BF16, "BF16"},
+    {DType::F16, "F16"},
+    {DType::F32, "F32"},
+    {DType::F64, "F64"},
+    {DType::I8, "I8"},
+    {DType::I16, "I16"},
+    {DType::I32, "I32"},
+    {DType::I64, "I64"},
+    {DType::U8, "U8"},
+    {DType::U16, "U16"},
+    {DType::U32, "U32"},
+    {DType::U64, "U64"},
+    {DType::BOOL, "BOOL"},
+    {DType::F8_E4M3, "F8_E4M3"},
+    {DType::F8_E5M2, "F8_E5M2"},
 }};
 }  // namespace
 

@@ -35,7 +35,7 @@ struct GenerateOptions {
   bool allow_unknown_fields = false;  // ignore request fields generate does not know
   bool verify = true;                 // check every tensor's XXH64 at load
   std::string meta;                   // run header path; empty: out + ".meta.json"
-  std::string shard;  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  std::string shard;                  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
   // --device cuda: the GEMM plan cache file ("" = the default location under
   // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/cuda/cuda_startup.h),
   // and --tune-only (tune every GEMM range, write the cache, run no prompts).

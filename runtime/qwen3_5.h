@@ -26,16 +26,16 @@ struct Qwen3_5FullAttention {
 };
 
 struct Qwen3_5LinearAttention {
-  TensorView in_proj;   // mat [conv_dim + Hv*Dv + 2*Hv, hidden]: rows q,k,v (conv_dim); z; b; a
+  TensorView in_proj;  // mat [conv_dim + Hv*Dv + 2*Hv, hidden]: rows q,k,v (conv_dim); z; b; a
   // note: FP8 packs with the split_gdn_in_proj_ba transform hold the b and a
   // rows apart (bf16 beside F8_E4M3 q,k,v,z); then in_proj has only the
   // conv_dim + Hv*Dv rows. data is nullptr otherwise.
   TensorView in_proj_ba;  // mat [2*Hv, hidden]: rows b; a
-  TensorView conv1d;    // f32 [conv_dim, conv_kernel]
-  TensorView dt_bias;   // f32 [Hv]
-  TensorView A;         // f32 [Hv] = -exp(A_log)
-  TensorView norm;      // f32 [Dv] plain w (gated norm: w * norm(x) * silu(z))
-  TensorView out_proj;  // mat [hidden, Hv*Dv]
+  TensorView conv1d;      // f32 [conv_dim, conv_kernel]
+  TensorView dt_bias;     // f32 [Hv]
+  TensorView A;           // f32 [Hv] = -exp(A_log)
+  TensorView norm;        // f32 [Dv] plain w (gated norm: w * norm(x) * silu(z))
+  TensorView out_proj;    // mat [hidden, Hv*Dv]
 };
 
 struct Qwen3_5LayerWeights {

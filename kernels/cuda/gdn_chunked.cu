@@ -86,8 +86,8 @@ constexpr int64_t kTile = 32 * 16;  // bytes of one 16 x 16 A fragment tile (32 
 // more workspace per chunk and head. Against the recurrent kernel: state
 // 3.3e-6, outputs 2.6e-3. The 4-lane forward substitution of the diagonal
 // T blocks and the two-chain mma sums leave these figures where they are
-// without them (within 2.2e-3 .. 2.4e-3 for the outputs); the bf16 generate tests still agree with the CPU on 810 of 960
-// qwen3.5-sample tokens and every invariance case is byte-identical.
+// without them (within 2.2e-3 .. 2.4e-3 for the outputs); the bf16 generate tests still agree with
+// the CPU on 810 of 960 qwen3.5-sample tokens and every invariance case is byte-identical.
 //
 // note: fixed order: every sum runs in an order fixed by Dk, the chunk row
 // and the column alone (mma k-steps ascending, hi before lo), so the result

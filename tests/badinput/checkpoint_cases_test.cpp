@@ -42,15 +42,14 @@ TEST(BadIndex, MissingShard) {
                          }),
                          {kIndex, "model-00009-of-00005.safetensors"});
   // The index names a shard that is a directory, not a file.
-  expect_convert_rejects(
-      kSharded,
-      [](const std::string& ckpt) {
-        std::filesystem::create_directory(ckpt + "/dir.safetensors");
-        edit_json(ckpt + "/" + kIndex, [](ordered_json& j) {
-          j["weight_map"][first_key(j["weight_map"])] = "dir.safetensors";
-        });
-      },
-      {"dir.safetensors"});
+  expect_convert_rejects(kSharded,
+                         [](const std::string& ckpt) {
+                           std::filesystem::create_directory(ckpt + "/dir.safetensors");
+                           edit_json(ckpt + "/" + kIndex, [](ordered_json& j) {
+                             j["weight_map"][first_key(j["weight_map"])] = "dir.safetensors";
+                           });
+                         },
+                         {"dir.safetensors"});
 }
 
 TEST(BadIndex, TensorListedTwice) {
@@ -86,15 +85,17 @@ TEST(BadIndex, TensorInTheWrongShardOrUnindexed) {
 }
 
 TEST(BadIndex, MalformedIndex) {
-  expect_convert_rejects(kSharded, [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "[]"); },
+  expect_convert_rejects(kSharded,
+                         [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "[]"); },
                          {kIndex, "object"});
   expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m = ordered_json::object(); }),
                          {kIndex, "weight_map"});
   expect_convert_rejects(kSharded, edit_index([](ordered_json& m) { m[first_key(m)] = 5; }),
                          {kIndex, "weight_map"});
-  expect_convert_rejects(kSharded,
-                         [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "{\"weight_map\": {"); },
-                         {kIndex});
+  expect_convert_rejects(
+      kSharded,
+      [](const std::string& ckpt) { write_file(ckpt + "/" + kIndex, "{\"weight_map\": {"); },
+      {kIndex});
 }
 
 // ---- config.json -----------------------------------------------------------
@@ -112,47 +113,57 @@ TEST(BadConfig, MissingFields) {
 }
 
 TEST(BadConfig, WrongTypes) {
-  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["hidden_size"] = "64"; }),
+  expect_convert_rejects("qwen3-tiny",
+                         edit_config([](ordered_json& c) { c["hidden_size"] = "64"; }),
                          {"config.json", "hidden_size"});
-  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["rms_norm_eps"] = -1.0; }),
+  expect_convert_rejects("qwen3-tiny",
+                         edit_config([](ordered_json& c) { c["rms_norm_eps"] = -1.0; }),
                          {"config.json", "rms_norm_eps"});
   expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["vocab_size"] = -512; }),
                          {"config.json", "vocab_size"});
 }
 
 TEST(BadConfig, LayerTypesLengthContradictsLayerCount) {
-  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) { c["layer_types"].erase(0); }),
-                         {"config.json", "layer_types"});
   expect_convert_rejects("qwen3.5-tiny",
-                         edit_config([](ordered_json& c) { c["layer_types"][0] = "sliding_attention"; }),
+                         edit_config([](ordered_json& c) { c["layer_types"].erase(0); }),
+                         {"config.json", "layer_types"});
+  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) {
+                           c["layer_types"][0] = "sliding_attention";
+                         }),
                          {"config.json", "sliding_attention"});
 }
 
 TEST(BadConfig, MropeSectionNotThreeIntegers) {
   // note: sections need not sum to rotary_dim / 2 (transformers accepts that,
   // see tests/loaders/config_precedence_test.cpp); two entries it cannot use.
-  expect_convert_rejects("qwen3.5-tiny",
-                         edit_config([](ordered_json& c) { c["rope_parameters"]["mrope_section"] = {2, 2}; }),
+  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) {
+                           c["rope_parameters"]["mrope_section"] = {2, 2};
+                         }),
                          {"config.json", "mrope_section"});
 }
 
 TEST(BadConfig, HeadsNotDividing) {
-  expect_convert_rejects("qwen3-tiny", edit_config([](ordered_json& c) { c["num_key_value_heads"] = 3; }),
+  expect_convert_rejects("qwen3-tiny",
+                         edit_config([](ordered_json& c) { c["num_key_value_heads"] = 3; }),
                          {"config.json", "num_key_value_heads"});
-  expect_convert_rejects("qwen3.5-tiny", edit_config([](ordered_json& c) { c["linear_num_key_heads"] = 3; }),
+  expect_convert_rejects("qwen3.5-tiny",
+                         edit_config([](ordered_json& c) { c["linear_num_key_heads"] = 3; }),
                          {"config.json", "linear_num"});
 }
 
 TEST(BadConfig, NotJsonOrDeeplyNested) {
-  expect_convert_rejects("qwen3-tiny", [](const std::string& ckpt) { write_file(ckpt + "/config.json", "{\"a\": 1,}"); },
-                         {"config.json"});
+  expect_convert_rejects(
+      "qwen3-tiny",
+      [](const std::string& ckpt) { write_file(ckpt + "/config.json", "{\"a\": 1,}"); },
+      {"config.json"});
   // note: a million nested arrays where a list of strings is expected: the
   // error message must not recurse through the value (stack overflow).
   expect_convert_rejects("qwen3-tiny",
                          [](const std::string& ckpt) {
                            auto c = ordered_json::parse(read_file(ckpt + "/config.json"));
                            std::string text = c.dump();
-                           const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+                           const std::string deep =
+                               std::string(1'000'000, '[') + std::string(1'000'000, ']');
                            const std::string key = "\"architectures\":";
                            const size_t p = text.find(key);
                            const size_t end = text.find(']', p);
@@ -174,16 +185,20 @@ auto edit_st(const std::string& file, std::function<void(ordered_json&, std::str
 
 TEST(BadTensors, WrongShapeForTheConfig) {
   // q_proj is [4*32, 64] = [128, 64]; [64, 128] has the same bytes.
-  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string&) {
-                           h["model.layers.0.self_attn.q_proj.weight"]["shape"] = {64, 128};
-                         }),
+  expect_convert_rejects("qwen3-tiny",
+                         edit_st("model.safetensors",
+                                 [](ordered_json& h, std::string&) {
+                                   h["model.layers.0.self_attn.q_proj.weight"]["shape"] = {64, 128};
+                                 }),
                          {"model.layers.0.self_attn.q_proj.weight", "shape"});
 }
 
 TEST(BadTensors, IntegerDtypeForAWeight) {
-  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string&) {
-                           h["model.layers.0.self_attn.q_proj.weight"]["dtype"] = "I16";
-                         }),
+  expect_convert_rejects("qwen3-tiny",
+                         edit_st("model.safetensors",
+                                 [](ordered_json& h, std::string&) {
+                                   h["model.layers.0.self_attn.q_proj.weight"]["dtype"] = "I16";
+                                 }),
                          {"model.layers.0.self_attn.q_proj.weight", "I16"});
 }
 
@@ -195,13 +210,16 @@ TEST(BadTensors, MissingAndUnknownTensors) {
                          }),
                          {"layers.3"});
   // An extra tensor the name table does not know.
-  expect_convert_rejects("qwen3-tiny", edit_st("model.safetensors", [](ordered_json& h, std::string& data) {
-                           const uint64_t end = data.size();
-                           h["model.layers.0.mystery.weight"] = {{"dtype", "F32"}, {"shape", {1}},
-                                                                 {"data_offsets", {end, end + 4}}};
-                           data.append(4, '\0');
-                         }),
-                         {"model.layers.0.mystery.weight"});
+  expect_convert_rejects(
+      "qwen3-tiny",
+      edit_st("model.safetensors",
+              [](ordered_json& h, std::string& data) {
+                const uint64_t end = data.size();
+                h["model.layers.0.mystery.weight"] = {
+                    {"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {end, end + 4}}};
+                data.append(4, '\0');
+              }),
+      {"model.layers.0.mystery.weight"});
 }
 
 // Issue 20 item 13: a message quoting a value with a NUL byte shows all of
@@ -219,12 +237,13 @@ TEST(BadConfig, NulInAQuotedValueIsEscapedNotCut) {
 // link to a device silently).
 TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
   const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
-  expect_convert_rejects("qwen3-tiny",
-                         [&](const std::string& ckpt) { write_file(ckpt + "/tokenizer.json", deep); },
-                         {"tokenizer.json"});
+  expect_convert_rejects(
+      "qwen3-tiny", [&](const std::string& ckpt) { write_file(ckpt + "/tokenizer.json", deep); },
+      {"tokenizer.json"});
   expect_convert_rejects("qwen3-tiny",
                          [](const std::string& ckpt) {
-                           write_file(ckpt + "/tokenizer.json", "{\"model\": {\"type\": \"WordPiece\"}}");
+                           write_file(ckpt + "/tokenizer.json",
+                                      "{\"model\": {\"type\": \"WordPiece\"}}");
                          },
                          {"tokenizer.json"});
   expect_convert_rejects("qwen3-tiny",
@@ -258,7 +277,8 @@ TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
   // Control: a valid tokenizer is carried.
   TempDir t;
   copy_checkpoint("qwen3-tiny", t / "ckpt");
-  write_file(t / "ckpt/tokenizer.json", read_file(source_path("samples/qwen3-sample/tokenizer.json")));
+  write_file(t / "ckpt/tokenizer.json",
+             read_file(source_path("samples/qwen3-sample/tokenizer.json")));
   const RunResult ok = run_program({program("convert"), t / "ckpt", t / "ok.pack"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }

@@ -313,8 +313,8 @@ class BadFp8Pack : public BadPack {
  protected:
   static void SetUpTestSuite() {
     BadPack::SetUpTestSuite();
-    const RunResult r = run_program(
-        {program("convert"), model_fixture("qwen3-fp8-tiny"), *dir_ / "fp8.pack"});
+    const RunResult r =
+        run_program({program("convert"), model_fixture("qwen3-fp8-tiny"), *dir_ / "fp8.pack"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     fp8_ = new std::string(read_file(*dir_ / "fp8.pack"));
   }
@@ -346,9 +346,13 @@ TEST_F(BadFp8Pack, QuantizationSectionEdits) {
                   {"quantization", "method", "awq"});
   expect_rejected(edited([](auto& k) { k["quantization"]["fmt"] = "e5m2"; }),
                   {"quantization", "fmt", "e5m2"});
-  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["block"] = {128, 24}; }),
+  expect_rejected(edited([](auto& k) {
+                    k["quantization"]["tensors"][0]["block"] = {128, 24};
+                  }),
                   {"quantization tensors[0]", "block", "multiple of 16"});
-  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["block"] = {256, 128}; }),
+  expect_rejected(edited([](auto& k) {
+                    k["quantization"]["tensors"][0]["block"] = {256, 128};
+                  }),
                   {"quantization tensors[0]", "scale tensor", "expected F32 [2, 2]"});
   expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["scale"] = "nope"; }),
                   {"quantization tensors[0]", "nope", "not in the pack"});
@@ -361,7 +365,8 @@ TEST_F(BadFp8Pack, QuantizationSectionEdits) {
   // A scale tensor of another dtype than F32.
   expect_rejected(edited([](auto& k) {
                     for (auto& t : k["tensors"])
-                      if (t["name"] == "layers.0.self_attn.o_proj.scale") t["dtype"] = "BF16", t["shape"] = {2, 4};
+                      if (t["name"] == "layers.0.self_attn.o_proj.scale")
+                        t["dtype"] = "BF16", t["shape"] = {2, 4};
                   }),
                   {"layers.0.self_attn.o_proj.scale", "BF16", "expected F32"});
 }

@@ -14,8 +14,8 @@ class BadPrompts : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    const RunResult r =
-        run_program({program("convert"), source_path("samples/qwen3-sample"), *dir_ / "sample.pack"});
+    const RunResult r = run_program(
+        {program("convert"), source_path("samples/qwen3-sample"), *dir_ / "sample.pack"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -25,8 +25,8 @@ TempDir* BadPrompts::dir_ = nullptr;
 
 struct Line {
   std::string text;
-  nlohmann::json id;      // the id the output line must carry
-  std::string error;      // "" = must succeed; else a word the error must contain
+  nlohmann::json id;  // the id the output line must carry
+  std::string error;  // "" = must succeed; else a word the error must contain
 };
 
 std::string ids_line(size_t n) {
@@ -53,7 +53,8 @@ TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
       {R"({"id": "mt", "prompt_token_ids": [1], "max_tokens": 0})", "mt", "max_tokens"},
       {R"({"id": "float", "prompt_token_ids": [1.5]})", "float", "integer"},
       {R"({"id": {"nested": 1}, "prompt_token_ids": [1]})", 15, "id"},
-      {R"({"id": "mrope", "prompt_token_ids": [1], "mrope_position_ids": [[0], [0], [0]]})", "mrope", "m-rope"},
+      {R"({"id": "mrope", "prompt_token_ids": [1], "mrope_position_ids": [[0], [0], [0]]})",
+       "mrope", "m-rope"},
       {R"({"id": "ok2", "prompt_token_ids": [10, 11, 12], "max_tokens": 2})", "ok2", ""},
   };
   TempDir t;
@@ -99,8 +100,8 @@ TEST_F(BadPrompts, UnreadableBatchOrOutputFailsCleanly) {
                    "--out", t / "no/such/dir/out.jsonl"});
   expect_clean_failure(r, "generate", {"out.jsonl"});
   // A missing pack.
-  r = run_program({program("generate"), "--model", t / "nope.pack", "--batch", t / "p.jsonl", "--out",
-                   t / "out.jsonl"});
+  r = run_program({program("generate"), "--model", t / "nope.pack", "--batch", t / "p.jsonl",
+                   "--out", t / "out.jsonl"});
   expect_clean_failure(r, "generate", {"nope.pack"});
   EXPECT_FALSE(file_exists(t / "out.jsonl"));
 }
@@ -110,9 +111,13 @@ TEST_F(BadPrompts, DeeplyNestedLine) {
   // not a stack overflow while the message shows the value.
   TempDir t;
   const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
-  write_file(t / "p.jsonl", "{\"id\": \"ok\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\n"
-                            "{\"id\": \"deep\", \"prompt_token_ids\": [1], \"max_tokens\": " + deep + "}\n"
-                            "{\"id\": \"deep2\", \"prompt_token_ids\": " + deep + "}\n");
+  write_file(t / "p.jsonl",
+             "{\"id\": \"ok\", \"prompt_token_ids\": [1, 2], \"max_tokens\": 1}\n"
+             "{\"id\": \"deep\", \"prompt_token_ids\": [1], \"max_tokens\": " +
+                 deep +
+                 "}\n"
+                 "{\"id\": \"deep2\", \"prompt_token_ids\": " +
+                 deep + "}\n");
   const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
                                    t / "p.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
   ASSERT_EQ(r.signal, 0) << "generate died of a signal on a deeply nested line";
@@ -136,7 +141,8 @@ TEST(BadTokenizerInput, UnusableTokenizerFailsWithOneLineAndNoOutput) {
   for (const auto& [text, needle] : cases) {
     SCOPED_TRACE(text);
     write_file(t / "tokenizer.json", text);
-    const RunResult r = run_program({program("tokenize"), "--tokenizer", t / "tokenizer.json"}, t / "in.jsonl");
+    const RunResult r =
+        run_program({program("tokenize"), "--tokenizer", t / "tokenizer.json"}, t / "in.jsonl");
     expect_clean_failure(r, "tokenize", {needle});
     EXPECT_EQ(r.out, "") << "tokenize wrote output for an unusable tokenizer";
   }
@@ -146,9 +152,9 @@ TEST(BadTokenizerInput, DeeplyNestedIdsLine) {
   TempDir t;
   const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
   write_file(t / "in.jsonl", "{\"ids\": [" + deep + "]}\n{\"ids\": [5, 6]}\n");
-  const RunResult r = run_program(
-      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json"), "--decode"},
-      t / "in.jsonl");
+  const RunResult r = run_program({program("tokenize"), "--tokenizer",
+                                   source_path("samples/qwen3-sample/tokenizer.json"), "--decode"},
+                                  t / "in.jsonl");
   ASSERT_EQ(r.signal, 0) << "tokenize died of a signal on a deeply nested line";
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const auto out = split_lines(r.out);
@@ -160,9 +166,11 @@ TEST(BadTokenizerInput, DeeplyNestedIdsLine) {
 TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
   TempDir t;
   write_file(t / "in.jsonl",
-             "{\"text\": \"hello\"}\n{\"text\": \"a\xff\"}\nnot json\n{\"text\": 5}\n{\"text\": \"bye\"}\n");
+             "{\"text\": \"hello\"}\n{\"text\": \"a\xff\"}\nnot json\n{\"text\": 5}\n{\"text\": "
+             "\"bye\"}\n");
   const RunResult r = run_program(
-      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json")}, t / "in.jsonl");
+      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json")},
+      t / "in.jsonl");
   ASSERT_EQ(r.signal, 0);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const auto out = split_lines(r.out);
@@ -180,8 +188,9 @@ TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
 // passes each line's "id" through; item 13: a raw NUL hides no rest of line.
 TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
   TempDir t;
-  write_file(t / "in.jsonl", std::string("{\"id\": \"a\", \"text\": \"hello\"}\n{\"id\": 7, \"text\": 5}\n") +
-                                 std::string("{\"text\": \"x\"}\0{\"text\": \"y\"}\n", 28));
+  write_file(t / "in.jsonl",
+             std::string("{\"id\": \"a\", \"text\": \"hello\"}\n{\"id\": 7, \"text\": 5}\n") +
+                 std::string("{\"text\": \"x\"}\0{\"text\": \"y\"}\n", 28));
   const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
   const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -200,7 +209,8 @@ TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
   const RunResult d = run_program({program("tokenize"), "--tokenizer", tok, "-"}, t / "in.jsonl");
   EXPECT_EQ(d.exit_code, 0) << d.err;
   EXPECT_EQ(d.out, r.out);
-  const RunResult missing = run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
+  const RunResult missing =
+      run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
   expect_clean_failure(missing, "tokenize", {"nope.jsonl"});
 }
 

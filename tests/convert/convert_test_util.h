@@ -21,13 +21,19 @@
 
 namespace qtk::testing {
 
-inline std::string source_path(const std::string& rel) { return std::string(QTK_SOURCE_DIR) + "/" + rel; }
+inline std::string source_path(const std::string& rel) {
+  return std::string(QTK_SOURCE_DIR) + "/" + rel;
+}
 
 // Every model the converter must handle (fixtures and samples).
 inline std::vector<std::string> all_models() {
-  return {"tests/data/models/qwen3-tiny", "tests/data/models/qwen3-tiny-sharded-f32",
-          "tests/data/models/qwen3.5-tiny", "tests/data/models/qwen3.5-tiny-vlm",
-          "samples/qwen3-sample", "samples/qwen3.5-sample", "tests/data/models/qwen3-moe-tiny",
+  return {"tests/data/models/qwen3-tiny",
+          "tests/data/models/qwen3-tiny-sharded-f32",
+          "tests/data/models/qwen3.5-tiny",
+          "tests/data/models/qwen3.5-tiny-vlm",
+          "samples/qwen3-sample",
+          "samples/qwen3.5-sample",
+          "tests/data/models/qwen3-moe-tiny",
           "tests/data/models/qwen3.5-moe-tiny-vlm"};
 }
 
@@ -49,7 +55,8 @@ class TempDir {
   // Names of the entries in the directory (hidden ones included).
   std::set<std::string> listing() const {
     std::set<std::string> out;
-    for (const auto& e : std::filesystem::directory_iterator(path_)) out.insert(e.path().filename().string());
+    for (const auto& e : std::filesystem::directory_iterator(path_))
+      out.insert(e.path().filename().string());
     return out;
   }
 
@@ -71,26 +78,31 @@ inline std::string read_file(const std::string& path) {
 inline std::string quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
 
 struct RunResult {
-  int status = -1;       // exit status, or 128 + signal
-  std::string err;       // stderr
-  std::string out;       // stdout
+  int status = -1;  // exit status, or 128 + signal
+  std::string err;  // stderr
+  std::string out;  // stdout
 };
 
 // Runs a shell command line, capturing stdout and stderr.
 inline RunResult run_shell(const std::string& cmd) {
   TempDir io;
-  const std::string full = "(" + cmd + ") >" + quote(io.file("out")) + " 2>" + quote(io.file("err"));
+  const std::string full =
+      "(" + cmd + ") >" + quote(io.file("out")) + " 2>" + quote(io.file("err"));
   const int rc = std::system(full.c_str());
   RunResult r;
-  if (rc != -1 && WIFEXITED(rc)) r.status = WEXITSTATUS(rc);
-  else if (rc != -1 && WIFSIGNALED(rc)) r.status = 128 + WTERMSIG(rc);
+  if (rc != -1 && WIFEXITED(rc))
+    r.status = WEXITSTATUS(rc);
+  else if (rc != -1 && WIFSIGNALED(rc))
+    r.status = 128 + WTERMSIG(rc);
   r.out = read_file(io.file("out"));
   r.err = read_file(io.file("err"));
   return r;
@@ -116,7 +128,8 @@ inline std::string error_of(const std::function<void()>& f) {
 inline void copy_dir(const std::string& from, const std::string& to) {
   std::filesystem::create_directories(to);
   for (const auto& e : std::filesystem::directory_iterator(from))
-    if (e.is_regular_file()) std::filesystem::copy_file(e.path(), to + "/" + e.path().filename().string());
+    if (e.is_regular_file())
+      std::filesystem::copy_file(e.path(), to + "/" + e.path().filename().string());
 }
 
 }  // namespace qtk::testing

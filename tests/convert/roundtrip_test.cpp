@@ -31,7 +31,8 @@ class Source {
   explicit Source(const std::string& dir) {
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
       const std::string p = e.path().string();
-      if (p.size() > 12 && p.substr(p.size() - 12) == ".safetensors" && e.path().filename() != "activations.safetensors") {
+      if (p.size() > 12 && p.substr(p.size() - 12) == ".safetensors" &&
+          e.path().filename() != "activations.safetensors") {
         files_.push_back(SafetensorsFile::open(p));
         for (const auto& t : files_.back()->tensors()) by_name_[t.name] = &t.view;
       }
@@ -61,11 +62,13 @@ std::string bytes_of(const TensorView& v) {
 }
 std::string rows_of(const TensorView& v, int64_t r0, int64_t n) {
   const int64_t row_bytes = v.nbytes() / v.shape[0];
-  return std::string(static_cast<const char*>(v.data) + r0 * row_bytes, static_cast<size_t>(n * row_bytes));
+  return std::string(static_cast<const char*>(v.data) + r0 * row_bytes,
+                     static_cast<size_t>(n * row_bytes));
 }
 double element(const TensorView& v, int64_t i) {
   float f;
-  convert_elements(static_cast<const uint8_t*>(v.data) + i * dtype_size(v.dtype), v.dtype, &f, DType::F32, 1);
+  convert_elements(static_cast<const uint8_t*>(v.data) + i * dtype_size(v.dtype), v.dtype, &f,
+                   DType::F32, 1);
   return f;
 }
 std::string f32_bytes(const TensorView& v, double (*fn)(double)) {
@@ -86,8 +89,12 @@ struct Expect {
 };
 
 Expect expected(const Source& src, const ModelConfig& c, const std::string& name) {
-  auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
-  const std::string layer = name.rfind("layers.", 0) == 0 ? name.substr(0, name.find('.', 7) + 1) : "";
+  auto ends = [&](const char* s) {
+    return name.size() >= std::strlen(s) &&
+           name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
+  };
+  const std::string layer =
+      name.rfind("layers.", 0) == 0 ? name.substr(0, name.find('.', 7) + 1) : "";
   const bool plus_one = c.norm_adds_one;
   auto identity = [](double x) { return x; };
   auto add_one = [](double x) { return 1.0 + x; };
@@ -99,7 +106,8 @@ Expect expected(const Source& src, const ModelConfig& c, const std::string& name
     return {bytes_of(v), v.dtype};
   }
   if (name == "norm") return norm("norm.weight");
-  if (ends("input_layernorm") || ends("post_attention_layernorm") || ends("q_norm") || ends("k_norm"))
+  if (ends("input_layernorm") || ends("post_attention_layernorm") || ends("q_norm") ||
+      ends("k_norm"))
     return norm(name + ".weight");
   // Mixture of experts: the pack stacks experts [E, 2I, H] (gate rows, then
   // up rows, per expert) and [E, H, I], whether the source has one tensor per
@@ -162,16 +170,23 @@ Expect expected(const Source& src, const ModelConfig& c, const std::string& name
                 bytes_of(src.get(layer + "linear_attn.in_proj_a.weight")),
             qkv.dtype};
   }
-  if (ends("linear_attn.conv1d")) return {f32_bytes(src.get(name + ".weight"), identity), DType::F32, true};
+  if (ends("linear_attn.conv1d"))
+    return {f32_bytes(src.get(name + ".weight"), identity), DType::F32, true};
   if (ends("linear_attn.dt_bias")) return {f32_bytes(src.get(name), identity), DType::F32, true};
   if (ends("linear_attn.A"))
-    return {f32_bytes(src.get(layer + "linear_attn.A_log"), [](double x) { return -std::exp(x); }), DType::F32, true};
-  if (ends("linear_attn.norm")) return {f32_bytes(src.get(name + ".weight"), identity), DType::F32, true};
+    return {f32_bytes(src.get(layer + "linear_attn.A_log"), [](double x) { return -std::exp(x); }),
+            DType::F32, true};
+  if (ends("linear_attn.norm"))
+    return {f32_bytes(src.get(name + ".weight"), identity), DType::F32, true};
   throw std::runtime_error("unexpected pack tensor " + name);
 }
 
-uint16_t le16(const std::string& s, size_t p) { return static_cast<uint16_t>(static_cast<uint8_t>(s[p]) | (static_cast<uint8_t>(s[p + 1]) << 8)); }
-uint32_t le32(const std::string& s, size_t p) { return le16(s, p) | (static_cast<uint32_t>(le16(s, p + 2)) << 16); }
+uint16_t le16(const std::string& s, size_t p) {
+  return static_cast<uint16_t>(static_cast<uint8_t>(s[p]) | (static_cast<uint8_t>(s[p + 1]) << 8));
+}
+uint32_t le32(const std::string& s, size_t p) {
+  return le16(s, p) | (static_cast<uint32_t>(le16(s, p + 2)) << 16);
+}
 
 // Walks the local headers from offset 0 (not through the central
 // directory): each must be STORED with its data on a 64-byte boundary.
@@ -181,7 +196,8 @@ int walk_local_headers(const std::string& file) {
   int n = 0;
   while (pos + 4 <= file.size() && le32(file, pos) == 0x04034b50) {
     EXPECT_EQ(le16(file, pos + 8), 0) << "entry " << n << " is not STORED";
-    EXPECT_EQ(le16(file, pos + 6) & 0x9, 0) << "entry " << n << " is encrypted or has a data descriptor";
+    EXPECT_EQ(le16(file, pos + 6) & 0x9, 0)
+        << "entry " << n << " is encrypted or has a data descriptor";
     const size_t data = pos + 30 + le16(file, pos + 26) + le16(file, pos + 28);
     EXPECT_EQ(data % 64, 0u) << "entry " << n << " data at " << data;
     uint64_t size = le32(file, pos + 18);
@@ -212,7 +228,8 @@ TEST_P(RoundTrip, PackMatchesSource) {
   for (const auto& t : pack->tensors()) {
     SCOPED_TRACE(t.name);
     const Expect e = expected(src, c, t.name);
-    const std::string got(static_cast<const char*>(t.view.data), static_cast<size_t>(t.view.nbytes()));
+    const std::string got(static_cast<const char*>(t.view.data),
+                          static_cast<size_t>(t.view.nbytes()));
     if (e.small) {
       ++smalls;
       EXPECT_EQ(t.view.dtype, DType::F32);
@@ -247,7 +264,8 @@ TEST_P(RoundTrip, PackMatchesSource) {
     moe_layers += c.is_moe_layer(i);
     mlp += !c.is_moe_layer(i) ? 2 : c.moe.shared_expert_intermediate > 0 ? 6 : 3;
   }
-  EXPECT_EQ(static_cast<int64_t>(matrices), 1 + (c.tie_word_embeddings ? 0 : 1) + mlp + 2 * full + 2 * lin);
+  EXPECT_EQ(static_cast<int64_t>(matrices),
+            1 + (c.tie_word_embeddings ? 0 : 1) + mlp + 2 * full + 2 * lin);
   EXPECT_EQ(static_cast<int64_t>(smalls), 1 + 2 * c.num_layers + 2 * full + 4 * lin);
   if (!c.tie_word_embeddings) {
     EXPECT_TRUE(src.has("lm_head.weight"));
@@ -269,13 +287,15 @@ TEST_P(RoundTrip, PackMatchesSource) {
   // stack_experts exactly when the source stores one tensor per expert.
   bool per_expert = false;
   for (int64_t i = 0; i < c.num_layers; ++i)
-    per_expert |= c.is_moe_layer(i) && src.has("layers." + std::to_string(i) + ".mlp.experts.0.gate_proj.weight");
+    per_expert |= c.is_moe_layer(i) &&
+                  src.has("layers." + std::to_string(i) + ".mlp.experts.0.gate_proj.weight");
   EXPECT_EQ(pack->has_transform("stack_experts"), per_expert);
   EXPECT_EQ(moe_layers > 0, c.has_moe());
   EXPECT_EQ(pack->entry("tokenizer.json").has_value(),
             std::filesystem::exists(opt.input + "/tokenizer.json"));
   if (pack->entry("tokenizer.json")) {
-    EXPECT_TRUE(std::string(*pack->entry("tokenizer.json")) == testing::read_file(opt.input + "/tokenizer.json"));
+    EXPECT_TRUE(std::string(*pack->entry("tokenizer.json")) ==
+                testing::read_file(opt.input + "/tokenizer.json"));
   }
   EXPECT_EQ(pack->verify(), r.entries - 1);  // every entry but the manifest
 
@@ -286,17 +306,16 @@ TEST_P(RoundTrip, PackMatchesSource) {
   EXPECT_EQ(u.status, 0) << u.out << u.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllModels, RoundTrip,
-    ::testing::Combine(::testing::ValuesIn(testing::all_models()),
-                       ::testing::Values("keep", "f32", "bf16", "f16")),
-    [](const auto& info) {
-      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-      n = n.substr(n.find_last_of('/') + 1);
-      for (char& ch : n)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(AllModels, RoundTrip,
+                         ::testing::Combine(::testing::ValuesIn(testing::all_models()),
+                                            ::testing::Values("keep", "f32", "bf16", "f16")),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           n = n.substr(n.find_last_of('/') + 1);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 TEST(RoundTrip, SameInputGivesByteIdenticalPacks) {
   TempDir tmp;
@@ -326,7 +345,9 @@ std::string safetensors_file(const std::vector<StTensor>& ts) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   std::string data;
   for (const auto& t : ts) {
-    h[t.name] = {{"dtype", t.dtype == DType::BF16 ? "BF16" : t.dtype == DType::F16 ? "F16" : "F32"},
+    h[t.name] = {{"dtype", t.dtype == DType::BF16  ? "BF16"
+                           : t.dtype == DType::F16 ? "F16"
+                                                   : "F32"},
                  {"shape", t.shape},
                  {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
     data += t.bytes;
@@ -371,14 +392,16 @@ TEST(RoundTrip, Qwen35MoeTextOnlyPerExpertEqualsFusedMultimodal) {
         continue;
       }
       ++stacked;
-      const std::string base = name.substr(0, name.size() - std::string(gate_up ? "gate_up_proj" : "down_proj").size());
+      const std::string base =
+          name.substr(0, name.size() - std::string(gate_up ? "gate_up_proj" : "down_proj").size());
       const int64_t E = shape[0], rows = shape[1], cols = shape[2];
       const size_t per = static_cast<size_t>(rows * cols * dtype_size(v.dtype));
       for (int64_t x = 0; x < E; ++x) {
         const std::string one = bytes.substr(x * per, per);
         const std::string pre = base + std::to_string(x) + ".";
         if (gate_up) {  // gate rows first, then up rows
-          out.push_back({pre + "gate_proj.weight", v.dtype, {rows / 2, cols}, one.substr(0, per / 2)});
+          out.push_back(
+              {pre + "gate_proj.weight", v.dtype, {rows / 2, cols}, one.substr(0, per / 2)});
           out.push_back({pre + "up_proj.weight", v.dtype, {rows / 2, cols}, one.substr(per / 2)});
         } else {
           out.push_back({pre + "down_proj.weight", v.dtype, {rows, cols}, one});
@@ -405,7 +428,8 @@ TEST(RoundTrip, Qwen35MoeTextOnlyPerExpertEqualsFusedMultimodal) {
     const auto& y = pb->tensors()[i];
     ASSERT_EQ(x.name, y.name);
     EXPECT_EQ(x.view.nbytes(), y.view.nbytes()) << x.name;
-    EXPECT_EQ(std::memcmp(x.view.data, y.view.data, static_cast<size_t>(x.view.nbytes())), 0) << x.name;
+    EXPECT_EQ(std::memcmp(x.view.data, y.view.data, static_cast<size_t>(x.view.nbytes())), 0)
+        << x.name;
   }
   auto ca = config_to_json(pa->config()), cb = config_to_json(pb->config());
   for (auto* c : {&ca, &cb}) c->erase("hf_architecture"), c->erase("model_type");
@@ -431,14 +455,17 @@ TEST(RoundTrip, InspectShowsExperts) {
     opt.input = testing::source_path(std::string("tests/data/models/") + model);
     opt.output = tmp.file(std::string(model) + ".pack");
     convert_checkpoint(opt);
-    const auto r = testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(opt.output));
+    const auto r =
+        testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(opt.output));
     ASSERT_EQ(r.status, 0) << r.err;
     const bool q35 = std::string(model) == "qwen3.5-moe-tiny-vlm";
     const std::string want_experts =
-        q35 ? "experts:       8 x width 32, top-2, renormalised, shared expert width 48 (sigmoid gate)\n"
+        q35 ? "experts:       8 x width 32, top-2, renormalised, shared expert width 48 (sigmoid "
+              "gate)\n"
             : "experts:       8 x width 32, top-2, renormalised, shared expert none\n";
     EXPECT_NE(r.out.find(want_experts), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(q35 ? "mlp plan:      EEEE  dense layers: none\n" : "mlp plan:      EEE  dense layers: none\n"),
+    EXPECT_NE(r.out.find(q35 ? "mlp plan:      EEEE  dense layers: none\n"
+                             : "mlp plan:      EEE  dense layers: none\n"),
               std::string::npos)
         << r.out;
     // Per-expert sources are stacked (stack_experts); fused 3-D ones are copied.

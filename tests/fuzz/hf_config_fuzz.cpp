@@ -32,8 +32,9 @@ int hf_config(const uint8_t* data, size_t size) {
   try {
     validate_model_config(c, "config.json");
   } catch (const Error& e) {
-    fuzz_check_failed(std::string("parse_hf_config accepted a config validate_model_config rejects: ") +
-                      e.what());
+    fuzz_check_failed(
+        std::string("parse_hf_config accepted a config validate_model_config rejects: ") +
+        e.what());
   }
   fuzz_check(static_cast<int64_t>(c.layer_plan.size()) == c.num_layers, "layer_plan length");
   fuzz_check(c.moe.mlp_plan.empty() == (c.moe.num_experts == 0), "mlp_plan without experts");

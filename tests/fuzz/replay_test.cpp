@@ -51,11 +51,11 @@ size_t replay(const std::string& target, int (*entry)(const uint8_t*, size_t)) {
 
 // Every target has seeds: an empty corpus directory would make the replay
 // (and the fuzzer) start from nothing without anyone noticing.
-#define QTK_REPLAY_TEST(target)                                        \
-  TEST(Replay, target) {                                               \
+#define QTK_REPLAY_TEST(target)                                                              \
+  TEST(Replay, target) {                                                                     \
     EXPECT_GT(files_in(fs::path(QTK_SOURCE_DIR) / "tests/fuzz/corpus" / #target).size(), 0u) \
-        << "no seeds in tests/fuzz/corpus/" #target;                   \
-    EXPECT_GT(replay(#target, &target), 0u);                           \
+        << "no seeds in tests/fuzz/corpus/" #target;                                         \
+    EXPECT_GT(replay(#target, &target), 0u);                                                 \
   }
 
 QTK_REPLAY_TEST(safetensors_header)

@@ -67,10 +67,11 @@ TEST(MoeRoute, MatchesReferenceOnAwkwardSizes) {
       if (k > E) continue;
       for (int64_t T : {1, 5, 33}) {
         for (bool renorm : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "E " << E << " k " << k << " T " << T
-                                            << " renorm " << renorm);
+          SCOPED_TRACE(::testing::Message()
+                       << "E " << E << " k " << k << " T " << T << " renorm " << renorm);
           const int64_t ld = E + 3;  // a row stride wider than E
-          std::vector<float> x = separated_logits(T, E, ld, static_cast<uint32_t>(E * 131 + k * 7 + T));
+          std::vector<float> x =
+              separated_logits(T, E, ld, static_cast<uint32_t>(E * 131 + k * 7 + T));
           const std::vector<float> x0 = x;
           std::vector<int32_t> ids(T * k, -1);
           std::vector<float> w(T * k, -1.0f);

@@ -303,9 +303,8 @@ TEST_F(CraftedSingle, Fp8WithoutQuantizationConfig) {
     erase(ts, "model.norm.weight");
     ts.push_back(zeros("model.norm.weight", DType::F8_E4M3, {64}));
   });
-  expect_has(open_error(),
-             "tensor \"model.norm.weight\": dtype F8_E4M3, but " + dir +
-                 "/config.json has no quantization_config");
+  expect_has(open_error(), "tensor \"model.norm.weight\": dtype F8_E4M3, but " + dir +
+                               "/config.json has no quantization_config");
 }
 
 // The FP8 fixture: every F8_E4M3 weight has its scales attached, every other

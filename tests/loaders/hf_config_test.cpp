@@ -365,7 +365,10 @@ std::vector<Reject> rejects() {
        "field 'moe_intermediate_size': expected a positive integer, found 0"},
       {"moe_sparse_step_zero", kQwen3Moe, [](json& j) { j["decoder_sparse_step"] = 0; },
        "field 'decoder_sparse_step': expected a positive integer, found 0"},
-      {"moe_mlp_only_out_of_range", kQwen3Moe, [](json& j) { j["mlp_only_layers"] = {0, 3}; },
+      {"moe_mlp_only_out_of_range", kQwen3Moe,
+       [](json& j) {
+         j["mlp_only_layers"] = {0, 3};
+       },
        "field 'mlp_only_layers': expected layer indices in [0, 3), found 3"},
       {"moe_mlp_only_not_list", kQwen3Moe, [](json& j) { j["mlp_only_layers"] = 1; },
        "field 'mlp_only_layers': expected a list of layer indices, found 1"},
@@ -384,19 +387,27 @@ std::vector<Reject> rejects() {
        "missing field 'num_experts' (or 'num_local_experts') for "
        "Qwen3_5MoeForConditionalGeneration"},
       {"quant_awq", kQwen3Tiny,
-       [](json& j) { j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}}; },
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
+       },
        "field 'quantization_config.quant_method': not supported: quant_method \"awq\""},
       {"quant_gptq_nested", kQwen35Vlm,
-       [](json& j) { j["text_config"]["quantization_config"] = {{"quant_method", "gptq"}}; },
+       [](json& j) {
+         j["text_config"]["quantization_config"] = {{"quant_method", "gptq"}};
+       },
        "field 'text_config.quantization_config.quant_method': not supported: quant_method "
        "\"gptq\""},
       {"quant_method_missing", kQwen3Tiny,
-       [](json& j) { j["quantization_config"] = {{"fmt", "e4m3"}}; },
+       [](json& j) {
+         j["quantization_config"] = {{"fmt", "e4m3"}};
+       },
        "field 'quantization_config.quant_method': expected a string (\"fp8\"), found nothing"},
       {"quant_not_object", kQwen3Tiny, [](json& j) { j["quantization_config"] = "fp8"; },
        "field 'quantization_config': expected an object, found \"fp8\""},
       {"fp8_e5m2", kQwen3Tiny,
-       [](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}}; },
+       [](json& j) {
+         j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
+       },
        "field 'quantization_config.fmt': not supported: expected \"e4m3\", found \"e5m2\""},
       {"fp8_block_64", kQwen3Tiny,
        [](json& j) {
@@ -411,7 +422,8 @@ std::vector<Reject> rejects() {
        "field 'quantization_config.activation_scheme': not supported: expected \"dynamic\""},
       {"fp8_not_convert_type", kQwen3Tiny,
        [](json& j) {
-         j["quantization_config"] = {{"quant_method", "fp8"}, {"modules_to_not_convert", "lm_head"}};
+         j["quantization_config"] = {{"quant_method", "fp8"},
+                                     {"modules_to_not_convert", "lm_head"}};
        },
        "field 'quantization_config.modules_to_not_convert': expected a list of names"},
       {"fp8_levels_disagree", kQwen35Vlm,
@@ -488,10 +500,9 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
 }
 
 TEST(ConfigJson, RoundTripIsExact) {
-  for (const char* rel :
-       {kQwen3Tiny, kQwen3Sharded, kQwen35Tiny, kQwen35Vlm, "tests/data/configs/qwen3.5-9b.json",
-        "samples/qwen3-sample/config.json", kQwen3Moe, kQwen35MoeVlm,
-        "tests/data/configs/qwen3-30b-a3b.json"}) {
+  for (const char* rel : {kQwen3Tiny, kQwen3Sharded, kQwen35Tiny, kQwen35Vlm,
+                          "tests/data/configs/qwen3.5-9b.json", "samples/qwen3-sample/config.json",
+                          kQwen3Moe, kQwen35MoeVlm, "tests/data/configs/qwen3-30b-a3b.json"}) {
     SCOPED_TRACE(rel);
     ModelConfig c = load_hf_config(source_path(rel));
     c.rms_norm_eps = 0.1 + 0.2;  // a double with no short decimal form

@@ -85,32 +85,32 @@ TEST_P(Activations, EveryLayerWithinTolerance) {
     ASSERT_EQ(ref.size(), static_cast<size_t>(T * H));
     const double e = rel_error(captured[i], ref);
     EXPECT_LE(e, 1e-4) << "hidden_states." << i;
-    std::printf("%s hidden_states.%lld rel error %.3g\n", dir.c_str(), static_cast<long long>(i), e);
+    std::printf("%s hidden_states.%lld rel error %.3g\n", dir.c_str(), static_cast<long long>(i),
+                e);
   }
   // Logits of every position from the final-norm output and the pack's head.
-  const TensorView& head = pack->find_tensor("lm_head") ? pack->tensor("lm_head") : pack->tensor("embed_tokens");
+  const TensorView& head =
+      pack->find_tensor("lm_head") ? pack->tensor("lm_head") : pack->tensor("embed_tokens");
   std::vector<float> logits(T * cfg.vocab_size);
-  matmul(captured[L].data(), H, head.data, head.dtype, logits.data(), cfg.vocab_size, T, cfg.vocab_size,
-         H, &pool);
+  matmul(captured[L].data(), H, head.data, head.dtype, logits.data(), cfg.vocab_size, T,
+         cfg.vocab_size, H, &pool);
   const double e = rel_error(logits, read_f32(*act, "logits"));
   EXPECT_LE(e, 1e-4) << "logits";
   std::printf("%s logits rel error %.3g\n", dir.c_str(), e);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Activations,
-                         ::testing::Values("tests/data/models/qwen3-tiny",
-                                           "tests/data/models/qwen3-tiny-sharded-f32",
-                                           "tests/data/models/qwen3.5-tiny",
-                                           "tests/data/models/qwen3.5-tiny-vlm",
-                                           "tests/data/models/qwen3-moe-tiny",
-                                           "tests/data/models/qwen3.5-moe-tiny-vlm",
-                                           "tests/data/models/qwen3-fp8-tiny",
-                                           "tests/data/models/qwen3.5-moe-fp8-tiny"),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param).substr(std::string(info.param).rfind('/') + 1);
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, Activations,
+    ::testing::Values("tests/data/models/qwen3-tiny", "tests/data/models/qwen3-tiny-sharded-f32",
+                      "tests/data/models/qwen3.5-tiny", "tests/data/models/qwen3.5-tiny-vlm",
+                      "tests/data/models/qwen3-moe-tiny", "tests/data/models/qwen3.5-moe-tiny-vlm",
+                      "tests/data/models/qwen3-fp8-tiny", "tests/data/models/qwen3.5-moe-fp8-tiny"),
+    [](const auto& info) {
+      std::string n = std::string(info.param).substr(std::string(info.param).rfind('/') + 1);
+      for (char& ch : n)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
 
 }  // namespace
 }  // namespace qtk::rt_test

@@ -25,7 +25,9 @@ TEST(GenerateCli, BadLinesGetErrorLinesAndOthersRun) {
       "{\"id\": \"badjson\", \"prompt_token_ids\": [1, 2\n"
       "{\"id\": \"unknown\", \"prompt_token_ids\": [1, 512]}\n"
       "{\"id\": \"empty\", \"prompt_token_ids\": []}\n"
-      "{\"id\": \"long\", \"prompt_token_ids\": " + long_ids + "}\n"
+      "{\"id\": \"long\", \"prompt_token_ids\": " +
+      long_ids +
+      "}\n"
       "{\"id\": \"utf8\", \"prompt\": \"a\xff\xfe\"}\n"
       "{\"id\": \"types\", \"prompt_token_ids\": [1], \"max_tokens\": \"ten\"}\n"
       "{\"id\": \"notok\", \"prompt\": \"hello\"}\n"
@@ -60,8 +62,11 @@ TEST(GenerateCli, PromptThatCanNeverFitIsRefusedUpFront) {
   const std::string pack = pack_of(kTiny);
   const std::string in = work_dir() + "/fit.jsonl";
   std::vector<int> big(30, 7);
-  write_text(in, nlohmann::json{{"id", "small"}, {"prompt_token_ids", {1, 2}}, {"max_tokens", 3}}.dump() + "\n" +
-                     nlohmann::json{{"id", "big"}, {"prompt_token_ids", big}, {"max_tokens", 3}}.dump() + "\n");
+  write_text(
+      in, nlohmann::json{{"id", "small"}, {"prompt_token_ids", {1, 2}}, {"max_tokens", 3}}.dump() +
+              "\n" +
+              nlohmann::json{{"id", "big"}, {"prompt_token_ids", big}, {"max_tokens", 3}}.dump() +
+              "\n");
   const std::string out = work_dir() + "/fit.results.jsonl";
   // 3 blocks of 4 tokens: 12 tokens, the big prompt needs 32.
   RunResult r = generate(pack, in, out, "--kv-cache-blocks 3 --block-size 4");
@@ -70,14 +75,16 @@ TEST(GenerateCli, PromptThatCanNeverFitIsRefusedUpFront) {
   ASSERT_EQ(res.size(), 2u);
   EXPECT_EQ(res[0]["output_token_ids"].size(), 3u);
   EXPECT_EQ(res[1]["id"], "big");
-  EXPECT_NE(res[1]["error"].get<std::string>().find("needs 8 KV blocks"), std::string::npos) << res[1];
+  EXPECT_NE(res[1]["error"].get<std::string>().find("needs 8 KV blocks"), std::string::npos)
+      << res[1];
 }
 
 TEST(GenerateCli, ProgressLineOnRequest) {
   const std::string pack = pack_of(kTiny);
   const std::string in = work_dir() + "/progress.jsonl";
   write_text(in, "{\"prompt_token_ids\": [1, 2]}\n{\"prompt_token_ids\": [3]}\n");
-  RunResult r = generate(pack, in, work_dir() + "/progress.results.jsonl", "--max-tokens 2 --progress");
+  RunResult r =
+      generate(pack, in, work_dir() + "/progress.results.jsonl", "--max-tokens 2 --progress");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("generate: 2/2 done"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("gen "), std::string::npos) << r.err;
@@ -129,8 +136,12 @@ TEST(GenerateCli, StopTokenEndsASequence) {
   const auto& c = golden["cases"][4];  // len16: wide margins
   const int stop = c["output_token_ids"][5].get<int>();
   const std::string in = work_dir() + "/stop.jsonl";
-  write_text(in, nlohmann::json{{"id", "s"}, {"prompt_token_ids", c["prompt_token_ids"]},
-                                {"max_tokens", 24}, {"stop_token_ids", {stop}}}.dump() + "\n");
+  write_text(in, nlohmann::json{{"id", "s"},
+                                {"prompt_token_ids", c["prompt_token_ids"]},
+                                {"max_tokens", 24},
+                                {"stop_token_ids", {stop}}}
+                         .dump() +
+                     "\n");
   const std::string out = work_dir() + "/stop.results.jsonl";
   ASSERT_EQ(generate(pack, in, out, "").status, 0);
   const auto r = read_jsonl(out).at(0);
@@ -159,7 +170,8 @@ std::string resume_prompts() {
   for (int i = 0; i < 24; ++i) {
     std::vector<int> ids;
     for (int k = 0; k < 5 + (i * 7) % 30; ++k) ids.push_back((i * 31 + k * 17) % 512);
-    s += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 6 + i % 5}}.dump() + "\n";
+    s += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 6 + i % 5}}.dump() +
+         "\n";
   }
   return s;
 }
@@ -204,8 +216,9 @@ TEST(GenerateCli, KilledRunsResumeToTheSameFile) {
     const std::string out = fmt::format("{}/kill.{}.jsonl", work_dir(), delay_ms);
     std::filesystem::remove(out);
     std::filesystem::remove(out + ".meta.json");
-    const std::string cmd = fmt::format("{} --model {} --batch {} --out {} --max-batched-tokens 2 --threads 1",
-                                        QTK_GENERATE_BIN, pack, in, out);
+    const std::string cmd =
+        fmt::format("{} --model {} --batch {} --out {} --max-batched-tokens 2 --threads 1",
+                    QTK_GENERATE_BIN, pack, in, out);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {

@@ -20,7 +20,8 @@ TEST_P(Golden, GenerateMatchesReference) {
   ASSERT_FALSE(pack.empty());
   const auto golden = load_json(src(dir + "/golden.json"));
   std::string name = dir;
-  for (char& c : name) if (c == '/') c = '_';
+  for (char& c : name)
+    if (c == '/') c = '_';
   const std::string prompts = fmt::format("{}/{}.golden.jsonl", work_dir(), name);
   const std::string out = fmt::format("{}/{}.results.jsonl", work_dir(), name);
   write_text(prompts, golden_prompts(golden));
@@ -29,7 +30,8 @@ TEST_P(Golden, GenerateMatchesReference) {
   RunResult c = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, src(dir + "/golden.json"), out));
   EXPECT_EQ(c.status, 0) << c.out << c.err;
   // The summary names every case; none may be missing or have failed.
-  EXPECT_NE(c.out.find(fmt::format("compare: {} cases", golden["cases"].size())), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find(fmt::format("compare: {} cases", golden["cases"].size())), std::string::npos)
+      << c.out;
   // Margins are the model's own: they must agree with the reference's to
   // within float32 noise on the steps before any near-tie.
   // note: 2e-3 absolute: the reference is float64, we run float32 with bf16
@@ -63,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           for (char& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
 
@@ -82,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
 // split_q_gate with head_dim 64: 64-row blocks).
 struct Fp8Model {
   const char* name;
-  const char* dir;   // fixture with golden.json, or the config's model dir for synth
+  const char* dir;  // fixture with golden.json, or the config's model dir for synth
   bool synthesise;
   const char* block_text;
 };
@@ -96,12 +99,14 @@ TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
   if (p.synthesise) {
 #ifdef QTK_SYNTH_BIN
     ckpt = fmt::format("{}/{}-ckpt", work_dir(), p.name);
-    RunResult s = run(fmt::format("{} {}/config.json {} --seed 5 --fp8", QTK_SYNTH_BIN, src(p.dir), ckpt));
+    RunResult s =
+        run(fmt::format("{} {}/config.json {} --seed 5 --fp8", QTK_SYNTH_BIN, src(p.dir), ckpt));
     ASSERT_EQ(s.status, 0) << s.err;
     for (int i = 0; i < 12; ++i) {
       std::vector<int> ids;
       for (int k = 0; k < 1 + (i * 37) % 90; ++k) ids.push_back((i * 131 + k * 17) % 500);
-      prompts_text += nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 10}}.dump() + "\n";
+      prompts_text +=
+          nlohmann::json{{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 10}}.dump() + "\n";
     }
 #else
     GTEST_SKIP() << "built without QTK_BENCH: no bench/synth to synthesise the FP8 checkpoint";
@@ -148,12 +153,13 @@ TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, Fp8Equivalence,
-    ::testing::Values(Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
-                               "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
-                      Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
-                               "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"},
-                      Fp8Model{"qwen3_5_moe_fp8_tiny", "tests/data/models/qwen3.5-moe-fp8-tiny",
-                               false, "float32 block scales (blocks of 32 or 64 or 128 rows x 128 columns)"}),
+    ::testing::Values(
+        Fp8Model{"qwen3_fp8_tiny", "tests/data/models/qwen3-fp8-tiny", false,
+                 "float32 block scales (blocks of 64 or 128 rows x 128 columns)"},
+        Fp8Model{"qwen3_5_vlm_synth_fp8", "tests/data/models/qwen3.5-tiny-vlm", true,
+                 "float32 block scales (blocks of 16 or 32 or 128 rows x 128 columns)"},
+        Fp8Model{"qwen3_5_moe_fp8_tiny", "tests/data/models/qwen3.5-moe-fp8-tiny", false,
+                 "float32 block scales (blocks of 32 or 64 or 128 rows x 128 columns)"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The sample models' text prompts go through the pack's tokenizer and give
@@ -167,7 +173,11 @@ TEST_P(SampleText, TextPromptsThroughTokenizer) {
   const auto golden = load_json(src(dir + "/golden.json"));
   std::string lines;
   for (const auto& c : golden["cases"]) {
-    lines += nlohmann::json{{"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}.dump() + "\n";
+    lines +=
+        nlohmann::json{
+            {"id", c["id"]}, {"prompt", c["prompt"]}, {"max_tokens", c["max_new_tokens"]}}
+            .dump() +
+        "\n";
   }
   std::string name = dir.substr(dir.rfind('/') + 1);
   const std::string prompts = fmt::format("{}/{}.text.jsonl", work_dir(), name);
@@ -199,7 +209,8 @@ INSTANTIATE_TEST_SUITE_P(Models, SampleText,
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            n = n.substr(n.rfind('/') + 1);
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           for (char& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
 

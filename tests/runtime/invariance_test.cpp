@@ -22,11 +22,13 @@ std::string make_prompts(int64_t vocab, bool mrope, int64_t* longest) {
   std::string s;
   *longest = 0;
   for (int i = 0; i < 64; ++i) {
-    const int len = i % 9 == 0 ? 120 + static_cast<int>(rng() % 80) : 1 + static_cast<int>(rng() % 40);
+    const int len =
+        i % 9 == 0 ? 120 + static_cast<int>(rng() % 80) : 1 + static_cast<int>(rng() % 40);
     const int max_tokens = 1 + static_cast<int>(rng() % 12);
     std::vector<int> ids(len);
     for (int& t : ids) t = static_cast<int>(rng() % vocab);
-    nlohmann::json j = {{"id", fmt::format("p{}", i)}, {"prompt_token_ids", ids}, {"max_tokens", max_tokens}};
+    nlohmann::json j = {
+        {"id", fmt::format("p{}", i)}, {"prompt_token_ids", ids}, {"max_tokens", max_tokens}};
     if (mrope && i % 5 == 1) {
       // An image-like block: positions repeat on the temporal axis.
       std::vector<int> t(len), h(len), w(len);
@@ -50,8 +52,9 @@ TEST_P(Invariance, BitIdenticalUnderAnySchedule) {
   const std::string pack = pack_of(dir);
   ASSERT_FALSE(pack.empty());
   const auto config = load_json(src(dir + "/config.json"));
-  const int64_t vocab = config.contains("text_config") ? config["text_config"]["vocab_size"].get<int64_t>()
-                                                       : config["vocab_size"].get<int64_t>();
+  const int64_t vocab = config.contains("text_config")
+                            ? config["text_config"]["vocab_size"].get<int64_t>()
+                            : config["vocab_size"].get<int64_t>();
   int64_t longest = 0;
   std::string name = dir.substr(dir.rfind('/') + 1);
   const std::string prompts = fmt::format("{}/{}.inv.jsonl", work_dir(), name);
@@ -87,14 +90,16 @@ TEST_P(Invariance, BitIdenticalUnderAnySchedule) {
   };
   for (const auto& [tag, flags] : configs) {
     const std::string out = run_with(tag, flags);
-    EXPECT_EQ(read_text(out), expected) << tag << " (" << flags << ") differs from the sequence-alone run";
+    EXPECT_EQ(read_text(out), expected)
+        << tag << " (" << flags << ") differs from the sequence-alone run";
   }
 
   // A cache that holds one longest sequence only: most prompts get
   // preempted and recomputed at some point.
   const int64_t blocks = (longest + 4) / 5;
   const std::string out = run_with("preempt", fmt::format("--block-size 5 --kv-cache-blocks {} "
-                                                          "--max-batched-tokens 23 --threads 2", blocks));
+                                                          "--max-batched-tokens 23 --threads 2",
+                                                          blocks));
   EXPECT_EQ(read_text(out), expected) << "preemption changed the results";
   const auto meta = load_json(out + ".meta.json");
   EXPECT_GT(meta["stats"]["preemptions"].get<int64_t>(), 0) << meta.dump(2);
@@ -107,25 +112,29 @@ TEST_P(Invariance, BitIdenticalUnderAnySchedule) {
     const std::string one = fmt::format("{}/{}.one{}.jsonl", work_dir(), name, i);
     write_text(one, lines[i].dump() + "\n");
     const std::string res = one + ".out";
-    RunResult r = generate(pack, one, res, "--ignore-eos --margins --threads 1 --max-batched-tokens 5");
+    RunResult r =
+        generate(pack, one, res, "--ignore-eos --margins --threads 1 --max-batched-tokens 5");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(read_jsonl(res).at(0), base_lines[i]) << "prompt " << i << " alone";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Invariance,
-                         ::testing::Values(InvarianceModel{"tests/data/models/qwen3-tiny", false},
-                                           InvarianceModel{"tests/data/models/qwen3.5-tiny", true},
-                                           InvarianceModel{"tests/data/models/qwen3.5-tiny-vlm", false},
-                                           InvarianceModel{"tests/data/models/qwen3-moe-tiny", false},
-                                           InvarianceModel{"tests/data/models/qwen3.5-moe-tiny-vlm", true},
-                                           InvarianceModel{"tests/data/models/qwen3-fp8-tiny", false},
-                                           InvarianceModel{"tests/data/models/qwen3.5-moe-fp8-tiny", true}),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.dir).substr(std::string(info.param.dir).rfind('/') + 1);
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, Invariance,
+    ::testing::Values(InvarianceModel{"tests/data/models/qwen3-tiny", false},
+                      InvarianceModel{"tests/data/models/qwen3.5-tiny", true},
+                      InvarianceModel{"tests/data/models/qwen3.5-tiny-vlm", false},
+                      InvarianceModel{"tests/data/models/qwen3-moe-tiny", false},
+                      InvarianceModel{"tests/data/models/qwen3.5-moe-tiny-vlm", true},
+                      InvarianceModel{"tests/data/models/qwen3-fp8-tiny", false},
+                      InvarianceModel{"tests/data/models/qwen3.5-moe-fp8-tiny", true}),
+    [](const auto& info) {
+      std::string n =
+          std::string(info.param.dir).substr(std::string(info.param.dir).rfind('/') + 1);
+      for (char& ch : n)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
 
 }  // namespace
 }  // namespace qtk::rt_test

@@ -59,7 +59,8 @@ struct RandomMoe {
     w.gate_up_proj = TensorView(gate_up.data(), DType::BF16, {E, 2 * I, H});
     w.down_proj = TensorView(down.data(), DType::BF16, {E, H, I});
     for (int64_t e = 0; e < E; ++e) {
-      w.expert_gate_up.push_back(TensorView(gate_up.data() + e * 2 * I * H, DType::BF16, {2 * I, H}));
+      w.expert_gate_up.push_back(
+          TensorView(gate_up.data() + e * 2 * I * H, DType::BF16, {2 * I, H}));
       w.expert_down.push_back(TensorView(down.data() + e * H * I, DType::BF16, {H, I}));
     }
     if (S > 0) {
@@ -122,8 +123,8 @@ struct RandomMoe {
   }
 };
 
-std::vector<float> run_block(const RandomMoe& m, const std::vector<float>& x, int64_t T, int64_t chunk,
-                             int threads) {
+std::vector<float> run_block(const RandomMoe& m, const std::vector<float>& x, int64_t T,
+                             int64_t chunk, int threads) {
   const int64_t H = m.c.hidden_size;
   ThreadPool pool(threads);
   TiledWeights none;  // plain matmul() on the active CPU path
@@ -143,7 +144,8 @@ struct Shape {
 };
 
 std::string shape_name(const Shape& s) {
-  return fmt::format("H{}_E{}_k{}_I{}_S{}_{}", s.H, s.E, s.k, s.I, s.S, s.renorm ? "renorm" : "raw");
+  return fmt::format("H{}_E{}_k{}_I{}_S{}_{}", s.H, s.E, s.k, s.I, s.S,
+                     s.renorm ? "renorm" : "raw");
 }
 // note: printed by name: the default byte dump would show the struct's
 // padding, which differs between runs and so between ctest discoveries.

@@ -26,10 +26,12 @@ std::string read_file(const fs::path& p) {
 }
 
 fs::path run_synth(const std::string& model, const std::string& extra, const std::string& tag) {
-  const fs::path out = fs::temp_directory_path() / ("qtk-synth-test-" + tag + "-" + std::to_string(::getpid()));
+  const fs::path out =
+      fs::temp_directory_path() / ("qtk-synth-test-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(out);
-  const std::string cmd = std::string(QTK_BIN_DIR) + "/synth " + QTK_SOURCE_DIR + "/tests/data/models/" + model +
-                          "/config.json " + out.string() + " " + extra + " 2>/dev/null";
+  const std::string cmd = std::string(QTK_BIN_DIR) + "/synth " + QTK_SOURCE_DIR +
+                          "/tests/data/models/" + model + "/config.json " + out.string() + " " +
+                          extra + " 2>/dev/null";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return out;
 }
@@ -56,7 +58,8 @@ TEST_P(SynthTest, CheckpointLoadsWithExpectedShapes) {
 TEST_P(SynthTest, ShardedOutputLoads) {
   // A tiny shard size forces one shard per tensor or so, with an index file.
   const fs::path out = run_synth(GetParam(), "--seed 3 --shard-mb 1 --dtype f32", "sharded");
-  ASSERT_TRUE(fs::exists(out / "model.safetensors.index.json") || fs::exists(out / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(out / "model.safetensors.index.json") ||
+              fs::exists(out / "model.safetensors"));
   auto c = Checkpoint::open(out.string());
   EXPECT_GT(c->tensors().size(), 10u);
   EXPECT_EQ(c->tensors()[0].view.dtype, DType::F32);
@@ -97,13 +100,15 @@ TEST(Synth, Fp8CheckpointLoads) {
 }
 
 TEST(Synth, BadConfigFailsWithMessage) {
-  const std::string cmd = std::string(QTK_BIN_DIR) + "/synth /nonexistent/config.json /tmp/x 2>/dev/null";
+  const std::string cmd =
+      std::string(QTK_BIN_DIR) + "/synth /nonexistent/config.json /tmp/x 2>/dev/null";
   EXPECT_NE(std::system(cmd.c_str()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SynthTest,
-                         ::testing::Values("qwen3-tiny", "qwen3-tiny-sharded-f32", "qwen3.5-tiny", "qwen3.5-tiny-vlm",
-                                           "qwen3-moe-tiny", "qwen3.5-moe-tiny-vlm"),
+                         ::testing::Values("qwen3-tiny", "qwen3-tiny-sharded-f32", "qwen3.5-tiny",
+                                           "qwen3.5-tiny-vlm", "qwen3-moe-tiny",
+                                           "qwen3.5-moe-tiny-vlm"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& ch : s)
