@@ -13,9 +13,9 @@
 #include <set>
 #include <vector>
 
-#include "convert/interrupt.h"
+#include "core/interrupt.h"
 #include "convert/stale_temporaries.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <random>
 
-#include "convert/interrupt.h"
-#include "loaders/error.h"
+#include "core/interrupt.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -11,14 +11,14 @@
 #include <string_view>
 
 #include "convert/atomic_output.h"
-#include "convert/interrupt.h"
+#include "core/interrupt.h"
 #include "convert/manifest.h"
-#include "convert/pack_writer.h"
+#include "pack/pack_writer.h"
 #include "loaders/checkpoint.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
-#include "runtime/pack.h"
-#include "runtime/pack_checksum.h"
+#include "pack/pack.h"
+#include "pack/pack_checksum.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {

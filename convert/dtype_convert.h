@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk {
 

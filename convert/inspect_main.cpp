@@ -19,7 +19,7 @@
 #include "convert/inspect_pack.h"
 #include "loaders/checkpoint.h"
 #include "loaders/cli_args.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 namespace {

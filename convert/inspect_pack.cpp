@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <map>
 
-#include "runtime/pack.h"
+#include "pack/pack.h"
 #include "runtime/pack_load_check.h"
 
 namespace qtk {

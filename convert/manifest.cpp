@@ -2,10 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
-#include "runtime/pack.h"
-#include "runtime/pack_checksum.h"
-#include "runtime/pack_zip.h"
+#include "core/error.h"
+#include "pack/pack.h"
+#include "pack/pack_checksum.h"
+#include "pack/pack_zip.h"
 
 namespace qtk {
 

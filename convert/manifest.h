@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "convert/pack_writer.h"
+#include "pack/pack_writer.h"
 #include "convert/tensor_plan.h"
 #include "loaders/model_config.h"
 

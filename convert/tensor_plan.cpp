@@ -11,7 +11,7 @@
 #include <set>
 
 #include "convert/dtype_convert.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -31,10 +31,10 @@
 #include <string_view>
 #include <vector>
 
-#include "convert/pack_writer.h"
-#include "loaders/dtype.h"
+#include "pack/pack_writer.h"
+#include "core/dtype.h"
 #include "loaders/model_config.h"
-#include "loaders/tensor_view.h"
+#include "core/tensor_view.h"
 
 namespace qtk {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk {
 

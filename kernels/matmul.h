@@ -5,7 +5,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk {
 

@@ -10,7 +10,7 @@
 #include "kernels/cpu/matmul_tiled_paths.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk {
 

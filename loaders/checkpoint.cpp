@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/name_table.h"
 #include "loaders/strict_json.h"
 

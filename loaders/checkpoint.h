@@ -24,7 +24,7 @@
 #include "loaders/generation_config.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
-#include "loaders/tensor_view.h"
+#include "core/tensor_view.h"
 
 namespace qtk {
 

@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::cli {
 

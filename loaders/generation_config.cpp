@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
 
 namespace qtk {

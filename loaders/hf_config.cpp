@@ -43,7 +43,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/model_config.h"
 #include "loaders/strict_json.h"
 

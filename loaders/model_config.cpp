@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/dtype.h"
-#include "loaders/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
 
 namespace qtk {

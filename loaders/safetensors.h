@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loaders/mapped_file.h"
-#include "loaders/tensor_view.h"
+#include "core/mapped_file.h"
+#include "core/tensor_view.h"
 
 namespace qtk {
 

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

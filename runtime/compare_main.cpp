@@ -8,7 +8,7 @@
 #include <cxxopts.hpp>
 
 #include "loaders/cli_args.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/compare.h"
 
 int main(int argc, char** argv) {

@@ -12,7 +12,7 @@
 #include <cxxopts.hpp>
 
 #include "loaders/cli_args.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/generate.h"
 
 // Exit statuses: 0 every line has a result, 1 the run failed (one line on

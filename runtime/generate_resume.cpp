@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "loaders/error.h"
-#include "runtime/pack_checksum.h"
+#include "core/error.h"
+#include "pack/pack_checksum.h"
 
 namespace qtk {
 

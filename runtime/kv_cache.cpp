@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 
@@ -48,7 +48,6 @@ int32_t StatePool::acquire() {
   if (free_.empty()) return -1;
   int32_t s = free_.back();
   free_.pop_back();
-  if (!data_.empty()) std::fill_n(slot(s), floats_, 0.0f);
   return s;
 }
 

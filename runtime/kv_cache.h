@@ -62,8 +62,11 @@ class StatePool {
   StatePool(int64_t floats_per_slot, int64_t slots, bool storage = true);
   int64_t floats_per_slot() const { return floats_; }
   float* slot(int32_t s) { return data_.empty() ? nullptr : data_.data() + s * floats_; }
-  // Takes a free slot and zeroes it (a reused slot starts from the empty
-  // state). Returns -1 when none is free or the model has no state.
+  // Takes a free slot. Returns -1 when none is free or the model has no
+  // state. note: the backend clears a slot's state when its sequence starts
+  // at position 0 (starts_sequence in runtime/model.h), not here: that one
+  // rule covers new sequences and preempted ones recomputed from the start,
+  // on every backend.
   int32_t acquire();
   void release(int32_t s);
 

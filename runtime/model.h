@@ -1,5 +1,6 @@
-// The interface every architecture implements (runtime/qwen3, runtime/qwen3_5)
-// and the one step description the scheduler hands it. The scheduler knows
+// The interface every backend's model implements (runtime/backend/cpu,
+// runtime/backend/cuda; architectures are runtime/models/*) and the one step
+// description the scheduler hands it. The scheduler knows
 // nothing about layers: it owns sequences, block tables and state slots, and
 // asks the model only how big a sequence's cache entries are.
 #pragma once
@@ -46,6 +47,13 @@ struct StepBatch {
   // every other token goes the token-by-token way.
   const int32_t* aligned_tokens = nullptr;  // [num_seqs]
 };
+
+// Whether sequence s of the step starts at position 0 (a new sequence, or
+// one recomputed from its start after preemption): its recurrent state then
+// starts empty. Every backend clears the state by this one rule.
+inline bool starts_sequence(const StepBatch& b, int64_t s) {
+  return b.seq_len[s] == b.q_start[s + 1] - b.q_start[s];
+}
 
 // Sizes of the per-sequence caches a model needs (what the scheduler
 // allocates before the first step).

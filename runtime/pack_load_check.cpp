@@ -4,7 +4,7 @@
 
 #include "kernels/thread_pool.h"
 #include "runtime/model.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {

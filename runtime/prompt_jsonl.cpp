@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
 #include "runtime/request_fields.h"
 #include "tokenizer/chat/chat_request.h"

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/argmax.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/logprobs.h"
 
 namespace qtk {

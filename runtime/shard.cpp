@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/generate_resume.h"
 #include "runtime/results_file.h"
 

@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/unicode_classes.h"
 
 namespace qtk {

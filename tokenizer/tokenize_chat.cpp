@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/chat/chat_request.h"
 
 namespace qtk {

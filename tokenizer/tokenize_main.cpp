@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "loaders/cli_args.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenize_chat.h"
 #include "tokenizer/tokenizer.h"

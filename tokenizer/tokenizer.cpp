@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/split_scanner.h"
 #include "tokenizer/tokenizer_model.h"

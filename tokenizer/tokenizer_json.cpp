@@ -4,7 +4,7 @@
 #include <cstring>
 #include <optional>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/json_reader.h"
 #include "tokenizer/split_scanner.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::unicode {
 namespace {

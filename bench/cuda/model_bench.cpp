@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_startup.h"
 #include "runtime/kv_cache.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace {
 

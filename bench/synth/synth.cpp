@@ -30,7 +30,7 @@
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/model_config.h"
 #include "loaders/name_table.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/simd_math.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

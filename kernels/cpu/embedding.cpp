@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul_paths.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -2,7 +2,7 @@
 
 #include "kernels/cpu/matmul_fp8_paths.h"
 #include "kernels/matmul_fp8.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

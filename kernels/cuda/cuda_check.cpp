@@ -1,6 +1,6 @@
 #include "kernels/cuda/cuda_check.h"
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::cuda {
 

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk::cuda {
 

@@ -13,7 +13,7 @@
 #include "kernels/cuda/compare.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::cuda {
 

@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk::cuda {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk::cuda {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk::ref {
 

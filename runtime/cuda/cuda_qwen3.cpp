@@ -15,7 +15,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/cuda_models.h"
 #include "runtime/cuda/decode_graphs.h"
@@ -25,7 +25,7 @@
 #include "runtime/cuda/process_memory.h"
 #include "runtime/cuda/step_io.h"
 #include "runtime/kv_cache.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk {
 namespace {

@@ -14,10 +14,10 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/process_memory.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 #include "runtime/scheduler.h"
 
 #ifndef QTK_GEMM_SOURCES_DIGEST

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/cuda/device_memory.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk::cuda {
 

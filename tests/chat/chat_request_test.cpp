@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/chat/chat_request.h"
 
 namespace qtk::chat {

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include "convert/convert.h"
-#include "convert/interrupt.h"
+#include "core/interrupt.h"
 #include "convert_test_util.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk {
 namespace {

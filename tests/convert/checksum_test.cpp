@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "runtime/pack_checksum.h"
+#include "pack/pack_checksum.h"
 
 namespace qtk {
 namespace {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::testing {
 

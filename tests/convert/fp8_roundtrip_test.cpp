@@ -16,9 +16,9 @@
 #include "convert/convert.h"
 #include "convert/dtype_convert.h"
 #include "convert_test_util.h"
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 #include "loaders/safetensors.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "convert/convert.h"
 #include "convert_test_util.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk {
 namespace {

@@ -18,7 +18,7 @@
 #include "convert/dtype_convert.h"
 #include "convert_test_util.h"
 #include "loaders/safetensors.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk {
 namespace {

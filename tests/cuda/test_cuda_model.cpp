@@ -18,7 +18,7 @@
 #include "convert/convert.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/kv_cache.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 namespace qtk::cuda::test {
 namespace {

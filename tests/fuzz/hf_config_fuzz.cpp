@@ -2,7 +2,7 @@
 // pack manifest's config round trip, and generation_config.json parsing.
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/generation_config.h"
 #include "loaders/model_config.h"
 #include "loaders/strict_json.h"

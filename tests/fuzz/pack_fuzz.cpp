@@ -3,8 +3,8 @@
 // maps a path. An accepted pack is then verified and every view touched.
 #include <cstring>
 
-#include "loaders/error.h"
-#include "runtime/pack.h"
+#include "core/error.h"
+#include "pack/pack.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -1,7 +1,7 @@
 // Fuzz entry: a .safetensors file (header length, JSON header, data buffer).
 #include <cstring>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/safetensors.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "loaders/checkpoint.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 

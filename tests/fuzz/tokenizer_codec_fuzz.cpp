@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -9,7 +9,7 @@
 #include "kernels/cpu/simd_math.h"
 #include "kernels/embedding.h"
 #include "kernels/ref/reference.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/matmul.h"
-#include "loaders/dtype.h"
-#include "loaders/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/ref/reference.h"
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {

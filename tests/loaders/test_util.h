@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk::testing {
 

@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/cuda/plan_cache.h"
 
 namespace qtk {

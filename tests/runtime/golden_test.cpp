@@ -2,7 +2,7 @@
 // convert -> generate -> compare, by the fixtures rule (exact up to the
 // first step whose reference top-1 margin is below 1e-3).
 #include "kernels/cpu_features.h"
-#include "runtime/pack.h"
+#include "pack/pack.h"
 #include "tests/runtime/test_util.h"
 
 namespace qtk::rt_test {

@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "kernels/thread_pool.h"
-#include "runtime/moe_block.h"
-#include "runtime/tiled_weights.h"
+#include "runtime/backend/cpu/moe_block.h"
+#include "runtime/backend/cpu/tiled_weights.h"
 
 namespace qtk {
 namespace {

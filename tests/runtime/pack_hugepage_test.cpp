@@ -1,5 +1,5 @@
 // Pack::copy_to_hugepages: the pack's bytes move to anonymous memory at the
-// same addresses, unchanged (runtime/pack.h).
+// same addresses, unchanged (pack/pack.h).
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/pack.h"
+#include "pack/pack.h"
 #include "test_util.h"
 
 namespace qtk {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <map>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "runtime/shard.h"
 #include "tests/runtime/test_util.h"
 

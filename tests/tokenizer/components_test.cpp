@@ -2,7 +2,7 @@
 // added-token matching rules, and the public API's edge cases.
 #include <gtest/gtest.h>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tests/tokenizer/test_util.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/split_scanner.h"

@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "tests/tokenizer/test_util.h"
 
 namespace qtk {

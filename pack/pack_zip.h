@@ -1,5 +1,5 @@
-// Zip constants shared by the pack writer (convert/pack_writer.cpp) and the
-// pack reader (runtime/pack.cpp). Values from PKWARE's APPNOTE.TXT 6.3.
+// Zip constants shared by the pack writer (pack/pack_writer.cpp) and the
+// pack reader (pack/pack.cpp). Values from PKWARE's APPNOTE.TXT 6.3.
 #pragma once
 
 #include <cstdint>

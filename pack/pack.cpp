@@ -1,4 +1,4 @@
-#include "runtime/pack.h"
+#include "pack/pack.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -13,10 +13,10 @@
 #include <set>
 #include <unordered_map>
 
-#include "loaders/error.h"
+#include "core/error.h"
 #include "loaders/strict_json.h"
-#include "runtime/pack_checksum.h"
-#include "runtime/pack_zip.h"
+#include "pack/pack_checksum.h"
+#include "pack/pack_zip.h"
 
 namespace qtk {
 

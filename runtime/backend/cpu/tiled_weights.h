@@ -1,7 +1,7 @@
 // Tile-order copies of a model's bf16 matrices (kernels/matmul_tiled.h) for
 // the avx512 path, on transparent huge pages, looked up by the matrix's
-// pointer into the pack. Header-only (used by runtime/qwen3.cpp and
-// runtime/qwen3_5.cpp).
+// pointer into the pack. Header-only (used by the CPU backend,
+// runtime/backend/cpu).
 //
 // note: the pack keeps the Hugging Face layout: every TensorView stays valid
 // and matmul() on it works on any path. The pack's pages of a tiled matrix
@@ -26,9 +26,9 @@
 #include "kernels/matmul_fp8.h"
 #include "kernels/matmul_tiled.h"
 #include "kernels/thread_pool.h"
-#include "loaders/error.h"
-#include "loaders/tensor_view.h"
-#include "runtime/pack.h"
+#include "core/error.h"
+#include "core/tensor_view.h"
+#include "pack/pack.h"
 
 namespace qtk {
 

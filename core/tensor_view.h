@@ -8,7 +8,7 @@
 #include <span>
 #include <string>
 
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 namespace qtk {
 

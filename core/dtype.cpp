@@ -1,4 +1,4 @@
-#include "loaders/dtype.h"
+#include "core/dtype.h"
 
 #include <array>
 #include <cmath>

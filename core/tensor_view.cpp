@@ -1,4 +1,4 @@
-#include "loaders/tensor_view.h"
+#include "core/tensor_view.h"
 
 namespace qtk {
 

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/mapped_file.h"
+#include "core/mapped_file.h"
 #include "loaders/model_config.h"
-#include "loaders/tensor_view.h"
+#include "core/tensor_view.h"
 
 namespace qtk {
 
@@ -116,7 +116,7 @@ class Pack {
   // range; MADV_DONTNEED): the bytes stay readable at the same addresses and
   // fault back in from the page cache (or the file) when read. A no-op after
   // copy_to_hugepages(), where dropping pages would lose them. For a model
-  // that keeps its own copy of some tensors (runtime/tiled_weights.h).
+  // that keeps its own copy of some tensors (runtime/backend/cpu/tiled_weights.h).
   void release_range(const void* p, size_t n) const;
 
   // What the CPU models call at construction: copy_to_hugepages(), or only

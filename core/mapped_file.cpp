@@ -1,4 +1,4 @@
-#include "loaders/mapped_file.h"
+#include "core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -7,7 +7,7 @@
 
 #include <utility>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -1,4 +1,4 @@
-#include "convert/pack_writer.h"
+#include "pack/pack_writer.h"
 
 #include <unistd.h>
 #include <zip.h>
@@ -7,10 +7,10 @@
 #include <cstring>
 #include <exception>
 
-#include "convert/interrupt.h"
-#include "loaders/error.h"
-#include "runtime/pack_checksum.h"
-#include "runtime/pack_zip.h"
+#include "core/interrupt.h"
+#include "core/error.h"
+#include "pack/pack_checksum.h"
+#include "pack/pack_zip.h"
 
 namespace qtk {
 

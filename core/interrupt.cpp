@@ -1,4 +1,4 @@
-#include "convert/interrupt.h"
+#include "core/interrupt.h"
 
 #include <limits.h>
 #include <signal.h>
@@ -7,7 +7,7 @@
 
 #include <csignal>
 
-#include "loaders/error.h"
+#include "core/error.h"
 
 namespace qtk {
 

@@ -1,4 +1,4 @@
-#include "runtime/pack_checksum.h"
+#include "pack/pack_checksum.h"
 
 #include <xxhash.h>
 

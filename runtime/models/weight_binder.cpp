@@ -1,0 +1,80 @@
+#include "runtime/models/weight_binder.h"
+
+#include <initializer_list>
+
+#include "core/error.h"
+#include "pack/pack.h"
+#include "runtime/models/moe_weights.h"
+
+namespace qtk {
+
+namespace {
+
+// note: F8_E4M3 matrices come with block scales (Pack::fp8_scales, checked
+// when the pack opened); the backends read both.
+bool is_matrix_dtype(DType t) {
+  return t == DType::BF16 || t == DType::F16 || t == DType::F32 || t == DType::F8_E4M3;
+}
+
+void check_shape(const Pack& pack, const std::string& name, const TensorView& v,
+                 std::initializer_list<int64_t> dims) {
+  bool ok = v.ndim == static_cast<int>(dims.size());
+  int i = 0;
+  for (int64_t d : dims) ok = ok && v.shape[i++] == d;
+  if (!ok) {
+    std::string want = "[";
+    for (int64_t d : dims) want += (want.size() > 1 ? ", " : "") + std::to_string(d);
+    fail("{}: tensor '{}' has shape {}; expected {} from the config", pack.path(), name,
+         v.shape_string(), want + "]");
+  }
+}
+
+const TensorView& f32_tensor(const Pack& pack, const std::string& name) {
+  const TensorView& v = pack.tensor(name);
+  if (v.dtype != DType::F32) {
+    fail("{}: tensor '{}' has dtype {}; expected F32 (small tensors are always f32 in a pack)",
+         pack.path(), name, dtype_name(v.dtype));
+  }
+  return v;
+}
+
+}  // namespace
+
+TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = pack.tensor(name);
+  if (!is_matrix_dtype(v.dtype)) {
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack.path(), name,
+         dtype_name(v.dtype));
+  }
+  check_shape(pack, name, v, {rows, cols});
+  return v;
+}
+
+TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n) {
+  const TensorView& v = f32_tensor(pack, name);
+  check_shape(pack, name, v, {n});
+  return v;
+}
+
+bool WeightBinder::has(const std::string& name) const { return pack_.find_tensor(name) != nullptr; }
+
+Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols, MatrixUse use) {
+  const TensorView v = pack_matrix(pack_, name, rows, cols);
+  return Matrix{adopt_matrix(name, v, use), rows, cols};
+}
+
+Vector WeightBinder::vector(const std::string& name, int64_t n) {
+  return Vector{adopt_vector(name, pack_vector(pack_, name, n)), n};
+}
+
+Vector WeightBinder::table(const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = f32_tensor(pack_, name);
+  check_shape(pack_, name, v, {rows, cols});
+  return Vector{adopt_vector(name, v), rows * cols};
+}
+
+Experts WeightBinder::experts(const std::string& prefix) {
+  return Experts{adopt_experts(prefix, load_moe_weights(pack_, pack_.config(), prefix))};
+}
+
+}  // namespace qtk
