@@ -1,6 +1,5 @@
 #include "runtime/models/moe_weights.h"
 
-
 #include "core/error.h"
 #include "pack/pack.h"
 #include "runtime/models/weight_binder.h"

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "loaders/model_config.h"
 #include "core/tensor_view.h"
+#include "loaders/model_config.h"
 
 namespace qtk {
 

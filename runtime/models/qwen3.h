@@ -17,8 +17,8 @@ struct Qwen3Layer {
   AttentionLayer self_attn;         // q_norm, k_norm f32 [head_dim]; o_proj mat [hidden, Hq*D]
   Vector post_attention_layernorm;  // f32 [hidden]
   bool is_moe = false;
-  MlpLayer mlp;                     // dense: gate_up [2*intermediate, hidden], down
-  Experts moe;                      // when is_moe
+  MlpLayer mlp;  // dense: gate_up [2*intermediate, hidden], down
+  Experts moe;   // when is_moe
 };
 
 class Qwen3 final : public Architecture {

@@ -77,7 +77,8 @@ class CpuModel final : public Model, private Blocks {
     x_.resize(T * H);
     h_.resize(T * H);
     d_.resize(T * H);
-    const int64_t in_proj = c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads;
+    const int64_t in_proj =
+        c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads;
     proj_.resize(T * std::max(2 * c.q_dim() + 2 * c.kv_dim(), in_proj));
     core_.resize(T * std::max(c.q_dim(), c.linear_value_dim()));
     gate_up_.resize(T * 2 * c.intermediate_size);
@@ -103,7 +104,8 @@ class CpuModel final : public Model, private Blocks {
     // preemption) starts from the empty recurrent state.
     if (arch_->delta_net_layers() > 0) {
       for (int64_t s = 0; s < b.num_seqs; ++s)
-        if (starts_sequence(b, s)) std::fill_n(states.slot(b.state_slot[s]), states.floats_per_slot(), 0.0f);
+        if (starts_sequence(b, s))
+          std::fill_n(states.slot(b.state_slot[s]), states.floats_per_slot(), 0.0f);
     }
     arch_->forward(*this);
   }
@@ -282,16 +284,16 @@ class CpuModel final : public Model, private Blocks {
   int64_t proj_ld_ = 0;   // columns of proj_ (the last norm_project's products)
 
   // Scratch, sized by reserve(); T = max tokens per step.
-  std::vector<float> x_;        // f32 [T, hidden] residual stream
-  std::vector<float> h_;        // f32 [T, hidden] normed input of a block
-  std::vector<float> d_;        // f32 [T, hidden] the pending sublayer output
-  std::vector<float> proj_;     // f32 [T, widest input projection]
-  std::vector<float> core_;     // f32 [T, max(Hq*D, Hv*Dv)] attention / GDN output
-  std::vector<float> conv_;     // f32 [T, conv_dim]
+  std::vector<float> x_;         // f32 [T, hidden] residual stream
+  std::vector<float> h_;         // f32 [T, hidden] normed input of a block
+  std::vector<float> d_;         // f32 [T, hidden] the pending sublayer output
+  std::vector<float> proj_;      // f32 [T, widest input projection]
+  std::vector<float> core_;      // f32 [T, max(Hq*D, Hv*Dv)] attention / GDN output
+  std::vector<float> conv_;      // f32 [T, conv_dim]
   std::vector<float> g_, beta_;  // f32 [T, Hv]
-  std::vector<float> gate_up_;  // f32 [T, 2*intermediate]
-  std::vector<float> act_;      // f32 [T, intermediate]
-  std::vector<float> last_;     // f32 [max_seqs, hidden] final-normed last rows
+  std::vector<float> gate_up_;   // f32 [T, 2*intermediate]
+  std::vector<float> act_;       // f32 [T, intermediate]
+  std::vector<float> last_;      // f32 [max_seqs, hidden] final-normed last rows
   std::vector<float> attn_scratch_;
   std::vector<float*> conv_states_, rec_states_;  // [max_seqs] per-step pointers
 };
