@@ -16,7 +16,7 @@
 #include "pack/pack_writer.h"
 #include "loaders/checkpoint.h"
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
 #include "tokenizer/tokenizer.h"

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "loaders/name_table.h"
-#include "loaders/strict_json.h"
 
 namespace qtk {
 
@@ -173,86 +173,91 @@ const CheckpointTensor* Checkpoint::find(std::string_view name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
-  std::unique_ptr<Checkpoint> ck(new Checkpoint());
-  std::string dir = dir_in;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  ck->dir_ = dir;
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    fail("{}: expected a checkpoint directory, found {}", dir,
-         ::stat(dir.c_str(), &st) != 0 ? "nothing" : "a file");
-
+// config.json, and generation_config.json when present (its token ids win).
+void Checkpoint::read_configs() {
+  const std::string& dir = dir_;
   for (const char* f : {"config.json", "generation_config.json", kSingleFile, kIndexFile})
-    refuse_non_regular(ck->file_path(f));
-  const std::string config_path = ck->file_path("config.json");
+    refuse_non_regular(file_path(f));
+  const std::string config_path = file_path("config.json");
   if (!is_regular_file(config_path)) fail("{}: missing config.json", dir);
-  ck->config_ = load_hf_config(config_path);
-  ck->source_files_.push_back(config_path);
+  config_ = load_hf_config(config_path);
+  source_files_.push_back(config_path);
 
-  if (ck->has_file("generation_config.json")) {
-    const std::string gpath = ck->file_path("generation_config.json");
-    ck->generation_ = load_generation_config(gpath);
-    ck->has_generation_ = true;
-    ck->source_files_.push_back(gpath);
-    if (ck->generation_.has_eos) ck->config_.eos_token_ids = ck->generation_.eos_token_ids;
-    if (ck->config_.bos_token_id < 0) ck->config_.bos_token_id = ck->generation_.bos_token_id;
-    if (ck->config_.pad_token_id < 0) ck->config_.pad_token_id = ck->generation_.pad_token_id;
-    validate_model_config(ck->config_, gpath);
+  if (has_file("generation_config.json")) {
+    const std::string gpath = file_path("generation_config.json");
+    generation_ = load_generation_config(gpath);
+    has_generation_ = true;
+    source_files_.push_back(gpath);
+    if (generation_.has_eos) config_.eos_token_ids = generation_.eos_token_ids;
+    if (config_.bos_token_id < 0) config_.bos_token_id = generation_.bos_token_id;
+    if (config_.pad_token_id < 0) config_.pad_token_id = generation_.pad_token_id;
+    validate_model_config(config_, gpath);
   }
+}
 
-  // Weights: one file or an index of shards, never both.
-  const bool single = ck->has_file(kSingleFile);
-  const bool sharded = ck->has_file(kIndexFile);
+// The shards named by the index, each checked to hold exactly the tensors
+// the index gives it.
+void Checkpoint::open_indexed_shards() {
+  const std::string& dir = dir_;
+  const std::string index_path = file_path(kIndexFile);
+  source_files_.push_back(index_path);
+  const auto index = read_index(index_path);
+  for (const auto& [tensor, shard] : index) {
+    if (shards_.count(shard)) continue;
+    const std::string path = file_path(shard);
+    refuse_non_regular(path);
+    if (!is_regular_file(path))
+      fail("{}: field 'weight_map': tensor {}: shard {} does not exist in {}", index_path,
+           quote_name(tensor), quote_name(shard), dir);
+    shards_.emplace(shard, SafetensorsFile::open(path));
+  }
+  for (const auto& [name, file] : shards_) source_files_.push_back(file->path());
+  // Every indexed tensor is in its shard.
+  for (const auto& [tensor, shard] : index) {
+    if (!shards_.at(shard)->find(tensor))
+      fail("{}: tensor {} is indexed to {} but that shard does not contain it", index_path,
+           quote_name(tensor), shard);
+  }
+  // Every tensor of a shard is indexed to that shard (so none is in two shards).
+  for (const auto& [shard, file] : shards_) {
+    for (const auto& t : file->tensors()) {
+      const auto it = index.find(t.name);
+      if (it == index.end())
+        fail("{}: tensor {} is not listed in {} (unindexed tensor)", file->path(),
+             quote_name(t.name), kIndexFile);
+      if (it->second != shard)
+        fail("{}: tensor {} is in two shards: {} and {} (the index names {})", dir,
+             quote_name(t.name), shard, it->second, it->second);
+    }
+  }
+}
+
+// The weights: one file or an index of shards, never both.
+void Checkpoint::open_weights() {
+  const std::string& dir = dir_;
+  const bool single = has_file(kSingleFile);
+  const bool sharded = has_file(kIndexFile);
   if (single && sharded)
     fail("{}: both {} and {} exist; expected one (remove the stale one)", dir, kSingleFile,
          kIndexFile);
   if (!single && !sharded) fail("{}: no weights: expected {} or {}", dir, kSingleFile, kIndexFile);
 
-  // hf name -> shard file name, for every tensor of every file.
-  std::vector<std::pair<std::string, const SafetensorsTensor*>> all;  // (file, tensor)
   if (single) {
-    const std::string path = ck->file_path(kSingleFile);
-    ck->source_files_.push_back(path);
-    ck->shards_.emplace(kSingleFile, SafetensorsFile::open(path));
+    const std::string path = file_path(kSingleFile);
+    source_files_.push_back(path);
+    shards_.emplace(kSingleFile, SafetensorsFile::open(path));
   } else {
-    const std::string index_path = ck->file_path(kIndexFile);
-    ck->source_files_.push_back(index_path);
-    const auto index = read_index(index_path);
-    for (const auto& [tensor, shard] : index) {
-      if (ck->shards_.count(shard)) continue;
-      const std::string path = ck->file_path(shard);
-      refuse_non_regular(path);
-      if (!is_regular_file(path))
-        fail("{}: field 'weight_map': tensor {}: shard {} does not exist in {}", index_path,
-             quote_name(tensor), quote_name(shard), dir);
-      ck->shards_.emplace(shard, SafetensorsFile::open(path));
-    }
-    for (const auto& [name, file] : ck->shards_) ck->source_files_.push_back(file->path());
-    // Every indexed tensor is in its shard.
-    for (const auto& [tensor, shard] : index) {
-      if (!ck->shards_.at(shard)->find(tensor))
-        fail("{}: tensor {} is indexed to {} but that shard does not contain it", index_path,
-             quote_name(tensor), shard);
-    }
-    // Every tensor of a shard is indexed to that shard (so none is in two shards).
-    for (const auto& [shard, file] : ck->shards_) {
-      for (const auto& t : file->tensors()) {
-        const auto it = index.find(t.name);
-        if (it == index.end())
-          fail("{}: tensor {} is not listed in {} (unindexed tensor)", file->path(),
-               quote_name(t.name), kIndexFile);
-        if (it->second != shard)
-          fail("{}: tensor {} is in two shards: {} and {} (the index names {})", dir,
-               quote_name(t.name), shard, it->second, it->second);
-      }
-    }
+    open_indexed_shards();
   }
+}
 
-  // Map names through the table.
-  std::map<std::string, std::pair<std::string, const SafetensorsTensor*>> by_canonical;
-  std::map<std::string, SkippedGroup> skipped;
-  for (const auto& [shard, file] : ck->shards_) {
+// Every tensor under its canonical name; the tensors the name table skips
+// are counted by group into `skipped`.
+Checkpoint::TensorsByName Checkpoint::canonical_tensors(
+    std::map<std::string, SkippedGroup>& skipped) const {
+  const std::string& dir = dir_;
+  TensorsByName by_canonical;
+  for (const auto& [shard, file] : shards_) {
     for (const auto& t : file->tensors()) {
       const HfName m = map_hf_name(t.name);
       if (m.kind == HfName::Kind::kUnknown)
@@ -273,8 +278,14 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
              quote_name(it->second.second->name), quote_name(t.name), quote_name(m.canonical));
     }
   }
+  return by_canonical;
+}
 
-  const ModelConfig& c = ck->config_;
+// Claims the tensors the config expects, checking shape and dtype (and
+// attaching FP8 scales), into tensors_ and index_.
+void Checkpoint::claim_expected_tensors(TensorsByName& by_canonical) {
+  const std::string& dir = dir_;
+  const ModelConfig& c = config_;
   const std::string& arch = c.hf_architecture;
   // note: the routed experts are stored one tensor per expert or fused into
   // 3-D tensors; a fused gate_up_proj anywhere picks the fused layout, and
@@ -297,19 +308,38 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
     const TensorView& v = t->view;
     std::vector<int64_t> got(v.shape, v.shape + v.ndim);
     if (got != e.shape)
-      fail("{}: tensor {}: expected shape {} from the config, found {}", ck->file_path(shard),
+      fail("{}: tensor {}: expected shape {} from the config, found {}", file_path(shard),
            quote_name(t->name), shape_text(e.shape), shape_text(got));
     CheckpointTensor ct{t->name, e.name, shard, v, {}, {}};
     if (v.dtype == DType::F8_E4M3 || v.dtype == DType::F8_E5M2) {
-      attach_fp8_scale(*ck, by_canonical, ct);
+      attach_fp8_scale(*this, by_canonical, ct);
     } else if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
       fail("{}: tensor {}: dtype {} is not supported (expected BF16, F16, F32 or F8_E4M3)",
-           ck->file_path(shard), quote_name(t->name), dtype_name(v.dtype));
+           file_path(shard), quote_name(t->name), dtype_name(v.dtype));
     }
-    ck->index_.emplace(e.name, ck->tensors_.size());
-    ck->tensors_.push_back(std::move(ct));
+    index_.emplace(e.name, tensors_.size());
+    tensors_.push_back(std::move(ct));
     by_canonical.erase(e.name);
   }
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  ck->dir_ = dir;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail("{}: expected a checkpoint directory, found {}", dir,
+         ::stat(dir.c_str(), &st) != 0 ? "nothing" : "a file");
+
+  ck->read_configs();
+  ck->open_weights();
+  std::map<std::string, SkippedGroup> skipped;
+  TensorsByName by_canonical = ck->canonical_tensors(skipped);
+  ck->claim_expected_tensors(by_canonical);
+  const ModelConfig& c = ck->config_;
+  const std::string& arch = c.hf_architecture;
   // note: a tied checkpoint may still carry lm_head.weight (a copy of the
   // embeddings); it is accepted and ignored, and reported as skipped.
   if (c.tie_word_embeddings) {

@@ -21,10 +21,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/tensor_view.h"
 #include "loaders/generation_config.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
-#include "core/tensor_view.h"
 
 namespace qtk {
 
@@ -77,7 +77,15 @@ class Checkpoint {
   const std::map<std::string, std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
 
  private:
+  // Canonical name -> (shard file name, tensor), the tensors not yet claimed.
+  using TensorsByName = std::map<std::string, std::pair<std::string, const SafetensorsTensor*>>;
   Checkpoint() = default;
+  // The parts of open(), in order.
+  void read_configs();
+  void open_weights();
+  void open_indexed_shards();
+  TensorsByName canonical_tensors(std::map<std::string, SkippedGroup>& skipped) const;
+  void claim_expected_tensors(TensorsByName& by_canonical);
   std::string dir_;
   ModelConfig config_;
   GenerationConfig generation_;

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 
 namespace qtk {
 

@@ -45,7 +45,7 @@
 
 #include "core/error.h"
 #include "loaders/model_config.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 
 namespace qtk {
 

@@ -8,7 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 
 namespace qtk {
 

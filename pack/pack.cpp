@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
 
@@ -198,14 +198,19 @@ void refuse_what_is_not_a_pack(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Pack> Pack::open(const std::string& path) {
-  refuse_what_is_not_a_pack(path);
-  std::unique_ptr<Pack> pack(new Pack());
-  pack->file_ = MappedFile(path);
-  const uint8_t* base = pack->file_.data();
-  const uint64_t size = pack->file_.size();
+namespace {
 
-  // --- end of central directory record -------------------------------------
+// Where the central directory is, from the end records.
+struct CentralDirectory {
+  uint64_t entries = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Finds the end-of-central-directory record (and the zip64 records when
+// present) and returns where the central directory is.
+CentralDirectory find_central_directory(const std::string& path, const uint8_t* base,
+                                        uint64_t size) {
   if (size < kEocdSize) fail("{}: not a pack (a zip file); {} bytes is too short", path, size);
   uint64_t eocd = UINT64_MAX;
   const uint64_t lowest = size > kEocdSize + kMaxComment ? size - kEocdSize - kMaxComment : 0;
@@ -259,16 +264,83 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     fail(
         "{}: central directory (offset {}, {} bytes) does not end where the end records start ({})",
         path, cd_offset, cd_size, cd_limit);
+  return CentralDirectory{n_entries, cd_offset, cd_size};
+}
 
-  // --- central directory and local headers -----------------------------------
+// Checks the local header of an entry against its central directory record
+// (name, sizes, no encryption or compression) and returns where its data
+// starts: aligned, and with the data inside the entry area.
+uint64_t check_local_header(const std::string& where, const uint8_t* base, uint64_t local,
+                            uint64_t cd_offset, const std::string& name, uint64_t csize,
+                            uint64_t usize) {
+  if (local > cd_offset || cd_offset - local < kLocalHeaderSize)
+    fail("{}: local header offset {} is outside the entry area", where, local);
+  const uint8_t* l = base + local;
+  if (le32(l) != kLocalSig) fail("{}: local header has a bad signature", where);
+  const uint16_t l_flags = le16(l + 6);
+  if (l_flags & (kFlagEncrypted | kFlagStrongEncryption))
+    fail("{}: local header says encrypted", where);
+  if (l_flags & kFlagDataDescriptor) fail("{}: local header uses a data descriptor", where);
+  if (le16(l + 8) != 0) fail("{}: local header says compressed (method {})", where, le16(l + 8));
+  const uint16_t l_name_len = le16(l + 26), l_extra_len = le16(l + 28);
+  const uint64_t header_end = local + kLocalHeaderSize + l_name_len + l_extra_len;
+  if (header_end > cd_offset) fail("{}: local header runs past the entry area", where);
+  if (std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len) != name)
+    fail("{}: local header names it \"{}\"", where,
+         std::string(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len));
+  uint64_t l_csize = le32(l + 18), l_usize = le32(l + 22);
+  if (l_csize == 0xFFFFFFFF || l_usize == 0xFFFFFFFF)
+    apply_zip64_extra(where + " (local header)", l + kLocalHeaderSize + l_name_len, l_extra_len,
+                      &l_usize, &l_csize, nullptr);
+  if (l_csize != csize || l_usize != usize)
+    fail("{}: local header sizes ({}, {}) differ from the central directory ({}, {})", where,
+         l_csize, l_usize, csize, usize);
+  if (header_end % kPackAlignment != 0)
+    fail("{}: data starts at offset {}, which is not {}-byte aligned", where, header_end,
+         kPackAlignment);
+  if (usize > cd_offset - header_end)
+    fail("{}: data ({} bytes at offset {}) runs past the entry area", where, usize, header_end);
+  return header_end;
+}
+
+// Refuses a manifest whose "version" is not "major.minor" with this build's
+// major version.
+void check_pack_version(const nlohmann::json& m, const std::string& mwhere,
+                        const std::string& path) {
+  const std::string version = string_field(m, "version", mwhere);
+  int major = -1, minor = -1;
+  {
+    const size_t dot = version.find('.');
+    auto all_digits = [](std::string_view s) {
+      return !s.empty() && s.size() < 6 &&
+             std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    };
+    if (dot == std::string::npos || !all_digits(std::string_view(version).substr(0, dot)) ||
+        !all_digits(std::string_view(version).substr(dot + 1)))
+      fail("{}: field \"version\" is \"{}\", expected \"major.minor\"", mwhere, version);
+    major = std::stoi(version.substr(0, dot));
+    minor = std::stoi(version.substr(dot + 1));
+  }
+  (void)minor;  // note: minor versions only add fields; any 1.x is readable.
+  if (major != kPackFormatMajor)
+    fail("{}: pack format version {} is not supported (this build reads {}.x)", path, version,
+         kPackFormatMajor);
+}
+
+}  // namespace
+
+void Pack::read_zip_entries(const std::string& path) {
+  const uint8_t* base = file_.data();
+  const CentralDirectory cd = find_central_directory(path, base, file_.size());
   struct Span {
     uint64_t begin, end;
     std::string name;
   };
   std::vector<Span> spans;
   std::set<std::string, std::less<>> names;
+  const uint64_t cd_offset = cd.offset, cd_size = cd.size;
   uint64_t pos = cd_offset;
-  for (uint64_t i = 0; i < n_entries; ++i) {
+  for (uint64_t i = 0; i < cd.entries; ++i) {
     if (cd_offset + cd_size - pos < kCentralHeaderSize)
       fail("{}: central directory entry {} runs past the central directory", path, i);
     const uint8_t* c = base + pos;
@@ -296,84 +368,29 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
       fail("{}: compressed size {} != size {} for a STORED entry", where, csize, usize);
     if (!names.insert(name).second) fail("{}: appears twice in the central directory", where);
 
-    // Local header.
-    if (local > cd_offset || cd_offset - local < kLocalHeaderSize)
-      fail("{}: local header offset {} is outside the entry area", where, local);
-    const uint8_t* l = base + local;
-    if (le32(l) != kLocalSig) fail("{}: local header has a bad signature", where);
-    const uint16_t l_flags = le16(l + 6);
-    if (l_flags & (kFlagEncrypted | kFlagStrongEncryption))
-      fail("{}: local header says encrypted", where);
-    if (l_flags & kFlagDataDescriptor) fail("{}: local header uses a data descriptor", where);
-    if (le16(l + 8) != 0) fail("{}: local header says compressed (method {})", where, le16(l + 8));
-    const uint16_t l_name_len = le16(l + 26), l_extra_len = le16(l + 28);
-    const uint64_t header_end = local + kLocalHeaderSize + l_name_len + l_extra_len;
-    if (header_end > cd_offset) fail("{}: local header runs past the entry area", where);
-    if (std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len) != name)
-      fail("{}: local header names it \"{}\"", where,
-           std::string(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len));
-    uint64_t l_csize = le32(l + 18), l_usize = le32(l + 22);
-    if (l_csize == 0xFFFFFFFF || l_usize == 0xFFFFFFFF)
-      apply_zip64_extra(where + " (local header)", l + kLocalHeaderSize + l_name_len, l_extra_len,
-                        &l_usize, &l_csize, nullptr);
-    if (l_csize != csize || l_usize != usize)
-      fail("{}: local header sizes ({}, {}) differ from the central directory ({}, {})", where,
-           l_csize, l_usize, csize, usize);
-    if (header_end % kPackAlignment != 0)
-      fail("{}: data starts at offset {}, which is not {}-byte aligned", where, header_end,
-           kPackAlignment);
-    if (usize > cd_offset - header_end)
-      fail("{}: data ({} bytes at offset {}) runs past the entry area", where, usize, header_end);
+    const uint64_t header_end =
+        check_local_header(where, base, local, cd_offset, name, csize, usize);
     spans.push_back({local, header_end + usize, name});
-    pack->entries_.push_back({name, header_end, usize});
+    entries_.push_back({name, header_end, usize});
     pos += kCentralHeaderSize + name_len + extra_len + comment_len;
   }
   if (pos != cd_offset + cd_size)
     fail("{}: central directory holds {} bytes after its {} entries", path,
-         cd_offset + cd_size - pos, n_entries);
+         cd_offset + cd_size - pos, cd.entries);
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)
       fail("{}: entries \"{}\" and \"{}\" overlap", path, spans[i - 1].name, spans[i].name);
+}
 
-  // --- manifest ----------------------------------------------------------------
-  const std::string mwhere = path + ": manifest.json";
-  const auto manifest_bytes = pack->entry("manifest.json");
-  if (!manifest_bytes) fail("{}: has no manifest.json entry; not a pack", path);
-  // note: the strict parser validates UTF-8, rejects duplicate keys and caps
-  // nesting depth, so no later message can recurse through a hostile value.
-  pack->manifest_ = parse_json_strict(*manifest_bytes, mwhere);
-  const nlohmann::json& m = pack->manifest_;
-  if (!m.is_object()) fail("{}: expected a JSON object", mwhere);
-  const std::string format = string_field(m, "format", mwhere);
-  if (format != kPackFormatName)
-    fail("{}: field \"format\" is \"{}\", expected \"{}\"", mwhere, format, kPackFormatName);
-  const std::string version = string_field(m, "version", mwhere);
-  int major = -1, minor = -1;
-  {
-    const size_t dot = version.find('.');
-    auto all_digits = [](std::string_view s) {
-      return !s.empty() && s.size() < 6 &&
-             std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    };
-    if (dot == std::string::npos || !all_digits(std::string_view(version).substr(0, dot)) ||
-        !all_digits(std::string_view(version).substr(dot + 1)))
-      fail("{}: field \"version\" is \"{}\", expected \"major.minor\"", mwhere, version);
-    major = std::stoi(version.substr(0, dot));
-    minor = std::stoi(version.substr(dot + 1));
-  }
-  (void)minor;  // note: minor versions only add fields; any 1.x is readable.
-  if (major != kPackFormatMajor)
-    fail("{}: pack format version {} is not supported (this build reads {}.x)", path, version,
-         kPackFormatMajor);
-
-  pack->config_ = config_from_json(field(m, "config", mwhere), mwhere + " config");
-
+void Pack::read_tensor_list(const std::string& mwhere) {
+  const nlohmann::json& m = manifest_;
+  const uint8_t* base = file_.data();
   const auto& tensors = field(m, "tensors", mwhere);
   if (!tensors.is_array()) fail("{}: field \"tensors\" must be an array", mwhere);
   std::unordered_map<std::string_view, const RawEntry*> by_name;
-  for (const auto& r : pack->entries_) by_name.emplace(r.name, &r);
+  for (const auto& r : entries_) by_name.emplace(r.name, &r);
   std::set<std::string, std::less<>> tensor_names;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
@@ -414,14 +431,14 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
       fail("{}: entry \"{}\" holds {} bytes, expected {}", where, info.entry, it->second->size,
            expect);
     info.view = TensorView(base + it->second->offset, dtype, std::span<const int64_t>(dims));
-    pack->tensors_.push_back(std::move(info));
+    tensors_.push_back(std::move(info));
   }
+}
 
-  pack->read_fp8_section(mwhere);
-
-  // --- digest --------------------------------------------------------------------
+void Pack::compute_digest(const std::string& mwhere) {
+  const nlohmann::json& m = manifest_;
   Xxh64 h;
-  for (const auto& t : pack->tensors_) {
+  for (const auto& t : tensors_) {
     const std::string line = t.name + ":" + checksum_hex(t.checksum) + "\n";
     h.update(line.data(), line.size());
   }
@@ -431,7 +448,34 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
     const std::string q = m["quantization"].dump();
     h.update(q.data(), q.size());
   }
-  pack->digest_ = checksum_hex(h.digest());
+  digest_ = checksum_hex(h.digest());
+}
+
+std::unique_ptr<Pack> Pack::open(const std::string& path) {
+  refuse_what_is_not_a_pack(path);
+  std::unique_ptr<Pack> pack(new Pack());
+  pack->file_ = MappedFile(path);
+  pack->read_zip_entries(path);
+
+  const std::string mwhere = path + ": manifest.json";
+  const auto manifest_bytes = pack->entry("manifest.json");
+  if (!manifest_bytes) fail("{}: has no manifest.json entry; not a pack", path);
+  // note: the strict parser validates UTF-8, rejects duplicate keys and caps
+  // nesting depth, so no later message can recurse through a hostile value.
+  pack->manifest_ = parse_json_strict(*manifest_bytes, mwhere);
+  const nlohmann::json& m = pack->manifest_;
+  if (!m.is_object()) fail("{}: expected a JSON object", mwhere);
+  const std::string format = string_field(m, "format", mwhere);
+  if (format != kPackFormatName)
+    fail("{}: field \"format\" is \"{}\", expected \"{}\"", mwhere, format, kPackFormatName);
+  check_pack_version(m, mwhere, path);
+
+  pack->config_ = config_from_json(field(m, "config", mwhere), mwhere + " config");
+
+  pack->read_tensor_list(mwhere);
+  pack->read_fp8_section(mwhere);
+
+  pack->compute_digest(mwhere);
   return pack;
 }
 

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
-#include "loaders/model_config.h"
 #include "core/tensor_view.h"
+#include "loaders/model_config.h"
 
 namespace qtk {
 
@@ -135,8 +135,16 @@ class Pack {
 
  private:
   Pack() = default;
+  // Reads and validates the zip structure into entries_: end records,
+  // central directory, local headers; STORED, aligned, non-overlapping.
+  void read_zip_entries(const std::string& path);
+  // Reads and validates the manifest's "tensors" list into tensors_.
+  void read_tensor_list(const std::string& mwhere);
   // Reads and validates the manifest's "quantization" section into fp8_.
   void read_fp8_section(const std::string& mwhere);
+  // digest_: xxh64 over the tensors' names and checksums, the config and the
+  // quantization section.
+  void compute_digest(const std::string& mwhere);
   MappedFile file_;
   nlohmann::json manifest_;
   ModelConfig config_;

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "runtime/request_fields.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenizer.h"

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "kernels/argmax.h"
 #include "core/error.h"
+#include "kernels/argmax.h"
 #include "runtime/logprobs.h"
 
 namespace qtk {
@@ -143,11 +143,9 @@ bool Scheduler::grow(Seq& s, int64_t tokens) {
   return true;
 }
 
-void Scheduler::step(std::vector<int64_t>& finished) {
-  scheduled_.clear();
-  int64_t budget = opt_.max_batched_tokens;
-
-  // 1. Running sequences, oldest first; preempt the newest when blocks run out.
+// 1. Running sequences, oldest first; preempt the newest when blocks run out.
+// Returns the budget left.
+int64_t Scheduler::schedule_running(int64_t budget) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t h = running_[i];
     Seq& s = seqs_[h];
@@ -170,8 +168,11 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     budget -= n;
     ++i;
   }
+  return budget;
+}
 
-  // 2. Admit waiting sequences (in order) while there is room.
+// 2. Admit waiting sequences (in order) while there is room.
+void Scheduler::admit_waiting(int64_t budget) {
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     const int64_t h = waiting_.front();
@@ -187,14 +188,10 @@ void Scheduler::step(std::vector<int64_t>& finished) {
     scheduled_.emplace_back(h, n);
     budget -= n;
   }
-  if (scheduled_.empty()) {
-    // Cannot happen when every request passed check_fits: a lone sequence
-    // always fits. Guard against an infinite loop anyway.
-    fail("scheduler: no sequence could be scheduled ({} waiting, {} free KV blocks)",
-         waiting_.size(), kv_.free_blocks());
-  }
+}
 
-  // 3. Build the step batch.
+// 3. The step batch of the scheduled chunks, in the scheduler's buffers.
+StepBatch Scheduler::build_batch() {
   const int64_t S = static_cast<int64_t>(scheduled_.size());
   int64_t T = 0;
   for (const auto& e : scheduled_) T += e.second;
@@ -235,6 +232,15 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   b.want_logits = want_logits_.data();
   b.num_logits = num_logits;
   b.aligned_tokens = align_ > 1 ? aligned_tokens_.data() : nullptr;
+  return b;
+}
+
+// Counts the batch's decode and prompt tokens, then runs and times the model
+// on it: the greedy tokens and margins land in argmax_ and margins_ (and the
+// logits in logits_ when they are computed on the host).
+void Scheduler::run_model(const StepBatch& b) {
+  const int64_t S = b.num_seqs;
+  const int64_t num_logits = b.num_logits;
   bool any_prefill = false;
   for (int64_t i = 0; i < S; ++i) {
     const auto [h, n] = scheduled_[i];
@@ -260,8 +266,11 @@ void Scheduler::step(std::vector<int64_t>& finished) {
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += sec;
   ++stats_.steps;
+}
 
-  // 4. Account, append sampled tokens, retire finished sequences.
+// 4. Account, append sampled tokens, retire finished sequences.
+void Scheduler::account_step(std::vector<int64_t>& finished) {
+  const int64_t S = static_cast<int64_t>(scheduled_.size());
   int64_t r = 0;
   for (int64_t i = 0; i < S; ++i) {
     const auto [h, n] = scheduled_[i];
@@ -303,6 +312,20 @@ void Scheduler::step(std::vector<int64_t>& finished) {
       finished.push_back(h);
     }
   }
+}
+
+void Scheduler::step(std::vector<int64_t>& finished) {
+  scheduled_.clear();
+  admit_waiting(schedule_running(opt_.max_batched_tokens));
+  if (scheduled_.empty()) {
+    // Cannot happen when every request passed check_fits: a lone sequence
+    // always fits. Guard against an infinite loop anyway.
+    fail("scheduler: no sequence could be scheduled ({} waiting, {} free KV blocks)",
+         waiting_.size(), kv_.free_blocks());
+  }
+
+  run_model(build_batch());
+  account_step(finished);
 }
 
 }  // namespace qtk

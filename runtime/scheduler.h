@@ -106,6 +106,12 @@ class Scheduler {
   void preempt(int64_t handle);
   void release(Seq& s);
   bool grow(Seq& s, int64_t tokens);
+  // The parts of step(), in order.
+  int64_t schedule_running(int64_t budget);
+  void admit_waiting(int64_t budget);
+  StepBatch build_batch();
+  void run_model(const StepBatch& b);
+  void account_step(std::vector<int64_t>& finished);
 
   Model& model_;
   SchedulerOptions opt_;

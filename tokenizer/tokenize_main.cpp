@@ -37,8 +37,8 @@
 #include <thread>
 #include <vector>
 
-#include "loaders/cli_args.h"
 #include "core/error.h"
+#include "loaders/cli_args.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenize_chat.h"
 #include "tokenizer/tokenizer.h"
@@ -299,7 +299,8 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
   }
 }
 
-int run(int argc, char** argv) {
+// The command line flags of tokenize.
+cxxopts::Options tokenize_options() {
   cxxopts::Options options(
       "tokenize",
       "Encode JSONL {\"text\": ...} lines from INPUT (or stdin) to {\"ids\": [...]} lines on "
@@ -326,6 +327,78 @@ int run(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("-"))("h,help", "print this help");
   options.parse_positional({"input"});
   options.positional_help("[INPUT|-]");
+  return options;
+}
+
+// Writes process(line, line number) for every line of `input` to stdout, in
+// input order, with `threads` threads (the calling thread one of them).
+template <typename Process>
+void process_lines(std::FILE* input, const std::string& input_name, size_t threads,
+                   const Process& process) {
+  // note: lines are processed in blocks so memory stays bounded on huge inputs
+  // while threads share the work; output keeps the input order.
+  constexpr size_t kBlockLines = 8192;
+  std::vector<std::string> lines;
+  std::vector<std::string> outputs;
+  size_t first_line_number = 1;
+  std::atomic<size_t> next{0};
+  // note: lines are taken 64 at a time: one atomic per line and neighbouring
+  // outputs written by different threads (false sharing) made threads slower.
+  constexpr size_t kChunk = 64;
+  auto work = [&] {
+    for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
+      const size_t end = std::min(begin + kChunk, lines.size());
+      for (size_t i = begin; i < end; ++i) {
+        outputs[i] = process(lines[i], first_line_number + i);
+      }
+    }
+  };
+  // note: the workers live for the whole run (each keeps its warm word
+  // cache); two barriers per block hand them the block and collect it. The
+  // main thread reads, works as one of the workers, and writes.
+  const auto workers = static_cast<std::ptrdiff_t>(threads);
+  std::barrier start(workers), finish(workers);
+  bool stop = false;
+  std::vector<std::thread> pool;
+  for (std::ptrdiff_t t = 1; t < workers; ++t) {
+    pool.emplace_back([&] {
+      for (;;) {
+        start.arrive_and_wait();
+        if (stop) return;
+        work();
+        finish.arrive_and_wait();
+      }
+    });
+  }
+  LineReader reader(input, input_name);
+  std::string line;
+  for (bool more = true; more;) {
+    lines.clear();
+    while (lines.size() < kBlockLines && (more = reader.next(line))) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      lines.push_back(std::move(line));
+    }
+    if (lines.empty()) break;
+    outputs.assign(lines.size(), std::string());
+    next.store(0);
+    start.arrive_and_wait();
+    work();
+    finish.arrive_and_wait();
+    std::string block;
+    for (const std::string& o : outputs) {
+      block += o;
+      block += '\n';
+    }
+    std::fwrite(block.data(), 1, block.size(), stdout);
+    first_line_number += lines.size();
+  }
+  stop = true;
+  start.arrive_and_wait();
+  for (std::thread& t : pool) t.join();
+}
+
+int run(int argc, char** argv) {
+  cxxopts::Options options = tokenize_options();
   const cxxopts::ParseResult args = qtk::cli::parse_flags(options, argc, argv);
   if (args.count("help")) {
     std::cout << options.help() << std::endl;
@@ -365,67 +438,11 @@ int run(int argc, char** argv) {
   const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())
                                            : static_cast<size_t>(threads_flag);
 
-  // note: lines are processed in blocks so memory stays bounded on huge inputs
-  // while threads share the work; output keeps the input order.
-  constexpr size_t kBlockLines = 8192;
-  std::vector<std::string> lines;
-  std::vector<std::string> outputs;
-  size_t first_line_number = 1;
-  std::atomic<size_t> next{0};
-  // note: lines are taken 64 at a time: one atomic per line and neighbouring
-  // outputs written by different threads (false sharing) made threads slower.
-  constexpr size_t kChunk = 64;
-  auto work = [&] {
-    for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
-      const size_t end = std::min(begin + kChunk, lines.size());
-      for (size_t i = begin; i < end; ++i) {
-        outputs[i] = chat ? qtk::chat_tokenize_line(chat_context, lines[i], first_line_number + i)
-                          : process_line(tokenizer, decode, lines[i], first_line_number + i);
-      }
-    }
-  };
-  // note: the workers live for the whole run (each keeps its warm word
-  // cache); two barriers per block hand them the block and collect it. The
-  // main thread reads, works as one of the workers, and writes.
-  const auto workers = static_cast<std::ptrdiff_t>(threads);
-  std::barrier start(workers), finish(workers);
-  bool stop = false;
-  std::vector<std::thread> pool;
-  for (std::ptrdiff_t t = 1; t < workers; ++t) {
-    pool.emplace_back([&] {
-      for (;;) {
-        start.arrive_and_wait();
-        if (stop) return;
-        work();
-        finish.arrive_and_wait();
-      }
-    });
-  }
-  LineReader reader(input, input_path == "-" ? std::string("stdin") : input_path);
-  std::string line;
-  for (bool more = true; more;) {
-    lines.clear();
-    while (lines.size() < kBlockLines && (more = reader.next(line))) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      lines.push_back(std::move(line));
-    }
-    if (lines.empty()) break;
-    outputs.assign(lines.size(), std::string());
-    next.store(0);
-    start.arrive_and_wait();
-    work();
-    finish.arrive_and_wait();
-    std::string block;
-    for (const std::string& o : outputs) {
-      block += o;
-      block += '\n';
-    }
-    std::fwrite(block.data(), 1, block.size(), stdout);
-    first_line_number += lines.size();
-  }
-  stop = true;
-  start.arrive_and_wait();
-  for (std::thread& t : pool) t.join();
+  process_lines(input, input_path == "-" ? std::string("stdin") : input_path, threads,
+                [&](const std::string& line, size_t line_number) {
+                  return chat ? qtk::chat_tokenize_line(chat_context, line, line_number)
+                              : process_line(tokenizer, decode, line, line_number);
+                });
   std::fflush(stdout);
   return 0;
 }

@@ -5,8 +5,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "tokenizer/byte_level.h"
-#include "tokenizer/json_reader.h"
 #include "tokenizer/split_scanner.h"
 #include "tokenizer/tokenizer_model.h"
 #include "tokenizer/unicode_classes.h"
@@ -286,24 +286,24 @@ void read_model(JsonReader& r, RawModel& m) {
         m.merges.emplace_back(sa, sb);
       }
     } else if (key == "dropout") {
-      const json v = r.read_value();
+      const json v = r.read_value("/model/" + key);
       if (!v.is_null())
         fail("{}: model.dropout = {} is not supported (expected null)", source, json_kind(v));
     } else if (key == "continuing_subword_prefix" || key == "end_of_word_suffix") {
-      const json v = r.read_value();
+      const json v = r.read_value("/model/" + key);
       if (!v.is_null() && v != "") {
         fail("{}: model.{} = {} is not supported (expected null or \"\")", source, key,
              json_kind(v));
       }
     } else if (key == "ignore_merges") {
-      const json v = r.read_value();
+      const json v = r.read_value("/model/" + key);
       if (!v.is_boolean())
         fail("{}: model.ignore_merges must be a boolean, found {}", source, json_kind(v));
       m.ignore_merges = v.get<bool>();
     } else {
       // unk_token, fuse_unk, byte_fallback: never used, since every byte has
       // a token (checked below). Unknown fields are ignored, as HF does.
-      r.read_value();
+      r.read_value("/model/" + key);
     }
   }
   if (!m.saw_vocab) fail("{}: model.vocab is missing (expected an object of token -> id)", source);
@@ -349,53 +349,50 @@ std::vector<AddedToken> read_added_tokens(const json& v, const std::string& sour
   return tokens;
 }
 
-std::atomic<uint64_t> g_next_instance{1};
-
-}  // namespace
-
-TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string& source) {
-  JsonReader r(json_text, source);
+// The top level of tokenizer.json: the BPE model streamed into raw tables,
+// the small component objects kept as DOM values for their checks.
+struct TopLevel {
   RawModel raw;
-  raw.arena.reserve(json_text.size() / 2);
-  bool saw_model = false;
   json normalizer, pre_tokenizer, post_processor, decoder, added_tokens;
+};
+
+void read_top_level(std::string_view json_text, const std::string& source, TopLevel& top) {
+  JsonReader r(json_text, source);
+  top.raw.arena.reserve(json_text.size() / 2);
+  bool saw_model = false;
   r.begin_object("the top level");
   std::string key;
   while (r.next_member(key)) {
     if (key == "model") {
-      read_model(r, raw);
+      read_model(r, top.raw);
       saw_model = true;
     } else if (key == "normalizer") {
-      normalizer = r.read_value();
+      top.normalizer = r.read_value("/normalizer");
     } else if (key == "pre_tokenizer") {
-      pre_tokenizer = r.read_value();
+      top.pre_tokenizer = r.read_value("/pre_tokenizer");
     } else if (key == "post_processor") {
-      post_processor = r.read_value();
+      top.post_processor = r.read_value("/post_processor");
     } else if (key == "decoder") {
-      decoder = r.read_value();
+      top.decoder = r.read_value("/decoder");
     } else if (key == "added_tokens") {
-      added_tokens = r.read_value();
+      top.added_tokens = r.read_value("/added_tokens");
     } else if (key == "truncation" || key == "padding") {
-      const json v = r.read_value();
+      const json v = r.read_value("/" + key);
       if (!v.is_null())
         fail("{}: {} is not supported (expected null), found {}", source, key, json_kind(v));
     } else {
-      r.read_value();  // "version" and fields HF ignores
+      r.read_value("/" + key);  // "version" and fields HF ignores
     }
   }
   r.expect_end();
   if (!saw_model) fail("{}: model is missing (expected a BPE model object)", source);
+}
 
-  TokenizerModel model;
-  check_normalizer(normalizer, source, model.nfc);
-  check_pre_tokenizer(pre_tokenizer, source);
-  check_post_processor(post_processor, source);
-  check_decoder(decoder, source);
-  const std::vector<AddedToken> added = read_added_tokens(added_tokens, source);
-  model.ignore_merges = raw.ignore_merges;
-
-  // Vocabulary: unique strings, unique ids.
-  VocabIndex index(raw.arena, raw.vocab.size());
+// Indexes model.vocab, refusing a repeated string or id, and sets
+// model.vocab_size to cover the added tokens too. Returns each id's
+// vocabulary string (size UINT32_MAX for an id without one).
+std::vector<Span> index_vocab(const RawModel& raw, const std::vector<AddedToken>& added,
+                              const std::string& source, VocabIndex& index, TokenizerModel& model) {
   int64_t max_id = -1;
   for (const auto& [span, id] : raw.vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedToken& t : added) max_id = std::max<int64_t>(max_id, t.id);
@@ -418,7 +415,12 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     owner = span;
   }
 
-  // Every byte needs a token: BPE starts from one symbol per byte.
+  return token_of_id;
+}
+
+// model.byte_ids. Every byte needs a token: BPE starts from one symbol per
+// byte.
+void find_byte_ids(const VocabIndex& index, const std::string& source, TokenizerModel& model) {
   for (int b = 0; b < 256; ++b) {
     std::string ch;
     unicode::append_utf8(ch, byte_level::byte_to_char(static_cast<uint8_t>(b)));
@@ -431,9 +433,12 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     }
     model.byte_ids[b] = *id;
   }
+}
 
-  // Merges: rank = position in the list. Hash everything first (sequential
-  // reads), then look up with prefetching.
+// model.merges: rank = position in the list. Hash everything first
+// (sequential reads), then look up with prefetching.
+void resolve_merges(const RawModel& raw, const VocabIndex& index, const std::string& source,
+                    TokenizerModel& model) {
   const size_t merge_count = raw.merges.size();
   std::string joined_arena;
   std::vector<Span> joined(merge_count);
@@ -480,13 +485,25 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
     model.merges.insert(resolved[k].left, resolved[k].right, static_cast<uint32_t>(k),
                         resolved[k].merged);
   }
+}
 
-  // Added tokens. note: HF ignores the "id" written in the file and assigns the
-  // model's id when the content is in the vocabulary, else the next id after
-  // the vocabulary; we refuse a file where the two disagree.
+// The added tokens by id, for the decoding table.
+struct AddedById {
+  std::vector<std::string> text;
+  std::vector<uint8_t> is_added;
+};
+
+// Registers the added tokens with the model's matchers.
+// note: HF ignores the "id" written in the file and assigns the model's id
+// when the content is in the vocabulary, else the next id after the
+// vocabulary; we refuse a file where the two disagree.
+AddedById add_added_tokens(const std::vector<AddedToken>& added, const RawModel& raw,
+                           const VocabIndex& index, const std::string& source,
+                           TokenizerModel& model) {
   int64_t next_id = static_cast<int64_t>(raw.vocab.size());
-  std::vector<std::string> decode_text(static_cast<size_t>(model.vocab_size));
-  std::vector<uint8_t> is_added(static_cast<size_t>(model.vocab_size), 0);
+  AddedById by_id;
+  by_id.text.resize(static_cast<size_t>(model.vocab_size));
+  by_id.is_added.assign(static_cast<size_t>(model.vocab_size), 0);
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& t = added[i];
     const std::optional<int32_t> in_vocab = index.find(t.content);
@@ -497,11 +514,11 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
           "the model.vocab id of the same string, or the next id after the vocabulary)",
           source, i, shorten(t.content), t.id, hf_id);
     }
-    if (is_added[static_cast<size_t>(t.id)]) {
+    if (by_id.is_added[static_cast<size_t>(t.id)]) {
       fail("{}: added_tokens[{}] \"{}\" repeats id {}", source, i, shorten(t.content), t.id);
     }
-    is_added[static_cast<size_t>(t.id)] = 1;
-    decode_text[static_cast<size_t>(t.id)] = t.content;
+    by_id.is_added[static_cast<size_t>(t.id)] = 1;
+    by_id.text[static_cast<size_t>(t.id)] = t.content;
     if (t.normalized && model.nfc) {
       model.normalized_added.add(unicode::nfc_reference(t.content), t.id);
     } else if (t.normalized) {
@@ -510,16 +527,20 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
       model.raw_added.add(t.content, t.id);
     }
   }
+  return by_id;
+}
 
-  // Decoding table: the ByteLevel decoder's bytes for every id.
+// The decoding table: the ByteLevel decoder's bytes for every id.
+void build_decode_table(const RawModel& raw, const std::vector<Span>& token_of_id,
+                        const AddedById& added, TokenizerModel& model) {
   model.decode_offsets.assign(static_cast<size_t>(model.vocab_size) + 1, 0);
   model.id_known.assign(static_cast<size_t>(model.vocab_size), 0);
   model.decode_bytes.reserve(raw.arena.size() / 2);
   for (size_t id = 0; id < static_cast<size_t>(model.vocab_size); ++id) {
     model.decode_offsets[id] = static_cast<uint32_t>(model.decode_bytes.size());
     std::string_view text;
-    if (is_added[id]) {
-      text = decode_text[id];
+    if (added.is_added[id]) {
+      text = added.text[id];
     } else if (token_of_id[id].size != UINT32_MAX) {
       text = view(raw.arena, token_of_id[id]);
     } else {
@@ -530,16 +551,44 @@ TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string
   }
   model.decode_offsets[static_cast<size_t>(model.vocab_size)] =
       static_cast<uint32_t>(model.decode_bytes.size());
+}
 
-  if (model.ignore_merges) {
-    model.bytes_to_id.reserve(raw.vocab.size());
-    for (const auto& [span, id] : raw.vocab) {
-      // Only tokens spelled in the ByteLevel alphabet can equal a pre-token.
-      std::string bytes = byte_level::token_bytes(view(raw.arena, span));
-      if (byte_level::to_token_string(bytes) == view(raw.arena, span))
-        model.bytes_to_id.emplace(std::move(bytes), id);
-    }
+// model.bytes_to_id, for ignore_merges: a pre-token that is a whole
+// vocabulary token is that token.
+void build_bytes_to_id(const RawModel& raw, TokenizerModel& model) {
+  model.bytes_to_id.reserve(raw.vocab.size());
+  for (const auto& [span, id] : raw.vocab) {
+    // Only tokens spelled in the ByteLevel alphabet can equal a pre-token.
+    std::string bytes = byte_level::token_bytes(view(raw.arena, span));
+    if (byte_level::to_token_string(bytes) == view(raw.arena, span))
+      model.bytes_to_id.emplace(std::move(bytes), id);
   }
+}
+
+std::atomic<uint64_t> g_next_instance{1};
+
+}  // namespace
+
+TokenizerModel load_tokenizer_json(std::string_view json_text, const std::string& source) {
+  TopLevel top;
+  read_top_level(json_text, source, top);
+  const RawModel& raw = top.raw;
+
+  TokenizerModel model;
+  check_normalizer(top.normalizer, source, model.nfc);
+  check_pre_tokenizer(top.pre_tokenizer, source);
+  check_post_processor(top.post_processor, source);
+  check_decoder(top.decoder, source);
+  const std::vector<AddedToken> added = read_added_tokens(top.added_tokens, source);
+  model.ignore_merges = raw.ignore_merges;
+
+  VocabIndex index(raw.arena, raw.vocab.size());
+  const std::vector<Span> token_of_id = index_vocab(raw, added, source, index, model);
+  find_byte_ids(index, source, model);
+  resolve_merges(raw, index, source, model);
+  const AddedById added_by_id = add_added_tokens(added, raw, index, source, model);
+  build_decode_table(raw, token_of_id, added_by_id, model);
+  if (model.ignore_merges) build_bytes_to_id(raw, model);
   model.instance = g_next_instance.fetch_add(1);
   return model;
 }

@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/utf8.h"
+
 namespace qtk::unicode {
 
 // The classes that the split pattern distinguishes. Whitespace is Oniguruma's
@@ -53,15 +55,11 @@ inline size_t decode_utf8(const unsigned char* s, size_t i, uint32_t& cp) {
   return 4;
 }
 
-// Appends the UTF-8 encoding of cp (a Unicode scalar value).
-void append_utf8(std::string& out, uint32_t cp);
-
-// Length of the well-formed UTF-8 sequence at s[0] (avail >= 1 bytes
-// readable), or 0 when it is ill-formed or truncated.
-size_t utf8_sequence_length(const unsigned char* s, size_t avail);
-
-// Byte offset of the first ill-formed UTF-8 sequence, or npos when valid.
-size_t find_invalid_utf8(std::string_view s);
+// note: the UTF-8 encoder and validators live in core/utf8.h (one
+// implementation for the JSON reader, the loaders and the tokenizer).
+using qtk::append_utf8;
+using qtk::find_invalid_utf8;
+using qtk::utf8_sequence_length;
 
 // NFC of valid UTF-8 text. Returns `text` itself when it is already NFC by the
 // inert test above (no copy); otherwise writes the normalized text into

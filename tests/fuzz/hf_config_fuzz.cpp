@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "loaders/generation_config.h"
 #include "loaders/model_config.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 

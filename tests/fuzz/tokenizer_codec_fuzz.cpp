@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tokenizer/tokenizer.h"

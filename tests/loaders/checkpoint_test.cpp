@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loaders/name_table.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "tests/loaders/test_util.h"
 
 namespace qtk {

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loaders/model_config.h"
-#include "loaders/strict_json.h"
+#include "core/json.h"
 #include "tests/loaders/test_util.h"
 
 namespace qtk {

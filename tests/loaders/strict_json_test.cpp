@@ -1,4 +1,4 @@
-#include "loaders/strict_json.h"
+#include "core/json.h"
 
 #include <gtest/gtest.h>
 
@@ -52,6 +52,36 @@ TEST(StrictJson, Utf8Validator) {
 TEST(StrictJson, LoadJsonFileNamesMissingFile) {
   const std::string msg = error_of([] { load_json_file("/nonexistent/config.json"); });
   EXPECT_NE(msg.find("/nonexistent/config.json: cannot open"), std::string::npos) << msg;
+}
+
+TEST(StrictJson, NumbersAsNlohmannMakesThem) {
+  // note: the kinds matter: safetensors offsets are checked with is_number_unsigned().
+  for (const char* text : {"0", "7", "-0", "-7", "18446744073709551615", "18446744073709551616",
+                           "-9223372036854775808", "-9223372036854775809", "1.5", "-2.5e-3", "1E+2",
+                           "1e-400", "4.9e-324", "[1,-1,1.0]"}) {
+    const nlohmann::json got = parse_json_strict(text, "t.json");
+    const nlohmann::json want = nlohmann::json::parse(text);
+    EXPECT_EQ(got, want) << text;
+    EXPECT_EQ(got.type(), want.type()) << text;
+  }
+  for (const char* text : {"01", "-01", "1.", ".5", "-", "+1", "1e", "1e+", "--1", "1e400", "0x10"})
+    EXPECT_NE(error_of([&] { parse_json_strict(text, "t.json"); }).find("t.json: "),
+              std::string::npos)
+        << text;
+}
+
+TEST(StrictJson, SyntaxErrorsNameLineAndColumn) {
+  const std::string msg = error_of([] { parse_json_strict("{\n  \"a\": x}", "t.json"); });
+  EXPECT_NE(msg.find("t.json: invalid JSON at byte 9 (line 2, column 8)"), std::string::npos)
+      << msg;
+}
+
+TEST(StrictJson, DepthLimit) {
+  const auto nested = [](size_t n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(parse_json_strict(nested(kMaxJsonDepth), "t.json"));
+  const std::string msg = error_of([&] { parse_json_strict(nested(kMaxJsonDepth + 1), "t.json"); });
+  EXPECT_NE(msg.find("t.json: expected JSON nested at most 128 levels deep"), std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -1,0 +1,23 @@
+// UTF-8 validation shared by the JSON reader, the tokenizer and the loaders.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace qtk {
+
+// Appends the UTF-8 encoding of cp (a Unicode scalar value).
+void append_utf8(std::string& out, uint32_t cp);
+
+// Length of the well-formed UTF-8 sequence at s[0] (avail >= 1 bytes
+// readable), or 0 when it is ill-formed or truncated. Overlong forms, UTF-16
+// surrogates and code points above U+10FFFF are ill-formed.
+size_t utf8_sequence_length(const unsigned char* s, size_t avail);
+
+// Byte offset of the first ill-formed UTF-8 sequence in `bytes`, or
+// std::string_view::npos when all of it is valid.
+size_t find_invalid_utf8(std::string_view bytes);
+
+}  // namespace qtk
