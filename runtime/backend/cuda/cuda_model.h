@@ -48,7 +48,7 @@ class CudaModel : public Model {
   bool uses_host_cache() const override { return false; }
 
   // The GEMM wrapper whose tuned choices the plan cache keeps
-  // (runtime/cuda/cuda_startup.h); null for a model without one.
+  // (runtime/backend/cuda/cuda_startup.h); null for a model without one.
   virtual cuda::Gemm* gemm() { return nullptr; }
   // Decode graphs captured and instantiated so far, and the seconds it took.
   virtual int64_t graphs_captured() const { return 0; }

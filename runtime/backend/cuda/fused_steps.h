@@ -11,7 +11,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
-#include "runtime/cuda/device_upload.h"
+#include "runtime/backend/cuda/device_upload.h"
 
 namespace qtk::cuda {
 

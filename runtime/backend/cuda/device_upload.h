@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "core/error.h"
-#include "runtime/cuda/device_memory.h"
+#include "runtime/backend/cuda/device_memory.h"
 #include "pack/pack.h"
 
 namespace qtk::cuda {
