@@ -366,8 +366,7 @@ class CudaBackend final : public CudaModel, private Blocks {
       }
       if (!fused) {
         cuda::qk_norm_rope<Act>(q, ld, T, Hq, D, vec(l.q_norm), eps(), positions_, rope_, stream_);
-        cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, vec(l.k_norm), eps(), positions_, rope_,
-                                stream_);
+        cuda::qk_norm_rope<Act>(k, ld, T, Hkv, D, vec(l.k_norm), eps(), positions_, rope_, stream_);
         cuda::kv_cache_write<Act>(k, ld, v, ld, T, Hkv, D, slot_mapping_, kc, vc, stream_);
         cuda::paged_attention<Act>(q, ld, kc, vc, core, c.q_dim(), ab, Hq, Hkv, D, scale, stream_);
         // Gated attention: each head's output times sigmoid(its gate).
@@ -406,9 +405,9 @@ class CudaBackend final : public CudaModel, private Blocks {
       in.positions = positions_;
       in.rope = rope_;
       in.slot_mapping = slot_mapping_;
-      return cuda::decode_attention(in, kv_k(l.cache_layer), kv_v(l.cache_layer),
-                                    core_.as<bf16>(), c.q_dim(), ab, c.num_attention_heads,
-                                    c.num_kv_heads, c.head_dim, scale, stream_);
+      return cuda::decode_attention(in, kv_k(l.cache_layer), kv_v(l.cache_layer), core_.as<bf16>(),
+                                    c.q_dim(), ab, c.num_attention_heads, c.num_kv_heads,
+                                    c.head_dim, scale, stream_);
     }
   }
 
@@ -428,8 +427,8 @@ class CudaBackend final : public CudaModel, private Blocks {
     // "virtual slot" s * gdn_layers + gi of a pool with per-layer stride.
     const int32_t* vslot = layer_slots_ + l.state_layer * S;
     Act* conv = conv_.as<Act>();
-    cuda::causal_conv1d<Act>(proj, ld, conv, C, C, vec(l.conv1d), K, conv_state_.as<float>(),
-                             vslot, q_start_, S, T, true, stream_);
+    cuda::causal_conv1d<Act>(proj, ld, conv, C, C, vec(l.conv1d), K, conv_state_.as<float>(), vslot,
+                             q_start_, S, T, true, stream_);
     Act* q = conv;
     Act* k = conv + Hk * Dk;
     const Act* v = conv + 2 * Hk * Dk;
@@ -491,8 +490,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int64_t T = step_b_->num_tokens, H = cfg_.hidden_size, I = m.down.cols;
     Act* mix = mix_.as<Act>();
     cuda::add_norm_mlp<Act>(gemm_, rs_, mix, vec(norm), eps(), h_.as<Act>(), mat(m.gate_up),
-                            gate_up_.as<Act>(), act_.as<Act>(), mat(m.down), mix, T, I, H,
-                            stream_);
+                            gate_up_.as<Act>(), act_.as<Act>(), mat(m.down), mix, T, I, H, stream_);
     pending_ = true;
   }
 
@@ -517,8 +515,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int64_t r = static_cast<int64_t>(logit_rows_.size());
     if (r > 0) {
       cuda::embedding_lookup<Act>(h, dt, H, rows_, r, last_.as<Act>(), H, stream_);
-      gemm_.run(last_.as(), H, mat(lm_head), H, logits_.as(), V, r, V, H, dt, DType::F32,
-                stream_);
+      gemm_.run(last_.as(), H, mat(lm_head), H, logits_.as(), V, r, V, H, dt, DType::F32, stream_);
       if (greedy_step_) greedy_.argmax(logits_.as<float>(), V, r, stream_);
     }
   }

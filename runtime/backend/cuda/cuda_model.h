@@ -3,9 +3,10 @@
 // description and the outputs are the CPU runtime's; only the kernels and the
 // memory change.
 //
-// generate --device cuda loads it with
-//   qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(precision))
-// instead of load_model(*pack, &pool); the scheduler uses forward_greedy.
+// One class runs every architecture of runtime/models over the blocks
+// (cuda_backend.cpp). generate --device cuda opens it through
+// runtime/backend/backend.h (cuda_session.cpp: load_cuda_model, the plan
+// cache); the scheduler uses forward_greedy.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Weight upload and buffer helpers shared by the CUDA models.
+// Weight upload and buffer helpers of the CUDA backend.
 #pragma once
 
 #include <cuda_bf16.h>
