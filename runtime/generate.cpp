@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.h"
-#include "kernels/thread_pool.h"
 #include "core/error.h"
+#include "runtime/backend/backend.h"
 #include "runtime/generate_progress.h"
 #include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
@@ -35,11 +35,6 @@
 #include "runtime/shard.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenizer.h"
-
-#ifdef QTK_HAVE_CUDA
-#include "runtime/cuda/cuda_model.h"
-#include "runtime/cuda/cuda_startup.h"
-#endif
 
 namespace qtk {
 
@@ -104,19 +99,9 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
     return {"cpu", "f32"};
   }
   if (o.device == "cuda") {
-#ifdef QTK_HAVE_CUDA
     const std::string p = o.precision.empty() ? "bf16" : o.precision;
-    if (!cuda_device_available()) {
-      fail(
-          "--device cuda: no CUDA device is available (no NVIDIA GPU, or no driver, on this "
-          "machine)");
-    }
+    check_device("cuda");  // a build without the CUDA backend, or no device: fails here
     return {"cuda", p};
-#else
-    fail(
-        "--device cuda: this build has no CUDA backend (expected a build configured with "
-        "-DQTK_CUDA=ON where nvcc exists; this one runs --device cpu only)");
-#endif
   }
   fail("--device: expected cpu or cuda, found '{}'", o.device);
 }
@@ -268,18 +253,15 @@ void check_stdout_flags(const GenerateOptions& o) {
 }
 
 // The pack, its tokenizer and the model on the chosen device.
-// note: members are destroyed in reverse order: the model before the pool it
-// points to, both before the pack they read.
+// note: members are destroyed in reverse order: the backend (the model and
+// what it uses) before the pack it reads.
 struct LoadedModel {
   std::unique_ptr<Pack> pack;
   std::optional<Tokenizer> tokenizer;
-  std::optional<ThreadPool> pool;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<BackendSession> backend;  // runtime/backend/backend.h
+  Model* model = nullptr;                   // backend->model()
   std::string device_name = "cpu";
   int threads = 0;
-#ifdef QTK_HAVE_CUDA
-  std::optional<CudaStartup> plans;  // the GEMM plan cache (cuda_startup.h); uses `model`
-#endif
   Clock::time_point load_start;
   double load_seconds = 0.0;        // verify_seconds included
   double verify_seconds = 0.0;      // the checksums (0 with --no-verify)
@@ -308,18 +290,12 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
     m.tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
   }
   m.threads = o.threads > 0 ? o.threads : default_threads();
-#ifdef QTK_HAVE_CUDA
-  if (dev.device == "cuda") {
-    auto cuda_model = load_cuda_model(*m.pack, parse_cuda_precision(dev.precision));
-    m.device_name = cuda_device_name();
-    m.plans.emplace(*cuda_model, *m.pack, dev.precision, o.plan_cache);
-    m.model = std::move(cuda_model);
-  }
-#endif
-  if (!m.model) {
-    m.pool.emplace(m.threads);
-    m.model = load_model(*m.pack, &*m.pool);
-  }
+  m.backend = open_backend(*m.pack, BackendChoice{.device = dev.device,
+                                                  .precision = dev.precision,
+                                                  .plan_cache = o.plan_cache,
+                                                  .threads = m.threads});
+  m.model = &m.backend->model();
+  m.device_name = m.backend->device_name();
   m.load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
 }
 
@@ -545,9 +521,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     // --tune-only: the model and its GEMM plans, no prompts and no output.
     LoadedModel m;
     load(o, dev, m);
-#ifdef QTK_HAVE_CUDA
-    if (m.plans) m.plans->tune_only();
-#endif
+    m.backend->tune_only();
     return {};
   }
   const bool sharded = !o.shard.empty();
@@ -665,13 +639,11 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   try {
     run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings,
               m.load_start, &m.first_token_seconds);
-#ifdef QTK_HAVE_CUDA
-    if (m.plans) {
-      nlohmann::json entries = nlohmann::json::object();
-      m.plans->finish(entries);  // the plan cache written; "gemm_plan" and "startup"
-      for (const auto& [key, value] : entries.items()) out->set_header(key, value);
-    }
-#endif
+    // The device's header entries (cuda: the plan cache written, "gemm_plan"
+    // and "startup"; none on the CPU).
+    nlohmann::json entries = nlohmann::json::object();
+    m.backend->finish(entries);
+    for (const auto& [key, value] : entries.items()) out->set_header(key, value);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m));
   } catch (const std::exception& e) {

@@ -37,7 +37,7 @@ struct GenerateOptions {
   std::string meta;                   // run header path; empty: out + ".meta.json"
   std::string shard;                  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
   // --device cuda: the GEMM plan cache file ("" = the default location under
-  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/cuda/cuda_startup.h),
+  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/backend/cuda/cuda_startup.h),
   // and --tune-only (tune every GEMM range, write the cache, run no prompts).
   std::string plan_cache;
   bool tune_only = false;

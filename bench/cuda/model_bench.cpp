@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/cuda/cuda_model.h"
-#include "runtime/cuda/cuda_startup.h"
+#include "runtime/backend/cuda/cuda_model.h"
+#include "runtime/backend/cuda/cuda_startup.h"
 #include "runtime/kv_cache.h"
 #include "pack/pack.h"
 

@@ -87,7 +87,7 @@ class Gemm {
   std::string describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
                        DType out);
 
-  // ---- tuning that outlives the process (runtime/cuda/plan_cache.h) ----
+  // ---- tuning that outlives the process (runtime/backend/cuda/plan_cache.h) ----
   // Each alternate M range is searched, verified and timed the first time a
   // call falls into it (outside graph capture). records() returns what was
   // decided so far (plus preloaded records not met yet); preload() hands

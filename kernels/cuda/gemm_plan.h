@@ -1,5 +1,5 @@
 // What Gemm's tuning decided for a shape class, as plain values that can be
-// stored and read back (runtime/cuda/plan_cache.h keeps them in a JSON file
+// stored and read back (runtime/backend/cuda/plan_cache.h keeps them in a JSON file
 // so that a later run skips the search). Host code only: no CUDA header, and
 // C++17 (nvcc-compiled files may include it through gemm.h).
 #pragma once

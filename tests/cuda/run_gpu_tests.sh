@@ -67,7 +67,7 @@ grep -E "^\[  (FAILED|PASSED) |^device:|^\[ gemm|Failure|Expected|Which is|rows 
 
 model_rc=0
 if [ "$mode" = full ]; then
-  echo "== model tests (runtime/cuda end to end)"
+  echo "== model tests (runtime/backend/cuda end to end)"
   if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_model_tests >>"$OUT/build.log" 2>&1; then
     "$BUILD/bin/qtk_cuda_model_tests" --gtest_color=no \
       >"$OUT/model_tests.log" 2>&1
@@ -99,7 +99,7 @@ if [ "$mode" = full ] && [ -z "${QTK_GPU_SKIP_GENERATE:-}" ]; then
   echo "== generate --device cuda (convert -> generate -> compare)"
   if cmake --build "$BUILD" -j"$JOBS" --target qtk_cuda_generate_tests generate compare convert \
        >>"$OUT/build.log" 2>&1; then
-    # note: the GEMM plan cache (runtime/cuda/cuda_startup.h) of these runs
+    # note: the GEMM plan cache (runtime/backend/cuda/cuda_startup.h) of these runs
     # lives in a fresh directory, so that the suite's runs share it (each
     # model's first run tunes and writes, later ones read) and nothing of
     # an earlier build is read; "off" tunes in every run.

@@ -1,5 +1,5 @@
 // The CUDA backend end to end: packs converted from the fixtures, greedy
-// decoding through runtime/cuda's Model, compared with the transformers
+// decoding through runtime/backend/cuda's Model, compared with the transformers
 // goldens by the fixtures rule (f32), with the sample model (bf16), and batch
 // invariance (each case alone vs all cases in one batch, different block
 // sizes: tokens and margins bit-identical).
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "convert/convert.h"
-#include "runtime/cuda/cuda_model.h"
+#include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/kv_cache.h"
 #include "pack/pack.h"
 

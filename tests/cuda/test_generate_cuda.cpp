@@ -240,7 +240,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                                   (info.param.long_prompts ? "_long" : "");
                          });
 
-// The GEMM plan cache (runtime/cuda/cuda_startup.h) through generate: a run
+// The GEMM plan cache (runtime/backend/cuda/cuda_startup.h) through generate: a run
 // that takes its GEMM choices from the cache file writes the results file
 // of a run that tuned from scratch, byte for byte, whether the file came
 // from earlier runs (partly or fully covering the ranges used) or from

@@ -1,4 +1,4 @@
-// The GEMM plan cache file (runtime/cuda/plan_cache.h) without a GPU: the
+// The GEMM plan cache file (runtime/backend/cuda/plan_cache.h) without a GPU: the
 // round trip of every field, the rejection of corrupt files with a message
 // naming the file and the field, key matching, the default location, and
 // the atomic write.
@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "runtime/cuda/plan_cache.h"
+#include "runtime/backend/cuda/plan_cache.h"
 
 namespace qtk {
 namespace {

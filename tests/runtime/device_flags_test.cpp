@@ -44,7 +44,7 @@ TEST(DeviceFlags, UnknownPrecisionAndDevice) {
   expect_refused("--device cuda --precision fp8", "cuda_fp8", "--precision");
 }
 
-// --tune-only tunes the CUDA GEMM plans (runtime/cuda/cuda_startup.h).
+// --tune-only tunes the CUDA GEMM plans (runtime/backend/cuda/cuda_startup.h).
 TEST(DeviceFlags, TuneOnlyNeedsCuda) {
   expect_refused("--tune-only", "tune_cpu",
                  "--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found "

@@ -5,7 +5,7 @@
 // verification and the timing of candidate algorithms.
 //
 // Plain host code (no CUDA): the file format, its validation, the key
-// comparison and the atomic write. runtime/cuda/cuda_startup.cpp fills the
+// comparison and the atomic write. runtime/backend/cuda/cuda_startup.cpp fills the
 // key from the device and moves records in and out of cuda::Gemm.
 //
 // File (format version 1):

@@ -1,5 +1,5 @@
-// The steps in front of a projection that both CUDA models fuse into the
-// projection's launch where that keeps every bit: "add, then norm" between
+// The steps in front of a projection that the CUDA backend's blocks fuse
+// into the projection's launch where that keeps every bit: "add, then norm" between
 // two sublayers, and the MLP's SwiGLU.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
-#include "runtime/cuda/device_upload.h"
+#include "runtime/backend/cuda/device_upload.h"
 
 namespace qtk::cuda {
 

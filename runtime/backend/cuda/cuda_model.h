@@ -3,9 +3,10 @@
 // description and the outputs are the CPU runtime's; only the kernels and the
 // memory change.
 //
-// generate --device cuda loads it with
-//   qtk::load_cuda_model(*pack, qtk::parse_cuda_precision(precision))
-// instead of load_model(*pack, &pool); the scheduler uses forward_greedy.
+// One class runs every architecture of runtime/models over the blocks
+// (cuda_backend.cpp). generate --device cuda opens it through
+// runtime/backend/backend.h (cuda_session.cpp: load_cuda_model, the plan
+// cache); the scheduler uses forward_greedy.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,7 @@ class CudaModel : public Model {
   bool uses_host_cache() const override { return false; }
 
   // The GEMM wrapper whose tuned choices the plan cache keeps
-  // (runtime/cuda/cuda_startup.h); null for a model without one.
+  // (runtime/backend/cuda/cuda_startup.h); null for a model without one.
   virtual cuda::Gemm* gemm() { return nullptr; }
   // Decode graphs captured and instantiated so far, and the seconds it took.
   virtual int64_t graphs_captured() const { return 0; }

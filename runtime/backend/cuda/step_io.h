@@ -18,8 +18,8 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "runtime/cuda/device_memory.h"
-#include "runtime/cuda/device_upload.h"
+#include "runtime/backend/cuda/device_memory.h"
+#include "runtime/backend/cuda/device_upload.h"
 
 namespace qtk::cuda {
 

@@ -2,10 +2,10 @@
 //
 // note: a decode step (one new token per sequence) launches a few hundred
 // small kernels; launched one by one, the host's launch cost dominates at
-// small batch. The models pad a decode step to the next power-of-two bucket
+// small batch. The backend pads a decode step to the next power-of-two bucket
 // (padding rows write no K/V, use a scratch state slot, and their logits are
-// dropped), capture it once per (bucket, block-table width, cache geometry),
-// and replay the graph. Only the step's small arrays are copied before each
+// dropped), captures it once per (bucket, block-table width, cache geometry),
+// and replays the graph. Only the step's small arrays are copied before each
 // replay, into the same device buffer the graph was captured with. The
 // kernels are the eager ones, so replayed and eager steps give the same bits.
 // QTK_CUDA_GRAPHS=0 turns graphs off (eager launches).

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/cuda/plan_cache.h"
+#include "runtime/backend/cuda/plan_cache.h"
 
 namespace qtk {
 

@@ -1,4 +1,4 @@
-#include "runtime/cuda/cuda_startup.h"
+#include "runtime/backend/cuda/cuda_startup.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -15,13 +15,13 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "core/error.h"
-#include "runtime/cuda/cuda_model.h"
-#include "runtime/cuda/process_memory.h"
+#include "runtime/backend/cuda/cuda_model.h"
+#include "runtime/backend/cuda/process_memory.h"
 #include "pack/pack.h"
 #include "runtime/scheduler.h"
 
 #ifndef QTK_GEMM_SOURCES_DIGEST
-#error "QTK_GEMM_SOURCES_DIGEST is set by runtime/cuda/CMakeLists.txt"
+#error "QTK_GEMM_SOURCES_DIGEST is set by runtime/backend/cuda/CMakeLists.txt"
 #endif
 
 namespace qtk {
@@ -60,7 +60,7 @@ PlanCacheKey current_key(const cuda::Gemm& gemm, const ModelConfig& c,
   k.cuda_runtime = runtime;
   k.cublaslt = static_cast<int64_t>(cublasLtGetVersion());
   // note: the digest covers the sources of the GEMM wrapper and of the own
-  // skinny kernel (runtime/cuda/CMakeLists.txt): an edit there may change
+  // skinny kernel (runtime/backend/cuda/CMakeLists.txt): an edit there may change
   // which kernels are bit-equal or how a range is decided. The toolkit the
   // kernel was compiled with is part of it too.
   k.kernels = fmt::format("{} cuda {}", QTK_GEMM_SOURCES_DIGEST, CUDART_VERSION);

@@ -1,4 +1,4 @@
-#include "runtime/cuda/plan_cache.h"
+#include "runtime/backend/cuda/plan_cache.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Weight upload and buffer helpers shared by the CUDA models.
+// Weight upload and buffer helpers of the CUDA backend.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "core/error.h"
-#include "runtime/cuda/device_memory.h"
+#include "runtime/backend/cuda/device_memory.h"
 #include "pack/pack.h"
 
 namespace qtk::cuda {
