@@ -10,6 +10,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/warp_matmul.cuh"
 
 namespace qtk::cuda {
 
@@ -132,67 +133,6 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, 
   }
 }
 
-// Rows of one expert a warp takes at a time (one pass over the weight row).
-constexpr int kRowsPerPass = 8;
-constexpr int kWarpsPerBlock = 8;
-
-// note: one warp per (expert, output column n). Lane l reads elements
-// l*V .. l*V+V-1 of every 32*V-element stretch of K (V = 16 bytes of T),
-// then the stretches' tail one element per lane; each row's partial sums
-// are accumulated with fmaf in increasing k, and the 32 partials added by a
-// xor butterfly. A row's arithmetic is the same in every pass and every
-// grid, so its bits do not depend on its group (batch invariance).
-template <class T, class Y>
-__global__ void moe_expert_matmul_kernel(const T* __restrict__ x, int64_t ldx, bool gather,
-                                         const T* __restrict__ w, int N, int K, Y* __restrict__ y,
-                                         int64_t ldy, const int32_t* __restrict__ offsets,
-                                         const int32_t* __restrict__ active,
-                                         const int32_t* __restrict__ row_token, bool vec) {
-  pdl_begin();
-  const int e = active[blockIdx.y];
-  if (e < 0) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kWarpsPerBlock + warp;
-  if (n >= N) return;
-  const int r0 = offsets[e], r1 = offsets[e + 1];
-  const T* wr = w + (static_cast<int64_t>(e) * N + n) * K;
-  constexpr int V = 16 / sizeof(T);
-  const int kvec = vec ? K / (32 * V) * (32 * V) : 0;
-  for (int rb = r0; rb < r1; rb += kRowsPerPass) {
-    const int nr = min(kRowsPerPass, r1 - rb);
-    const T* xr[kRowsPerPass];
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      const int r = rb + min(i, nr - 1);  // short passes repeat the last row (not written)
-      xr[i] = x + static_cast<int64_t>(gather ? row_token[r] : r) * ldx;
-    }
-    float acc[kRowsPerPass];
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) acc[i] = 0.0f;
-    for (int k0 = lane * V; k0 < kvec; k0 += 32 * V) {
-      const uint4 wv = *reinterpret_cast<const uint4*>(wr + k0);
-      const T* wh = reinterpret_cast<const T*>(&wv);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xr[i] + k0);
-        const T* xh = reinterpret_cast<const T*>(&xv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[i] = fmaf(to_f(xh[j]), to_f(wh[j]), acc[i]);
-      }
-    }
-    for (int kk = kvec + lane; kk < K; kk += 32) {
-      const float wk = to_f(wr[kk]);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) acc[i] = fmaf(to_f(xr[i][kk]), wk, acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == i && i < nr) y[static_cast<int64_t>(rb + i) * ldy + n] = from_f<Y>(v);
-    }
-  }
-}
-
 // One block per token: the shared expert's gate (a fixed-order block dot
 // product), then each column's sum over the token's experts in increasing
 // expert index, plus the gated shared expert.
@@ -245,8 +185,6 @@ void check_sizes(const char* what, int64_t T, int64_t E, int64_t k) {
                  " (expected 1 <= k <= 32, k <= experts <= 4096)");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void moe_route(const float* logits, int64_t ld, int64_t T, int64_t E, int64_t k, bool renormalize,
@@ -268,23 +206,16 @@ void moe_group(const int32_t* ids, int64_t T, int64_t k, int64_t E, const MoeGro
 }
 
 template <class T, class Y>
-void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const T* w, int64_t N, int64_t K,
-                       Y* y, int64_t ldy, int64_t rows, const MoeGroups& g, int64_t max_active,
-                       cudaStream_t stream) {
+void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w, int64_t N,
+                       int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
+                       int64_t max_active, cudaStream_t stream) {
   if (rows == 0 || N == 0) return;
-  if (N > INT32_MAX || K > INT32_MAX || max_active < 1 || max_active > 65535)
-    fail_message("moe_expert_matmul: unsupported sizes N " + std::to_string(N) + ", K " +
-                 std::to_string(K) + ", " + std::to_string(max_active) + " active experts");
-  constexpr int V = 16 / sizeof(T);
-  // note: the vector path needs every row start 16-byte aligned; which path
-  // runs depends on the shapes and buffers only, never on the rows.
-  const bool vec = K % V == 0 && ldx % V == 0 && aligned16(x) && aligned16(w);
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                  static_cast<unsigned>(max_active));
-  launch_kernel(moe_expert_matmul_kernel<T, Y>, grid, dim3(32 * kWarpsPerBlock), 0, stream, x, ldx,
-                gather, w, static_cast<int>(N), static_cast<int>(K), y, ldy,
-                static_cast<const int32_t*>(g.offsets), static_cast<const int32_t*>(g.active),
-                static_cast<const int32_t*>(g.row_token), vec);
+  dev::RowGroups groups;
+  groups.offsets = g.offsets;
+  groups.active = g.active;
+  groups.row_source = gather ? g.row_token : nullptr;
+  launch_warp_matmul<T, Y>("moe_expert_matmul", x, ldx, w, N, K, y, ldy, groups, max_active,
+                           stream);
 }
 
 template <class T>
@@ -301,8 +232,9 @@ void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* w
 }
 
 #define QTK_INSTANTIATE(T, Y)                                                                    \
-  template void moe_expert_matmul<T, Y>(const T*, int64_t, bool, const T*, int64_t, int64_t, Y*, \
-                                        int64_t, int64_t, const MoeGroups&, int64_t, cudaStream_t);
+  template void moe_expert_matmul<T, Y>(const T*, int64_t, bool, const WeightRef<T>&, int64_t,    \
+                                        int64_t, Y*, int64_t, int64_t, const MoeGroups&, int64_t, \
+                                        cudaStream_t);
 QTK_INSTANTIATE(float, float)
 QTK_INSTANTIATE(bf16, bf16)
 QTK_INSTANTIATE(bf16, float)

@@ -7,8 +7,8 @@
 //
 // note: batch invariance. The routed (token, choice) pairs always number T*k.
 // Every grouped row's product is computed by one warp over K in a fixed
-// order (moe_expert_matmul), whatever the number of rows its expert got and
-// wherever the row sits in the group; each token's output sums its experts
+// order (moe_expert_matmul, kernels/cuda/warp_matmul.h), whatever the number
+// of rows its expert got and wherever the row sits in the group; each token's output sums its experts
 // in increasing expert index (moe_combine). So a token's output bits do not
 // depend on which or how many other tokens are in the step.
 #pragma once
@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/warp_matmul.h"
 
 namespace qtk::cuda {
 
@@ -45,16 +47,18 @@ struct MoeGroups {
 void moe_group(const int32_t* ids, int64_t T, int64_t k, int64_t E, const MoeGroups& g,
                cudaStream_t stream);
 
-// The experts' products over the grouped rows: for r < rows,
+// The experts' products over the grouped rows (kernels/cuda/warp_matmul.h:
+// one warp per row and column, fixed order): for r < rows,
 //   y[r, n] = sum_k x[src(r), k] * w[e(r), n, k]      n < N, k < K
 // src(r) = g.row_token[r] when gather (x is the tokens' rows), else r (x is
-// already grouped). w: stacked experts [E, N, K] (HF layout per expert);
-// T = float or bf16 (x and w), Y = float or bf16; f32 accumulation.
-// max_active: an upper bound of the experts with rows (min(E, rows)).
+// already grouped). w: stacked experts [E, N, K] (HF layout per expert),
+// dense T or block-FP8; T = float or bf16, Y = float or bf16; f32
+// accumulation. max_active: an upper bound of the experts with rows
+// (min(E, rows)).
 template <class T, class Y>
-void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const T* w, int64_t N, int64_t K,
-                       Y* y, int64_t ldy, int64_t rows, const MoeGroups& g, int64_t max_active,
-                       cudaStream_t stream);
+void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w, int64_t N,
+                       int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
+                       int64_t max_active, cudaStream_t stream);
 
 // out[t, c] (t < tokens) = sum over t's k experts in increasing expert index of
 //   weights[t*k + j] * y[pair_row[t*k + j], c]

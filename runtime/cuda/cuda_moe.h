@@ -2,14 +2,16 @@
 // arithmetic of runtime/models/moe_weights.h with the kernels of
 // kernels/cuda/moe.h. Act = float (f32 precision) or bf16.
 //
-//   logits   = h router^T                    (Gemm, f32 out)
+//   logits   = h router^T                    (f32 out)
 //   ids, w   = top-k of softmax(logits)      (moe_route)
 //   groups   = the T*k routed rows by expert (moe_group)
 //   act      = swiglu(h[row] gate_up_e^T)     (moe_expert_matmul, swiglu)
 //   y        = act down_e^T                   (moe_expert_matmul, f32 out)
-//   shared   = shared_down(swiglu(h shared_gate_up^T))   (Gemm; Qwen3.5-MoE)
+//   shared   = shared_down(swiglu(h shared_gate_up^T))   (Qwen3.5-MoE)
 //   out      = sum_e (increasing e) w_e y_e + sigmoid(h . gate) shared   (moe_combine)
 //
+// Dense products go through project() (device_weight.h): cuBLASLt with its
+// fixed algorithms, or the fixed-order warp product for FP8 weights.
 // note: every step is row-independent (Gemm's fixed algorithms, one warp
 // per routed row and column in the experts' products), so a token's output
 // does not depend on the batch; nothing here synchronises with the host, so
@@ -29,37 +31,39 @@
 #include "loaders/model_config.h"
 #include "pack/pack.h"
 #include "runtime/cuda/device_upload.h"
+#include "runtime/cuda/device_weight.h"
 #include "runtime/models/moe_weights.h"
 
 namespace qtk::cuda {
 
-// One MoE layer's weights in device memory (Act = the precision's type).
+// One MoE layer's weights in device memory (Act = the precision's type, or
+// block-FP8 as the pack holds them: device_weight.h).
 struct CudaMoeWeights {
-  DeviceMemory router;        // Act [E, hidden]
-  DeviceMemory gate_up;       // Act [E, 2*Ie, hidden]: per expert gate rows, then up rows
-  DeviceMemory down;          // Act [E, hidden, Ie]
+  DeviceWeight router;   // [E, hidden]
+  DeviceWeight gate_up;  // [E*2*Ie, hidden]: per expert gate rows, then up rows
+  DeviceWeight down;     // [E*hidden, Ie]
   bool has_shared = false;
-  DeviceMemory shared_gate_up;  // Act [2*S, hidden]
-  DeviceMemory shared_down;     // Act [hidden, S]
+  DeviceWeight shared_gate_up;  // [2*S, hidden]
+  DeviceWeight shared_down;     // [hidden, S]
   DeviceMemory shared_gate;     // Act [hidden] (shared_expert_gate [1, hidden])
 };
 
 template <class Act>
 CudaMoeWeights upload_moe_weights(const Pack& pack, const std::string& prefix,
                                   const MoeWeights& w) {
-  if (w.gate_up_fp8 != nullptr || w.down_fp8 != nullptr)
-    fail("{}: layer '{}' has F8_E4M3 experts; the CUDA backend does not run FP8 packs yet",
-         pack.path(), prefix);
   CudaMoeWeights d;
-  d.router = upload_view<Act>(pack, prefix + "mlp.router", w.router);
-  d.gate_up = upload_view<Act>(pack, prefix + "mlp.experts.gate_up_proj", w.gate_up_proj);
-  d.down = upload_view<Act>(pack, prefix + "mlp.experts.down_proj", w.down_proj);
+  d.router = upload_weight<Act>(pack, prefix + "mlp.router", w.router);
+  d.gate_up = upload_weight<Act>(pack, prefix + "mlp.experts.gate_up_proj", w.gate_up_proj);
+  d.down = upload_weight<Act>(pack, prefix + "mlp.experts.down_proj", w.down_proj);
   d.has_shared = w.has_shared;
   if (w.has_shared) {
     d.shared_gate_up =
-        upload_view<Act>(pack, prefix + "mlp.shared_expert.gate_up_proj", w.shared_gate_up_proj);
+        upload_weight<Act>(pack, prefix + "mlp.shared_expert.gate_up_proj", w.shared_gate_up_proj);
     d.shared_down =
-        upload_view<Act>(pack, prefix + "mlp.shared_expert.down_proj", w.shared_down_proj);
+        upload_weight<Act>(pack, prefix + "mlp.shared_expert.down_proj", w.shared_down_proj);
+    if (w.shared_expert_gate.dtype == DType::F8_E4M3)
+      fail("{}: tensor '{}mlp.shared_expert_gate' is F8_E4M3; expected BF16, F16 or F32",
+           pack.path(), prefix);
     d.shared_gate = upload_view<Act>(pack, prefix + "mlp.shared_expert_gate", w.shared_expert_gate);
   }
   return d;
@@ -106,27 +110,25 @@ class CudaMoe {
   void forward(const CudaMoeWeights& w, const Act* h, int64_t T, Act* out, Gemm& gemm,
                cudaStream_t stream) {
     const int64_t H = H_, E = E_, k = k_, I = I_, R = T * k_;
-    const DType dt = dtype_of<Act>();
-    gemm.run(h, H, w.router.as(), H, logits_.as(), E, T, E, H, dt, DType::F32, stream);
+    project<Act, float>(gemm, h, H, w.router, logits_.as<float>(), E, T, stream);
     moe_route(logits_.as<float>(), E, T, E, k, renormalize_, ids_.as<int32_t>(),
               weights_.as<float>(), stream);
     const MoeGroups g{offsets_.as<int32_t>(), active_.as<int32_t>(), row_token_.as<int32_t>(),
                       row_expert_.as<int32_t>(), pair_row_.as<int32_t>()};
     moe_group(ids_.as<int32_t>(), T, k, E, g, stream);
     const int64_t max_active = std::min(E, R);
-    moe_expert_matmul<Act, Act>(h, H, true, w.gate_up.as<Act>(), 2 * I, H, gate_up_.as<Act>(),
+    moe_expert_matmul<Act, Act>(h, H, true, w.gate_up.ref<Act>(), 2 * I, H, gate_up_.as<Act>(),
                                 2 * I, R, g, max_active, stream);
     swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, R, I, stream);
-    moe_expert_matmul<Act, float>(act_.as<Act>(), I, false, w.down.as<Act>(), H, I,
+    moe_expert_matmul<Act, float>(act_.as<Act>(), I, false, w.down.ref<Act>(), H, I,
                                   y_.as<float>(), H, R, g, max_active, stream);
     const float* shared = nullptr;
     if (w.has_shared) {
       const int64_t S = S_;
-      gemm.run(h, H, w.shared_gate_up.as(), H, shared_gate_up_.as(), 2 * S, T, 2 * S, H, dt, dt,
-               stream);
+      project<Act, Act>(gemm, h, H, w.shared_gate_up, shared_gate_up_.as<Act>(), 2 * S, T, stream);
       swiglu<Act>(shared_gate_up_.as<Act>(), 2 * S, shared_act_.as<Act>(), S, T, S, stream);
-      gemm.run(shared_act_.as(), S, w.shared_down.as(), S, shared_y_.as(), H, T, H, S, dt,
-               DType::F32, stream);
+      project<Act, float>(gemm, shared_act_.as<Act>(), S, w.shared_down, shared_y_.as<float>(), H,
+                          T, stream);
       shared = shared_y_.as<float>();
     }
     moe_combine<Act>(y_.as<float>(), H, ids_.as<int32_t>(), weights_.as<float>(),

@@ -149,10 +149,13 @@ struct MoeCase {
     moe_route(lg.get(), E, n, E, k, true, ids.get(), w.get(), nullptr);
     moe_group(ids.get(), n, k, E, g.view(), nullptr);
     const int64_t max_active = std::min(E, n * k);
-    moe_expert_matmul<T, T>(xd.get(), H, true, gu.get(), 2 * I, H, gu_out.get(), 2 * I, n * k,
+    WeightRef<T> gu_w, dn_w;
+    gu_w.dense = gu.get();
+    dn_w.dense = dn.get();
+    moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k,
                             g.view(), max_active, nullptr);
     swiglu<T>(gu_out.get(), 2 * I, act.get(), I, n * k, I, nullptr);
-    moe_expert_matmul<T, float>(act.get(), I, false, dn.get(), H, I, y.get(), H, n * k, g.view(),
+    moe_expert_matmul<T, float>(act.get(), I, false, dn_w, H, I, y.get(), H, n * k, g.view(),
                                 max_active, nullptr);
     moe_combine<T>(y.get(), H, ids.get(), w.get(), g.pair_row.get(), n, k, H,
                    shared ? sh.get() : nullptr, H, xd.get(), H, gw.get(), out.get(), H, nullptr);
