@@ -218,6 +218,13 @@ TEST(CudaModel, Qwen3_5TinyF32MatchesGoldens) {
   expect_golden("tests/data/models/qwen3.5-tiny-vlm", CudaPrecision::kF32, 1e-3);
 }
 
+// The mixture-of-experts fixtures (every layer MoE; Qwen3.5-MoE with the
+// gated shared expert) through the CUDA MoE block.
+TEST(CudaModel, MoeTinyF32MatchesGoldens) {
+  expect_golden("tests/data/models/qwen3-moe-tiny", CudaPrecision::kF32, 1e-3);
+  expect_golden("tests/data/models/qwen3.5-moe-tiny-vlm", CudaPrecision::kF32, 1e-3);
+}
+
 TEST(CudaModel, Qwen3_5SampleBf16AgreesWithGolden) {
   expect_golden("samples/qwen3.5-sample", CudaPrecision::kBF16, 0.5);
 }
@@ -263,7 +270,9 @@ TEST_P(CudaModelInvariance, BatchInvariantTokensAndMargins) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelInvariance,
                          ::testing::Values("tests/data/models/qwen3-tiny",
-                                           "tests/data/models/qwen3.5-tiny"));
+                                           "tests/data/models/qwen3.5-tiny",
+                                           "tests/data/models/qwen3-moe-tiny",
+                                           "tests/data/models/qwen3.5-moe-tiny-vlm"));
 
 }  // namespace
 }  // namespace qtk::cuda::test

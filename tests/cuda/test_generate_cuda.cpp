@@ -71,7 +71,9 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
                          ::testing::Values("tests/data/models/qwen3-tiny",
                                            "tests/data/models/qwen3-tiny-sharded-f32",
                                            "tests/data/models/qwen3.5-tiny",
-                                           "tests/data/models/qwen3.5-tiny-vlm"),
+                                           "tests/data/models/qwen3.5-tiny-vlm",
+                                           "tests/data/models/qwen3-moe-tiny",
+                                           "tests/data/models/qwen3.5-moe-tiny-vlm"),
                          [](const auto& info) { return name_of(info.param); });
 
 // bf16 on the sample models against the CPU (float32) run of the same text
@@ -227,6 +229,9 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
                          ::testing::Values(InvarianceCase{"tests/data/models/qwen3-tiny", false},
                                            InvarianceCase{"tests/data/models/qwen3.5-tiny", true},
+                                           InvarianceCase{"tests/data/models/qwen3-moe-tiny", false},
+                                           InvarianceCase{"tests/data/models/qwen3.5-moe-tiny-vlm",
+                                                          true},
                                            InvarianceCase{"samples/qwen3-sample", false},
                                            InvarianceCase{"samples/qwen3.5-sample", false},
                                            // note: prompts over 128 tokens, so that bf16 really

@@ -52,14 +52,11 @@ inline void upload_pack_bytes(const Pack& pack, void* dst, const void* src, size
   pack.release_range(s, bytes);  // the pages across chunk edges
 }
 
-// Copies a pack matrix to the device as T (bf16 -> bf16 is a plain copy).
+// Copies a pack tensor (any shape; `name` for messages) to the device as T
+// (bf16 -> bf16 is a plain copy).
 template <class T>
-DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
-  const TensorView& v = pack.tensor(name);
-  if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
-    fail("{}: tensor '{}' has shape {}; expected [{}, {}] from the config", pack.path(), name,
-         v.shape_string(), rows, cols);
-  const int64_t n = rows * cols;
+DeviceMemory upload_view(const Pack& pack, const std::string& name, const TensorView& v) {
+  const int64_t n = v.numel();
   DeviceMemory d(n * sizeof(T));
   if (v.dtype == dtype_of<T>()) {
     upload_pack_bytes(pack, d.as(), v.data, n * sizeof(T));
@@ -100,6 +97,16 @@ DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t ro
   }
   pack.release_range(src, n * src_es);
   return d;
+}
+
+// Copies a pack matrix [rows, cols] to the device as T.
+template <class T>
+DeviceMemory upload_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = pack.tensor(name);
+  if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
+    fail("{}: tensor '{}' has shape {}; expected [{}, {}] from the config", pack.path(), name,
+         v.shape_string(), rows, cols);
+  return upload_view<T>(pack, name, v);
 }
 
 inline DeviceMemory upload_vector(const Pack& pack, const std::string& name, int64_t n) {

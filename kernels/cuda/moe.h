@@ -1,0 +1,74 @@
+// The mixture-of-experts block's kernels (Qwen3-MoE, Qwen3.5-MoE) on the GPU:
+// routing, grouping the routed rows by expert, the experts' products, and
+// the weighted combination. Like every launcher of kernels/cuda they take
+// device pointers, sizes and strides, allocate nothing and never synchronise,
+// so a decode step that runs them can be captured in a CUDA graph: the number
+// of rows an expert got stays on the device.
+//
+// note: batch invariance. The routed (token, choice) pairs always number T*k.
+// Every grouped row's product is computed by one warp over K in a fixed
+// order (moe_expert_matmul, kernels/cuda/warp_matmul.h), whatever the number
+// of rows its expert got and wherever the row sits in the group; each token's output sums its experts
+// in increasing expert index (moe_combine). So a token's output bits do not
+// depend on which or how many other tokens are in the step.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/warp_matmul.h"
+
+namespace qtk::cuda {
+
+// Top-k routing per token t < T (the CPU's kernels/moe.h moe_route):
+//   p = softmax(logits[t, 0..E)) in float32
+//   ids[t*k + j], weights[t*k + j], j < k: the k largest p in decreasing
+//     order, ties to the lower expert index
+//   renormalize: weights divided by their sum (summed in j order)
+// logits f32 [T, E] row stride ld (not modified). E <= 4096, k <= 32.
+void moe_route(const float* logits, int64_t ld, int64_t T, int64_t E, int64_t k, bool renormalize,
+               int32_t* ids, float* weights, cudaStream_t stream);
+
+// The T*k routed pairs grouped by expert: expert e's rows are
+// offsets[e] .. offsets[e+1]-1 of the grouped order.
+struct MoeGroups {
+  int32_t* offsets = nullptr;    // [E + 1]
+  int32_t* active = nullptr;     // [E] the experts with rows, increasing; then -1
+  int32_t* row_token = nullptr;  // [T*k] token of each grouped row
+  int32_t* row_expert = nullptr;  // [T*k] expert of each grouped row
+  int32_t* pair_row = nullptr;   // [T*k] grouped row of pair t*k + j
+};
+
+// Fills `g` from ids i32 [T, k]. E <= 4096.
+// note: rows land in an expert's group in atomic order, which may differ
+// from run to run; nothing reads that order (each row's product and each
+// token's sum are independent of it, see the top of this file).
+void moe_group(const int32_t* ids, int64_t T, int64_t k, int64_t E, const MoeGroups& g,
+               cudaStream_t stream);
+
+// The experts' products over the grouped rows (kernels/cuda/warp_matmul.h:
+// one warp per row and column, fixed order): for r < rows,
+//   y[r, n] = sum_k x[src(r), k] * w[e(r), n, k]      n < N, k < K
+// src(r) = g.row_token[r] when gather (x is the tokens' rows), else r (x is
+// already grouped). w: stacked experts [E, N, K] (HF layout per expert),
+// dense T or block-FP8; T = float or bf16, Y = float or bf16; f32
+// accumulation. max_active: an upper bound of the experts with rows
+// (min(E, rows)).
+template <class T, class Y>
+void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w, int64_t N,
+                       int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
+                       int64_t max_active, cudaStream_t stream);
+
+// out[t, c] (t < tokens) = sum over t's k experts in increasing expert index of
+//   weights[t*k + j] * y[pair_row[t*k + j], c]
+// plus, when shared != nullptr (Qwen3.5-MoE's shared expert),
+//   sigmoid(h[t, :] . gate_w) * shared[t, c]
+// y f32 [T*k, H] stride ldy; shared f32 [T, H] stride lds; h, gate_w, out T.
+template <class T>
+void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* weights,
+                 const int32_t* pair_row, int64_t tokens, int64_t k, int64_t H, const float* shared,
+                 int64_t lds, const T* h, int64_t ldh, const T* gate_w, T* out, int64_t ldo,
+                 cudaStream_t stream);
+
+}  // namespace qtk::cuda

@@ -1,0 +1,29 @@
+#include "kernels/cuda/warp_matmul.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/warp_matmul.cuh"
+
+namespace qtk::cuda {
+
+template <class T, class Y>
+void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t ldy, int64_t M,
+                 int64_t N, int64_t K, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  if (M > INT32_MAX) fail_message("warp_matmul: " + std::to_string(M) + " rows is too many");
+  dev::RowGroups rows;
+  rows.rows = static_cast<int>(M);
+  launch_warp_matmul<T, Y>("warp_matmul", x, ldx, w, N, K, y, ldy, rows, 1, stream);
+}
+
+template void warp_matmul<float, float>(const float*, int64_t, const WeightRef<float>&, float*,
+                                        int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+template void warp_matmul<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, int64_t,
+                                                        const WeightRef<__nv_bfloat16>&,
+                                                        __nv_bfloat16*, int64_t, int64_t, int64_t,
+                                                        int64_t, cudaStream_t);
+template void warp_matmul<__nv_bfloat16, float>(const __nv_bfloat16*, int64_t,
+                                                const WeightRef<__nv_bfloat16>&, float*, int64_t,
+                                                int64_t, int64_t, int64_t, cudaStream_t);
+
+}  // namespace qtk::cuda

@@ -1,0 +1,42 @@
+// Matrix products computed one output element per warp, in a fixed order:
+// the product for weights the cuBLASLt path (kernels/cuda/gemm.h) cannot
+// take — block-FP8 weights (weight-only FP8: e4m3 weights, bf16 or f32
+// activations, f32 accumulation) and the experts of a mixture-of-experts
+// block (kernels/cuda/moe.h), whose rows per expert are known only on the
+// device.
+//
+// note: batch invariance. Each output element y[r, n] is one warp's sum over
+// K: lane l takes elements l*V .. l*V+V-1 of every 32*V-element stretch of K
+// (V = 16 bytes of activations), then the tail one element per lane, each
+// with fmaf in increasing k; the 32 partials are added by a xor butterfly.
+// That order depends only on K and on whether the vector path runs (which
+// depends on the shapes and buffers, never on M), so a row's bits are the
+// same in a call of 1 row or of 5,000.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace qtk::cuda {
+
+// A weight operand [N, K] (HF layout), or stacked experts [G, N, K].
+// note: an FP8 weight is each e4m3 value times its block's float32 scale,
+// computed in f32 (one rounding) before it enters the sum, as the CPU's
+// matmul_fp8 does (kernels/matmul_fp8.h).
+template <class T>
+struct WeightRef {
+  const T* dense = nullptr;        // T [.., N, K]; or nullptr and:
+  const uint8_t* fp8 = nullptr;    // e4m3fn [.., N, K]
+  const float* scale = nullptr;    // f32 [ceil(rows/block_rows), ceil(K/block_cols)]; the
+                                   // rows counted over the stacked experts (G * N)
+  int64_t block_rows = 0, block_cols = 0;  // block_cols a multiple of 16
+};
+
+// y[m, n] = sum_k x[m, k] * w[n, k] for m < M, n < N. T = float or bf16
+// (activations; dense weights are T too); Y = float or bf16.
+template <class T, class Y>
+void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t ldy, int64_t M,
+                 int64_t N, int64_t K, cudaStream_t stream);
+
+}  // namespace qtk::cuda

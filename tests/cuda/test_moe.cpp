@@ -1,0 +1,238 @@
+// The mixture-of-experts kernels (kernels/cuda/moe.h) against float64
+// references, on awkward sizes, and their batch invariance: a token's output
+// bits are the same alone and in a batch.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/moe.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace qtk::cuda::test {
+namespace {
+
+using Vec = std::vector<double>;
+
+// The top-k of softmax(logits) in float64 (ties to the lower index).
+void route_ref(const std::vector<float>& logits, int64_t T, int64_t E, int64_t k, bool renorm,
+               std::vector<int32_t>& ids, Vec& w) {
+  ids.assign(T * k, 0);
+  w.assign(T * k, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * E;
+    const double mx = *std::max_element(row, row + E);
+    Vec p(E);
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += p[e] = std::exp(row[e] - mx);
+    for (double& x : p) x /= s;
+    std::vector<int32_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      ids[t * k + j] = order[j];
+      w[t * k + j] = renorm ? p[order[j]] / sum : p[order[j]];
+    }
+  }
+}
+
+// Device scratch of the grouping for T tokens, k choices, E experts.
+struct GroupBuffers {
+  DeviceBuffer<int32_t> offsets, active, row_token, row_expert, pair_row;
+  GroupBuffers(int64_t T, int64_t k, int64_t E)
+      : offsets(E + 1), active(E), row_token(T * k), row_expert(T * k), pair_row(T * k) {}
+  MoeGroups view() {
+    return MoeGroups{offsets.get(), active.get(), row_token.get(), row_expert.get(),
+                     pair_row.get()};
+  }
+};
+
+TEST(MoeRoute, MatchesReferenceAndBreaksTiesToTheLowerExpert) {
+  for (const int64_t E : {4, 60, 128, 512})
+    for (const int64_t k : {1, 2, 8}) {
+      if (k > E) continue;
+      const int64_t T = 37;
+      // note: logits on a 1/8 grid (exact in f32) spread over [-4, 4]: ties
+      // happen, and distinct values differ far above float rounding.
+      auto logits = random_floats(T * E, -4, 4, static_cast<uint32_t>(E * 10 + k));
+      for (float& x : logits) x = std::round(x * 8) / 8;
+      for (const bool renorm : {false, true}) {
+        DeviceBuffer<float> d(logits);
+        DeviceBuffer<int32_t> ids(T * k);
+        DeviceBuffer<float> w(T * k);
+        moe_route(d.get(), E, T, E, k, renorm, ids.get(), w.get(), nullptr);
+        std::vector<int32_t> rid;
+        Vec rw;
+        route_ref(logits, T, E, k, renorm, rid, rw);
+        EXPECT_EQ(ids.download(), rid) << E << " experts, top " << k;
+        EXPECT_LT(rel_error(w.download(), rw), 1e-6) << E << " experts, top " << k;
+      }
+    }
+}
+
+TEST(MoeGroup, EveryPairOnceGroupedByExpert) {
+  const int64_t T = 300, k = 4, E = 33;
+  std::vector<int32_t> ids(T * k);
+  // Distinct experts per token (as routing gives), skewed towards low ids.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) ids[t * k + j] = static_cast<int32_t>((t * 7 + j * j * 3) % (E - 3));
+  DeviceBuffer<int32_t> d(ids);
+  GroupBuffers g(T, k, E);
+  moe_group(d.get(), T, k, E, g.view(), nullptr);
+  const auto off = g.offsets.download(), act = g.active.download();
+  const auto tok = g.row_token.download(), ex = g.row_expert.download(),
+             pr = g.pair_row.download();
+  std::vector<int> count(E, 0);
+  for (int32_t e : ids) ++count[e];
+  int64_t acc = 0, na = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(off[e], acc);
+    acc += count[e];
+    if (count[e] > 0) {
+      EXPECT_EQ(act[na++], e);
+    }
+  }
+  EXPECT_EQ(off[E], T * k);
+  for (int64_t a = na; a < E; ++a) EXPECT_EQ(act[a], -1);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int32_t r = pr[i];
+    ASSERT_GE(r, 0);
+    ASSERT_LT(r, T * k);
+    EXPECT_EQ(tok[r], i / k);
+    EXPECT_EQ(ex[r], ids[i]);
+    EXPECT_GE(r, off[ids[i]]);
+    EXPECT_LT(r, off[ids[i] + 1]);
+  }
+}
+
+// A whole expert block on the device: route, group, gate_up, SwiGLU, down,
+// combine (with a shared expert output given directly).
+template <class T>
+struct MoeCase {
+  int64_t T_, E, k, H, I;
+  bool shared;
+  std::vector<float> logits, x, gate_up, down, shared_out, gate_w;
+
+  MoeCase(int64_t tokens, int64_t E_, int64_t k_, int64_t H_, int64_t I_, bool sh, uint32_t seed)
+      : T_(tokens), E(E_), k(k_), H(H_), I(I_), shared(sh) {
+    logits = random_floats(T_ * E, -3, 3, seed);
+    for (float& f : logits) f = std::round(f * 8) / 8;  // see MoeRoute: no near-ties
+    x = round(random_floats(T_ * H, -1, 1, seed + 1));
+    gate_up = round(random_floats(E * 2 * I * H, -0.3f, 0.3f, seed + 2));
+    down = round(random_floats(E * H * I, -0.3f, 0.3f, seed + 3));
+    shared_out = random_floats(T_ * H, -1, 1, seed + 4);
+    gate_w = round(random_floats(H, -0.5f, 0.5f, seed + 5));
+  }
+  static std::vector<float> round(std::vector<float> v) {
+    for (float& f : v) f = to_float(from_float<T>(f));
+    return v;
+  }
+
+  // Runs tokens [t0, t0 + n) and returns their outputs.
+  std::vector<T> run(int64_t t0, int64_t n) const {
+    DeviceBuffer<float> lg(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + n) * E));
+    DeviceBuffer<T> xd(to_device_type<T>(
+        std::vector<float>(x.begin() + t0 * H, x.begin() + (t0 + n) * H)));
+    DeviceBuffer<T> gu(to_device_type<T>(gate_up)), dn(to_device_type<T>(down));
+    DeviceBuffer<float> sh(std::vector<float>(shared_out.begin() + t0 * H,
+                                              shared_out.begin() + (t0 + n) * H));
+    DeviceBuffer<T> gw(to_device_type<T>(gate_w));
+    DeviceBuffer<int32_t> ids(n * k);
+    DeviceBuffer<float> w(n * k);
+    GroupBuffers g(n, k, E);
+    DeviceBuffer<T> gu_out(n * k * 2 * I), act(n * k * I);
+    DeviceBuffer<float> y(n * k * H);
+    DeviceBuffer<T> out(n * H);
+    moe_route(lg.get(), E, n, E, k, true, ids.get(), w.get(), nullptr);
+    moe_group(ids.get(), n, k, E, g.view(), nullptr);
+    const int64_t max_active = std::min(E, n * k);
+    WeightRef<T> gu_w, dn_w;
+    gu_w.dense = gu.get();
+    dn_w.dense = dn.get();
+    moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k,
+                            g.view(), max_active, nullptr);
+    swiglu<T>(gu_out.get(), 2 * I, act.get(), I, n * k, I, nullptr);
+    moe_expert_matmul<T, float>(act.get(), I, false, dn_w, H, I, y.get(), H, n * k, g.view(),
+                                max_active, nullptr);
+    moe_combine<T>(y.get(), H, ids.get(), w.get(), g.pair_row.get(), n, k, H,
+                   shared ? sh.get() : nullptr, H, xd.get(), H, gw.get(), out.get(), H, nullptr);
+    return out.download();
+  }
+
+  Vec reference() const {
+    std::vector<int32_t> ids;
+    Vec w;
+    route_ref(logits, T_, E, k, true, ids, w);
+    Vec out(T_ * H, 0.0);
+    for (int64_t t = 0; t < T_; ++t) {
+      const float* xt = x.data() + t * H;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = ids[t * k + j];
+        Vec act(I);
+        for (int64_t i = 0; i < I; ++i) {
+          double g = 0, u = 0;
+          const float* wg = gate_up.data() + (e * 2 * I + i) * H;
+          const float* wu = gate_up.data() + (e * 2 * I + I + i) * H;
+          for (int64_t c = 0; c < H; ++c) {
+            g += double(xt[c]) * wg[c];
+            u += double(xt[c]) * wu[c];
+          }
+          act[i] = g / (1 + std::exp(-g)) * u;
+        }
+        for (int64_t c = 0; c < H; ++c) {
+          double y = 0;
+          const float* wd = down.data() + (e * H + c) * I;
+          for (int64_t i = 0; i < I; ++i) y += act[i] * wd[i];
+          out[t * H + c] += w[t * k + j] * y;
+        }
+      }
+      if (shared) {
+        double s = 0;
+        for (int64_t c = 0; c < H; ++c) s += double(xt[c]) * gate_w[c];
+        const double gate = 1 / (1 + std::exp(-s));
+        for (int64_t c = 0; c < H; ++c) out[t * H + c] += gate * shared_out[t * H + c];
+      }
+    }
+    return out;
+  }
+};
+
+template <class T>
+class MoeBlockTest : public ::testing::Test {};
+using ActTypes = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(MoeBlockTest, ActTypes);
+
+// note: H 72 and I 40 take the vector path with a tail (72 = 64 + 8 in bf16,
+// 2 x 32 + 8 in f32); H 36 and I 20 the scalar path.
+TYPED_TEST(MoeBlockTest, MatchesReference) {
+  using T = TypeParam;
+  struct Shape {
+    int64_t T, E, k, H, I;
+    bool shared;
+  };
+  for (const Shape s : {Shape{1, 8, 2, 72, 40, false}, Shape{19, 8, 2, 72, 40, true},
+                        Shape{33, 60, 4, 36, 20, true}, Shape{70, 16, 8, 264, 24, false}}) {
+    const MoeCase<T> c(s.T, s.E, s.k, s.H, s.I, s.shared, static_cast<uint32_t>(s.T * 31 + s.E));
+    EXPECT_LT(rel_error(c.run(0, s.T), c.reference()), 3 * tolerance<T>())
+        << s.T << " tokens, " << s.E << " experts, top " << s.k << ", H " << s.H << ", I " << s.I;
+  }
+}
+
+TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
+  using T = TypeParam;
+  const int64_t n = 41, H = 72;
+  const MoeCase<T> c(n, 12, 4, H, 40, true, 7);
+  const std::vector<T> all = c.run(0, n);
+  for (const int64_t t : {0, 5, 40}) {
+    const std::vector<T> one = c.run(t, 1);
+    EXPECT_TRUE(bitwise_equal(one.data(), all.data() + t * H, H)) << "token " << t;
+  }
+  const std::vector<T> part = c.run(3, 17);
+  EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * H, 17 * H));
+}
+
+}  // namespace
+}  // namespace qtk::cuda::test

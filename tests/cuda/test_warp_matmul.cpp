@@ -1,0 +1,143 @@
+// warp_matmul (kernels/cuda/warp_matmul.h): dense and block-FP8 weights
+// against float64 references on awkward sizes (partial scale blocks,
+// K not a multiple of the vector width), and its batch invariance.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/warp_matmul.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace qtk::cuda::test {
+namespace {
+
+using Vec = std::vector<double>;
+
+// e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities,
+// 0x7F / 0xFF are NaN (never generated here).
+double e4m3_value(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double v = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return s ? -v : v;
+}
+
+std::vector<uint8_t> random_e4m3(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) {
+    do b = static_cast<uint8_t>(rng() & 0xFF);
+    while ((b & 0x7F) == 0x7F || ((b >> 3) & 15) > 9);  // no NaN, |w| <= 2^3
+  }
+  return v;
+}
+
+// One test operand: x [M, K], and either dense w [N, K] or e4m3 + scales.
+template <class T>
+struct Operands {
+  int64_t M, N, K, br, bc;
+  bool fp8;
+  std::vector<T> x, wd;
+  std::vector<uint8_t> wq;
+  std::vector<float> scale;
+
+  Operands(int64_t m, int64_t n, int64_t k, bool f8, int64_t brows, int64_t bcols, uint32_t seed)
+      : M(m), N(n), K(k), br(brows), bc(bcols), fp8(f8) {
+    x = to_device_type<T>(random_floats(M * K, -1, 1, seed));
+    if (fp8) {
+      wq = random_e4m3(N * K, seed + 1);
+      scale = random_floats(((N + br - 1) / br) * ((K + bc - 1) / bc), 0.01f, 0.1f, seed + 2);
+    } else {
+      wd = to_device_type<T>(random_floats(N * K, -0.5f, 0.5f, seed + 1));
+    }
+  }
+  double w(int64_t n, int64_t k) const {
+    if (!fp8) return to_float(wd[n * K + k]);
+    // The kernel's weight: the e4m3 value times its scale, rounded to f32.
+    const float s = scale[(n / br) * ((K + bc - 1) / bc) + k / bc];
+    return static_cast<float>(static_cast<float>(e4m3_value(wq[n * K + k])) * s);
+  }
+  Vec reference() const {
+    Vec y(M * N, 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += double(to_float(x[m * K + k])) * w(n, k);
+        y[m * N + n] = s;
+      }
+    return y;
+  }
+  // Rows [m0, m0 + rows) through the kernel.
+  template <class Y>
+  std::vector<Y> run(int64_t m0, int64_t rows) const {
+    DeviceBuffer<T> xd(std::vector<T>(x.begin() + m0 * K, x.begin() + (m0 + rows) * K));
+    DeviceBuffer<T> wdd(fp8 ? std::vector<T>(1) : wd);
+    DeviceBuffer<uint8_t> wqd(fp8 ? wq : std::vector<uint8_t>(1));
+    DeviceBuffer<float> sd(fp8 ? scale : std::vector<float>(1));
+    DeviceBuffer<Y> y(rows * N);
+    WeightRef<T> w;
+    if (fp8) {
+      w.fp8 = wqd.get();
+      w.scale = sd.get();
+      w.block_rows = br;
+      w.block_cols = bc;
+    } else {
+      w.dense = wdd.get();
+    }
+    warp_matmul<T, Y>(xd.get(), K, w, y.get(), N, rows, N, K, nullptr);
+    return y.download();
+  }
+};
+
+template <class T>
+class WarpMatmulTest : public ::testing::Test {};
+using ActTypes = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(WarpMatmulTest, ActTypes);
+
+TYPED_TEST(WarpMatmulTest, DenseMatchesReference) {
+  using T = TypeParam;
+  for (int64_t M : {1, 3, 17, 130})
+    for (int64_t N : {1, 7, 64})
+      for (int64_t K : {5, 64, 264, 1000}) {
+        const Operands<T> op(M, N, K, false, 0, 0, static_cast<uint32_t>(M * 1000 + N * 10 + K));
+        EXPECT_LT(rel_error(op.template run<T>(0, M), op.reference()), tolerance<T>())
+            << M << "x" << N << "x" << K;
+        if constexpr (std::is_same_v<T, bf16>) {
+          EXPECT_LT(rel_error(op.template run<float>(0, M), op.reference()), 1e-5)
+              << M << "x" << N << "x" << K << " (f32 out)";
+        }
+      }
+}
+
+// note: f32 activations against the f32-rounded weights: the float32 sum
+// stays within 1e-5 of the float64 one. 200 x 300 with 128 x 128 blocks has
+// partial blocks on both edges; 16 x 16 blocks change scale every lane pair.
+TYPED_TEST(WarpMatmulTest, Fp8MatchesReference) {
+  using T = TypeParam;
+  struct Shape {
+    int64_t M, N, K, br, bc;
+  };
+  for (const Shape s : {Shape{1, 200, 300, 128, 128}, Shape{9, 64, 256, 16, 16},
+                        Shape{33, 40, 100, 32, 48}, Shape{130, 7, 37, 128, 128}}) {
+    const Operands<T> op(s.M, s.N, s.K, true, s.br, s.bc, static_cast<uint32_t>(s.M + s.K));
+    EXPECT_LT(rel_error(op.template run<T>(0, s.M), op.reference()), tolerance<T>())
+        << s.M << "x" << s.N << "x" << s.K << " blocks " << s.br << "x" << s.bc;
+  }
+}
+
+TYPED_TEST(WarpMatmulTest, RowBitsDoNotDependOnTheBatch) {
+  using T = TypeParam;
+  for (const bool fp8 : {false, true}) {
+    const int64_t M = 70, N = 48, K = 392;
+    const Operands<T> op(M, N, K, fp8, 16, 128, 5);
+    const std::vector<T> all = op.template run<T>(0, M);
+    for (const int64_t m : {0, 8, 69}) {
+      const std::vector<T> one = op.template run<T>(m, 1);
+      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N)) << "row " << m << " fp8 " << fp8;
+    }
+    const std::vector<T> part = op.template run<T>(3, 21);
+    EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * N, 21 * N)) << "fp8 " << fp8;
+  }
+}
+
+}  // namespace
+}  // namespace qtk::cuda::test
