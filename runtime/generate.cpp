@@ -107,7 +107,7 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
 }
 
 // What an FP8 pack's matrices compute, for the run header ("" for others).
-std::string fp8_text(const Pack& pack) {
+std::string fp8_text(const Pack& pack, const DeviceChoice& d) {
   if (pack.fp8_tensors().empty()) return "";
   std::set<int64_t> rows;
   for (const auto& q : pack.fp8_tensors()) rows.insert(q.block_rows);
@@ -115,8 +115,11 @@ std::string fp8_text(const Pack& pack) {
   for (int64_t x : rows) r += fmt::format("{}{}", r.empty() ? "" : " or ", x);
   return fmt::format(
       "; F8_E4M3 (e4m3fn) weights read in place with float32 block scales (blocks of {} rows x "
-      "{} columns), each weight computed as the float32 product fp8 x scale",
-      r, pack.fp8_tensors().front().block_cols);
+      "{} columns), each weight computed as the float32 product fp8 x scale{}",
+      r, pack.fp8_tensors().front().block_cols,
+      d.device == "cuda" ? " inside a fixed-order warp product (float32 accumulation; the "
+                           "FP8 matrices go through no cuBLASLt GEMM)"
+                         : "");
 }
 
 // The run header's description of the arithmetic.
@@ -124,18 +127,18 @@ std::string precision_text(const DeviceChoice& d, const Pack& pack) {
   if (d.device == "cpu") {
     return fmt::format(
         "float32 activations, float32 KV cache and state, {} weights, float32 accumulation{}",
-        weight_dtypes(pack), fp8_text(pack));
+        weight_dtypes(pack), fp8_text(pack, d));
   }
   if (d.precision == "f32") {
     return fmt::format(
         "CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
-        "float32 accumulation",
-        weight_dtypes(pack));
+        "float32 accumulation{}",
+        weight_dtypes(pack), fp8_text(pack, d));
   }
   return fmt::format(
       "CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
-      "accumulation, norms and GDN state",
-      weight_dtypes(pack));
+      "accumulation, norms and GDN state{}",
+      weight_dtypes(pack), fp8_text(pack, d));
 }
 
 // note: sizes below come from user input (max_tokens up to INT64_MAX, any
@@ -272,12 +275,6 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   const auto load_start = Clock::now();
   m.load_start = load_start;
   m.pack = Pack::open(o.model);
-  if (dev.device != "cpu" && !m.pack->fp8_tensors().empty()) {
-    fail(
-        "{}: holds {} F8_E4M3 weight tensors; --device {} does not run FP8 packs yet (expected "
-        "--device cpu, or a pack converted with --dtype bf16 or f32)",
-        o.model, m.pack->fp8_tensors().size(), dev.device);
-  }
   // note: checked before any tensor is used: a flipped byte would otherwise
   // give wrong tokens silently, and the pack digest (from the manifest)
   // would not tell the run apart from a clean one.

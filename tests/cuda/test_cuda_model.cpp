@@ -225,6 +225,17 @@ TEST(CudaModel, MoeTinyF32MatchesGoldens) {
   expect_golden("tests/data/models/qwen3.5-moe-tiny-vlm", CudaPrecision::kF32, 1e-3);
 }
 
+// Block-FP8 packs (weight-only FP8: e4m3 weights with float32 block scales,
+// kernels/cuda/warp_matmul.h), dense and MoE. bf16: agreement counts (the
+// near-tie rule at 0.5, as for the samples).
+TEST(CudaModel, Fp8TinyMatchesGoldens) {
+  for (const char* dir :
+       {"tests/data/models/qwen3-fp8-tiny", "tests/data/models/qwen3.5-moe-fp8-tiny"}) {
+    expect_golden(dir, CudaPrecision::kF32, 1e-3);
+    expect_golden(dir, CudaPrecision::kBF16, 0.5);
+  }
+}
+
 TEST(CudaModel, Qwen3_5SampleBf16AgreesWithGolden) {
   expect_golden("samples/qwen3.5-sample", CudaPrecision::kBF16, 0.5);
 }
@@ -272,7 +283,9 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaModelInvariance,
                          ::testing::Values("tests/data/models/qwen3-tiny",
                                            "tests/data/models/qwen3.5-tiny",
                                            "tests/data/models/qwen3-moe-tiny",
-                                           "tests/data/models/qwen3.5-moe-tiny-vlm"));
+                                           "tests/data/models/qwen3.5-moe-tiny-vlm",
+                                           "tests/data/models/qwen3-fp8-tiny",
+                                           "tests/data/models/qwen3.5-moe-fp8-tiny"));
 
 }  // namespace
 }  // namespace qtk::cuda::test

@@ -73,7 +73,9 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
                                            "tests/data/models/qwen3.5-tiny",
                                            "tests/data/models/qwen3.5-tiny-vlm",
                                            "tests/data/models/qwen3-moe-tiny",
-                                           "tests/data/models/qwen3.5-moe-tiny-vlm"),
+                                           "tests/data/models/qwen3.5-moe-tiny-vlm",
+                                           "tests/data/models/qwen3-fp8-tiny",
+                                           "tests/data/models/qwen3.5-moe-fp8-tiny"),
                          [](const auto& info) { return name_of(info.param); });
 
 // bf16 on the sample models against the CPU (float32) run of the same text

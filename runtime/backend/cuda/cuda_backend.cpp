@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -25,9 +26,11 @@
 #include "pack/pack.h"
 #include "runtime/backend/blocks.h"
 #include "runtime/backend/cuda/cuda_model.h"
+#include "runtime/backend/cuda/cuda_moe.h"
 #include "runtime/backend/cuda/decode_graphs.h"
 #include "runtime/backend/cuda/device_memory.h"
 #include "runtime/backend/cuda/device_upload.h"
+#include "runtime/backend/cuda/device_weight.h"
 #include "runtime/backend/cuda/fused_steps.h"
 #include "runtime/backend/cuda/process_memory.h"
 #include "runtime/backend/cuda/step_io.h"
@@ -43,31 +46,28 @@ using cuda::DeviceMemory;
 using cuda::dtype_of;
 using cuda::ensure;
 
-// The refusal of mixture-of-experts packs (at load, before any upload).
-// note: the CUDA backend has no mixture-of-experts block yet (issue 22).
-[[noreturn]] void refuse_moe(const Pack& pack) {
-  fail(
-      "{}: {} is a mixture-of-experts model; mixture-of-experts models run on the CPU only for "
-      "now (use --device cpu)",
-      pack.path(), pack.config().hf_architecture);
-}
-
 // The CUDA backend's weights: each pack tensor uploaded once (Act = the
-// precision's matrix type, f32 or bf16; vectors and tables stay f32). A
-// name bound twice (a tied lm_head is embed_tokens again) gets the id of its
-// first upload.
+// precision's matrix type, f32 or bf16; block-FP8 matrices stay e4m3 with
+// their scales, device_weight.h; vectors and tables stay f32). A name bound
+// twice (a tied lm_head is embed_tokens again) gets the id of its first
+// upload.
 template <class Act>
 class CudaWeights final : public WeightBinder {
  public:
   explicit CudaWeights(const Pack& pack) : WeightBinder(pack) {}
 
-  const void* matrix(Matrix m) const { return matrices_[m.id].as(); }
+  const cuda::DeviceWeight& matrix(Matrix m) const { return matrices_[m.id]; }
   const float* vector(Vector v) const { return vectors_[v.id].as<float>(); }
+  const cuda::CudaMoeWeights& experts(Experts e) const { return experts_[e.id]; }
 
  protected:
-  int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse) override {
+  int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse use) override {
+    if (use == MatrixUse::kEmbedding && v.dtype == DType::F8_E4M3)
+      fail("{}: tensor '{}' is F8_E4M3; an FP8 embedding table is not supported (expected BF16, "
+           "F16 or F32)",
+           pack().path(), name);
     if (auto it = matrix_ids_.find(name); it != matrix_ids_.end()) return it->second;
-    matrices_.push_back(cuda::upload_matrix<Act>(pack(), name, v.shape[0], v.shape[1]));
+    matrices_.push_back(cuda::upload_weight<Act>(pack(), name, v));
     const auto id = static_cast<int32_t>(matrices_.size() - 1);
     matrix_ids_.emplace(name, id);
     return id;
@@ -83,10 +83,14 @@ class CudaWeights final : public WeightBinder {
     vector_ids_.emplace(name, id);
     return id;
   }
-  int32_t adopt_experts(const std::string&, const MoeWeights&) override { refuse_moe(pack()); }
+  int32_t adopt_experts(const std::string& prefix, const MoeWeights& w) override {
+    experts_.push_back(cuda::upload_moe_weights<Act>(pack(), prefix, w));
+    return static_cast<int32_t>(experts_.size() - 1);
+  }
 
  private:
-  std::vector<DeviceMemory> matrices_;  // Act [rows, cols], by Matrix::id
+  std::vector<cuda::DeviceWeight> matrices_;  // Act or FP8 [rows, cols], by Matrix::id
+  std::vector<cuda::CudaMoeWeights> experts_;  // by Experts::id
   std::vector<DeviceMemory> vectors_;   // f32, by Vector::id
   std::unordered_map<std::string, int32_t> matrix_ids_, vector_ids_;
 };
@@ -116,6 +120,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     for (int a = 0; a < rope_.n_sections; ++a)
       rope_.sections[a] = static_cast<int>(r.mrope_section[a]);
     rope_.interleaved = r.mrope_interleaved;
+    if (cfg_.has_moe()) moe_.emplace(cfg_);
     QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaBackend() override { cudaStreamDestroy(stream_); }
@@ -201,6 +206,7 @@ class CudaBackend final : public CudaModel, private Blocks {
                      static_cast<size_t>(cuda::gdn_chunked_workspace_bytes(
                          T / cuda::kGdnChunk, c.linear_num_value_heads, c.linear_key_head_dim)));
     }
+    if (moe_) grew |= moe_->reserve(T);
     if (grew) graphs_.clear();
   }
 
@@ -262,7 +268,15 @@ class CudaBackend final : public CudaModel, private Blocks {
   // buffers: the fused add + norm launches write the new residual into the
   // spare one).
 
-  const void* mat(Matrix m) const { return weights_.matrix(m); }
+  const cuda::DeviceWeight& weight(Matrix m) const { return weights_.matrix(m); }
+  // A dense matrix's device pointer (the fused paths take only those).
+  const void* mat(Matrix m) const { return weights_.matrix(m).data.as(); }
+  bool fp8(Matrix m) const { return weights_.matrix(m).fp8; }
+  // y = x w^T for any weight (device_weight.h: cuBLASLt, or the FP8 product).
+  template <class Y = Act>
+  void project(const Act* x, int64_t ldx, Matrix w, Y* y, int64_t ldy, int64_t rows) {
+    cuda::project<Act, Y>(gemm_, x, ldx, weight(w), y, ldy, rows, stream_);
+  }
   const float* vec(Vector v) const { return weights_.vector(v); }
   float eps() const { return static_cast<float>(cfg_.rms_norm_eps); }
 
@@ -282,7 +296,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     Act* mix = mix_.as<Act>();
     proj_ld_ = 0;
     for (const Matrix& m : w) proj_ld_ += m.rows;
-    if (w.size() == 1) {
+    if (w.size() == 1 && !fp8(w[0])) {
       if (!pending_) {  // the first layer: x is the embedding
         cuda::rmsnorm<Act>(rs_.x, H, vec(norm), h, H, T, H, eps(), stream_);
         gemm_.run(h, H, mat(w[0]), H, proj_.as(), proj_ld_, T, proj_ld_, H, dt, dt, stream_);
@@ -291,15 +305,15 @@ class CudaBackend final : public CudaModel, private Blocks {
                                  proj_ld_, T, proj_ld_, H, stream_);
       }
     } else {
-      // Several matrices (FP8 packs' split in_proj; CUDA refuses FP8 packs
-      // today): the norm once, then one product per matrix into its columns.
+      // Several matrices (FP8 packs' split in_proj) or an FP8 one: the norm
+      // once, then one product per matrix into its columns.
       if (pending_)
         cuda::add_rmsnorm<Act>(rs_.x, H, mix, H, vec(norm), h, H, T, H, eps(), stream_);
       else
         cuda::rmsnorm<Act>(rs_.x, H, vec(norm), h, H, T, H, eps(), stream_);
       int64_t col = 0;
       for (const Matrix& m : w) {
-        gemm_.run(h, H, mat(m), H, proj_.as<Act>() + col, proj_ld_, T, m.rows, H, dt, dt, stream_);
+        project(h, H, m, proj_.as<Act>() + col, proj_ld_, T);
         col += m.rows;
       }
     }
@@ -327,7 +341,6 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int64_t T = step_b_->num_tokens, H = c.hidden_size, D = c.head_dim;
     const int64_t Hq = c.num_attention_heads, Hkv = c.num_kv_heads;
     const int64_t ld = proj_ld_;
-    const DType dt = dtype_of<Act>();
     Act* q = proj_.as<Act>();
     const Act* gate = q + c.q_dim();  // gated layouts only
     Act* k = q + (l.gated ? 2 : 1) * c.q_dim();
@@ -373,8 +386,7 @@ class CudaBackend final : public CudaModel, private Blocks {
         cuda::sigmoid_mul<Act>(core, c.q_dim(), gate, ld, T, c.q_dim(), stream_);
       }
     }
-    gemm_.run(core, c.q_dim(), mat(l.o_proj), c.q_dim(), mix_.as(), H, T, H, c.q_dim(), dt, dt,
-              stream_);
+    project(core, c.q_dim(), l.o_proj, mix_.as<Act>(), H, T);
     pending_ = true;
   }
 
@@ -418,7 +430,6 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
     const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel, Vd = c.linear_value_dim();
     const int64_t ld = proj_ld_;
-    const DType dt = dtype_of<Act>();
     Act* proj = proj_.as<Act>();
     const Act* z = proj + C;
     const Act* bcol = z + Vd;
@@ -479,7 +490,7 @@ class CudaBackend final : public CudaModel, private Blocks {
       }
     }
     cuda::gated_rmsnorm<Act>(core, Vd, z, ld, vec(l.norm), core, Vd, T, Hv, Dv, eps(), stream_);
-    gemm_.run(core, Vd, mat(l.out_proj), Vd, mix_.as(), H, T, H, Vd, dt, dt, stream_);
+    project(core, Vd, l.out_proj, mix_.as<Act>(), H, T);
     pending_ = true;
   }
 
@@ -489,14 +500,29 @@ class CudaBackend final : public CudaModel, private Blocks {
     if (!pending_) fail("CUDA backend: norm_mlp without a pending sublayer output");
     const int64_t T = step_b_->num_tokens, H = cfg_.hidden_size, I = m.down.cols;
     Act* mix = mix_.as<Act>();
-    cuda::add_norm_mlp<Act>(gemm_, rs_, mix, vec(norm), eps(), h_.as<Act>(), mat(m.gate_up),
-                            gate_up_.as<Act>(), act_.as<Act>(), mat(m.down), mix, T, I, H, stream_);
+    if (!fp8(m.gate_up) && !fp8(m.down)) {
+      cuda::add_norm_mlp<Act>(gemm_, rs_, mix, vec(norm), eps(), h_.as<Act>(), mat(m.gate_up),
+                              gate_up_.as<Act>(), act_.as<Act>(), mat(m.down), mix, T, I, H,
+                              stream_);
+    } else {  // FP8 weights: the same steps, unfused
+      Act* h = h_.as<Act>();
+      cuda::add_rmsnorm<Act>(rs_.x, H, mix, H, vec(norm), h, H, T, H, eps(), stream_);
+      project(h, H, m.gate_up, gate_up_.as<Act>(), 2 * I, T);
+      cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
+      project(act_.as<Act>(), I, m.down, mix, H, T);
+    }
     pending_ = true;
   }
 
-  // Unreachable: the factory refuses mixture-of-experts packs at load.
-  void norm_moe(Vector, Experts) override {
-    fail("CUDA backend: mixture-of-experts blocks run on the CPU only");
+  // Mixture of experts (cuda_moe.h): x += the mixer's output; the
+  // post-attention norm of x through the experts.
+  void norm_moe(Vector norm, Experts e) override {
+    if (!pending_) fail("CUDA backend: norm_moe without a pending sublayer output");
+    const int64_t T = step_b_->num_tokens, H = cfg_.hidden_size;
+    Act* h = h_.as<Act>();
+    cuda::add_rmsnorm<Act>(rs_.x, H, mix_.as<Act>(), H, vec(norm), h, H, T, H, eps(), stream_);
+    moe_->forward(weights_.experts(e), h, T, mix_.as<Act>(), gemm_, stream_);
+    pending_ = true;
   }
 
   // note: the CUDA backend has no per-layer activation hook (Model::set_layer_hook).
@@ -515,7 +541,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int64_t r = static_cast<int64_t>(logit_rows_.size());
     if (r > 0) {
       cuda::embedding_lookup<Act>(h, dt, H, rows_, r, last_.as<Act>(), H, stream_);
-      gemm_.run(last_.as(), H, mat(lm_head), H, logits_.as(), V, r, V, H, dt, DType::F32, stream_);
+      project<float>(last_.as<Act>(), H, lm_head, logits_.as<float>(), V, r);
       if (greedy_step_) greedy_.argmax(logits_.as<float>(), V, r, stream_);
     }
   }
@@ -650,6 +676,7 @@ class CudaBackend final : public CudaModel, private Blocks {
   cuda::PaddedDecode pad_;
   int64_t max_context_ = 0;
   cuda::Gemm gemm_;
+  std::optional<cuda::CudaMoe<Act>> moe_;  // mixture-of-experts scratch (MoE models only)
   cuda::RopeParams rope_;
   DeviceMemory rope_table_;  // f32x2 [max_context, rotary_dim / 2] RoPE (cos, sin)
   int64_t attn_layers_ = 0, gdn_layers_ = 0;
@@ -705,7 +732,6 @@ class CudaBackend final : public CudaModel, private Blocks {
 
 std::unique_ptr<CudaModel> make_cuda_model(const Pack& pack, CudaPrecision precision) {
   const ModelConfig& c = pack.config();
-  if (c.has_moe()) refuse_moe(pack);
   if (c.arch == Arch::kQwen3_5 && c.norm_adds_one && !pack.has_transform("norm_plus_one_folded"))
     fail(
         "{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
