@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/tuning.h"
 #include "loaders/strict_json.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
@@ -580,8 +581,7 @@ void Pack::release_range(const void* p, size_t n) const {
 }
 
 size_t Pack::load_for_cpu() const {
-  const char* env = std::getenv("QTK_HUGEPAGES");
-  if (env != nullptr && std::string_view(env) == "0") return prefault();
+  if (!tuning().hugepages) return prefault();
   if (!anonymous_copy_fits()) return prefault();
   return copy_to_hugepages();
 }

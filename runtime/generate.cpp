@@ -23,6 +23,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
 #include "core/error.h"
+#include "core/tuning.h"
 #include "runtime/generate_progress.h"
 #include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
@@ -247,7 +248,7 @@ void check_flags(const GenerateOptions& o) {
   if (o.tune_only && o.device != "cuda")
     fail("--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found --device {}",
          o.device);
-  if (o.tune_only && o.plan_cache == "off") {
+  if (o.tune_only && tuning().plan_cache == "off") {
     fail(
         "--tune-only: the tuned plans go to the plan cache; expected a file or the default "
         "location, found --plan-cache off");
@@ -312,7 +313,7 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   if (dev.device == "cuda") {
     auto cuda_model = load_cuda_model(*m.pack, parse_cuda_precision(dev.precision));
     m.device_name = cuda_device_name();
-    m.plans.emplace(*cuda_model, *m.pack, dev.precision, o.plan_cache);
+    m.plans.emplace(*cuda_model, *m.pack, dev.precision, tuning().plan_cache);
     m.model = std::move(cuda_model);
   }
 #endif
@@ -416,6 +417,7 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
       {"device", m.device_name},
       {"precision", precision_text(dev, *m.pack)},
       {"settings", settings},
+      {"tuning", tuning_header(tuning())},
       {"input_lines", raw.size()},
       {"input_line_xxh64", input_line_digests(raw)}};
   if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);

@@ -538,10 +538,7 @@ class CudaQwen3_5 final : public CudaModel {
   }
 
   ModelConfig cfg_;
-  const bool chunked_enabled_ = [] {
-    const char* e = std::getenv("QTK_GDN_CHUNKED");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  const bool chunked_enabled_ = tuning().gdn_chunked;
   cudaStream_t stream_ = nullptr;
   cuda::DecodeGraphs graphs_;
   cuda::PaddedDecode pad_;
