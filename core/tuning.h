@@ -33,7 +33,8 @@ struct Tuning {
   // Limits of the integer switches.
   static constexpr int kAmxPrefetchModes = 5;  // QTK_AMX_PREFETCH 0..4
   static constexpr int64_t kGemmRefMMax = 65536;
-  static constexpr int64_t kFusedMaxMMax = 16;  // the own GEMV kernel's rows (kernels/cuda/gemv_mma.h)
+  static constexpr int64_t kFusedMaxMMax =
+      16;  // the own GEMV kernel's rows (kernels/cuda/gemv_mma.h)
 
   // QTK_CPU_PATH: the CPU kernels' SIMD path: scalar | avx2 | avx512 | amx;
   // default "" = the best this CPU supports (kernels/cpu_features.h). A path
@@ -90,8 +91,7 @@ struct Tuning {
 
   // Reads every switch through `getenv` (the process environment by
   // default); throws qtk::Error for a bad value.
-  static Tuning from_environment(
-      const std::function<const char*(const char*)>& getenv = nullptr);
+  static Tuning from_environment(const std::function<const char*(const char*)>& getenv = nullptr);
 
   // Throws qtk::Error when a field is outside its allowed values (for
   // values set in code).

@@ -20,16 +20,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cpu_features.h"
-#include "kernels/thread_pool.h"
 #include "core/error.h"
 #include "core/tuning.h"
+#include "kernels/cpu_features.h"
+#include "kernels/thread_pool.h"
+#include "pack/pack.h"
+#include "pack/pack_checksum.h"
 #include "runtime/generate_progress.h"
 #include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
-#include "pack/pack.h"
-#include "pack/pack_checksum.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/results_file.h"
 #include "runtime/scheduler.h"

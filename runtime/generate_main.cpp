@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 #include <cxxopts.hpp>
 
-#include "loaders/cli_args.h"
 #include "core/error.h"
 #include "core/tuning.h"
+#include "loaders/cli_args.h"
 #include "runtime/generate.h"
 
 // Exit statuses: 0 every line has a result, 1 the run failed (one line on

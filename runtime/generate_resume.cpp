@@ -76,8 +76,8 @@ void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
     // would strand every interrupted run of an older build.
     if (was.is_null()) was = defaults[e.name];
     if (was != now) {
-      fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})",
-           header, e.name, was.dump(), now.dump(), device);
+      fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
+           e.name, was.dump(), now.dump(), device);
     }
   }
 }

@@ -2,8 +2,8 @@
 
 #include "core/tuning.h"
 #include "kernels/thread_pool.h"
-#include "runtime/model.h"
 #include "pack/pack.h"
+#include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {

@@ -3,9 +3,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "kernels/cpu/matmul_paths.h"
 #include "core/error.h"
 #include "core/tuning.h"
+#include "kernels/cpu/matmul_paths.h"
 
 namespace qtk {
 

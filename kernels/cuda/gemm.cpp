@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/tuning.h"
 #include "kernels/cuda/compare.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "core/error.h"
-#include "core/tuning.h"
 
 namespace qtk::cuda {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <tuple>
 
+#include "core/dtype.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "core/dtype.h"
 
 namespace qtk::cuda {
 

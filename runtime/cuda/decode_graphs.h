@@ -26,9 +26,7 @@
 
 namespace qtk::cuda {
 
-inline bool decode_graphs_enabled() {
-  return tuning().cuda_graphs;
-}
+inline bool decode_graphs_enabled() { return tuning().cuda_graphs; }
 
 // Attention's shared memory is sized by the step's longest context; graphs
 // capture a power-of-two bound of it (at least 256).

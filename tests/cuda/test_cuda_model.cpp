@@ -17,9 +17,9 @@
 
 #include "convert/convert.h"
 #include "core/tuning.h"
+#include "pack/pack.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/kv_cache.h"
-#include "pack/pack.h"
 
 namespace qtk::cuda::test {
 namespace {

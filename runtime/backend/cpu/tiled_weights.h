@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
+#include "core/tensor_view.h"
 #include "core/tuning.h"
 #include "kernels/cpu_features.h"
 #include "kernels/embedding.h"
@@ -27,8 +29,6 @@
 #include "kernels/matmul_fp8.h"
 #include "kernels/matmul_tiled.h"
 #include "kernels/thread_pool.h"
-#include "core/error.h"
-#include "core/tensor_view.h"
 #include "pack/pack.h"
 
 namespace qtk {
