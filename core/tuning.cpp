@@ -155,7 +155,8 @@ std::string tuning_help() {
   QTK_GDN_STATE_COLUMNS  0 (per batch)|16|32           0        no
   QTK_PDL                0|1                           1        no
   QTK_CUDA_GRAPHS        0|1                           1        no
-  QTK_PLAN_CACHE         FILE|off (--plan-cache's default)  per GPU and model  no
+  QTK_PLAN_CACHE         FILE|off                      (*)      no
+  (*) --plan-cache's default; unset: a file per GPU and model under the cache directory.
 Every switch is written to the run header ("tuning"); --resume refuses a changed
 switch that can change tokens or margins on the run's device.
 )";
