@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tuning.h"
 
 namespace qtk {
 
@@ -119,23 +120,20 @@ std::vector<CpuPath> supported_cpu_paths() {
 namespace {
 
 CpuPath choose_path() {
-  const char* env = std::getenv("QTK_CPU_PATH");
-  if (env == nullptr || *env == '\0') {
-    return supported_cpu_paths().back();
-  }
-  std::string want(env);
+  const std::string& want = tuning().cpu_path;
+  if (want.empty()) return supported_cpu_paths().back();
   for (CpuPath p : kAllCpuPaths) {
     if (want == cpu_path_name(p)) {
       if (!cpu_path_supported(p)) {
         fail(
-            "environment variable QTK_CPU_PATH: this CPU cannot run path '{}' (missing: {}); "
+            "QTK_CPU_PATH: this CPU cannot run path '{}' (missing: {}); "
             "unset it or use one of the supported paths",
             want, cpu_path_missing(p));
       }
       return p;
     }
   }
-  fail("environment variable QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found '{}'", want);
+  fail("QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found '{}'", want);
 }
 
 }  // namespace

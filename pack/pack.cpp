@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/tuning.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
 
@@ -624,8 +625,7 @@ void Pack::release_range(const void* p, size_t n) const {
 }
 
 size_t Pack::load_for_cpu() const {
-  const char* env = std::getenv("QTK_HUGEPAGES");
-  if (env != nullptr && std::string_view(env) == "0") return prefault();
+  if (!tuning().hugepages) return prefault();
   if (!anonymous_copy_fits()) return prefault();
   return copy_to_hugepages();
 }

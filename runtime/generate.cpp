@@ -20,15 +20,17 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cpu_features.h"
 #include "core/error.h"
+#include "core/tuning.h"
+#include "kernels/cpu_features.h"
+#include "kernels/thread_pool.h"
+#include "pack/pack.h"
+#include "pack/pack_checksum.h"
 #include "runtime/backend/backend.h"
 #include "runtime/generate_progress.h"
 #include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
-#include "pack/pack.h"
-#include "pack/pack_checksum.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/results_file.h"
 #include "runtime/scheduler.h"
@@ -235,7 +237,7 @@ void check_flags(const GenerateOptions& o) {
   if (o.tune_only && o.device != "cuda")
     fail("--tune-only: tunes the CUDA GEMM plans; expected --device cuda, found --device {}",
          o.device);
-  if (o.tune_only && o.plan_cache == "off") {
+  if (o.tune_only && tuning().plan_cache == "off") {
     fail(
         "--tune-only: the tuned plans go to the plan cache; expected a file or the default "
         "location, found --plan-cache off");
@@ -289,7 +291,7 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   m.threads = o.threads > 0 ? o.threads : default_threads();
   m.backend = open_backend(*m.pack, BackendChoice{.device = dev.device,
                                                   .precision = dev.precision,
-                                                  .plan_cache = o.plan_cache,
+                                                  .plan_cache = tuning().plan_cache,
                                                   .threads = m.threads});
   m.model = &m.backend->model();
   m.device_name = m.backend->device_name();
@@ -389,6 +391,7 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
       {"device", m.device_name},
       {"precision", precision_text(dev, *m.pack)},
       {"settings", settings},
+      {"tuning", tuning_header(tuning())},
       {"input_lines", raw.size()},
       {"input_line_xxh64", input_line_digests(raw)}};
   if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);

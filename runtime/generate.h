@@ -36,10 +36,9 @@ struct GenerateOptions {
   bool verify = true;                 // check every tensor's XXH64 at load
   std::string meta;                   // run header path; empty: out + ".meta.json"
   std::string shard;                  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
-  // --device cuda: the GEMM plan cache file ("" = the default location under
-  // $XDG_CACHE_HOME or ~/.cache, "off" = none; runtime/backend/cuda/cuda_startup.h),
-  // and --tune-only (tune every GEMM range, write the cache, run no prompts).
-  std::string plan_cache;
+  // --device cuda: --tune-only (tune every GEMM range, write the plan cache,
+  // run no prompts). The plan cache file itself is tuning().plan_cache
+  // (--plan-cache or QTK_PLAN_CACHE; core/tuning.h).
   bool tune_only = false;
   std::string chat_template;  // a Jinja file for "messages" lines; empty: the pack's template
 };

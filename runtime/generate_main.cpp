@@ -11,8 +11,9 @@
 #include <fmt/format.h>
 #include <cxxopts.hpp>
 
-#include "loaders/cli_args.h"
 #include "core/error.h"
+#include "core/tuning.h"
+#include "loaders/cli_args.h"
 #include "runtime/generate.h"
 
 // Exit statuses: 0 every line has a result, 1 the run failed (one line on
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
-      fmt::print("{}", opts.help());
+      fmt::print("{}\n{}", opts.help(), qtk::tuning_help());
       return 0;
     }
     o.tune_only = args.count("tune-only") > 0;
@@ -133,13 +134,14 @@ int main(int argc, char** argv) {
     o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
     o.verify = args.count("no-verify") == 0;
     o.chat_template = args["chat-template"].as<std::string>();
-    // note: QTK_PLAN_CACHE is the flag's default (a whole test suite or
+    // The QTK_* switches, read and checked once for the whole run.
+    // note: QTK_PLAN_CACHE is --plan-cache's default (a whole test suite or
     // benchmark can run with the cache off or in a scratch file); the value
-    // used is written to the run header.
-    o.plan_cache = args["plan-cache"].as<std::string>();
-    if (o.plan_cache.empty()) {
-      if (const char* env = std::getenv("QTK_PLAN_CACHE")) o.plan_cache = env;
-    }
+    // used is written to the run header with the other switches.
+    qtk::Tuning tuning = qtk::Tuning::from_environment();
+    if (const std::string flag = args["plan-cache"].as<std::string>(); !flag.empty())
+      tuning.plan_cache = flag;
+    qtk::set_tuning(tuning);
     const qtk::GenerateSummary s = qtk::run_generate(o);
     if (o.tune_only) return 0;
     std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());

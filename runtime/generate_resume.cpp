@@ -3,10 +3,12 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <variant>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cpu_features.h"
 #include "pack/pack_checksum.h"
 
 namespace qtk {
@@ -54,7 +56,42 @@ void check_same_prompts(const nlohmann::json& old, const nlohmann::json& meta,
   }
 }
 
+// The switches that can change a token or a margin on `device` (cpu | cuda).
+bool changes_results(TuningEffect e, const std::string& device) {
+  return (e == TuningEffect::kCpuResults && device == "cpu") ||
+         (e == TuningEffect::kCudaResults && device == "cuda");
+}
+
+void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
+                       const std::string& header) {
+  const nlohmann::json was_all = at(old, "/tuning");
+  const nlohmann::json defaults = tuning_header(Tuning{});
+  const std::string device = meta["settings"].value("device", "");
+  for (const TuningEntry& e : Tuning{}.entries()) {
+    if (!changes_results(e.effect, device)) continue;
+    const nlohmann::json now = meta["tuning"].value(e.name, nlohmann::json());
+    nlohmann::json was = was_all.is_object() ? was_all.value(e.name, nlohmann::json()) : nullptr;
+    // note: a header without the switch (an older qtk) is taken as a run
+    // with its default (QTK_CPU_PATH: this CPU's best path): refusing it
+    // would strand every interrupted run of an older build.
+    if (was.is_null()) was = defaults[e.name];
+    if (was != now) {
+      fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
+           e.name, was.dump(), now.dump(), device);
+    }
+  }
+}
+
 }  // namespace
+
+nlohmann::json tuning_header(const Tuning& t) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const TuningEntry& e : t.entries())
+    std::visit([&](const auto& v) { j[e.name] = v; }, e.value);
+  if (t.cpu_path.empty())
+    j["QTK_CPU_PATH"] = std::string(cpu_path_name(supported_cpu_paths().back()));
+  return j;
+}
 
 std::string read_whole_file(const std::string& path, const char* what) {
   if (path == "-") {  // stdin
@@ -113,6 +150,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
            key, was.dump(), now.dump());
     }
   }
+  check_same_tuning(old, meta, source.meta);
   check_same_prompts(old, meta, source.meta, batch);
 
   const std::string existing = read_whole_file(source.path, "the results");

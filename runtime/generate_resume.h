@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tuning.h"
 #include "runtime/prompt_jsonl.h"
 #include "runtime/results_file.h"
 
@@ -19,15 +20,20 @@ namespace qtk {
 // run header's "input_line_xxh64").
 std::string input_line_digests(const std::vector<std::string_view>& lines);
 
+// The run header's "tuning": every QTK_* switch of `t` by name (numbers and
+// 0/1 switches as integers), QTK_CPU_PATH as the path used (the best this
+// CPU has when the switch is unset).
+nlohmann::json tuning_header(const Tuning& t);
+
 struct ResumePoint {
   size_t lines_done = 0;    // result lines already there
   uint64_t keep_bytes = 0;  // their bytes (a partial last line is dropped)
 };
 
 // Checks that `source` (an interrupted or complete run) was made from the
-// same pack, settings and prompts as the run header `meta` describes, and
-// that its lines are the results of the first input lines. Throws
-// qtk::Error naming what differs.
+// same pack, settings, result-changing tuning switches (core/tuning.h) and
+// prompts as the run header `meta` describes, and that its lines are the
+// results of the first input lines. Throws qtk::Error naming what differs.
 ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
                          const std::vector<PromptLine>& lines, const std::string& batch_path);
 

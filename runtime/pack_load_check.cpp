@@ -1,10 +1,9 @@
 #include "runtime/pack_load_check.h"
 
-#include <cstdlib>
-
+#include "core/tuning.h"
 #include "kernels/thread_pool.h"
-#include "runtime/model.h"
 #include "pack/pack.h"
+#include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {
@@ -17,8 +16,10 @@ size_t check_pack_loads(const Pack& pack) {
   // note: the model is built for its checks only; the tile-order copy and
   // the huge-page move change no check and would cost seconds per GB, so
   // they are switched off (the same switches a user has, see README).
-  ::setenv("QTK_TILED", "0", 1);
-  ::setenv("QTK_HUGEPAGES", "0", 1);
+  Tuning t = tuning();
+  t.tiled = false;
+  t.hugepages = false;
+  set_tuning(t);
   ThreadPool pool(1);
   (void)load_model(pack, &pool);
   return checked;

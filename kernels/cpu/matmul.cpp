@@ -3,8 +3,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "kernels/cpu/matmul_paths.h"
 #include "core/error.h"
+#include "core/tuning.h"
+#include "kernels/cpu/matmul_paths.h"
 
 namespace qtk {
 
@@ -13,8 +14,6 @@ namespace {
 // note: threads get contiguous runs of kColumnUnit columns; the unit only
 // balances work, results do not depend on it.
 constexpr int64_t kColumnUnit = 16;
-
-constexpr int kAmxDefaultPrefetch = 1;
 
 int weight_code(DType t) {
   switch (t) {
@@ -59,19 +58,12 @@ uint16_t* amx_workspace(size_t u16) {
   return buffer.data() + ((64 - p % 64) % 64) / 2;
 }
 
-// note: QTK_AMX_PREFETCH=0..4 picks the AMX kernel's weight prefetch
-// (matmul_paths.h; a measurement knob, read once; results are identical).
-// The default, 1, was the only mode never far behind at M = 1 and the best
+// note: QTK_AMX_PREFETCH=0..4 (core/tuning.h) picks the AMX kernel's weight
+// prefetch (matmul_paths.h; a measurement knob, read once; results are
+// identical). The default, 1, was the only mode never far behind at M = 1 and the best
 // at M = 8 on the AMX host (bench/kernels/RESULTS.md, the AMX section).
 int amx_prefetch_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("QTK_AMX_PREFETCH");
-    if (env == nullptr || *env == '\0') return kAmxDefaultPrefetch;
-    if (env[1] != '\0' || env[0] < '0' || env[0] > '4') {
-      fail("environment variable QTK_AMX_PREFETCH: expected 0, 1, 2, 3 or 4, found '{}'", env);
-    }
-    return env[0] - '0';
-  }();
+  static const int mode = tuning().amx_prefetch;
   return mode;
 }
 

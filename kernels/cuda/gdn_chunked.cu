@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/tuning.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_chunked.h"
@@ -938,10 +939,7 @@ int64_t gdn_chunked_workspace_bytes(int64_t total_chunks, int64_t hv, int64_t dk
 int gdn_chunked_state_columns(int64_t count, int64_t hv, int64_t dv) {
   // QTK_GDN_STATE_COLUMNS=16 or 32 fixes the width (A/B measurements; the
   // results are the same bits).
-  static const int forced = [] {
-    const char* e = std::getenv("QTK_GDN_STATE_COLUMNS");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int forced = tuning().gdn_state_columns;
   if (forced == 16 || forced == 32) return forced;
   return (dv + 31) / 32 * hv * count < sm_count() ? 16 : 32;
 }

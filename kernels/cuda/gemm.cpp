@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/tuning.h"
 #include "kernels/cuda/compare.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "core/error.h"
 
 namespace qtk::cuda {
 
@@ -154,39 +155,18 @@ struct Gemm::Plan {
 };
 
 namespace {
-bool alternates_enabled() {
-  const char* v = std::getenv("QTK_GEMM_ALTS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+static_assert(Tuning::kFusedMaxMMax == kGemvMaxM,
+              "QTK_FUSED_MAX_M's limit is the own skinny kernel's largest M");
 
-int64_t default_ref_m() {
-  const char* v = std::getenv("QTK_GEMM_REF_M");
-  if (v == nullptr || *v == '\0') return 128;
-  char* end = nullptr;
-  const long long m = std::strtoll(v, &end, 10);
-  if (*end != '\0' || m < 1 || m > 65536)
-    fail("QTK_GEMM_REF_M: expected an integer in 1..65536, found \"{}\"", v);
-  return m;
-}
-
-// QTK_FUSED_MAX_M: the largest M whose decode-step add + RMSNorm is fused
-// into the next projection's launch (0..16, 0 = never; default 1).
+// QTK_FUSED_MAX_M (core/tuning.h): the largest M whose decode-step add +
+// RMSNorm is fused into the next projection's launch (0..16, 0 = never;
+// default 1).
 // note: the fused launch computes its norm (formerly also the SwiGLU) in every block, before
 // the product, so its cost grows with M; the separate launches compute each
 // row once, and PDL overlaps them. On the H100 the separate launches were
 // faster from M = 2 on (Qwen3-0.6B decode step with fusion up to 16 /
 // none: batch 2 1.46 / 1.29 ms, 8 2.15 / 1.31, 16 3.44 / 1.46; Qwen3.5-0.8B
 // batch 16 3.83 / 1.81), while at M = 1 the fused launch saves a launch.
-constexpr int64_t kFusedMaxMDefault = 1;
-int64_t fused_max_m() {
-  const char* v = std::getenv("QTK_FUSED_MAX_M");
-  if (v == nullptr || *v == '\0') return kFusedMaxMDefault;
-  char* end = nullptr;
-  const long long m = std::strtoll(v, &end, 10);
-  if (*end != '\0' || m < 0 || m > kGemvMaxM)
-    fail("QTK_FUSED_MAX_M: expected an integer in 0..{}, found \"{}\"", kGemvMaxM, v);
-  return m;
-}
 // The own skinny kernel (gemv_mma.h) on bf16 x and w, y in `out`.
 void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
               int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream) {
@@ -200,9 +180,9 @@ void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, i
 }  // namespace
 
 Gemm::Gemm(int64_t ref_m)
-    : ref_m_(ref_m > 0 ? ref_m : default_ref_m()),
-      alternates_(alternates_enabled()),
-      fused_max_m_(fused_max_m()) {
+    : ref_m_(ref_m > 0 ? ref_m : tuning().gemm_ref_m),
+      alternates_(tuning().gemm_alternates),
+      fused_max_m_(tuning().fused_max_m) {
   cublasLtHandle_t h = nullptr;
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;

@@ -10,9 +10,9 @@
 #include <string>
 #include <tuple>
 
+#include "core/dtype.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/gemv_mma.h"
-#include "core/dtype.h"
 
 namespace qtk::cuda {
 
@@ -25,7 +25,7 @@ class Gemm {
   // workspace is given, so no algorithm can split the K reduction across
   // blocks. Each output element is then reduced over K in the same order in
   // a 1-row call and in an M-row call (tested bit for bit in tests/cuda).
-  // ref_m = 0: the QTK_GEMM_REF_M environment variable, else 128.
+  // ref_m = 0: tuning().gemm_ref_m (QTK_GEMM_REF_M, default 128; core/tuning.h).
   // note: the algorithm is checked (cublasLtMatmulAlgoCheck) at M = 1 and
   // M = ref_m only. With ref_m = 128 every product of the tests (M up to
   // 512) and of the H100 end-to-end runs (M up to 8192) ran. ref_m = 1 is for

@@ -1,11 +1,12 @@
 #include "kernels/cuda/launch.cuh"
 
+#include "core/tuning.h"
+
 namespace qtk::cuda {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("QTK_PDL");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+    if (!tuning().pdl) return false;
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||

@@ -16,9 +16,10 @@
 #include <vector>
 
 #include "convert/convert.h"
+#include "core/tuning.h"
+#include "pack/pack.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/kv_cache.h"
-#include "pack/pack.h"
 
 namespace qtk::cuda::test {
 namespace {
@@ -259,9 +260,12 @@ TEST_P(CudaModelInvariance, BatchInvariantTokensAndMargins) {
                                dev[i].margins.size() * sizeof(float)))
           << "case " << i << ": device margins differ from host margins";
     }
-    setenv("QTK_CUDA_GRAPHS", "0", 1);
+    const Tuning saved = tuning();
+    Tuning eager_tuning = saved;
+    eager_tuning.cuda_graphs = false;
+    set_tuning(eager_tuning);
     const auto eager = generate(*model, cases, 16);
-    unsetenv("QTK_CUDA_GRAPHS");
+    set_tuning(saved);
     for (size_t i = 0; i < cases.size(); ++i) {
       EXPECT_EQ(eager[i].tokens, batch[i].tokens) << "case " << i << " eager vs graphs";
       EXPECT_EQ(0, std::memcmp(eager[i].margins.data(), batch[i].margins.data(),

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/tensor_view.h"
+#include "core/tuning.h"
 #include "kernels/cpu_features.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
@@ -44,8 +45,7 @@ class TiledWeights {
   // True when the active CPU path would use tiled copies and QTK_TILED is
   // not "0".
   static bool enabled() {
-    const char* env = std::getenv("QTK_TILED");
-    if (env != nullptr && std::string_view(env) == "0") return false;
+    if (!tuning().tiled) return false;
     return active_cpu_path() == CpuPath::kAvx512;
   }
 

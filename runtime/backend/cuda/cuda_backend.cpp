@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/tuning.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gdn_chunked.h"
 #include "kernels/cuda/gemm.h"
@@ -667,10 +668,7 @@ class CudaBackend final : public CudaModel, private Blocks {
   CudaWeights<Act> weights_;
   std::unique_ptr<Architecture> arch_;
   ModelConfig cfg_;
-  const bool chunked_enabled_ = [] {
-    const char* e = std::getenv("QTK_GDN_CHUNKED");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  const bool chunked_enabled_ = tuning().gdn_chunked;
   cudaStream_t stream_ = nullptr;
   cuda::DecodeGraphs graphs_;
   cuda::PaddedDecode pad_;

@@ -21,14 +21,12 @@
 #include <tuple>
 #include <vector>
 
+#include "core/tuning.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace qtk::cuda {
 
-inline bool decode_graphs_enabled() {
-  const char* v = std::getenv("QTK_CUDA_GRAPHS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+inline bool decode_graphs_enabled() { return tuning().cuda_graphs; }
 
 // Attention's shared memory is sized by the step's longest context; graphs
 // capture a power-of-two bound of it (at least 256).
