@@ -10,8 +10,9 @@
 # Environment: OUT (default ./gpu-out), AB_BATCHES (1,32,128), AB_ROUNDS (2),
 # AB_CPU=CONFIG_NAME: also the CPU end-to-end benchmark (bench/e2e/run.sh
 # --quick) of both builds on that config, on this host's CPU.
-# Prints, per model and batch, decode tok/s of each run, and the pp512
-# prefill rate; the JSON of every run lands in $OUT/ab/.
+# Writes every run's JSON to $OUT/ab_runs.jsonl and a table of decode tok/s
+# per batch and the pp512 prefill rate (GPU), tok/s per case (CPU), per
+# side and round, to $OUT/ab_summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -19,7 +20,8 @@ BASE_TGZ=${1:?usage: ab_bench.sh BASELINE.tar.gz [CONFIG_NAME...]}
 shift
 MODELS=${*:-qwen3-0.6b qwen3.5-0.8b}
 OUT=${OUT:-$ROOT/gpu-out}
-mkdir -p "$OUT/ab"
+RUNS=/tmp/qtk-ab-runs
+rm -rf "$RUNS" && mkdir -p "$OUT" "$RUNS"
 JOBS=$(nproc)
 . "$ROOT/tests/cuda/gpu_deps_env.sh"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -56,7 +58,8 @@ for name in $MODELS; do
     for side in old new; do
       echo "-- $name $side round $round"
       timeout 200 /tmp/qtk-ab-$side/bin/cuda_model_bench --pack "$work/model.pack" \
-        --batches "${AB_BATCHES:-1,32,128}" --json "$OUT/ab/$name.$side.$round.json" 2>&1 | tail -6
+        --batches "${AB_BATCHES:-1,32,128}" --json "$RUNS/gpu.$name.$side.$round.json" >/dev/null 2>&1 ||
+        echo "FAILED: $name $side round $round"
     done
   done
   rm -rf "$work"
@@ -68,9 +71,43 @@ if [ -n "${AB_CPU:-}" ]; then
     for side in old new; do
       echo "-- cpu $AB_CPU $side round $round"
       QTK_BUILD_DIR=/tmp/qtk-ab-$side bash bench/e2e/run.sh "tests/data/configs/$AB_CPU.json" \
-        --quick --work /tmp/qtk-ab-cpu > "$OUT/ab/cpu.$AB_CPU.$side.$round.json" 2>/dev/null
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:600])" \
-        "$OUT/ab/cpu.$AB_CPU.$side.$round.json"
+        --quick --work /tmp/qtk-ab-cpu > "$RUNS/cpu.$AB_CPU.$side.$round.json" 2>/tmp/qtk-ab-cpu.err ||
+        { echo "FAILED: cpu $side round $round"; tail -5 /tmp/qtk-ab-cpu.err; }
     done
   done
 fi
+
+python3 - "$RUNS" "$OUT" <<'PY'
+import glob, json, os, sys
+runs, out = sys.argv[1], sys.argv[2]
+rows = []
+with open(f"{out}/ab_runs.jsonl", "w") as all_runs:
+    for path in sorted(glob.glob(f"{runs}/*.json")):
+        kind, name, side, rnd = os.path.basename(path)[:-5].split(".", 1)[0], *os.path.basename(path)[:-5].split(".", 1)[1].rsplit(".", 2)
+        try:
+            d = json.load(open(path))
+        except Exception:
+            continue
+        all_runs.write(json.dumps({"kind": kind, "model": name, "side": side, "round": rnd, "result": d}) + "\n")
+        if kind == "gpu":
+            cells = {f"b{b['batch']} decode tok/s": round(b["decode_tok_s"]) for b in d["batches"]}
+            cells["pp512 tok/s"] = round(d["prefill"]["tok_s"])
+        else:
+            cells = {"prefill tok/s": round(d["prefill"]["tok_per_s"], 1)}
+            for n, v in d["decode"].items():
+                cells[f"decode{n} tok/s"] = round(v["tok_per_s"], 1)
+                cells[f"decode{n} of floor"] = round(v["fraction_of_bandwidth_floor"], 3)
+        rows.append((kind, name, side, rnd, cells))
+with open(f"{out}/ab_summary.md", "w") as f:
+    for kind in ("gpu", "cpu"):
+        sel = [r for r in rows if r[0] == kind]
+        if not sel:
+            continue
+        cols = sorted({c for r in sel for c in r[4]})
+        f.write(f"| {kind} model | side | round | " + " | ".join(cols) + " |\n")
+        f.write("|---" * (3 + len(cols)) + "|\n")
+        for _, name, side, rnd, cells in sorted(sel, key=lambda r: (r[1], r[3], r[2])):
+            f.write(f"| {name} | {side} | {rnd} | " + " | ".join(str(cells.get(c, "-")) for c in cols) + " |\n")
+        f.write("\n")
+print(open(f"{out}/ab_summary.md").read())
+PY

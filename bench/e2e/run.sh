@@ -65,13 +65,13 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
 }
 
 if ((QUICK)); then SEQS="1 8"; fi
-make_prompts 2 512 "$WORK/prefill.jsonl"
+make_prompts 2 512 "$WORK/prefill.prompts.jsonl"
 # note: --max-num-seqs 2 sizes the KV cache for these two prompts (the default
 # of 64 sequences would allocate and zero ~4 GB of cache first).
-run_case prefill "$WORK/prefill.jsonl" 1 --max-batched-tokens 512 --max-num-seqs 2
+run_case prefill "$WORK/prefill.prompts.jsonl" 1 --max-batched-tokens 512 --max-num-seqs 2
 for n in $SEQS; do
-  make_prompts "$n" 128 "$WORK/decode$n.jsonl"
-  run_case "decode$n" "$WORK/decode$n.jsonl" 64 --max-num-seqs "$n"
+  make_prompts "$n" 128 "$WORK/decode$n.prompts.jsonl"
+  run_case "decode$n" "$WORK/decode$n.prompts.jsonl" 64 --max-num-seqs "$n"
 done
 
 cut -d' ' -f1-3 /proc/loadavg > "$WORK/load_after.txt"
