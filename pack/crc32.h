@@ -6,11 +6,12 @@
 // Every STORED zip entry carries the CRC-32 of its data, and libzip computes
 // it with zlib's crc32() as the data passes through. zlib 1.2.13 (Debian 12)
 // has no carry-less-multiply path.
-// note: on the 2-vCPU Zen 4 dev box, in 8 KiB calls (libzip's buffer size)
-// on cache-resident data: zlib 1.2.13 crc32 6.0-6.6 GB/s (13 % of convert's
-// CPU samples on a Qwen3-30B-A3B-shaped checkpoint), table (slicing-by-8)
-// 2.5 GB/s, pclmulqdq (4 x 128-bit folds) 9.9 GB/s, vpclmulqdq (4 x 512-bit
-// folds) 57 GB/s. pack_writer.cpp makes libzip use this function.
+// note: bench/convert/crc32_bench on the 2-vCPU Zen 4 dev box, 8 KiB calls
+// (libzip's buffer size) on cache-resident data: zlib 1.2.13 crc32 6.1 GB/s
+// (13 % of convert's CPU samples on a Qwen3-30B-A3B-shaped checkpoint),
+// table (slicing-by-8) 2.5 GB/s, pclmulqdq (4 x 128-bit folds) 15.8 GB/s,
+// vpclmulqdq (4 x 512-bit folds) 56 GB/s. pack_writer.cpp makes libzip use
+// this function.
 #pragma once
 
 #include <cstddef>
