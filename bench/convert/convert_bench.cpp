@@ -1,12 +1,24 @@
 // convert_bench [--config tests/data/configs/qwen3-0.6b.json] [--work DIR]
 //               [--model DIR] [--repeats 3] [--out result.json]
+//               [--dtypes keep,f32] [--pack-dir DIR] [--baseline-bin OLD]
+//               [--cold]
 //
 // Synthesises a random-weight bf16 checkpoint of the config's real shapes
-// (one model.safetensors, written here by a tiny writer), then runs the
-// `convert` program on it with --dtype keep and --dtype f32, each `repeats`
-// times after one warm-up run (so the source is in the page cache), and
-// prints JSON: median wall time, MB/s (source tensor bytes and pack bytes
-// per second) and the child's peak RSS (getrusage ru_maxrss via wait4).
+// (one model.safetensors, written here by a tiny writer; or --model DIR, e.g.
+// one from bench/synth for MoE shapes), then runs the `convert` program on it
+// with each --dtypes entry, `repeats` times after one warm-up run (so the
+// source is in the page cache), and prints JSON: median wall time, MB/s
+// (source tensor bytes and pack bytes per second) and the child's peak RSS
+// (getrusage ru_maxrss via wait4). The pack is deleted before each run, so
+// no run pays for removing the previous one.
+//
+// --baseline-bin times a second convert program in the same rounds
+// (alternating: baseline, convert, baseline, ...), for before/after numbers
+// under the same load. --cold drops the source's pages from the page cache
+// (posix_fadvise DONTNEED) before every run. The machine's reference
+// bandwidths are measured in the same run: memcpy, reading the (cached)
+// source with read(), and writing to the pack directory with 8 MiB pwrite()s
+// and an fsync (what convert does, without the work in between).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -95,6 +107,67 @@ uint64_t write_random_safetensors(const std::string& path, const std::vector<Spe
   return off;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// GB/s of memcpy between two 1 GiB buffers, the best of 3.
+double memcpy_GBps() {
+  const size_t n = size_t{1} << 30;
+  std::vector<uint8_t> a(n, 1), b(n, 2);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return n / best / 1e9;
+}
+
+// MB/s of read() of `path` in 8 MiB blocks (from the page cache when warm).
+double read_MBps(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  std::vector<uint8_t> buf(8u << 20);
+  uint64_t total = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) > 0;) total += static_cast<uint64_t>(n);
+  const double s = seconds_since(t0);
+  ::close(fd);
+  return total / 1e6 / s;
+}
+
+// MB/s of writing `bytes` to a new file in `dir` with 8 MiB pwrite()s and
+// one fsync (the file is removed afterwards).
+double write_MBps(const std::string& dir, uint64_t bytes) {
+  const std::string path = dir + "/convert_bench.write_probe";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return 0;
+  std::vector<uint8_t> buf(8u << 20, 0x5A);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pwrite(fd, buf.data(), std::min<uint64_t>(buf.size(), bytes - done),
+                               static_cast<off_t>(done));
+    if (n <= 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  ::fsync(fd);
+  const double s = seconds_since(t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return bytes / 1e6 / s;
+}
+
+void evict(const std::string& model) {
+  for (const auto& e : std::filesystem::directory_iterator(model)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
 struct Run {
   double seconds = 0;
   long max_rss_kb = 0;
@@ -139,6 +212,11 @@ int main(int argc, char** argv) {
       "pack-dir", "write the packs here instead of --work (e.g. a tmpfs, to take the disk out)",
       cxxopts::value<std::string>())("convert-bin", "the convert program to time",
                                      cxxopts::value<std::string>()->default_value(QTK_CONVERT_BIN))(
+      "dtypes", "comma-separated --dtype values to time",
+      cxxopts::value<std::string>()->default_value("keep,f32"))(
+      "baseline-bin", "also time this convert program, alternating with --convert-bin",
+      cxxopts::value<std::string>())("cold",
+                                     "drop the source from the page cache before every run")(
       "out", "also write the JSON here", cxxopts::value<std::string>());
   const auto args = options.parse(argc, argv);
   const std::string work = args["work"].as<std::string>();
@@ -164,48 +242,83 @@ int main(int argc, char** argv) {
   for (const auto& e : std::filesystem::directory_iterator(model))
     if (e.is_regular_file()) source_bytes += e.file_size();
 
-  json result = {{"benchmark", "convert"},
-                 {"model", model},
-                 {"source_bytes", source_bytes},
-                 {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)},
-                 {"runs", json::array()}};
-  const std::string pack = args.count("pack-dir")
-                               ? args["pack-dir"].as<std::string>() + "/bench.pack"
-                               : work + "/bench.pack";
-  for (const std::string dtype : {"keep", "f32"}) {
-    const std::vector<std::string> cmd = {
-        args["convert-bin"].as<std::string>(), model, pack, "--dtype", dtype, "--force"};
-    const Run warm = run_convert(cmd);  // page cache warm-up
-    if (warm.status != 0) {
-      std::fprintf(stderr, "convert_bench: convert failed (status %d)\n", warm.status);
-      return 1;
+  std::string largest_source;
+  for (const auto& e : std::filesystem::directory_iterator(model))
+    if (e.is_regular_file() &&
+        (largest_source.empty() || e.file_size() > std::filesystem::file_size(largest_source)))
+      largest_source = e.path().string();
+  const std::string pack_dir = args.count("pack-dir") ? args["pack-dir"].as<std::string>() : work;
+  const std::string pack = pack_dir + "/bench.pack";
+  const bool cold = args.count("cold") > 0;
+
+  std::vector<std::pair<std::string, std::string>> programs;  // label, path
+  if (args.count("baseline-bin"))
+    programs.emplace_back("baseline", args["baseline-bin"].as<std::string>());
+  programs.emplace_back("convert", args["convert-bin"].as<std::string>());
+
+  // Reference bandwidths of this machine, now, under the same load.
+  read_MBps(largest_source);  // warm the page cache
+  json reference = {
+      {"memcpy_GBps", memcpy_GBps()},
+      {"cached_source_read_MBps", read_MBps(largest_source)},
+      {"pack_dir_write_fsync_MBps",
+       write_MBps(pack_dir, std::min<uint64_t>(source_bytes, 4ull << 30))},
+  };
+  std::fprintf(stderr, "convert_bench: reference %s\n", reference.dump().c_str());
+
+  json result = {{"benchmark", "convert"},       {"model", model},
+                 {"pack_dir", pack_dir},         {"cold", cold},
+                 {"source_bytes", source_bytes}, {"nproc", ::sysconf(_SC_NPROCESSORS_ONLN)},
+                 {"reference", reference},       {"runs", json::array()}};
+  std::string dtypes = args["dtypes"].as<std::string>();
+  for (size_t at = 0; at <= dtypes.size();) {
+    const size_t comma = std::min(dtypes.find(',', at), dtypes.size());
+    const std::string dtype = dtypes.substr(at, comma - at);
+    at = comma + 1;
+    if (dtype.empty()) continue;
+    std::vector<std::vector<Run>> runs(programs.size());
+    uint64_t pack_bytes = 0;
+    for (int i = -1; i < std::stoi(args["repeats"].as<std::string>()); ++i) {
+      for (size_t p = 0; p < programs.size(); ++p) {
+        const std::vector<std::string> cmd = {programs[p].second, model, pack,
+                                              "--dtype",          dtype, "--force"};
+        std::filesystem::remove(pack);
+        if (cold) evict(model);
+        const Run r = run_convert(cmd);
+        if (r.status != 0) {
+          std::fprintf(stderr, "convert_bench: %s failed (status %d)\n", programs[p].second.c_str(),
+                       r.status);
+          return 1;
+        }
+        pack_bytes = std::filesystem::file_size(pack);
+        if (i >= 0) runs[p].push_back(r);  // i == -1: warm-up
+      }
     }
-    std::vector<Run> runs;
-    for (int i = 0; i < std::stoi(args["repeats"].as<std::string>()); ++i)
-      runs.push_back(run_convert(cmd));
-    std::sort(runs.begin(), runs.end(),
-              [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
-    const Run& med = runs[runs.size() / 2];
-    long rss = 0;
-    for (const auto& r : runs) rss = std::max(rss, r.max_rss_kb);
-    const uint64_t pack_bytes = std::filesystem::file_size(pack);
-    result["runs"].push_back(
-        {{"dtype", dtype},
-         {"median_seconds", med.seconds},
-         {"source_MBps", source_bytes / 1e6 / med.seconds},
-         {"pack_MBps", pack_bytes / 1e6 / med.seconds},
-         {"pack_bytes", pack_bytes},
-         {"peak_rss_MB", rss / 1024.0},
-         // note: on a shared machine wall time includes waiting for a
-         // core; CPU seconds show what the conversion itself costs.
-         {"median_cpu_seconds", med.cpu_seconds},
-         {"source_MB_per_cpu_second", source_bytes / 1e6 / med.cpu_seconds},
-         {"peak_rss_fraction_of_source", rss * 1024.0 / static_cast<double>(source_bytes)},
-         {"all_seconds", [&] {
-            json a = json::array();
-            for (auto& r : runs) a.push_back(r.seconds);
-            return a;
-          }()}});
+    for (size_t p = 0; p < programs.size(); ++p) {
+      auto& rs = runs[p];
+      std::sort(rs.begin(), rs.end(),
+                [](const Run& a, const Run& b) { return a.seconds < b.seconds; });
+      const Run& med = rs[rs.size() / 2];
+      long rss = 0;
+      for (const auto& r : rs) rss = std::max(rss, r.max_rss_kb);
+      json all = json::array();
+      for (auto& r : rs) all.push_back(r.seconds);
+      result["runs"].push_back(
+          {{"program", programs[p].first},
+           {"bin", programs[p].second},
+           {"dtype", dtype},
+           {"median_seconds", med.seconds},
+           {"source_MBps", source_bytes / 1e6 / med.seconds},
+           {"pack_MBps", pack_bytes / 1e6 / med.seconds},
+           {"pack_bytes", pack_bytes},
+           {"peak_rss_MB", rss / 1024.0},
+           // note: on a shared machine wall time includes waiting for a
+           // core; CPU seconds show what the conversion itself costs.
+           {"median_cpu_seconds", med.cpu_seconds},
+           {"source_MB_per_cpu_second", source_bytes / 1e6 / med.cpu_seconds},
+           {"peak_rss_fraction_of_source", rss * 1024.0 / static_cast<double>(source_bytes)},
+           {"all_seconds", all}});
+    }
     std::filesystem::remove(pack);
   }
   const std::string text = result.dump(2);
