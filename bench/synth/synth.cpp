@@ -270,11 +270,15 @@ int run(int argc, char** argv) {
     t.shape = e.shape;
     t.init = init_for(e.name, c);
     // note: as Qwen's FP8 releases: layer projections are quantised (GDN
-    // in_proj_qkv and in_proj_z included); the embedding, lm_head and the
-    // [Hv, H] gates in_proj_a/b stay bf16.
+    // in_proj_qkv and in_proj_z, experts and shared expert included); the
+    // embedding, lm_head, the [Hv, H] gates in_proj_a/b, the MoE router and
+    // the shared expert's [1, H] gate stay bf16.
     t.fp8 = args.count("fp8") && e.shape.size() == 2 && e.name.rfind("layers.", 0) == 0 &&
             e.name.find("in_proj_a") == std::string::npos &&
-            e.name.find("in_proj_b") == std::string::npos;
+            e.name.find("in_proj_b") == std::string::npos &&
+            e.name.find("mlp.router") == std::string::npos &&
+            e.name.find("mlp.gate.") == std::string::npos &&
+            e.name.find("shared_expert_gate") == std::string::npos;
     all.push_back(std::move(t));
   }
   std::filesystem::create_directories(out);

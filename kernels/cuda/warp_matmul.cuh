@@ -17,9 +17,7 @@
 
 namespace qtk::cuda::dev {
 
-// Rows of one group a warp takes at a time (one pass over the weight row),
-// and warps (output columns) per block.
-constexpr int kWarpRows = 8;
+// Warps (output columns) per block.
 constexpr int kWarpsPerBlock = 8;
 
 __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
@@ -29,14 +27,100 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
 
 // Where a block's rows come from.
 struct RowGroups {
-  const int32_t* offsets = nullptr;    // [G + 1] group g's rows; nullptr: one group of `rows`
-  const int32_t* active = nullptr;     // [gridDim.y] the group of each block row; -1: none
+  const int32_t* offsets = nullptr;     // [G + 1] group g's rows; nullptr: one group of `rows`
+  const int32_t* active = nullptr;      // [gridDim.y] the group of each block row; -1: none
   const int32_t* row_source = nullptr;  // x row of each row; nullptr: the row itself
   int rows = 0;
 };
 
+// Elements of K a lane takes per stretch: 16 bytes of weights (16 e4m3, 8
+// bf16 or 4 f32 values).
+template <class T, bool kFp8>
+constexpr int lane_elems() {
+  return kFp8 ? 16 : 16 / static_cast<int>(sizeof(T));
+}
+
+// The weight operand of one warp: row wrow of a dense or block-FP8 matrix.
+template <class T, bool kFp8>
+struct WarpWeightRow {
+  const T* dense;
+  const uint8_t* fp8;
+  const float* scale;  // the row's scale row (FP8)
+  int bc;              // scale block columns (FP8)
+
+  // The E weights of k0 .. k0+E-1 as float (k0 a multiple of E, 16-byte aligned).
+  __device__ __forceinline__ void load(int k0, float* wf) const {
+    constexpr int E = lane_elems<T, kFp8>();
+    const uint4 v = kFp8 ? *reinterpret_cast<const uint4*>(fp8 + k0)
+                         : *reinterpret_cast<const uint4*>(dense + k0);
+    if constexpr (kFp8) {
+      // note: E = 16 values in one scale block (block_cols % 16 == 0).
+      const auto* b = reinterpret_cast<const uint8_t*>(&v);
+      const float s = scale[k0 / bc];
+#pragma unroll
+      for (int j = 0; j < E; ++j) wf[j] = e4m3_to_f(b[j]) * s;
+    } else {
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) wf[j] = to_f(h[j]);
+    }
+  }
+  __device__ __forceinline__ float at(int k) const {
+    if constexpr (kFp8)
+      return e4m3_to_f(fp8[k]) * scale[k / bc];
+    else
+      return to_f(dense[k]);
+  }
+};
+
+// One pass of a warp over its weight row for R rows rb .. rb+R-1: each
+// row's sum in the fixed order of warp_matmul.h, written by lane i for row i.
+// note: a row's arithmetic does not depend on R (its own accumulator, the
+// same k order, the same butterfly), so passes of any width give it the
+// same bits.
+template <int R, class T, class Y, bool kFp8>
+__device__ __forceinline__ void warp_rows_pass(const T* __restrict__ x, int64_t ldx,
+                                               const int32_t* __restrict__ row_source, int rb,
+                                               const WarpWeightRow<T, kFp8>& w, int K, int kvec,
+                                               int lane, Y* __restrict__ y, int64_t ldy, int n) {
+  constexpr int E = lane_elems<T, kFp8>();
+  constexpr int X16 = E * static_cast<int>(sizeof(T)) / 16;  // 16-byte x loads per piece
+  const T* xr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    xr[i] = x + static_cast<int64_t>(row_source != nullptr ? row_source[rb + i] : rb + i) * ldx;
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+#pragma unroll 2
+  for (int k0 = lane * E; k0 < kvec; k0 += 32 * E) {
+    float wf[E];
+    w.load(k0, wf);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      uint4 xv[X16];
+#pragma unroll
+      for (int q = 0; q < X16; ++q) xv[q] = reinterpret_cast<const uint4*>(xr[i] + k0)[q];
+      const T* xh = reinterpret_cast<const T*>(xv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) acc[i] = fmaf(to_f(xh[j]), wf[j], acc[i]);
+    }
+  }
+  for (int kk = kvec + lane; kk < K; kk += 32) {
+    const float wk = w.at(kk);
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = fmaf(to_f(xr[i][kk]), wk, acc[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == i) y[static_cast<int64_t>(rb + i) * ldy + n] = from_f<Y>(v);
+  }
+}
+
 // One warp per (group, output column n): y[r, n] for the group's rows r,
-// weight row g*N + n (see the note in warp_matmul.h for the order).
+// weight row g*N + n (see the note in warp_matmul.h for the order), in
+// passes of 8, 4, 2 or 1 rows.
 template <class T, class Y, bool kFp8>
 __global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx,
                                    const T* __restrict__ wd, const uint8_t* __restrict__ wq,
@@ -55,62 +139,27 @@ __global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx,
   const int n = blockIdx.x * kWarpsPerBlock + warp;
   if (n >= N) return;
   const int64_t wrow = static_cast<int64_t>(g) * N + n;
-  const T* wdr = kFp8 ? nullptr : wd + wrow * K;
-  const uint8_t* wqr = kFp8 ? wq + wrow * K : nullptr;
-  const float* sr = kFp8 ? scale + (wrow / br) * ld_scale : nullptr;
-  constexpr int V = 16 / sizeof(T);
-  const int kvec = vec ? K / (32 * V) * (32 * V) : 0;
-  for (int rb = r0; rb < r1; rb += kWarpRows) {
-    const int nr = min(kWarpRows, r1 - rb);
-    const T* xr[kWarpRows];
-#pragma unroll
-    for (int i = 0; i < kWarpRows; ++i) {
-      const int r = rb + min(i, nr - 1);  // short passes repeat the last row (not written)
-      xr[i] = x + static_cast<int64_t>(rg.row_source != nullptr ? rg.row_source[r] : r) * ldx;
-    }
-    float acc[kWarpRows];
-#pragma unroll
-    for (int i = 0; i < kWarpRows; ++i) acc[i] = 0.0f;
-    for (int k0 = lane * V; k0 < kvec; k0 += 32 * V) {
-      float wf[V];
-      if constexpr (kFp8) {
-        // V e4m3 bytes (8 or 4), all in one scale block (block_cols % 16 == 0).
-        uint8_t b[V];
-        if constexpr (V == 8) {
-          *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(wqr + k0);
-        } else {
-          *reinterpret_cast<uint32_t*>(b) = *reinterpret_cast<const uint32_t*>(wqr + k0);
-        }
-        const float s = sr[k0 / bc];
-#pragma unroll
-        for (int j = 0; j < V; ++j) wf[j] = e4m3_to_f(b[j]) * s;
-      } else {
-        const uint4 wv = *reinterpret_cast<const uint4*>(wdr + k0);
-        const T* wh = reinterpret_cast<const T*>(&wv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) wf[j] = to_f(wh[j]);
-      }
-#pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xr[i] + k0);
-        const T* xh = reinterpret_cast<const T*>(&xv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[i] = fmaf(to_f(xh[j]), wf[j], acc[i]);
-      }
-    }
-    for (int kk = kvec + lane; kk < K; kk += 32) {
-      float wk;
-      if constexpr (kFp8)
-        wk = e4m3_to_f(wqr[kk]) * sr[kk / bc];
-      else
-        wk = to_f(wdr[kk]);
-#pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) acc[i] = fmaf(to_f(xr[i][kk]), wk, acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kWarpRows; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == i && i < nr) y[static_cast<int64_t>(rb + i) * ldy + n] = from_f<Y>(v);
+  WarpWeightRow<T, kFp8> w;
+  w.dense = kFp8 ? nullptr : wd + wrow * K;
+  w.fp8 = kFp8 ? wq + wrow * K : nullptr;
+  w.scale = kFp8 ? scale + (wrow / br) * ld_scale : nullptr;
+  w.bc = bc;
+  constexpr int E = lane_elems<T, kFp8>();
+  const int kvec = vec ? K / (32 * E) * (32 * E) : 0;
+  for (int rb = r0; rb < r1;) {
+    const int left = r1 - rb;
+    if (left >= 8) {
+      warp_rows_pass<8, T, Y, kFp8>(x, ldx, rg.row_source, rb, w, K, kvec, lane, y, ldy, n);
+      rb += 8;
+    } else if (left >= 4) {
+      warp_rows_pass<4, T, Y, kFp8>(x, ldx, rg.row_source, rb, w, K, kvec, lane, y, ldy, n);
+      rb += 4;
+    } else if (left >= 2) {
+      warp_rows_pass<2, T, Y, kFp8>(x, ldx, rg.row_source, rb, w, K, kvec, lane, y, ldy, n);
+      rb += 2;
+    } else {
+      warp_rows_pass<1, T, Y, kFp8>(x, ldx, rg.row_source, rb, w, K, kvec, lane, y, ldy, n);
+      rb += 1;
     }
   }
 }
@@ -136,12 +185,12 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
                             std::to_string(w.block_cols)
                       : std::string()) +
                  ")");
-  constexpr int V = 16 / sizeof(T);
+  const int E = fp8 ? dev::lane_elems<T, true>() : dev::lane_elems<T, false>();
   const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  // note: the vector path needs every row start aligned; which path runs
-  // depends on the shapes and buffers only, never on the rows.
-  const bool vec = K % V == 0 && ldx % V == 0 && aligned(x, 16) &&
-                   (fp8 ? aligned(w.fp8, V) : aligned(w.dense, 16));
+  // note: the vector path needs every row start 16-byte aligned; which path
+  // runs depends on the shapes and buffers only, never on the rows.
+  const bool vec = K % E == 0 && (ldx * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                   aligned(x, 16) && (fp8 ? aligned(w.fp8, 16) : aligned(w.dense, 16));
   const dim3 grid(static_cast<unsigned>((N + dev::kWarpsPerBlock - 1) / dev::kWarpsPerBlock),
                   static_cast<unsigned>(groups_y));
   const dim3 block(32 * dev::kWarpsPerBlock);

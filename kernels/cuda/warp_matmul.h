@@ -6,9 +6,11 @@
 // device.
 //
 // note: batch invariance. Each output element y[r, n] is one warp's sum over
-// K: lane l takes elements l*V .. l*V+V-1 of every 32*V-element stretch of K
-// (V = 16 bytes of activations), then the tail one element per lane, each
-// with fmaf in increasing k; the 32 partials are added by a xor butterfly.
+// K: lane l takes elements l*E .. l*E+E-1 of every 32*E-element stretch of K
+// (E = 16 bytes of weights: 16 e4m3, 8 bf16 or 4 f32 values), then the tail
+// one element per lane, each with fmaf in increasing k; the 32 partials are
+// added by a xor butterfly. A warp takes up to 8 rows per pass over its
+// weight row (fewer for the last rows); each row keeps its own sum.
 // That order depends only on K and on whether the vector path runs (which
 // depends on the shapes and buffers, never on M), so a row's bits are the
 // same in a call of 1 row or of 5,000.
