@@ -92,7 +92,10 @@ __device__ __forceinline__ void warp_rows_pass(const T* __restrict__ x, int64_t 
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-#pragma unroll 2
+  // note: two pieces in flight per lane where a pass holds few rows (the
+  // decode case, bound by the weight reads); wide passes keep one, as their
+  // x loads already fill the registers. Unrolling never reorders a row's sum.
+#pragma unroll(R <= 2 ? 2 : 1)
   for (int k0 = lane * E; k0 < kvec; k0 += 32 * E) {
     float wf[E];
     w.load(k0, wf);
