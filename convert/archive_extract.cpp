@@ -13,9 +13,9 @@
 #include <set>
 #include <vector>
 
-#include "core/interrupt.h"
 #include "convert/stale_temporaries.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace qtk {
 

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <random>
 
-#include "core/interrupt.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace qtk {
 

@@ -11,14 +11,14 @@
 #include <string_view>
 
 #include "convert/atomic_output.h"
-#include "core/interrupt.h"
 #include "convert/manifest.h"
-#include "pack/pack_writer.h"
-#include "loaders/checkpoint.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/json.h"
+#include "loaders/checkpoint.h"
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
+#include "pack/pack_writer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {

@@ -8,10 +8,10 @@
 
 #include "convert/atomic_output.h"
 #include "convert/convert.h"
-#include "core/interrupt.h"
 #include "convert/stale_temporaries.h"
-#include "loaders/cli_args.h"
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "loaders/cli_args.h"
 
 namespace {
 

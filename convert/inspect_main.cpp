@@ -17,9 +17,9 @@
 #include <cxxopts.hpp>
 
 #include "convert/inspect_pack.h"
+#include "core/error.h"
 #include "loaders/checkpoint.h"
 #include "loaders/cli_args.h"
-#include "core/error.h"
 
 namespace qtk {
 namespace {

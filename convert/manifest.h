@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "pack/pack_writer.h"
 #include "convert/tensor_plan.h"
 #include "loaders/model_config.h"
+#include "pack/pack_writer.h"
 
 namespace qtk {
 

@@ -31,10 +31,10 @@
 #include <string_view>
 #include <vector>
 
-#include "pack/pack_writer.h"
 #include "core/dtype.h"
-#include "loaders/model_config.h"
 #include "core/tensor_view.h"
+#include "loaders/model_config.h"
+#include "pack/pack_writer.h"
 
 namespace qtk {
 

@@ -47,7 +47,9 @@ struct TensorView {
   int64_t nbytes() const { return numel() * dtype_size(dtype); }
   int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
   template <typename T>
-  const T* as() const { return static_cast<const T*>(data); }
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
   // "[4, 64]"
   std::string shape_string() const;
 };

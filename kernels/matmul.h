@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
-#include "core/dtype.h"
 
 namespace qtk {
 

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "kernels/cpu/matmul_tiled_paths.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
-#include "core/dtype.h"
 
 namespace qtk {
 

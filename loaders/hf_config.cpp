@@ -44,8 +44,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "loaders/model_config.h"
 #include "core/json.h"
+#include "loaders/model_config.h"
 
 namespace qtk {
 

@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <cxxopts.hpp>
 
-#include "loaders/cli_args.h"
 #include "core/error.h"
+#include "loaders/cli_args.h"
 #include "runtime/compare.h"
 
 int main(int argc, char** argv) {

@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "pack/pack.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/backend/cuda/cuda_startup.h"
 #include "runtime/kv_cache.h"
-#include "pack/pack.h"
 
 namespace {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/simd_math.h"
 #include "core/error.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace qtk {
 

@@ -1,8 +1,8 @@
 #include <cmath>
 
+#include "core/error.h"
 #include "kernels/cpu/matmul_fp8_paths.h"
 #include "kernels/matmul_fp8.h"
-#include "core/error.h"
 
 namespace qtk {
 

@@ -231,7 +231,7 @@ void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* w
                 h, ldh, gate_w, out, ldo);
 }
 
-#define QTK_INSTANTIATE(T, Y)                                                                    \
+#define QTK_INSTANTIATE(T, Y)                                                                     \
   template void moe_expert_matmul<T, Y>(const T*, int64_t, bool, const WeightRef<T>&, int64_t,    \
                                         int64_t, Y*, int64_t, int64_t, const MoeGroups&, int64_t, \
                                         cudaStream_t);
@@ -243,8 +243,8 @@ template void moe_combine<float>(const float*, int64_t, const int32_t*, const fl
                                  const int32_t*, int64_t, int64_t, int64_t, const float*, int64_t,
                                  const float*, int64_t, const float*, float*, int64_t,
                                  cudaStream_t);
-template void moe_combine<bf16>(const float*, int64_t, const int32_t*, const float*,
-                                const int32_t*, int64_t, int64_t, int64_t, const float*, int64_t,
-                                const bf16*, int64_t, const bf16*, bf16*, int64_t, cudaStream_t);
+template void moe_combine<bf16>(const float*, int64_t, const int32_t*, const float*, const int32_t*,
+                                int64_t, int64_t, int64_t, const float*, int64_t, const bf16*,
+                                int64_t, const bf16*, bf16*, int64_t, cudaStream_t);
 
 }  // namespace qtk::cuda

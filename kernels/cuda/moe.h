@@ -8,9 +8,9 @@
 // note: batch invariance. The routed (token, choice) pairs always number T*k.
 // Every grouped row's product is computed by one warp over K in a fixed
 // order (moe_expert_matmul, kernels/cuda/warp_matmul.h), whatever the number
-// of rows its expert got and wherever the row sits in the group; each token's output sums its experts
-// in increasing expert index (moe_combine). So a token's output bits do not
-// depend on which or how many other tokens are in the step.
+// of rows its expert got and wherever the row sits in the group; each token's output sums its
+// experts in increasing expert index (moe_combine). So a token's output bits do not depend on which
+// or how many other tokens are in the step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,11 +33,11 @@ void moe_route(const float* logits, int64_t ld, int64_t T, int64_t E, int64_t k,
 // The T*k routed pairs grouped by expert: expert e's rows are
 // offsets[e] .. offsets[e+1]-1 of the grouped order.
 struct MoeGroups {
-  int32_t* offsets = nullptr;    // [E + 1]
-  int32_t* active = nullptr;     // [E] the experts with rows, increasing; then -1
-  int32_t* row_token = nullptr;  // [T*k] token of each grouped row
+  int32_t* offsets = nullptr;     // [E + 1]
+  int32_t* active = nullptr;      // [E] the experts with rows, increasing; then -1
+  int32_t* row_token = nullptr;   // [T*k] token of each grouped row
   int32_t* row_expert = nullptr;  // [T*k] expert of each grouped row
-  int32_t* pair_row = nullptr;   // [T*k] grouped row of pair t*k + j
+  int32_t* pair_row = nullptr;    // [T*k] grouped row of pair t*k + j
 };
 
 // Fills `g` from ids i32 [T, k]. E <= 4096.

@@ -92,9 +92,9 @@ __device__ __forceinline__ void warp_rows_pass(const T* __restrict__ x, int64_t 
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-  // note: two pieces in flight per lane where a pass holds few rows (the
-  // decode case, bound by the weight reads); wide passes keep one, as their
-  // x loads already fill the registers. Unrolling never reorders a row's sum.
+    // note: two pieces in flight per lane where a pass holds few rows (the
+    // decode case, bound by the weight reads); wide passes keep one, as their
+    // x loads already fill the registers. Unrolling never reorders a row's sum.
 #pragma unroll(R <= 2 ? 2 : 1)
   for (int k0 = lane * E; k0 < kvec; k0 += 32 * E) {
     float wf[E];
@@ -125,11 +125,10 @@ __device__ __forceinline__ void warp_rows_pass(const T* __restrict__ x, int64_t 
 // weight row g*N + n (see the note in warp_matmul.h for the order), in
 // passes of 8, 4, 2 or 1 rows.
 template <class T, class Y, bool kFp8>
-__global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx,
-                                   const T* __restrict__ wd, const uint8_t* __restrict__ wq,
-                                   const float* __restrict__ scale, int br, int bc, int ld_scale,
-                                   int N, int K, Y* __restrict__ y, int64_t ldy, RowGroups rg,
-                                   bool vec) {
+__global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ wd,
+                                   const uint8_t* __restrict__ wq, const float* __restrict__ scale,
+                                   int br, int bc, int ld_scale, int N, int K, Y* __restrict__ y,
+                                   int64_t ldy, RowGroups rg, bool vec) {
   pdl_begin();
   int g = 0, r0 = 0, r1 = rg.rows;
   if (rg.offsets != nullptr) {
@@ -175,21 +174,23 @@ namespace qtk::cuda {
 // possible group; 1 without groups). Checks the sizes and picks the vector
 // path from the shapes and buffers alone.
 template <class T, class Y>
-void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightRef<T>& w,
-                        int64_t N, int64_t K, Y* y, int64_t ldy, const dev::RowGroups& groups,
+void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N,
+                        int64_t K, Y* y, int64_t ldy, const dev::RowGroups& groups,
                         int64_t groups_y, cudaStream_t stream) {
   const bool fp8 = w.dense == nullptr;
   if (N > INT32_MAX || K > INT32_MAX || groups_y < 1 || groups_y > 65535 ||
-      (fp8 && (w.fp8 == nullptr || w.scale == nullptr || w.block_rows < 1 ||
-               w.block_cols < 16 || w.block_cols % 16 != 0)))
-    fail_message(std::string(what) + ": unsupported operands (N " + std::to_string(N) + ", K " +
-                 std::to_string(K) + ", " + std::to_string(groups_y) + " groups" +
-                 (fp8 ? ", FP8 blocks " + std::to_string(w.block_rows) + "x" +
-                            std::to_string(w.block_cols)
-                      : std::string()) +
-                 ")");
+      (fp8 && (w.fp8 == nullptr || w.scale == nullptr || w.block_rows < 1 || w.block_cols < 16 ||
+               w.block_cols % 16 != 0)))
+    fail_message(
+        std::string(what) + ": unsupported operands (N " + std::to_string(N) + ", K " +
+        std::to_string(K) + ", " + std::to_string(groups_y) + " groups" +
+        (fp8 ? ", FP8 blocks " + std::to_string(w.block_rows) + "x" + std::to_string(w.block_cols)
+             : std::string()) +
+        ")");
   const int E = fp8 ? dev::lane_elems<T, true>() : dev::lane_elems<T, false>();
-  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  const auto aligned = [](const void* p, size_t a) {
+    return reinterpret_cast<uintptr_t>(p) % a == 0;
+  };
   // note: the vector path needs every row start 16-byte aligned; which path
   // runs depends on the shapes and buffers only, never on the rows.
   const bool vec = K % E == 0 && (ldx * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&

@@ -28,10 +28,10 @@ namespace qtk::cuda {
 // matmul_fp8 does (kernels/matmul_fp8.h).
 template <class T>
 struct WeightRef {
-  const T* dense = nullptr;        // T [.., N, K]; or nullptr and:
-  const uint8_t* fp8 = nullptr;    // e4m3fn [.., N, K]
-  const float* scale = nullptr;    // f32 [ceil(rows/block_rows), ceil(K/block_cols)]; the
-                                   // rows counted over the stacked experts (G * N)
+  const T* dense = nullptr;                // T [.., N, K]; or nullptr and:
+  const uint8_t* fp8 = nullptr;            // e4m3fn [.., N, K]
+  const float* scale = nullptr;            // f32 [ceil(rows/block_rows), ceil(K/block_cols)]; the
+                                           // rows counted over the stacked experts (G * N)
   int64_t block_rows = 0, block_cols = 0;  // block_cols a multiple of 16
 };
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention.h"
 #include "core/dtype.h"
+#include "kernels/attention.h"
 
 namespace qtk::ref {
 

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "convert/convert.h"
-#include "core/interrupt.h"
 #include "convert_test_util.h"
+#include "core/interrupt.h"
 #include "pack/pack.h"
 
 namespace qtk {
@@ -40,7 +40,8 @@ TEST(Atomic, FileSizeLimitKeepsExistingOutput) {
   TempDir tmp;
   const std::string out = tmp.file("m.pack");
   testing::write_file(out, "previous content");
-  const auto r = run_shell("ulimit -f 2048; exec " + cli(testing::source_path(kModel), out, "--force"));
+  const auto r =
+      run_shell("ulimit -f 2048; exec " + cli(testing::source_path(kModel), out, "--force"));
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_EQ(testing::read_file(out), "previous content");
   EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
@@ -53,7 +54,8 @@ TEST(Atomic, UnwritableDestination) {
   const std::string out = ::geteuid() == 0 ? "/proc/qtk-convert-test.pack" : tmp.file("ro/m.pack");
   if (::geteuid() != 0) {
     std::filesystem::create_directories(tmp.file("ro"));
-    std::filesystem::permissions(tmp.file("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    std::filesystem::permissions(
+        tmp.file("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
   }
   const auto r = run_shell(cli(testing::source_path(kModel), out));
   EXPECT_EQ(r.status, 1) << r.err;

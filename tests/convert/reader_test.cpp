@@ -15,13 +15,31 @@ namespace {
 using testing::error_of;
 using testing::TempDir;
 
-void put16(std::string& s, size_t p, uint16_t v) { s[p] = static_cast<char>(v & 0xFF); s[p + 1] = static_cast<char>(v >> 8); }
-void put32(std::string& s, size_t p, uint32_t v) { put16(s, p, v & 0xFFFF); put16(s, p + 2, static_cast<uint16_t>(v >> 16)); }
-uint16_t get16(const std::string& s, size_t p) { return static_cast<uint16_t>(static_cast<uint8_t>(s[p]) | (static_cast<uint8_t>(s[p + 1]) << 8)); }
-uint32_t get32(const std::string& s, size_t p) { return get16(s, p) | (static_cast<uint32_t>(get16(s, p + 2)) << 16); }
+void put16(std::string& s, size_t p, uint16_t v) {
+  s[p] = static_cast<char>(v & 0xFF);
+  s[p + 1] = static_cast<char>(v >> 8);
+}
+void put32(std::string& s, size_t p, uint32_t v) {
+  put16(s, p, v & 0xFFFF);
+  put16(s, p + 2, static_cast<uint16_t>(v >> 16));
+}
+uint16_t get16(const std::string& s, size_t p) {
+  return static_cast<uint16_t>(static_cast<uint8_t>(s[p]) | (static_cast<uint8_t>(s[p + 1]) << 8));
+}
+uint32_t get32(const std::string& s, size_t p) {
+  return get16(s, p) | (static_cast<uint32_t>(get16(s, p + 2)) << 16);
+}
 
-std::string u16(uint16_t v) { std::string s(2, '\0'); put16(s, 0, v); return s; }
-std::string u32(uint32_t v) { std::string s(4, '\0'); put32(s, 0, v); return s; }
+std::string u16(uint16_t v) {
+  std::string s(2, '\0');
+  put16(s, 0, v);
+  return s;
+}
+std::string u32(uint32_t v) {
+  std::string s(4, '\0');
+  put32(s, 0, v);
+  return s;
+}
 
 struct HandEntry {
   HandEntry(std::string n, std::string d, uint16_t m = 0, uint16_t f = 0)
@@ -36,7 +54,8 @@ struct HandEntry {
 std::string local_header(const HandEntry& e, uint16_t extra_len) {
   return u32(0x04034b50) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) + u32(0) +
          u32(static_cast<uint32_t>(e.data.size())) + u32(static_cast<uint32_t>(e.data.size())) +
-         u16(static_cast<uint16_t>(e.name.size())) + u16(extra_len) + e.name + std::string(extra_len, '\0');
+         u16(static_cast<uint16_t>(e.name.size())) + u16(extra_len) + e.name +
+         std::string(extra_len, '\0');
 }
 
 // Sequential zip; with `align`, pads each local header so data is 64-aligned.
@@ -51,16 +70,21 @@ std::string hand_zip(std::vector<HandEntry> es, bool align) {
       if (extra != 0 && extra < 4) extra += 64;
     }
     std::string h = local_header(e, extra);
-    if (extra) { put16(h, 30 + e.name.size(), 0x7174); put16(h, 32 + e.name.size(), static_cast<uint16_t>(extra - 4)); }
+    if (extra) {
+      put16(h, 30 + e.name.size(), 0x7174);
+      put16(h, 32 + e.name.size(), static_cast<uint16_t>(extra - 4));
+    }
     z += h + e.data;
   }
   const size_t cd = z.size();
   for (const auto& e : es)
-    z += u32(0x02014b50) + u16(20) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) + u32(0) +
-         u32(static_cast<uint32_t>(e.data.size())) + u32(static_cast<uint32_t>(e.data.size())) +
-         u16(static_cast<uint16_t>(e.name.size())) + u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(e.offset) + e.name;
-  z += u32(0x06054b50) + u16(0) + u16(0) + u16(static_cast<uint16_t>(es.size())) + u16(static_cast<uint16_t>(es.size())) +
-       u32(static_cast<uint32_t>(z.size() - cd)) + u32(static_cast<uint32_t>(cd)) + u16(0);
+    z += u32(0x02014b50) + u16(20) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) +
+         u32(0) + u32(static_cast<uint32_t>(e.data.size())) +
+         u32(static_cast<uint32_t>(e.data.size())) + u16(static_cast<uint16_t>(e.name.size())) +
+         u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(e.offset) + e.name;
+  z += u32(0x06054b50) + u16(0) + u16(0) + u16(static_cast<uint16_t>(es.size())) +
+       u16(static_cast<uint16_t>(es.size())) + u32(static_cast<uint32_t>(z.size() - cd)) +
+       u32(static_cast<uint32_t>(cd)) + u16(0);
   return z;
 }
 
@@ -110,7 +134,8 @@ TEST_F(ReaderReject, GoodPackOpensAndVerifies) {
   EXPECT_GT(pack->verify(), 20u);
   EXPECT_EQ(pack->digest().size(), 16u);
   EXPECT_EQ(pack->tensor("embed_tokens").dtype, DType::BF16);
-  EXPECT_NE(error_of([&] { pack->tensor("no_such_tensor"); }).find("no_such_tensor"), std::string::npos);
+  EXPECT_NE(error_of([&] { pack->tensor("no_such_tensor"); }).find("no_such_tensor"),
+            std::string::npos);
 }
 
 TEST_F(ReaderReject, UnknownMajorVersion) {
@@ -119,7 +144,8 @@ TEST_F(ReaderReject, UnknownMajorVersion) {
   ASSERT_NE(at, std::string::npos);
   z.replace(at, 16, "\"version\": \"2.0\"");
   const std::string p = dir_->file("v2.pack");
-  EXPECT_EQ(open_error(z, "v2.pack"), p + ": pack format version 2.0 is not supported (this build reads 1.x)");
+  EXPECT_EQ(open_error(z, "v2.pack"),
+            p + ": pack format version 2.0 is not supported (this build reads 1.x)");
 }
 
 TEST_F(ReaderReject, NewerMinorVersionIsRead) {
@@ -159,7 +185,8 @@ TEST_F(ReaderReject, ForgedLocalHeaderOffset) {
 }
 
 TEST_F(ReaderReject, TruncatedFile) {
-  EXPECT_NE(open_error(good_->substr(0, good_->size() - 30)).find("end-of-central-directory"), std::string::npos);
+  EXPECT_NE(open_error(good_->substr(0, good_->size() - 30)).find("end-of-central-directory"),
+            std::string::npos);
   EXPECT_NE(open_error("not a zip").find("not a pack"), std::string::npos);
 }
 
@@ -176,10 +203,12 @@ TEST_F(ReaderReject, BadChecksumFoundByVerify) {
   EXPECT_NE(err.find("tensors/layers.1.mlp.down_proj"), std::string::npos) << err;
   EXPECT_NE(err.find("checksum"), std::string::npos) << err;
 #ifdef QTK_INSPECT_BIN
-  const auto r = testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(p) + " --verify");
+  const auto r =
+      testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(p) + " --verify");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
-  const auto ok = testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(dir_->file("good.pack")) + " --verify");
+  const auto ok = testing::run_shell(std::string(QTK_INSPECT_BIN) + " " +
+                                     testing::quote(dir_->file("good.pack")) + " --verify");
   EXPECT_NE(ok.out.find("entries OK"), std::string::npos) << ok.out << ok.err;
 #endif
 }
@@ -188,32 +217,38 @@ TEST_F(ReaderReject, MisalignedEntry) {
   const std::string z = hand_zip({{"manifest.json", "{}"}}, /*align=*/false);
   EXPECT_NE(open_error(z).find("not 64-byte aligned"), std::string::npos);
   // The same entry aligned passes the zip checks and fails on the manifest.
-  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}"}}, true)).find("field \"format\" is missing"), std::string::npos);
+  EXPECT_NE(
+      open_error(hand_zip({{"manifest.json", "{}"}}, true)).find("field \"format\" is missing"),
+      std::string::npos);
 }
 
 TEST_F(ReaderReject, DataDescriptorAndEncryption) {
-  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}", 0, 0x8}}, true)).find("data descriptor"), std::string::npos);
-  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}", 0, 0x1}}, true)).find("encrypted"), std::string::npos);
+  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}", 0, 0x8}}, true)).find("data descriptor"),
+            std::string::npos);
+  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}", 0, 0x1}}, true)).find("encrypted"),
+            std::string::npos);
 }
 
 TEST_F(ReaderReject, DuplicateNames) {
-  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}"}, {"manifest.json", "{}"}}, true)).find("appears twice"),
+  EXPECT_NE(open_error(hand_zip({{"manifest.json", "{}"}, {"manifest.json", "{}"}}, true))
+                .find("appears twice"),
             std::string::npos);
 }
 
 TEST_F(ReaderReject, OverlappingEntries) {
   // Entry "b" (header and data) lives inside the data of entry "a".
   HandEntry b{"b", std::string(32, 'B')};
-  std::string inner = local_header(b, 33);           // 30 + 1 + 33 = 64 bytes of header
+  std::string inner = local_header(b, 33);            // 30 + 1 + 33 = 64 bytes of header
   inner += b.data;                                    // data at +64
   std::string a_data = std::string(64, 'A') + inner;  // b's header at a's data + 64
-  std::string z = hand_zip({{"a", a_data}}, true);    // a's data at 64: b header at 128, data at 192
+  std::string z = hand_zip({{"a", a_data}}, true);  // a's data at 64: b header at 128, data at 192
   // Append b to the central directory by rebuilding the tail by hand.
   const size_t eocd = z.size() - 22;
   const size_t cd = get32(z, eocd + 16);
   std::string central = z.substr(cd, eocd - cd);
-  central += u32(0x02014b50) + u16(20) + u16(20) + u16(0) + u16(0) + u16(0) + u16(0x21) + u32(0) + u32(32) + u32(32) +
-             u16(1) + u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(128) + "b";
+  central += u32(0x02014b50) + u16(20) + u16(20) + u16(0) + u16(0) + u16(0) + u16(0x21) + u32(0) +
+             u32(32) + u32(32) + u16(1) + u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(128) +
+             "b";
   z = z.substr(0, cd) + central + u32(0x06054b50) + u16(0) + u16(0) + u16(2) + u16(2) +
       u32(static_cast<uint32_t>(central.size())) + u32(static_cast<uint32_t>(cd)) + u16(0);
   EXPECT_NE(open_error(z).find("overlap"), std::string::npos);

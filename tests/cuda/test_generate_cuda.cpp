@@ -67,16 +67,13 @@ TEST_P(CudaGolden, F32MatchesReference) {
               name_of(dir).c_str(), worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaGolden,
-                         ::testing::Values("tests/data/models/qwen3-tiny",
-                                           "tests/data/models/qwen3-tiny-sharded-f32",
-                                           "tests/data/models/qwen3.5-tiny",
-                                           "tests/data/models/qwen3.5-tiny-vlm",
-                                           "tests/data/models/qwen3-moe-tiny",
-                                           "tests/data/models/qwen3.5-moe-tiny-vlm",
-                                           "tests/data/models/qwen3-fp8-tiny",
-                                           "tests/data/models/qwen3.5-moe-fp8-tiny"),
-                         [](const auto& info) { return name_of(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaGolden,
+    ::testing::Values("tests/data/models/qwen3-tiny", "tests/data/models/qwen3-tiny-sharded-f32",
+                      "tests/data/models/qwen3.5-tiny", "tests/data/models/qwen3.5-tiny-vlm",
+                      "tests/data/models/qwen3-moe-tiny", "tests/data/models/qwen3.5-moe-tiny-vlm",
+                      "tests/data/models/qwen3-fp8-tiny", "tests/data/models/qwen3.5-moe-fp8-tiny"),
+    [](const auto& info) { return name_of(info.param); });
 
 // bf16 on the sample models against the CPU (float32) run of the same text
 // prompts. note: bf16 weights, activations and K/V move logits by ~1e-2 on
@@ -228,24 +225,22 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaInvariance,
-                         ::testing::Values(InvarianceCase{"tests/data/models/qwen3-tiny", false},
-                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true},
-                                           InvarianceCase{"tests/data/models/qwen3-moe-tiny", false},
-                                           InvarianceCase{"tests/data/models/qwen3.5-moe-tiny-vlm",
-                                                          true},
-                                           InvarianceCase{"samples/qwen3-sample", false},
-                                           InvarianceCase{"samples/qwen3.5-sample", false},
-                                           // note: prompts over 128 tokens, so that bf16 really
-                                           // runs full chunks through the chunked GDN kernel
-                                           // (mbt7 and preempt then split them only at 64s).
-                                           InvarianceCase{"tests/data/models/qwen3.5-tiny", true,
-                                                          true},
-                                           InvarianceCase{"samples/qwen3.5-sample", false, true}),
-                         [](const auto& info) {
-                           return name_of(info.param.dir) +
-                                  (info.param.long_prompts ? "_long" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaInvariance,
+    ::testing::Values(InvarianceCase{"tests/data/models/qwen3-tiny", false},
+                      InvarianceCase{"tests/data/models/qwen3.5-tiny", true},
+                      InvarianceCase{"tests/data/models/qwen3-moe-tiny", false},
+                      InvarianceCase{"tests/data/models/qwen3.5-moe-tiny-vlm", true},
+                      InvarianceCase{"samples/qwen3-sample", false},
+                      InvarianceCase{"samples/qwen3.5-sample", false},
+                      // note: prompts over 128 tokens, so that bf16 really
+                      // runs full chunks through the chunked GDN kernel
+                      // (mbt7 and preempt then split them only at 64s).
+                      InvarianceCase{"tests/data/models/qwen3.5-tiny", true, true},
+                      InvarianceCase{"samples/qwen3.5-sample", false, true}),
+    [](const auto& info) {
+      return name_of(info.param.dir) + (info.param.long_prompts ? "_long" : "");
+    });
 
 // The GEMM plan cache (runtime/backend/cuda/cuda_startup.h) through generate: a run
 // that takes its GEMM choices from the cache file writes the results file

@@ -78,13 +78,13 @@ TEST(MoeGroup, EveryPairOnceGroupedByExpert) {
   std::vector<int32_t> ids(T * k);
   // Distinct experts per token (as routing gives), skewed towards low ids.
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) ids[t * k + j] = static_cast<int32_t>((t * 7 + j * j * 3) % (E - 3));
+    for (int64_t j = 0; j < k; ++j)
+      ids[t * k + j] = static_cast<int32_t>((t * 7 + j * j * 3) % (E - 3));
   DeviceBuffer<int32_t> d(ids);
   GroupBuffers g(T, k, E);
   moe_group(d.get(), T, k, E, g.view(), nullptr);
   const auto off = g.offsets.download(), act = g.active.download();
-  const auto tok = g.row_token.download(), ex = g.row_expert.download(),
-             pr = g.pair_row.download();
+  const auto tok = g.row_token.download(), ex = g.row_expert.download(), pr = g.pair_row.download();
   std::vector<int> count(E, 0);
   for (int32_t e : ids) ++count[e];
   int64_t acc = 0, na = 0;
@@ -133,12 +133,13 @@ struct MoeCase {
 
   // Runs tokens [t0, t0 + n) and returns their outputs.
   std::vector<T> run(int64_t t0, int64_t n) const {
-    DeviceBuffer<float> lg(std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + n) * E));
-    DeviceBuffer<T> xd(to_device_type<T>(
-        std::vector<float>(x.begin() + t0 * H, x.begin() + (t0 + n) * H)));
+    DeviceBuffer<float> lg(
+        std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + n) * E));
+    DeviceBuffer<T> xd(
+        to_device_type<T>(std::vector<float>(x.begin() + t0 * H, x.begin() + (t0 + n) * H)));
     DeviceBuffer<T> gu(to_device_type<T>(gate_up)), dn(to_device_type<T>(down));
-    DeviceBuffer<float> sh(std::vector<float>(shared_out.begin() + t0 * H,
-                                              shared_out.begin() + (t0 + n) * H));
+    DeviceBuffer<float> sh(
+        std::vector<float>(shared_out.begin() + t0 * H, shared_out.begin() + (t0 + n) * H));
     DeviceBuffer<T> gw(to_device_type<T>(gate_w));
     DeviceBuffer<int32_t> ids(n * k);
     DeviceBuffer<float> w(n * k);
@@ -152,8 +153,8 @@ struct MoeCase {
     WeightRef<T> gu_w, dn_w;
     gu_w.dense = gu.get();
     dn_w.dense = dn.get();
-    moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k,
-                            g.view(), max_active, nullptr);
+    moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k, g.view(),
+                            max_active, nullptr);
     swiglu<T>(gu_out.get(), 2 * I, act.get(), I, n * k, I, nullptr);
     moe_expert_matmul<T, float>(act.get(), I, false, dn_w, H, I, y.get(), H, n * k, g.view(),
                                 max_active, nullptr);

@@ -132,7 +132,8 @@ TYPED_TEST(WarpMatmulTest, RowBitsDoNotDependOnTheBatch) {
     const std::vector<T> all = op.template run<T>(0, M);
     for (const int64_t m : {0, 8, 69}) {
       const std::vector<T> one = op.template run<T>(m, 1);
-      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N)) << "row " << m << " fp8 " << fp8;
+      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N))
+          << "row " << m << " fp8 " << fp8;
     }
     const std::vector<T> part = op.template run<T>(3, 21);
     EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * N, 21 * N)) << "fp8 " << fp8;

@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "loaders/generation_config.h"
 #include "loaders/model_config.h"
-#include "core/json.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 

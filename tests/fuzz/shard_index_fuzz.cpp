@@ -5,8 +5,8 @@
 
 #include <set>
 
-#include "loaders/checkpoint.h"
 #include "core/error.h"
+#include "loaders/checkpoint.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -16,7 +16,8 @@ namespace {
 
 const std::string& checkpoint_dir() {
   static const std::string dir = [] {
-    const std::string src = std::string(QTK_SOURCE_DIR) + "/tests/data/models/qwen3-tiny-sharded-f32/";
+    const std::string src =
+        std::string(QTK_SOURCE_DIR) + "/tests/data/models/qwen3-tiny-sharded-f32/";
     const std::string d = scratch_dir() + "/ckpt";
     (void)::mkdir(d.c_str(), 0700);
     link_scratch_file("ckpt/config.json", src + "config.json");

@@ -22,8 +22,8 @@ namespace qtk::fuzz {
 namespace {
 
 const Tokenizer& qwen3_tokenizer() {
-  static const Tokenizer tok =
-      Tokenizer::from_file(std::string(QTK_SOURCE_DIR) + "/tests/data/tokenizer/qwen3/tokenizer.json");
+  static const Tokenizer tok = Tokenizer::from_file(std::string(QTK_SOURCE_DIR) +
+                                                    "/tests/data/tokenizer/qwen3/tokenizer.json");
   return tok;
 }
 

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace qtk::fuzz {
 
@@ -20,9 +20,9 @@ int tokenizer_json(const uint8_t* data, size_t size) {
   }
   const int64_t vocab = tok->vocab_size();
   fuzz_check(vocab >= 0, "negative vocab_size");
-  static const char* const kTexts[] = {
-      "Hello, world! It's 2024.", "  def f(x):\n\treturn x  \n\n", "\xc3\xa9t\xc3\xa9 e\xcc\x81",
-      "<|endoftext|>a<|im_start|>", "\xf0\x9f\x98\x80\xe4\xb8\xad\xe6\x96\x87 123456"};
+  static const char* const kTexts[] = {"Hello, world! It's 2024.", "  def f(x):\n\treturn x  \n\n",
+                                       "\xc3\xa9t\xc3\xa9 e\xcc\x81", "<|endoftext|>a<|im_start|>",
+                                       "\xf0\x9f\x98\x80\xe4\xb8\xad\xe6\x96\x87 123456"};
   for (const char* text : kTexts) {
     std::vector<int32_t> ids;
     try {

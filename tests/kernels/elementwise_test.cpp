@@ -4,12 +4,12 @@
 #include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/argmax.h"
 #include "kernels/cpu/simd_math.h"
 #include "kernels/embedding.h"
 #include "kernels/ref/reference.h"
-#include "core/error.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {
@@ -76,22 +76,24 @@ TEST(Elementwise, EmbeddingLookupAllDtypes) {
   }
   const std::vector<int32_t> ids = {0, 10, 3, 3};
   for (auto [t, data] : {std::pair<DType, const void*>{DType::F32, table.data()},
-                         {DType::BF16, bf.data()}, {DType::F16, hf.data()}}) {
+                         {DType::BF16, bf.data()},
+                         {DType::F16, hf.data()}}) {
     std::vector<float> out(ids.size() * hidden), ref_out(ids.size() * hidden);
     embedding_lookup(data, t, hidden, ids.data(), 4, out.data());
     ref::embedding_lookup_ref(data, t, hidden, ids.data(), 4, ref_out.data());
     EXPECT_TRUE(test::bit_equal(out.data(), ref_out.data(), out.size())) << dtype_name(t);
   }
   std::vector<float> out(hidden);
-  EXPECT_THROW(embedding_lookup(table.data(), DType::I32, hidden, ids.data(), 1, out.data()), Error);
+  EXPECT_THROW(embedding_lookup(table.data(), DType::I32, hidden, ids.data(), 1, out.data()),
+               Error);
 }
 
 TEST(Elementwise, ArgmaxTiesGoToLowestIdAndMarginIsTop1MinusTop2) {
   const int64_t vocab = 7;
   std::vector<float> logits = {
-      1, 5, 2, 5, 0, 0, 0,         // tie between 1 and 3
-      -3, -2, -1, -9, -9, -9, -9,  // negatives
-      0, 0, 0, 0, 0, 0, 4.5f,      // max at the end
+      1,  5,  2,  5,  0,  0,  0,     // tie between 1 and 3
+      -3, -2, -1, -9, -9, -9, -9,    // negatives
+      0,  0,  0,  0,  0,  0,  4.5f,  // max at the end
   };
   std::vector<int32_t> ids(3), ref_ids(3);
   std::vector<float> margin(3), ref_margin(3);

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/matmul.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/matmul.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ref/reference.h"
 #include "core/error.h"
+#include "kernels/ref/reference.h"
 #include "tests/kernels/test_util.h"
 
 namespace qtk {

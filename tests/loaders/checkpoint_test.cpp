@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/name_table.h"
 #include "core/json.h"
+#include "loaders/name_table.h"
 #include "tests/loaders/test_util.h"
 
 namespace qtk {

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "loaders/model_config.h"
 #include "core/json.h"
+#include "loaders/model_config.h"
 #include "tests/loaders/test_util.h"
 
 namespace qtk {

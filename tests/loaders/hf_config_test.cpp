@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loaders/model_config.h"
 #include "core/json.h"
+#include "loaders/model_config.h"
 #include "tests/loaders/test_util.h"
 
 namespace qtk {

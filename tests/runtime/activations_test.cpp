@@ -7,8 +7,8 @@
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
 #include "loaders/safetensors.h"
-#include "runtime/model.h"
 #include "pack/pack.h"
+#include "runtime/model.h"
 #include "runtime/scheduler.h"
 #include "tests/runtime/test_util.h"
 

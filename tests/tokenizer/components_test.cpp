@@ -27,21 +27,21 @@ using Pieces = std::vector<std::string>;
 
 TEST(SplitScanner, FollowsQwenPattern) {
   // Expected pieces worked out from the regex alternatives by hand.
-  EXPECT_EQ(split("  hello"), (Pieces{" ", " hello"}));               // \s+(?!\S) backs off one space
-  EXPECT_EQ(split("a  \n\n b"), (Pieces{"a", "  \n\n", " b"}));        // \s*[\r\n]+
+  EXPECT_EQ(split("  hello"), (Pieces{" ", " hello"}));          // \s+(?!\S) backs off one space
+  EXPECT_EQ(split("a  \n\n b"), (Pieces{"a", "  \n\n", " b"}));  // \s*[\r\n]+
   EXPECT_EQ(split("a \n  b"), (Pieces{"a", " \n", " ", " b"}));
-  EXPECT_EQ(split("x   "), (Pieces{"x", "   "}));                       // whitespace at the end
+  EXPECT_EQ(split("x   "), (Pieces{"x", "   "}));  // whitespace at the end
   EXPECT_EQ(split("it's"), (Pieces{"it", "'s"}));
-  EXPECT_EQ(split("IT'LL"), (Pieces{"IT", "'LL"}));                    // (?i)
+  EXPECT_EQ(split("IT'LL"), (Pieces{"IT", "'LL"}));  // (?i)
   EXPECT_EQ(split("'re're"), (Pieces{"'re", "'re"}));
-  EXPECT_EQ(split(" 's"), (Pieces{" '", "s"}));                        // contraction only at the apostrophe
+  EXPECT_EQ(split(" 's"), (Pieces{" '", "s"}));  // contraction only at the apostrophe
   EXPECT_EQ(split("'x"), (Pieces{"'x"}));
   EXPECT_EQ(split("don't!"), (Pieces{"don", "'t", "!"}));
-  EXPECT_EQ(split("?!\n\nx"), (Pieces{"?!\n\n", "x"}));                // punctuation takes trailing newlines
-  EXPECT_EQ(split("1234"), (Pieces{"1", "2", "3", "4"}));              // one digit per piece
+  EXPECT_EQ(split("?!\n\nx"), (Pieces{"?!\n\n", "x"}));    // punctuation takes trailing newlines
+  EXPECT_EQ(split("1234"), (Pieces{"1", "2", "3", "4"}));  // one digit per piece
   EXPECT_EQ(split("\t\tx"), (Pieces{"\t", "\tx"}));
   EXPECT_EQ(split(" \u3000x"), (Pieces{" ", "\u3000x"}));
-  EXPECT_EQ(split("a\u0301"), (Pieces{"a", "\u0301"}));                // marks are not letters
+  EXPECT_EQ(split("a\u0301"), (Pieces{"a", "\u0301"}));  // marks are not letters
   EXPECT_EQ(split(" ..."), (Pieces{" ..."}));
   EXPECT_EQ(split("(x)"), (Pieces{"(x", ")"}));
   EXPECT_EQ(split("x\r\n\r\ny"), (Pieces{"x", "\r\n\r\n", "y"}));
@@ -77,12 +77,15 @@ TEST(ByteLevel, LossyUtf8ReplacesMaximalSubparts) {
   // The example of Unicode 15 ch. 3, "U+FFFD Substitution of Maximal Subparts".
   EXPECT_EQ(lossy("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
             "a\uFFFD\uFFFD\uFFFDb\uFFFDc\uFFFD\uFFFDd");
-  EXPECT_EQ(lossy("\xE4\xB8"), "\uFFFD");                         // truncated at the end
-  EXPECT_EQ(lossy("\xE4\xB8" "A"), "\uFFFD" "A");
-  EXPECT_EQ(lossy("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");           // surrogate
-  EXPECT_EQ(lossy("\xC0\xAF"), "\uFFFD\uFFFD");                     // overlong
-  EXPECT_EQ(lossy("\xF4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD"); // above U+10FFFF
-  EXPECT_EQ(lossy("\xF0\x9F\x91\x8D"), "\U0001F44D");               // valid stays
+  EXPECT_EQ(lossy("\xE4\xB8"), "\uFFFD");  // truncated at the end
+  EXPECT_EQ(lossy("\xE4\xB8"
+                  "A"),
+            "\uFFFD"
+            "A");
+  EXPECT_EQ(lossy("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");            // surrogate
+  EXPECT_EQ(lossy("\xC0\xAF"), "\uFFFD\uFFFD");                      // overlong
+  EXPECT_EQ(lossy("\xF4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");  // above U+10FFFF
+  EXPECT_EQ(lossy("\xF0\x9F\x91\x8D"), "\U0001F44D");                // valid stays
   EXPECT_EQ(lossy("\xFF"), "\uFFFD");
 }
 
@@ -96,7 +99,9 @@ TEST(Api, DecodeOfPartialBytesGivesReplacementCharacter) {
   EXPECT_EQ(tok.decode(e4_b8), "\uFFFD");
   std::vector<int32_t> e4_b8_a = e4_b8;
   e4_b8_a.push_back(tok.encode("A")[0]);
-  EXPECT_EQ(tok.decode(e4_b8_a), "\uFFFD" "A");
+  EXPECT_EQ(tok.decode(e4_b8_a),
+            "\uFFFD"
+            "A");
   std::vector<int32_t> split_then_whole = {m.byte_ids[0xE4]};
   split_then_whole.insert(split_then_whole.end(), whole.begin(), whole.end());
   EXPECT_EQ(tok.decode(split_then_whole), "\uFFFD\u4e2d");
@@ -141,13 +146,14 @@ Tokenizer sample_with_added(const std::vector<nlohmann::json>& extra) {
 }
 
 nlohmann::json added(int id, const std::string& content, bool special, bool normalized) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+  return {{"id", id},        {"content", content},       {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", normalized}, {"special", special}};
 }
 
 TEST(AddedTokens, LongestMatchWinsAtTheLeftmostPosition) {
-  const Tokenizer tok = sample_with_added({added(4096, "<x>", true, false), added(4097, "<x>y", false, false),
-                                           added(4098, "x>y", false, false)});
+  const Tokenizer tok =
+      sample_with_added({added(4096, "<x>", true, false), added(4097, "<x>y", false, false),
+                         added(4098, "x>y", false, false)});
   EXPECT_EQ(tok.encode("<x>y"), (std::vector<int32_t>{4097}));
   EXPECT_EQ(tok.encode("<x>z")[0], 4096);
   // Leftmost first: "<x>" starts before "x>y" could.
@@ -162,7 +168,8 @@ TEST(AddedTokens, NormalizedTokensMatchAfterNfc) {
   const Tokenizer tok = sample_with_added({added(4096, "e\u0301t\u00e9", false, true)});
   EXPECT_EQ(tok.encode("\u00e9t\u00e9"), (std::vector<int32_t>{4096}));
   EXPECT_EQ(tok.encode("e\u0301te\u0301"), (std::vector<int32_t>{4096}));
-  EXPECT_EQ(tok.decode(std::vector<int32_t>{4096}), "e\u0301t\u00e9");  // decodes its content as written
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{4096}),
+            "e\u0301t\u00e9");  // decodes its content as written
 }
 
 }  // namespace

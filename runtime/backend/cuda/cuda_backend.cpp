@@ -64,9 +64,10 @@ class CudaWeights final : public WeightBinder {
  protected:
   int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse use) override {
     if (use == MatrixUse::kEmbedding && v.dtype == DType::F8_E4M3)
-      fail("{}: tensor '{}' is F8_E4M3; an FP8 embedding table is not supported (expected BF16, "
-           "F16 or F32)",
-           pack().path(), name);
+      fail(
+          "{}: tensor '{}' is F8_E4M3; an FP8 embedding table is not supported (expected BF16, "
+          "F16 or F32)",
+          pack().path(), name);
     if (auto it = matrix_ids_.find(name); it != matrix_ids_.end()) return it->second;
     matrices_.push_back(cuda::upload_weight<Act>(pack(), name, v));
     const auto id = static_cast<int32_t>(matrices_.size() - 1);
@@ -90,9 +91,9 @@ class CudaWeights final : public WeightBinder {
   }
 
  private:
-  std::vector<cuda::DeviceWeight> matrices_;  // Act or FP8 [rows, cols], by Matrix::id
+  std::vector<cuda::DeviceWeight> matrices_;   // Act or FP8 [rows, cols], by Matrix::id
   std::vector<cuda::CudaMoeWeights> experts_;  // by Experts::id
-  std::vector<DeviceMemory> vectors_;   // f32, by Vector::id
+  std::vector<DeviceMemory> vectors_;          // f32, by Vector::id
   std::unordered_map<std::string, int32_t> matrix_ids_, vector_ids_;
 };
 

@@ -120,8 +120,8 @@ class CudaMoe {
     moe_expert_matmul<Act, Act>(h, H, true, w.gate_up.ref<Act>(), 2 * I, H, gate_up_.as<Act>(),
                                 2 * I, R, g, max_active, stream);
     swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, R, I, stream);
-    moe_expert_matmul<Act, float>(act_.as<Act>(), I, false, w.down.ref<Act>(), H, I,
-                                  y_.as<float>(), H, R, g, max_active, stream);
+    moe_expert_matmul<Act, float>(act_.as<Act>(), I, false, w.down.ref<Act>(), H, I, y_.as<float>(),
+                                  H, R, g, max_active, stream);
     const float* shared = nullptr;
     if (w.has_shared) {
       const int64_t S = S_;
@@ -140,18 +140,18 @@ class CudaMoe {
   int64_t H_, E_, k_, I_, S_;
   bool renormalize_;
   // Scratch (T = tokens of the largest step, R = T * k routed rows).
-  DeviceMemory logits_;     // f32 [T, E] router logits
-  DeviceMemory ids_;        // i32 [T, k] chosen experts
-  DeviceMemory weights_;    // f32 [T, k] their weights
-  DeviceMemory offsets_;    // i32 [E + 1]
-  DeviceMemory active_;     // i32 [E]
+  DeviceMemory logits_;                             // f32 [T, E] router logits
+  DeviceMemory ids_;                                // i32 [T, k] chosen experts
+  DeviceMemory weights_;                            // f32 [T, k] their weights
+  DeviceMemory offsets_;                            // i32 [E + 1]
+  DeviceMemory active_;                             // i32 [E]
   DeviceMemory row_token_, row_expert_, pair_row_;  // i32 [R]
-  DeviceMemory gate_up_;    // Act [R, 2*Ie]
-  DeviceMemory act_;        // Act [R, Ie]
-  DeviceMemory y_;          // f32 [R, hidden]
-  DeviceMemory shared_gate_up_;  // Act [T, 2*S]
-  DeviceMemory shared_act_;      // Act [T, S]
-  DeviceMemory shared_y_;        // f32 [T, hidden]
+  DeviceMemory gate_up_;                            // Act [R, 2*Ie]
+  DeviceMemory act_;                                // Act [R, Ie]
+  DeviceMemory y_;                                  // f32 [R, hidden]
+  DeviceMemory shared_gate_up_;                     // Act [T, 2*S]
+  DeviceMemory shared_act_;                         // Act [T, S]
+  DeviceMemory shared_y_;                           // f32 [T, hidden]
 };
 
 }  // namespace qtk::cuda

@@ -12,12 +12,12 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
-#include "core/error.h"
+#include "pack/pack.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/backend/cuda/process_memory.h"
-#include "pack/pack.h"
 #include "runtime/scheduler.h"
 
 #ifndef QTK_GEMM_SOURCES_DIGEST

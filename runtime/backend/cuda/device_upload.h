@@ -10,10 +10,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cuda/cuda_kernels.h"
 #include "core/error.h"
-#include "runtime/backend/cuda/device_memory.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "pack/pack.h"
+#include "runtime/backend/cuda/device_memory.h"
 
 namespace qtk::cuda {
 
