@@ -32,6 +32,26 @@ CacheSpec Architecture::cache_spec() const {
   return s;
 }
 
+FeedForward bind_feed_forward(WeightBinder& w, int64_t layer, const std::string& p) {
+  const ModelConfig& c = w.pack().config();
+  FeedForward f;
+  f.is_moe = c.is_moe_layer(layer);
+  if (f.is_moe) {
+    f.moe = w.experts(p);
+  } else {
+    f.mlp.gate_up = w.matrix(p + "mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size);
+    f.mlp.down = w.matrix(p + "mlp.down_proj", c.hidden_size, c.intermediate_size);
+  }
+  return f;
+}
+
+void feed_forward(Blocks& b, Vector norm, const FeedForward& ff) {
+  if (ff.is_moe)
+    b.norm_moe(norm, ff.moe);
+  else
+    b.norm_mlp(norm, ff.mlp);
+}
+
 std::unique_ptr<Architecture> bind_architecture(WeightBinder& w) {
   const ModelConfig& c = w.pack().config();
   switch (c.arch) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loaders/model_config.h"
@@ -15,6 +16,20 @@
 namespace qtk {
 
 class WeightBinder;
+
+// A decoder layer's feed-forward block, as the config's MLP plan says: a
+// dense SwiGLU MLP or the mixture of experts (moe_weights.h).
+struct FeedForward {
+  bool is_moe = false;
+  MlpLayer mlp;  // dense: gate_up mat [2*intermediate, hidden], down mat [hidden, intermediate]
+  Experts moe;   // when is_moe
+};
+
+// Binds the feed-forward block of layer `layer` (prefix "layers.N.").
+FeedForward bind_feed_forward(WeightBinder& w, int64_t layer, const std::string& prefix);
+
+// x = x + ff(norm(x)): the block's norm_mlp or norm_moe.
+void feed_forward(Blocks& b, Vector norm, const FeedForward& ff);
 
 // The rotary embedding of the attention layers.
 struct RopeSpec {

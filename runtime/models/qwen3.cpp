@@ -11,7 +11,7 @@ namespace qtk {
 Qwen3::Qwen3(WeightBinder& w) : cfg_(w.pack().config()) {
   const ModelConfig& c = cfg_;
   if (c.arch != Arch::kQwen3) fail("{}: Qwen3 model built from a non-Qwen3 pack", w.pack().path());
-  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, D = c.head_dim;
   embed_tokens_ = w.matrix("embed_tokens", c.vocab_size, H, MatrixUse::kEmbedding);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
@@ -23,13 +23,7 @@ Qwen3::Qwen3(WeightBinder& w) : cfg_(w.pack().config()) {
     l.self_attn.k_norm = w.vector(p + "self_attn.k_norm", D);
     l.self_attn.o_proj = w.matrix(p + "self_attn.o_proj", H, c.q_dim());
     l.post_attention_layernorm = w.vector(p + "post_attention_layernorm", H);
-    l.is_moe = c.is_moe_layer(i);
-    if (l.is_moe) {
-      l.moe = w.experts(p);
-    } else {
-      l.mlp.gate_up = w.matrix(p + "mlp.gate_up_proj", 2 * I, H);
-      l.mlp.down = w.matrix(p + "mlp.down_proj", H, I);
-    }
+    l.mlp = bind_feed_forward(w, i, p);
     layers_.push_back(l);
   }
   norm_ = w.vector("norm", H);
@@ -54,10 +48,7 @@ void Qwen3::forward(Blocks& b) const {
     b.norm_project(l.input_layernorm, {&l.qkv_proj, 1});
     b.attention(l.self_attn);
     // x = x + mlp(post_attention_layernorm(x))
-    if (l.is_moe)
-      b.norm_moe(l.post_attention_layernorm, l.moe);
-    else
-      b.norm_mlp(l.post_attention_layernorm, l.mlp);
+    feed_forward(b, l.post_attention_layernorm, l.mlp);
     b.layer_end(static_cast<int64_t>(i));
   }
   b.logits(norm_, lm_head_);

@@ -16,9 +16,7 @@ struct Qwen3Layer {
   Matrix qkv_proj;                  // mat [(Hq + 2*Hkv)*head_dim, hidden]: rows q, k, v
   AttentionLayer self_attn;         // q_norm, k_norm f32 [head_dim]; o_proj mat [hidden, Hq*D]
   Vector post_attention_layernorm;  // f32 [hidden]
-  bool is_moe = false;
-  MlpLayer mlp;  // dense: gate_up [2*intermediate, hidden], down
-  Experts moe;   // when is_moe
+  FeedForward mlp;  // dense SwiGLU or mixture of experts, as the config's MLP plan says
 };
 
 class Qwen3 final : public Architecture {

@@ -25,7 +25,7 @@ Qwen3_5::Qwen3_5(WeightBinder& w) : cfg_(w.pack().config()) {
         "{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; this runtime computes "
         "x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
         path);
-  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t Hv = c.linear_num_value_heads, Dv = c.linear_value_head_dim;
   const int64_t qkvz = c.linear_conv_dim() + c.linear_value_dim();
   embed_tokens_ = w.matrix("embed_tokens", c.vocab_size, H, MatrixUse::kEmbedding);
@@ -58,13 +58,7 @@ Qwen3_5::Qwen3_5(WeightBinder& w) : cfg_(w.pack().config()) {
       g.out_proj = w.matrix(p + "linear_attn.out_proj", H, c.linear_value_dim());
     }
     l.post_attention_layernorm = w.vector(p + "post_attention_layernorm", H);
-    l.is_moe = c.is_moe_layer(i);
-    if (l.is_moe) {
-      l.moe = w.experts(p);
-    } else {
-      l.mlp.gate_up = w.matrix(p + "mlp.gate_up_proj", 2 * I, H);
-      l.mlp.down = w.matrix(p + "mlp.down_proj", H, I);
-    }
+    l.mlp = bind_feed_forward(w, i, p);
     layers_.push_back(l);
   }
   norm_ = w.vector("norm", H);
@@ -94,10 +88,7 @@ void Qwen3_5::forward(Blocks& b) const {
     else
       b.delta_net(l.linear_attn);
     // x = x + mlp(post_attention_layernorm(x))
-    if (l.is_moe)
-      b.norm_moe(l.post_attention_layernorm, l.moe);
-    else
-      b.norm_mlp(l.post_attention_layernorm, l.mlp);
+    feed_forward(b, l.post_attention_layernorm, l.mlp);
     b.layer_end(static_cast<int64_t>(i));
   }
   b.logits(norm_, lm_head_);

@@ -29,9 +29,7 @@ struct Qwen3_5Layer {
   AttentionLayer self_attn;         // when full: q_norm, k_norm f32 [D] (1+w); o_proj
   DeltaNetLayer linear_attn;        // when linear
   Vector post_attention_layernorm;  // f32 [hidden] (1+w)
-  bool is_moe = false;
-  MlpLayer mlp;  // dense: gate_up [2*intermediate, hidden], down [hidden, intermediate]
-  Experts moe;   // when is_moe (experts with a gated shared expert)
+  FeedForward mlp;  // dense SwiGLU or mixture of experts, as the config's MLP plan says
 };
 
 class Qwen3_5 final : public Architecture {
