@@ -513,6 +513,77 @@ std::string summary_line(const GenerateSummary& s) {
       s.wall_seconds);
 }
 
+// Where the results go, settled before anything is opened for writing: no
+// output is an input, the output is this run's alone (OUT.lock), and the
+// run starts fresh or resumes (stdout: always fresh).
+ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, bool sharded,
+                           std::optional<OutputLock>& lock) {
+  const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
+                                                                   {"--batch", o.batch}};
+  if (o.out == "-") {
+    check_stdout_flags(o);
+    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
+    return {};
+  }
+  refuse_outputs_that_are_inputs(paths, inputs);
+  lock.emplace(paths.lock, o.out);
+  // note: --shard implies --resume: a retried task runs the same command.
+  return choose_start(paths, o.force               ? StartMode::kForce
+                             : o.resume || sharded ? StartMode::kResume
+                                                   : StartMode::kFresh);
+}
+
+// What a prompt line may ask for and gets by default, from the flags, the
+// pack and the chat template.
+PromptDefaults prompt_defaults(const GenerateOptions& o, const LoadedModel& m,
+                               const ChatTemplateSetup& chat) {
+  const ModelConfig& cfg = m.pack->config();
+  PromptDefaults d;
+  d.max_tokens = o.max_tokens > 0 ? o.max_tokens : pack_max_new_tokens(*m.pack);
+  d.ignore_eos = o.ignore_eos;
+  for (int64_t e : cfg.eos_token_ids) d.eos_ids.push_back(static_cast<int32_t>(e));
+  d.vocab_size = cfg.vocab_size;
+  d.max_context = cfg.max_position_embeddings;
+  d.allow_mrope = !cfg.rope.mrope_section.empty();
+  d.allow_unknown_fields = o.allow_unknown_fields;
+  d.tokenizer = m.tokenizer ? &*m.tokenizer : nullptr;
+  d.chat_template = chat.tmpl ? &*chat.tmpl : nullptr;
+  d.chat_template_missing = chat.missing;
+  d.chat_special_tokens = chat.special_tokens;
+  return d;
+}
+
+// A shard keeps its own lines, after every line was parsed: default ids
+// (line numbers) and duplicate-id errors are those of the whole batch.
+void keep_shard_lines(std::vector<PromptLine>& lines, const ShardSpec& shard) {
+  std::vector<PromptLine> own;
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (shard.owns(static_cast<int64_t>(i))) own.push_back(std::move(lines[i]));
+  lines = std::move(own);
+}
+
+// A shard resumes only its own file.
+// note: checked before the line-by-line resume checks, so that the message
+// names the real mismatch (another shard's file).
+void check_same_shard(const ResumeSource& source, const nlohmann::json& meta) {
+  const nlohmann::json old =
+      nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
+  const nlohmann::json was =
+      old.is_object() ? old.value("shard", nlohmann::json()) : nlohmann::json();
+  if (was != meta["shard"])
+    fail("{}: cannot resume: it holds shard {}, this run is shard {}", source.meta, was.dump(),
+         meta["shard"].dump());
+}
+
+// The lines, failed lines and resumed lines of a run's summary.
+GenerateSummary summary_of(const std::vector<PromptLine>& lines, int64_t resumed_after) {
+  GenerateSummary s;
+  s.lines = static_cast<int64_t>(lines.size());
+  for (const auto& l : lines) s.failed_lines += l.error.empty() ? 0 : 1;
+  s.resumed_after = resumed_after;
+  return s;
+}
+
 GenerateSummary run_generate(const GenerateOptions& o) {
   const auto start = Clock::now();
   const DeviceChoice dev = resolve_device(o);
@@ -532,21 +603,8 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // write and ours alone.
   const bool to_stdout = o.out == "-";
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
-  const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
-                                                                   {"--batch", o.batch}};
   std::optional<OutputLock> lock;
-  ResumeSource source;
-  if (to_stdout) {
-    check_stdout_flags(o);
-    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
-  } else {
-    refuse_outputs_that_are_inputs(paths, inputs);
-    lock.emplace(paths.lock, o.out);
-    // note: --shard implies --resume: a retried task runs the same command.
-    source = choose_start(paths, o.force               ? StartMode::kForce
-                                 : o.resume || sharded ? StartMode::kResume
-                                                       : StartMode::kFresh);
-  }
+  const ResumeSource source = claim_outputs(o, paths, sharded, lock);
 
   LoadedModel m;
   load(o, dev, m);
@@ -560,32 +618,14 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // upstream step), not an empty golden file.
   if (raw_lines.empty())
     fail("{}: expected at least one prompt line, found an empty file", o.batch);
-  PromptDefaults defaults;
-  defaults.max_tokens = o.max_tokens > 0 ? o.max_tokens : pack_max_new_tokens(*m.pack);
-  defaults.ignore_eos = o.ignore_eos;
-  for (int64_t e : cfg.eos_token_ids) defaults.eos_ids.push_back(static_cast<int32_t>(e));
-  defaults.vocab_size = cfg.vocab_size;
-  defaults.max_context = cfg.max_position_embeddings;
-  defaults.allow_mrope = !cfg.rope.mrope_section.empty();
-  defaults.allow_unknown_fields = o.allow_unknown_fields;
-  defaults.tokenizer = m.tokenizer ? &*m.tokenizer : nullptr;
-  defaults.chat_template = chat.tmpl ? &*chat.tmpl : nullptr;
-  defaults.chat_template_missing = chat.missing;
-  defaults.chat_special_tokens = chat.special_tokens;
+  const PromptDefaults defaults = prompt_defaults(o, m, chat);
   std::vector<PromptLine> lines = parse_lines(raw_lines, defaults);
   // note: over the whole batch, before sharding, so that every shard of
   // one job records the same template.
   const bool any_chat =
       std::any_of(lines.begin(), lines.end(), [](const PromptLine& l) { return l.is_chat; });
-  // A shard keeps its own lines, after every line was parsed: default ids
-  // (line numbers) and duplicate-id errors are those of the whole batch.
   const int64_t lines_total = static_cast<int64_t>(lines.size());
-  if (sharded) {
-    std::vector<PromptLine> own;
-    for (int64_t i = 0; i < lines_total; ++i)
-      if (shard.owns(i)) own.push_back(std::move(lines[static_cast<size_t>(i)]));
-    lines = std::move(own);
-  }
+  if (sharded) keep_shard_lines(lines, shard);
 
   const SchedulerOptions so = size_cache(o, cfg, m.model->cache_spec(), lines);
   Scheduler sched(*m.model, so);
@@ -601,17 +641,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     meta["shard"] = shard_json(
         shard, lines_total, "xxh64:" + checksum_hex(xxh64(batch_text.data(), batch_text.size())));
   }
-  if (sharded && source.resume) {
-    // note: checked before the line-by-line resume checks, so that the
-    // message names the real mismatch (another shard's file).
-    const nlohmann::json old =
-        nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
-    const nlohmann::json was =
-        old.is_object() ? old.value("shard", nlohmann::json()) : nlohmann::json();
-    if (was != meta["shard"])
-      fail("{}: cannot resume: it holds shard {}, this run is shard {}", source.meta, was.dump(),
-           meta["shard"].dump());
-  }
+  if (sharded && source.resume) check_same_shard(source, meta);
   ResumePoint rp;
   if (source.resume) rp = check_resume(source, meta, lines, o.batch);
   if (sharded && source.resume) {
@@ -620,11 +650,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
       std::fprintf(stderr, "generate: shard %lld/%lld of %s is already complete in %s\n",
                    static_cast<long long>(shard.index), static_cast<long long>(shard.count),
                    o.batch.c_str(), o.out.c_str());
-      GenerateSummary done;
-      done.lines = static_cast<int64_t>(lines.size());
-      for (const auto& l : lines) done.failed_lines += l.error.empty() ? 0 : 1;
-      done.resumed_after = done.lines;
-      return done;
+      return summary_of(lines, static_cast<int64_t>(lines.size()));
     }
   }
   std::optional<ResultsWriter> out;
@@ -650,10 +676,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     out->set_failure(e.what());
     throw;
   }
-  GenerateSummary s;
-  s.lines = static_cast<int64_t>(lines.size());
-  for (const auto& l : lines) s.failed_lines += l.error.empty() ? 0 : 1;
-  s.resumed_after = static_cast<int64_t>(rp.lines_done);
+  GenerateSummary s = summary_of(lines, static_cast<int64_t>(rp.lines_done));
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

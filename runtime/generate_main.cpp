@@ -20,128 +20,143 @@
 // stderr), 3 the run completed but some lines got an {"id", "error"} line.
 constexpr int kSomeLinesFailed = 3;
 
+namespace {
+
+// generate's flags and their help.
+cxxopts::Options generate_flags() {
+  cxxopts::Options opts("generate",
+                        "Batched greedy generation from a .pack file.\nExit status: 0 every line "
+                        "has a result, 1 the run failed, 3 some lines got an error line.");
+  opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
+      "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+      "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
+      cxxopts::value<std::string>())(
+      "meta", "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
+      cxxopts::value<std::string>()->default_value("cpu"))(
+      "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "threads", "worker threads (default: all CPUs available)",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "max-tokens", "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
+      cxxopts::value<std::string>()->default_value("0"))("ignore-eos",
+                                                         "do not stop at the model's EOS tokens")(
+      "max-num-seqs", "most sequences running at once",
+      cxxopts::value<std::string>()->default_value("64"))(
+      "max-batched-tokens",
+      "most tokens computed per step (prefill chunks + decode); Qwen3.5 on cuda with bf16 never "
+      "splits a prompt's full 64-token chunks, so a budget below 64 is raised to 64 for them",
+      cxxopts::value<std::string>()->default_value("512"))(
+      "block-size", "tokens per KV-cache block",
+      cxxopts::value<std::string>()->default_value("16"))(
+      "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
+      "logprobs",
+      "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
+      "--device cpu)",
+      cxxopts::value<std::string>()->default_value("0"))("progress",
+                                                         "show a progress line on stderr")(
+      "show", "print each prompt and its continuation to stdout")(
+      "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
+      "force", "replace an existing --out (it stays until the new run completes)")(
+      "allow-unknown-fields",
+      "ignore request fields generate does not know (default: such a line gets an error)")(
+      "no-verify", "skip checking every tensor's XXH64 checksum at load")(
+      "shard",
+      "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
+      "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
+      "--resume; a complete shard is not redone. Join the shards with `merge`.",
+      cxxopts::value<std::string>())(
+      "plan-cache",
+      "with --device cuda: the GEMM plan cache file, or 'off' (default: "
+      "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
+      "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
+      cxxopts::value<std::string>()->default_value(""))(
+      "tune-only",
+      "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
+      "(no --batch or --out)")(
+      "chat-template",
+      "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
+      "tokenizer_config.json's chat_template)",
+      cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
+  return opts;
+}
+
+// The flags checked and turned into GenerateOptions.
+qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::ParseResult& args) {
+  qtk::GenerateOptions o;
+  o.tune_only = args.count("tune-only") > 0;
+  for (const char* req : {"model", "batch", "out"})
+    if (!o.tune_only || std::string_view(req) == "model") qtk::cli::require_flag(opts, args, req);
+  qtk::cli::no_extra_arguments(args);
+  // note: the upper bounds are far above any useful setting; past them the
+  // run would overflow its sizes or exhaust memory instead of failing here.
+  auto int_flag = [&args](const std::string& name, int64_t min, int64_t max, const char* expected) {
+    return qtk::cli::parse_int_flag("--" + name, args[name].as<std::string>(), min, max, expected);
+  };
+  constexpr const char* kPositive = "a positive integer";
+  o.model = args["model"].as<std::string>();
+  if (args.count("batch")) o.batch = args["batch"].as<std::string>();
+  if (args.count("out")) o.out = args["out"].as<std::string>();
+  o.meta = args["meta"].as<std::string>();
+  o.device =
+      qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
+  o.precision = args["precision"].as<std::string>();
+  if (!o.precision.empty())  // "" = the device's default
+    qtk::cli::parse_choice_flag("--precision", o.precision, {"f32", "bf16"});
+  o.threads =
+      static_cast<int>(int_flag("threads", 0, 1024, "0 (all CPUs) or a positive thread count"));
+  o.max_tokens = int_flag("max-tokens", 0, std::numeric_limits<int64_t>::max(),
+                          "0 (the pack's default) or a positive integer");
+  o.ignore_eos = args.count("ignore-eos") > 0;
+  o.max_num_seqs = int_flag("max-num-seqs", 1, 65536, kPositive);
+  o.max_batched_tokens = int_flag("max-batched-tokens", 1, 1 << 20, kPositive);
+  o.block_size = int_flag("block-size", 1, 65536, kPositive);
+  o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
+                               "0 (sized from the prompts) or a positive integer");
+  o.margins = args.count("margins") > 0;
+  o.logprobs = static_cast<int>(
+      int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
+  o.progress = args.count("progress") > 0;
+  o.show = args.count("show") > 0;
+  o.resume = args.count("resume") > 0;
+  if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+  o.force = args.count("force") > 0;
+  o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
+  o.verify = args.count("no-verify") == 0;
+  o.chat_template = args["chat-template"].as<std::string>();
+  return o;
+}
+
+// The QTK_* switches, read and checked once for the whole run.
+void set_run_tuning(const cxxopts::ParseResult& args) {
+  // note: QTK_PLAN_CACHE is --plan-cache's default (a whole test suite or
+  // benchmark can run with the cache off or in a scratch file); the value
+  // used is written to the run header with the other switches.
+  qtk::Tuning tuning = qtk::Tuning::from_environment();
+  if (const std::string flag = args["plan-cache"].as<std::string>(); !flag.empty())
+    tuning.plan_cache = flag;
+  qtk::set_tuning(tuning);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would kill us with
   // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
   // one error line, leaving only complete result lines for --resume.
   std::signal(SIGXFSZ, SIG_IGN);
   try {
-    cxxopts::Options opts("generate",
-                          "Batched greedy generation from a .pack file.\nExit status: 0 every line "
-                          "has a result, 1 the run failed, 3 some lines got an error line.");
-    qtk::GenerateOptions o;
-    opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-        "batch", "prompts, one JSON object per line (- reads stdin)",
-        cxxopts::value<std::string>())(
-        "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
-        cxxopts::value<std::string>())(
-        "meta",
-        "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
-        cxxopts::value<std::string>()->default_value(""))(
-        "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
-        cxxopts::value<std::string>()->default_value("cpu"))(
-        "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
-        cxxopts::value<std::string>()->default_value(""))(
-        "threads", "worker threads (default: all CPUs available)",
-        cxxopts::value<std::string>()->default_value("0"))(
-        "max-tokens",
-        "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
-        cxxopts::value<std::string>()->default_value("0"))("ignore-eos",
-                                                           "do not stop at the model's EOS tokens")(
-        "max-num-seqs", "most sequences running at once",
-        cxxopts::value<std::string>()->default_value("64"))(
-        "max-batched-tokens",
-        "most tokens computed per step (prefill chunks + decode); Qwen3.5 on cuda with bf16 never "
-        "splits a prompt's full 64-token chunks, so a budget below 64 is raised to 64 for them",
-        cxxopts::value<std::string>()->default_value("512"))(
-        "block-size", "tokens per KV-cache block",
-        cxxopts::value<std::string>()->default_value("16"))(
-        "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
-        cxxopts::value<std::string>()->default_value("0"))(
-        "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
-        "logprobs",
-        "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
-        "--device cpu)",
-        cxxopts::value<std::string>()->default_value("0"))("progress",
-                                                           "show a progress line on stderr")(
-        "show", "print each prompt and its continuation to stdout")(
-        "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
-        "force", "replace an existing --out (it stays until the new run completes)")(
-        "allow-unknown-fields",
-        "ignore request fields generate does not know (default: such a line gets an error)")(
-        "no-verify", "skip checking every tensor's XXH64 checksum at load")(
-        "shard",
-        "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
-        "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
-        "--resume; a complete shard is not redone. Join the shards with `merge`.",
-        cxxopts::value<std::string>())(
-        "plan-cache",
-        "with --device cuda: the GEMM plan cache file, or 'off' (default: "
-        "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
-        "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
-        cxxopts::value<std::string>()->default_value(""))(
-        "tune-only",
-        "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
-        "(no --batch or --out)")(
-        "chat-template",
-        "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
-        "tokenizer_config.json's chat_template)",
-        cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
+    cxxopts::Options opts = generate_flags();
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
       fmt::print("{}\n{}", opts.help(), qtk::tuning_help());
       return 0;
     }
-    o.tune_only = args.count("tune-only") > 0;
-    for (const char* req : {"model", "batch", "out"})
-      if (!o.tune_only || std::string_view(req) == "model") qtk::cli::require_flag(opts, args, req);
-    qtk::cli::no_extra_arguments(args);
-    // note: the upper bounds are far above any useful setting; past them the
-    // run would overflow its sizes or exhaust memory instead of failing here.
-    auto int_flag = [&args](const std::string& name, int64_t min, int64_t max,
-                            const char* expected) {
-      return qtk::cli::parse_int_flag("--" + name, args[name].as<std::string>(), min, max,
-                                      expected);
-    };
-    constexpr const char* kPositive = "a positive integer";
-    o.model = args["model"].as<std::string>();
-    if (args.count("batch")) o.batch = args["batch"].as<std::string>();
-    if (args.count("out")) o.out = args["out"].as<std::string>();
-    o.meta = args["meta"].as<std::string>();
-    o.device =
-        qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
-    o.precision = args["precision"].as<std::string>();
-    if (!o.precision.empty())  // "" = the device's default
-      qtk::cli::parse_choice_flag("--precision", o.precision, {"f32", "bf16"});
-    o.threads =
-        static_cast<int>(int_flag("threads", 0, 1024, "0 (all CPUs) or a positive thread count"));
-    o.max_tokens = int_flag("max-tokens", 0, std::numeric_limits<int64_t>::max(),
-                            "0 (the pack's default) or a positive integer");
-    o.ignore_eos = args.count("ignore-eos") > 0;
-    o.max_num_seqs = int_flag("max-num-seqs", 1, 65536, kPositive);
-    o.max_batched_tokens = int_flag("max-batched-tokens", 1, 1 << 20, kPositive);
-    o.block_size = int_flag("block-size", 1, 65536, kPositive);
-    o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
-                                 "0 (sized from the prompts) or a positive integer");
-    o.margins = args.count("margins") > 0;
-    o.logprobs = static_cast<int>(
-        int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
-    o.progress = args.count("progress") > 0;
-    o.show = args.count("show") > 0;
-    o.resume = args.count("resume") > 0;
-    if (args.count("shard")) o.shard = args["shard"].as<std::string>();
-    o.force = args.count("force") > 0;
-    o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
-    o.verify = args.count("no-verify") == 0;
-    o.chat_template = args["chat-template"].as<std::string>();
-    // The QTK_* switches, read and checked once for the whole run.
-    // note: QTK_PLAN_CACHE is --plan-cache's default (a whole test suite or
-    // benchmark can run with the cache off or in a scratch file); the value
-    // used is written to the run header with the other switches.
-    qtk::Tuning tuning = qtk::Tuning::from_environment();
-    if (const std::string flag = args["plan-cache"].as<std::string>(); !flag.empty())
-      tuning.plan_cache = flag;
-    qtk::set_tuning(tuning);
+    const qtk::GenerateOptions o = read_flags(opts, args);
+    set_run_tuning(args);
     const qtk::GenerateSummary s = qtk::run_generate(o);
     if (o.tune_only) return 0;
     std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
