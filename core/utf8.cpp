@@ -26,11 +26,9 @@ void append_utf8(std::string& out, uint32_t cp) {
 // note: the byte ranges of the Unicode standard's table of well-formed UTF-8
 // byte sequences; the second byte's range excludes overlong forms,
 // surrogates and code points above U+10FFFF without decoding.
-size_t utf8_sequence_length(const unsigned char* s, size_t avail) {
-  const unsigned char b = s[0];
-  if (b < 0x80) return 1;
-  size_t need;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+bool utf8_lead_byte(unsigned char b, size_t& need, unsigned char& lo, unsigned char& hi) {
+  lo = 0x80;
+  hi = 0xBF;
   if (b >= 0xC2 && b <= 0xDF) {
     need = 1;
   } else if (b >= 0xE0 && b <= 0xEF) {
@@ -42,8 +40,16 @@ size_t utf8_sequence_length(const unsigned char* s, size_t avail) {
     if (b == 0xF0) lo = 0x90;  // no overlong forms
     if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
   } else {
-    return 0;
+    return false;
   }
+  return true;
+}
+
+size_t utf8_sequence_length(const unsigned char* s, size_t avail) {
+  if (s[0] < 0x80) return 1;
+  size_t need;
+  unsigned char lo, hi;  // allowed range of the second byte
+  if (!utf8_lead_byte(s[0], need, lo, hi)) return 0;
   if (need >= avail) return 0;  // truncated
   if (s[1] < lo || s[1] > hi) return 0;
   for (size_t k = 2; k <= need; ++k) {

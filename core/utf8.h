@@ -11,6 +11,12 @@ namespace qtk {
 // Appends the UTF-8 encoding of cp (a Unicode scalar value).
 void append_utf8(std::string& out, uint32_t cp);
 
+// The lead byte b of a multi-byte sequence: the continuation bytes it needs
+// and the allowed range [lo, hi] of the second byte (which excludes overlong
+// forms, surrogates and code points above U+10FFFF). False when b never
+// starts a multi-byte sequence (ASCII, a continuation byte, C0, C1, F5..FF).
+bool utf8_lead_byte(unsigned char b, size_t& need, unsigned char& lo, unsigned char& hi);
+
 // Length of the well-formed UTF-8 sequence at s[0] (avail >= 1 bytes
 // readable), or 0 when it is ill-formed or truncated. Overlong forms, UTF-16
 // surrogates and code points above U+10FFFF are ill-formed.

@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "core/utf8.h"
 #include "tokenizer/unicode_classes.h"
 
 namespace qtk::byte_level {
@@ -82,18 +83,8 @@ void append_utf8_lossy(std::string& out, std::string_view bytes) {
       continue;
     }
     size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (b >= 0xC2 && b <= 0xDF) {
-      need = 1;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      need = 2;
-      if (b == 0xE0) lo = 0xA0;  // no overlong forms
-      if (b == 0xED) hi = 0x9F;  // no surrogates
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      need = 3;
-      if (b == 0xF0) lo = 0x90;  // no overlong forms
-      if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    } else {
+    unsigned char lo, hi;  // allowed range of the second byte
+    if (!utf8_lead_byte(b, need, lo, hi)) {
       out.append(kReplacement, 3);  // a byte that never starts a sequence
       ++i;
       continue;
