@@ -292,7 +292,8 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   m.backend = open_backend(*m.pack, BackendChoice{.device = dev.device,
                                                   .precision = dev.precision,
                                                   .plan_cache = tuning().plan_cache,
-                                                  .threads = m.threads});
+                                                  .threads = m.threads,
+                                                  .tensor_parallel = o.tensor_parallel});
   m.model = &m.backend->model();
   m.device_name = m.backend->device_name();
   m.load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
@@ -395,6 +396,18 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
       {"input_lines", raw.size()},
       {"input_line_xxh64", input_line_digests(raw)}};
   if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);
+  // note: written only for a split model, so that the headers of unsplit
+  // runs (and of runs made before tensor parallelism) stay comparable.
+  if (o.tensor_parallel > 1) {
+    meta["settings"]["tensor_parallel"] = o.tensor_parallel;
+    meta["tensor_parallel"] = {
+        {"ranks", o.tensor_parallel},
+        {"compare",
+         fmt::format("a tensor-parallel run (TP {}) adds each output projection's {} partial "
+                     "sums in rank order: bit-identical from run to run and batch-invariant, "
+                     "but compared with a TP-1 result by the near-tie rule, not byte for byte",
+                     o.tensor_parallel, o.tensor_parallel)}};
+  }
   return meta;
 }
 

@@ -36,6 +36,7 @@ struct GenerateOptions {
   bool verify = true;                 // check every tensor's XXH64 at load
   std::string meta;                   // run header path; empty: out + ".meta.json"
   std::string shard;                  // "K/N" or "auto" (runtime/shard.h); empty: the whole batch
+  int tensor_parallel = 1;            // ranks the model is split over (runtime/parallel)
   // --device cuda: --tune-only (tune every GEMM range, write the plan cache,
   // run no prompts). The plan cache file itself is tuning().plan_cache
   // (--plan-cache or QTK_PLAN_CACHE; core/tuning.h).

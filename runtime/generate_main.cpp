@@ -74,6 +74,13 @@ cxxopts::Options generate_flags() {
       "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
       "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
       cxxopts::value<std::string>()->default_value(""))(
+      "tensor-parallel",
+      "split the model over N ranks (heads and widths / N, one all-reduce per block in a fixed "
+      "rank order): with --device cuda one rank per GPU (GPUs 0..N-1 of CUDA_VISIBLE_DEVICES), "
+      "for models larger than one GPU; with --device cpu N ranks emulated in one process (a "
+      "check of the split, not a speed-up). A TP-N result is compared with a TP-1 result by the "
+      "near-tie rule (the partial sums are added in another order)",
+      cxxopts::value<std::string>()->default_value("1"))(
       "tune-only",
       "with --device cuda: tune the GEMM plans of the model, write the plan cache and exit "
       "(no --batch or --out)")(
@@ -123,6 +130,8 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.show = args.count("show") > 0;
   o.resume = args.count("resume") > 0;
   if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+  o.tensor_parallel =
+      static_cast<int>(int_flag("tensor-parallel", 1, 64, "a rank count from 1 to 64"));
   o.force = args.count("force") > 0;
   o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
   o.verify = args.count("no-verify") == 0;

@@ -23,8 +23,8 @@ constexpr size_t kDigestChars = 16;
 // allow_unknown_fields turns error lines into results; chat_template (null
 // for runs without "messages" lines) decides the prompts of chat lines.
 constexpr const char* kResultSettings[] = {
-    "max_tokens_default", "ignore_eos",           "margins",      "logprobs", "device",
-    "precision",          "allow_unknown_fields", "chat_template"};
+    "max_tokens_default", "ignore_eos",           "margins",       "logprobs",       "device",
+    "precision",          "allow_unknown_fields", "chat_template", "tensor_parallel"};
 
 nlohmann::json at(const nlohmann::json& j, const std::string& pointer) {
   return j.value(nlohmann::json::json_pointer(pointer), nlohmann::json());

@@ -134,11 +134,17 @@ ShardFile load_shard(const std::string& path) {
 
 // The meta fields that must agree between the shards of one job.
 const char* const kSameInEveryShard[] = {
-    "/pack/digest",         "/settings/max_tokens_default",
-    "/settings/ignore_eos", "/settings/margins",
-    "/settings/device",     "/settings/precision",
-    "/shard/count",         "/shard/lines_total",
-    "/shard/batch_digest",  "/settings/chat_template",
+    "/pack/digest",
+    "/settings/max_tokens_default",
+    "/settings/ignore_eos",
+    "/settings/margins",
+    "/settings/device",
+    "/settings/precision",
+    "/shard/count",
+    "/shard/lines_total",
+    "/shard/batch_digest",
+    "/settings/chat_template",
+    "/settings/tensor_parallel",
 };
 
 }  // namespace

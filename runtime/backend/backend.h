@@ -22,6 +22,10 @@ struct BackendChoice {
   std::string precision;   // f32 | bf16
   std::string plan_cache;  // --plan-cache (cuda: the GEMM plan cache; "" default, "off")
   int threads = 0;         // CPU threads (cpu: the thread pool)
+  // --tensor-parallel N: the model split over N ranks (runtime/parallel):
+  // cuda: one rank per GPU; cpu: N ranks emulated in one process, each with
+  // threads / N threads (a check of the split arithmetic, not a speed-up).
+  int tensor_parallel = 1;
 };
 
 // A loaded model on its device, with the device's one-time work around it.

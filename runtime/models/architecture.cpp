@@ -33,7 +33,7 @@ CacheSpec Architecture::cache_spec() const {
 }
 
 FeedForward bind_feed_forward(WeightBinder& w, int64_t layer, const std::string& p) {
-  const ModelConfig& c = w.pack().config();
+  const ModelConfig& c = w.config();
   FeedForward f;
   f.is_moe = c.is_moe_layer(layer);
   if (f.is_moe) {
@@ -53,7 +53,7 @@ void feed_forward(Blocks& b, Vector norm, const FeedForward& ff) {
 }
 
 std::unique_ptr<Architecture> bind_architecture(WeightBinder& w) {
-  const ModelConfig& c = w.pack().config();
+  const ModelConfig& c = w.config();
   switch (c.arch) {
     case Arch::kQwen3:
       return std::make_unique<Qwen3>(w);

@@ -53,10 +53,7 @@ MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::s
   w.router = pack_matrix(pack, p + "mlp.router", E, H);
   w.gate_up_proj = pack_stacked(pack, p + "mlp.experts.gate_up_proj", E, 2 * I, H, &w.gate_up_fp8);
   w.down_proj = pack_stacked(pack, p + "mlp.experts.down_proj", E, H, I, &w.down_fp8);
-  for (int64_t e = 0; e < E; ++e) {
-    w.expert_gate_up.push_back(expert_slice(w.gate_up_proj, e));
-    w.expert_down.push_back(expert_slice(w.down_proj, e));
-  }
+  index_experts(w);
   if (const int64_t S = c.moe.shared_expert_intermediate; S > 0) {
     w.has_shared = true;
     w.shared_gate_up_proj = pack_matrix(pack, p + "mlp.shared_expert.gate_up_proj", 2 * S, H);
@@ -64,6 +61,15 @@ MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::s
     w.shared_expert_gate = pack_matrix(pack, p + "mlp.shared_expert_gate", 1, H);
   }
   return w;
+}
+
+void index_experts(MoeWeights& w) {
+  w.expert_gate_up.clear();
+  w.expert_down.clear();
+  for (int64_t e = 0; e < w.gate_up_proj.shape[0]; ++e) {
+    w.expert_gate_up.push_back(expert_slice(w.gate_up_proj, e));
+    w.expert_down.push_back(expert_slice(w.down_proj, e));
+  }
 }
 
 void append_moe_matrices(const MoeWeights& w, std::vector<TensorView>& mats) {

@@ -52,6 +52,10 @@ struct MoeWeights {
 // pack, the tensor, the expected and found dtype or shape.
 MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::string& prefix);
 
+// Fills expert_gate_up / expert_down with each expert's slice of the stacked
+// gate_up_proj / down_proj.
+void index_experts(MoeWeights& w);
+
 // Appends every 2-D matrix of `w` the matmuls read (for TiledWeights::build).
 void append_moe_matrices(const MoeWeights& w, std::vector<TensorView>& mats);
 

@@ -8,7 +8,7 @@
 
 namespace qtk {
 
-Qwen3::Qwen3(WeightBinder& w) : cfg_(w.pack().config()) {
+Qwen3::Qwen3(WeightBinder& w) : cfg_(w.config()) {
   const ModelConfig& c = cfg_;
   if (c.arch != Arch::kQwen3) fail("{}: Qwen3 model built from a non-Qwen3 pack", w.pack().path());
   const int64_t H = c.hidden_size, D = c.head_dim;

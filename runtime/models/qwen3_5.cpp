@@ -8,7 +8,7 @@
 
 namespace qtk {
 
-Qwen3_5::Qwen3_5(WeightBinder& w) : cfg_(w.pack().config()) {
+Qwen3_5::Qwen3_5(WeightBinder& w) : cfg_(w.config()) {
   const ModelConfig& c = cfg_;
   const std::string& path = w.pack().path();
   if (c.arch != Arch::kQwen3_5) fail("{}: Qwen3.5 model built from a non-Qwen3.5 pack", path);

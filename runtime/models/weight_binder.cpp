@@ -56,25 +56,54 @@ TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n) {
   return v;
 }
 
+WeightBinder::WeightBinder(const Pack& pack, TpRank tp)
+    : pack_(pack), tp_(tp), cfg_(tp_rank_config(pack.config(), tp.size, pack.path())) {
+  // note: an FP8 matrix's 128x128 scale blocks would straddle the ranks'
+  // slices of most split widths; a rank's scales would need re-indexing.
+  if (tp.split() && !pack.fp8_tensors().empty())
+    fail(
+        "{}: tensor parallel over an FP8 pack is not supported (found F8_E4M3 tensor '{}'); "
+        "convert the checkpoint with --dtype bf16",
+        pack.path(), pack.fp8_tensors().front().tensor);
+}
+
+TensorView WeightBinder::rank_slice(const std::string& name, const TensorView& v) {
+  if (!tp_.split()) return v;
+  const int64_t rows = v.ndim >= 2 ? v.shape[v.ndim - 2] : v.dim(0);
+  return tp_slice(v, tp_split(pack_.config(), name, rows), tp_, name, slices_);
+}
+
 bool WeightBinder::has(const std::string& name) const { return pack_.find_tensor(name) != nullptr; }
 
+// note: under tensor parallelism the whole tensor is checked against the
+// pack's config first (tp_slice), then the slice against the rank's shape.
 Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols, MatrixUse use) {
-  const TensorView v = pack_matrix(pack_, name, rows, cols);
+  const TensorView& full = pack_.tensor(name);
+  if (!is_matrix_dtype(full.dtype)) {
+    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack_.path(), name,
+         dtype_name(full.dtype));
+  }
+  const TensorView v = rank_slice(name, full);
+  check_shape(pack_, name, v, {rows, cols});
   return Matrix{adopt_matrix(name, v, use), rows, cols};
 }
 
 Vector WeightBinder::vector(const std::string& name, int64_t n) {
-  return Vector{adopt_vector(name, pack_vector(pack_, name, n)), n};
+  const TensorView v = rank_slice(name, f32_tensor(pack_, name));
+  check_shape(pack_, name, v, {n});
+  return Vector{adopt_vector(name, v), n};
 }
 
 Vector WeightBinder::table(const std::string& name, int64_t rows, int64_t cols) {
-  const TensorView& v = f32_tensor(pack_, name);
+  const TensorView v = rank_slice(name, f32_tensor(pack_, name));
   check_shape(pack_, name, v, {rows, cols});
   return Vector{adopt_vector(name, v), rows * cols};
 }
 
 Experts WeightBinder::experts(const std::string& prefix) {
-  return Experts{adopt_experts(prefix, load_moe_weights(pack_, pack_.config(), prefix))};
+  MoeWeights w = load_moe_weights(pack_, pack_.config(), prefix);
+  if (tp_.split()) w = tp_slice_experts(w, pack_.config(), tp_, prefix, slices_);
+  return Experts{adopt_experts(prefix, w)};
 }
 
 }  // namespace qtk

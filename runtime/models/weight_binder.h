@@ -10,7 +10,9 @@
 #include <string>
 
 #include "core/tensor_view.h"
+#include "loaders/model_config.h"
 #include "runtime/backend/blocks.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace qtk {
 
@@ -21,12 +23,19 @@ struct MoeWeights;
 // is multiplied (the CPU backend makes tile-order copies of those only).
 enum class MatrixUse { kEmbedding, kMatmul };
 
+// note: tensor parallelism (runtime/parallel/tensor_parallel.h) happens
+// here: a binder of rank r of N hands the backend rank r's slice of each
+// tensor, and config() is the rank's config (heads and widths / N), so the
+// model files and the backends run unchanged on a rank.
 class WeightBinder {
  public:
-  explicit WeightBinder(const Pack& pack) : pack_(pack) {}
+  explicit WeightBinder(const Pack& pack, TpRank tp = {});
   virtual ~WeightBinder() = default;
 
   const Pack& pack() const { return pack_; }
+  // The config the model is built with: the pack's, or a rank's.
+  const ModelConfig& config() const { return cfg_; }
+  TpRank tp() const { return tp_; }
   bool has(const std::string& name) const;
 
   // A 2-D matrix in the pack's matrix dtype (BF16, F16, F32, or F8_E4M3 with
@@ -46,9 +55,17 @@ class WeightBinder {
   virtual int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse use) = 0;
   virtual int32_t adopt_vector(const std::string& name, const TensorView& v) = 0;
   virtual int32_t adopt_experts(const std::string& prefix, const MoeWeights& w) = 0;
+  // Drops the rank's slice copies (a backend that copied them elsewhere).
+  void release_slices() { slices_.clear(); }
 
  private:
+  // The rank's slice of `v` (pack tensor `name`); `v` itself when unsplit.
+  TensorView rank_slice(const std::string& name, const TensorView& v);
+
   const Pack& pack_;
+  TpRank tp_;
+  ModelConfig cfg_;
+  TpStorage slices_;  // the rank's slices of split tensors
 };
 
 // The checks WeightBinder makes, for code that reads a pack tensor directly.

@@ -18,6 +18,7 @@
 #include "runtime/models/architecture.h"
 #include "runtime/models/moe_weights.h"
 #include "runtime/models/weight_binder.h"
+#include "runtime/parallel/rank_group.h"
 
 namespace qtk {
 
@@ -26,7 +27,7 @@ namespace {
 // The CPU backend's weights: views into the mapped pack.
 class CpuWeights final : public WeightBinder {
  public:
-  explicit CpuWeights(const Pack& pack) : WeightBinder(pack) {}
+  CpuWeights(const Pack& pack, TpRank tp) : WeightBinder(pack, tp) {}
 
   std::vector<TensorView> matrices;  // by Matrix::id
   std::vector<TensorView> vectors;   // by Vector::id
@@ -58,7 +59,8 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 class CpuModel final : public Model, private Blocks {
  public:
-  CpuModel(const Pack& pack, ThreadPool* pool) : weights_(pack), pool_(pool) {
+  CpuModel(const Pack& pack, ThreadPool* pool, TpRank tp, RankGroup* group)
+      : weights_(pack, tp), pool_(pool), tp_(tp), group_(group) {
     arch_ = bind_architecture(weights_);
     cfg_ = arch_->config();
     rope_ = arch_->rope();
@@ -115,6 +117,13 @@ class CpuModel final : public Model, private Blocks {
   const float* vec(Vector v) const { return weights_.vectors[v.id].as<float>(); }
   float eps() const { return static_cast<float>(cfg_.rms_norm_eps); }
   int64_t tokens() const { return step_->num_tokens; }
+
+  // A tensor-parallel rank's sublayer output is its partial sum: add the
+  // ranks' partials (rank_group.h: rank order, float32, the same bits on
+  // every rank) before anything reads d.
+  void reduce_pending() {
+    if (tp_.split()) group_->all_reduce_sum(tp_.rank, d_.data(), tokens() * cfg_.hidden_size);
+  }
 
   // x += d when a sublayer's output is pending.
   void settle() {
@@ -180,6 +189,7 @@ class CpuModel final : public Model, private Blocks {
     // Gated attention: the output of each head times sigmoid(its gate).
     if (l.gated) sigmoid_mul_heads(core, c.q_dim(), gate, ld, D, T, Hq, D);
     tiled_.matmul(core, c.q_dim(), mat(l.o_proj), d_.data(), H, T, H, c.q_dim(), pool_);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -220,6 +230,7 @@ class CpuModel final : public Model, private Blocks {
                             rec_states_.data(), core, Vd, Hk, Hv, Dk, Dv, pool_);
     gated_rmsnorm(core, Vd, z, ld, vec(l.norm), core, Vd, T, Hv, Dv, eps());
     tiled_.matmul(core, Vd, mat(l.out_proj), d_.data(), H, T, H, Vd, pool_);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -230,6 +241,7 @@ class CpuModel final : public Model, private Blocks {
     tiled_.matmul(h_.data(), H, mat(m.gate_up), gate_up_.data(), 2 * I, T, 2 * I, H, pool_);
     swiglu(gate_up_.data(), 2 * I, act_.data(), I, T, I);
     tiled_.matmul(act_.data(), I, mat(m.down), d_.data(), H, T, H, I, pool_);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -238,6 +250,7 @@ class CpuModel final : public Model, private Blocks {
     settle();
     rmsnorm(x_.data(), H, vec(norm), h_.data(), H, T, H, eps());
     moe_->forward(weights_.experts[e.id], h_.data(), T, d_.data(), tiled_, pool_);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -273,6 +286,8 @@ class CpuModel final : public Model, private Blocks {
   RopeSpec rope_;
   TiledWeights tiled_;  // tile-order copies of the matrices (avx512 path)
   ThreadPool* pool_;
+  TpRank tp_;                    // this rank of the tensor-parallel model (size 1: unsplit)
+  RankGroup* group_;             // the ranks' all-reduce (tensor parallel only)
   std::optional<MoeBlock> moe_;  // mixture-of-experts scratch (MoE models only)
 
   // This step (set by forward).
@@ -300,8 +315,9 @@ class CpuModel final : public Model, private Blocks {
 
 }  // namespace
 
-std::unique_ptr<Model> make_cpu_model(const Pack& pack, ThreadPool* pool) {
-  return std::make_unique<CpuModel>(pack, pool);
+std::unique_ptr<Model> make_cpu_model(const Pack& pack, ThreadPool* pool, TpRank tp,
+                                      RankGroup* group) {
+  return std::make_unique<CpuModel>(pack, pool, tp, group);
 }
 
 }  // namespace qtk

@@ -8,12 +8,18 @@
 #include <memory>
 
 #include "runtime/model.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace qtk {
 
 class Pack;
 class ThreadPool;
+class RankGroup;
 
-std::unique_ptr<Model> make_cpu_model(const Pack& pack, ThreadPool* pool);
+// tp, group: rank tp.rank of a tensor-parallel model (runtime/parallel),
+// whose ranks add their partial sums through `group`; the default is the
+// whole model.
+std::unique_ptr<Model> make_cpu_model(const Pack& pack, ThreadPool* pool, TpRank tp = {},
+                                      RankGroup* group = nullptr);
 
 }  // namespace qtk

@@ -1,0 +1,217 @@
+#include "runtime/parallel/tensor_parallel.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "runtime/models/moe_weights.h"
+
+namespace qtk {
+
+namespace {
+
+// Fails unless `value` (config field `field`) splits into `size` equal parts.
+void check_divisible(const std::string& source, const char* field, int64_t value, int size) {
+  if (value % size != 0)
+    fail("{}: tensor parallel {}: config {} = {} is not divisible by {}", source, size, field,
+         value, size);
+}
+
+// The part of a layer tensor's name after "layers.N." ("self_attn.o_proj"),
+// or the whole name for a tensor outside the layers.
+std::string_view layer_suffix(std::string_view name) {
+  if (name.substr(0, 7) != "layers.") return name;
+  const size_t dot = name.find('.', 7);
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
+}
+
+// The rank's [begin, end) of each segment along the split dimension, in
+// rows (or columns) of the full tensor.
+struct Range {
+  int64_t begin = 0, end = 0;
+};
+
+std::vector<Range> rank_ranges(const TpSplit& s, TpRank r) {
+  std::vector<Range> out;
+  int64_t offset = 0;
+  for (const TpSegment& g : s.segments) {
+    int64_t h0 = 0, h1 = 0;
+    if (g.heads % r.size == 0) {
+      h0 = r.rank * (g.heads / r.size);
+      h1 = h0 + g.heads / r.size;
+    } else {  // replicated K/V head (checked by tp_rank_config)
+      h0 = static_cast<int64_t>(r.rank) * g.heads / r.size;
+      h1 = h0 + 1;
+    }
+    out.push_back({offset + h0 * g.unit, offset + h1 * g.unit});
+    offset += g.heads * g.unit;
+  }
+  return out;
+}
+
+int64_t extent(const TpSplit& s) {
+  int64_t n = 0;
+  for (const TpSegment& g : s.segments) n += g.heads * g.unit;
+  return n;
+}
+
+}  // namespace
+
+ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string& source) {
+  if (size < 1) fail("{}: tensor parallel: expected a rank count >= 1, found {}", source, size);
+  ModelConfig c = full;
+  if (size == 1) return c;
+  check_divisible(source, "num_attention_heads", full.num_attention_heads, size);
+  c.num_attention_heads = full.num_attention_heads / size;
+  // note: fewer K/V heads than ranks: each rank keeps the one K/V head its
+  // query heads read, which needs whole ranks per K/V head.
+  if (full.num_kv_heads >= size) {
+    check_divisible(source, "num_key_value_heads", full.num_kv_heads, size);
+    c.num_kv_heads = full.num_kv_heads / size;
+  } else {
+    if (full.num_kv_heads <= 0 || size % full.num_kv_heads != 0)
+      fail(
+          "{}: tensor parallel {}: config num_key_value_heads = {} neither divides into nor "
+          "divides {} ranks",
+          source, size, full.num_kv_heads, size);
+    c.num_kv_heads = 1;
+  }
+  if (full.has_dense_mlp()) {
+    check_divisible(source, "intermediate_size", full.intermediate_size, size);
+    c.intermediate_size = full.intermediate_size / size;
+  }
+  if (full.linear_num_value_heads > 0) {
+    check_divisible(source, "linear_num_key_heads", full.linear_num_key_heads, size);
+    check_divisible(source, "linear_num_value_heads", full.linear_num_value_heads, size);
+    c.linear_num_key_heads = full.linear_num_key_heads / size;
+    c.linear_num_value_heads = full.linear_num_value_heads / size;
+  }
+  if (full.has_moe()) {
+    check_divisible(source, "moe_intermediate_size", full.moe.expert_intermediate_size, size);
+    c.moe.expert_intermediate_size = full.moe.expert_intermediate_size / size;
+    if (full.moe.shared_expert_intermediate > 0) {
+      check_divisible(source, "shared_expert_intermediate_size",
+                      full.moe.shared_expert_intermediate, size);
+      c.moe.shared_expert_intermediate = full.moe.shared_expert_intermediate / size;
+    }
+  }
+  return c;
+}
+
+TpSplit tp_split(const ModelConfig& c, std::string_view name, int64_t rows) {
+  using Dim = TpSplit::Dim;
+  const std::string_view n = layer_suffix(name);
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
+  const int64_t I = c.intermediate_size;
+  const TpSegment q{Hq, D}, kv{Hkv, D, true};
+  // GDN: q, k, v are the conv channels; z follows v; b and a one per value head.
+  const TpSegment gq{Hk, Dk}, gv{Hv, Dv}, per_v{Hv, 1};
+  // The one table of split tensors (pack names after "layers.N.").
+  if (n == "self_attn.qkv_proj") {
+    // note: a gated layer's rows are q, then its output gate, then k, v
+    // (convert's split_q_gate transform).
+    if (c.attn_output_gate) return {Dim::kRows, {q, q, kv, kv}};
+    return {Dim::kRows, {q, kv, kv}};
+  }
+  if (n == "self_attn.o_proj") return {Dim::kCols, {q}};
+  if (n == "linear_attn.in_proj") {
+    if (rows == c.linear_conv_dim() + c.linear_value_dim()) return {Dim::kRows, {gq, gq, gv, gv}};
+    return {Dim::kRows, {gq, gq, gv, gv, per_v, per_v}};
+  }
+  if (n == "linear_attn.in_proj_ba") return {Dim::kRows, {per_v, per_v}};
+  if (n == "linear_attn.conv1d") return {Dim::kRows, {gq, gq, gv}};
+  if (n == "linear_attn.dt_bias" || n == "linear_attn.A") return {Dim::kRows, {per_v}};
+  if (n == "linear_attn.out_proj") return {Dim::kCols, {gv}};
+  if (n == "mlp.gate_up_proj") return {Dim::kRows, {{I, 1}, {I, 1}}};
+  if (n == "mlp.down_proj") return {Dim::kCols, {{I, 1}}};
+  const int64_t Ie = c.moe.expert_intermediate_size, S = c.moe.shared_expert_intermediate;
+  if (n == "mlp.experts.gate_up_proj") return {Dim::kRows, {{Ie, 1}, {Ie, 1}}};
+  if (n == "mlp.experts.down_proj") return {Dim::kCols, {{Ie, 1}}};
+  if (n == "mlp.shared_expert.gate_up_proj") return {Dim::kRows, {{S, 1}, {S, 1}}};
+  if (n == "mlp.shared_expert.down_proj") return {Dim::kCols, {{S, 1}}};
+  return {};
+}
+
+void* TpStorage::allocate(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (p == nullptr) fail("tensor parallel: cannot allocate {} bytes for a weight slice", bytes);
+  blocks_.emplace_back(p);
+  return p;
+}
+
+void TpStorage::Free::operator()(void* p) const { std::free(p); }
+
+TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::string_view name,
+                    TpStorage& storage) {
+  if (s.dim == TpSplit::Dim::kNone || !r.split()) return full;
+  // The tensor as [outer, rows, cols]: a vector is [1, n, 1], a matrix or a
+  // table [1, rows, cols], stacked experts [E, rows, cols].
+  if (full.ndim < 1 || full.ndim > 3)
+    fail("tensor parallel: tensor '{}' has {} dims; expected 1 to 3", name, full.ndim);
+  const int64_t outer = full.ndim == 3 ? full.shape[0] : 1;
+  const int64_t rows = full.ndim == 1 ? full.shape[0] : full.shape[full.ndim - 2];
+  const int64_t cols = full.ndim == 1 ? 1 : full.shape[full.ndim - 1];
+  const bool by_rows = s.dim == TpSplit::Dim::kRows;
+  if ((by_rows ? rows : cols) != extent(s))
+    fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", name,
+         full.shape_string(), extent(s), by_rows ? "rows" : "columns");
+  const std::vector<Range> ranges = rank_ranges(s, r);
+  int64_t kept = 0;
+  for (const Range& g : ranges) kept += g.end - g.begin;
+  const int64_t out_rows = by_rows ? kept : rows, out_cols = by_rows ? cols : kept;
+  const size_t es = dtype_size(full.dtype);
+  auto* dst = static_cast<uint8_t*>(storage.allocate(outer * out_rows * out_cols * es));
+  const auto* src = static_cast<const uint8_t*>(full.data);
+  uint8_t* o = dst;
+  for (int64_t e = 0; e < outer; ++e) {
+    const uint8_t* base = src + e * rows * cols * es;
+    if (by_rows) {  // whole rows: one copy per range
+      for (const Range& g : ranges) {
+        const size_t n = (g.end - g.begin) * cols * es;
+        std::memcpy(o, base + g.begin * cols * es, n);
+        o += n;
+      }
+    } else {  // a run of columns of every row
+      for (int64_t i = 0; i < rows; ++i) {
+        for (const Range& g : ranges) {
+          const size_t n = (g.end - g.begin) * es;
+          std::memcpy(o, base + (i * cols + g.begin) * es, n);
+          o += n;
+        }
+      }
+    }
+  }
+  TensorView v;
+  v.data = dst;
+  v.dtype = full.dtype;
+  if (full.ndim == 1) {
+    v.set_shape(std::vector<int64_t>{out_rows});
+  } else if (full.ndim == 2) {
+    v.set_shape(std::vector<int64_t>{out_rows, out_cols});
+  } else {
+    v.set_shape(std::vector<int64_t>{outer, out_rows, out_cols});
+  }
+  return v;
+}
+
+MoeWeights tp_slice_experts(const MoeWeights& full, const ModelConfig& c, TpRank r,
+                            const std::string& p, TpStorage& storage) {
+  MoeWeights w = full;
+  auto slice = [&](const TensorView& t, const char* suffix) {
+    const std::string name = p + suffix;
+    return tp_slice(t, tp_split(c, name, 0), r, name, storage);
+  };
+  w.gate_up_proj = slice(full.gate_up_proj, "mlp.experts.gate_up_proj");
+  w.down_proj = slice(full.down_proj, "mlp.experts.down_proj");
+  index_experts(w);
+  if (w.has_shared) {
+    w.shared_gate_up_proj = slice(full.shared_gate_up_proj, "mlp.shared_expert.gate_up_proj");
+    w.shared_down_proj = slice(full.shared_down_proj, "mlp.shared_expert.down_proj");
+  }
+  return w;
+}
+
+}  // namespace qtk
