@@ -36,6 +36,10 @@ class CpuSession final : public BackendSession {
 class CpuTensorParallelSession final : public BackendSession {
  public:
   CpuTensorParallelSession(const Pack& pack, int threads, int ranks) : group_(ranks) {
+    // note: the ranks bind their weights concurrently; the pack's one-time
+    // move onto huge pages (Pack::load_for_cpu, which each backend's load
+    // otherwise starts) must happen before, in this thread, not in a race.
+    pack.load_for_cpu();
     for (int r = 0; r < ranks; ++r)
       pools_.push_back(std::make_unique<ThreadPool>(std::max(1, threads / ranks)));
     model_ = std::make_unique<TensorParallelModel>(group_, pack.config(), [&](int r) {
