@@ -33,6 +33,7 @@
 #include "runtime/backend/cuda/device_upload.h"
 #include "runtime/backend/cuda/device_weight.h"
 #include "runtime/backend/cuda/fused_steps.h"
+#include "runtime/backend/cuda/nccl.h"
 #include "runtime/backend/cuda/process_memory.h"
 #include "runtime/backend/cuda/step_io.h"
 #include "runtime/kv_cache.h"
@@ -55,7 +56,8 @@ using cuda::ensure;
 template <class Act>
 class CudaWeights final : public WeightBinder {
  public:
-  explicit CudaWeights(const Pack& pack) : WeightBinder(pack) {}
+  CudaWeights(const Pack& pack, TpRank tp) : WeightBinder(pack, tp) {}
+  using WeightBinder::release_slices;
 
   const cuda::DeviceWeight& matrix(Matrix m) const { return matrices_[m.id]; }
   const float* vector(Vector v) const { return vectors_[v.id].as<float>(); }
@@ -108,8 +110,12 @@ int64_t full_proj_rows(const ModelConfig& c) { return 2 * c.q_dim() + 2 * c.kv_d
 template <class Act>
 class CudaBackend final : public CudaModel, private Blocks {
  public:
-  explicit CudaBackend(const Pack& pack) : weights_(pack) {
+  // tp, comm: rank tp.rank of a tensor-parallel model (runtime/parallel),
+  // on the current device; comm adds the ranks' partial sums.
+  CudaBackend(const Pack& pack, TpRank tp, cuda::DeviceCollective* comm)
+      : weights_(pack, tp), tp_(tp), comm_(comm) {
     arch_ = bind_architecture(weights_);
+    weights_.release_slices();  // uploaded: the host copies of a rank's slices can go
     cfg_ = arch_->config();
     attn_layers_ = arch_->attention_layers();
     gdn_layers_ = arch_->delta_net_layers();
@@ -209,6 +215,13 @@ class CudaBackend final : public CudaModel, private Blocks {
                          T / cuda::kGdnChunk, c.linear_num_value_heads, c.linear_key_head_dim)));
     }
     if (moe_) grew |= moe_->reserve(T);
+    if (comm_ != nullptr) {
+      const int64_t bytes = T * c.hidden_size * static_cast<int64_t>(a);
+      if (bytes > comm_->reserved_bytes_per_rank()) {
+        comm_->reserve(bytes);
+        grew = true;
+      }
+    }
     if (grew) graphs_.clear();
   }
 
@@ -273,6 +286,14 @@ class CudaBackend final : public CudaModel, private Blocks {
   const cuda::DeviceWeight& weight(Matrix m) const { return weights_.matrix(m); }
   // A dense matrix's device pointer (the fused paths take only those).
   const void* mat(Matrix m) const { return weights_.matrix(m).data.as(); }
+  // A tensor-parallel rank's sublayer output is its partial sum: add the
+  // ranks' partials (runtime/backend/cuda/nccl.h: an all-gather, then the
+  // sum in rank order, the same bits on every rank) before anything reads it.
+  void reduce_pending() {
+    if (comm_ != nullptr)
+      comm_->all_reduce_sum<Act>(mix_.as<Act>(), step_b_->num_tokens * cfg_.hidden_size,
+                                 stream_);
+  }
   bool fp8(Matrix m) const { return weights_.matrix(m).fp8; }
   // y = x w^T for any weight (device_weight.h: cuBLASLt, or the FP8 product).
   template <class Y = Act>
@@ -389,6 +410,7 @@ class CudaBackend final : public CudaModel, private Blocks {
       }
     }
     project(core, c.q_dim(), l.o_proj, mix_.as<Act>(), H, T);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -493,6 +515,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     }
     cuda::gated_rmsnorm<Act>(core, Vd, z, ld, vec(l.norm), core, Vd, T, Hv, Dv, eps(), stream_);
     project(core, Vd, l.out_proj, mix_.as<Act>(), H, T);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -513,6 +536,7 @@ class CudaBackend final : public CudaModel, private Blocks {
       cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
       project(act_.as<Act>(), I, m.down, mix, H, T);
     }
+    reduce_pending();
     pending_ = true;
   }
 
@@ -524,6 +548,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     Act* h = h_.as<Act>();
     cuda::add_rmsnorm<Act>(rs_.x, H, mix_.as<Act>(), H, vec(norm), h, H, T, H, eps(), stream_);
     moe_->forward(weights_.experts(e), h, T, mix_.as<Act>(), gemm_, stream_);
+    reduce_pending();
     pending_ = true;
   }
 
@@ -667,6 +692,8 @@ class CudaBackend final : public CudaModel, private Blocks {
   }
 
   CudaWeights<Act> weights_;
+  TpRank tp_;                               // this rank (size 1: the whole model)
+  cuda::DeviceCollective* comm_ = nullptr;  // the ranks' all-reduce (tensor parallel)
   std::unique_ptr<Architecture> arch_;
   ModelConfig cfg_;
   const bool chunked_enabled_ = tuning().gdn_chunked;
@@ -729,15 +756,17 @@ class CudaBackend final : public CudaModel, private Blocks {
                 *layer_slots_ = nullptr;
 };
 
-std::unique_ptr<CudaModel> make_cuda_model(const Pack& pack, CudaPrecision precision) {
+std::unique_ptr<CudaModel> make_cuda_model(const Pack& pack, CudaPrecision precision, TpRank tp,
+                                           cuda::DeviceCollective* comm) {
   const ModelConfig& c = pack.config();
   if (c.arch == Arch::kQwen3_5 && c.norm_adds_one && !pack.has_transform("norm_plus_one_folded"))
     fail(
         "{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
         "computes x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
         pack.path());
-  if (precision == CudaPrecision::kF32) return std::make_unique<CudaBackend<float>>(pack);
-  return std::make_unique<CudaBackend<bf16>>(pack);
+  if (precision == CudaPrecision::kF32)
+    return std::make_unique<CudaBackend<float>>(pack, tp, comm);
+  return std::make_unique<CudaBackend<bf16>>(pack, tp, comm);
 }
 
 }  // namespace
@@ -761,7 +790,8 @@ std::string cuda_device_name() {
   return fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
 }
 
-std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision) {
+std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision, TpRank tp,
+                                           cuda::DeviceCollective* comm) {
   if (!cuda_device_available()) fail("--device cuda: no CUDA device is available");
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) {
@@ -774,7 +804,7 @@ std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision preci
   const double init = since(t0);
   const ProcessMemory after_init = process_memory();
   const auto t1 = Clock::now();
-  auto model = make_cuda_model(pack, precision);
+  auto model = make_cuda_model(pack, precision, tp, comm);
   CudaLoadTimes& lt = model->load_times;
   lt.init_seconds = init;
   lt.upload_seconds = since(t1);

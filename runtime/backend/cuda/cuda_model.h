@@ -14,13 +14,15 @@
 #include <string>
 
 #include "runtime/model.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 namespace qtk {
 
 class Pack;
 namespace cuda {
 class Gemm;
-}
+class DeviceCollective;
+}  // namespace cuda
 
 // Seconds of load_cuda_model's one-time work, for the run header, and the
 // process's resident memory after each part (process_memory.h; -1: unknown).
@@ -68,9 +70,14 @@ bool cuda_device_available();
 // (sm_90)", for run headers (results are bit-reproducible per GPU type).
 std::string cuda_device_name();
 
-// Uploads the pack's weights once (converted to the precision's dtype) and
-// returns the model. Throws qtk::Error for an architecture the CUDA backend
-// does not run yet, or without a device.
-std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision);
+// Uploads the pack's weights once (converted to the precision's dtype) to
+// the current device and returns the model. Throws qtk::Error for an
+// architecture the CUDA backend does not run yet, or without a device.
+// tp, comm: rank tp.rank of a tensor-parallel model (runtime/parallel): the
+// rank's slices only, and comm (runtime/backend/cuda/nccl.h) adds the ranks'
+// partial sums after every block.
+std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision,
+                                           TpRank tp = {},
+                                           cuda::DeviceCollective* comm = nullptr);
 
 }  // namespace qtk

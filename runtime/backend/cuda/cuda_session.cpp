@@ -9,6 +9,10 @@
 #include "runtime/backend/backend.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/backend/cuda/cuda_startup.h"
+#include "runtime/backend/cuda/nccl.h"
+#include "runtime/parallel/rank_group.h"
+#include "runtime/parallel/tp_model.h"
+#include "pack/pack.h"
 
 namespace qtk {
 
@@ -34,6 +38,60 @@ class CudaSession final : public BackendSession {
   std::optional<CudaStartup> plans_;
 };
 
+// A model split over GPUs 0..N-1 (runtime/parallel/tensor_parallel.h): one
+// rank per GPU, each built and run in a thread of its own with its device
+// current, the ranks' partial sums added over NCCL (nccl.h).
+// note: no GEMM plan cache: each rank tunes its own shapes as a step first
+// needs them. Every candidate algorithm a rank may pick gives the same bits
+// (cuda::Gemm verifies them), so the ranks' choices need not agree.
+class CudaTensorParallelSession final : public BackendSession {
+ public:
+  CudaTensorParallelSession(const Pack& pack, const BackendChoice& c)
+      : nccl_(devices(c.tensor_parallel)), group_(c.tensor_parallel) {
+    const CudaPrecision precision = parse_cuda_precision(c.precision);
+    model_ = std::make_unique<TensorParallelModel>(group_, pack.config(), [&](int r) {
+      QTK_CUDA_CHECK(cudaSetDevice(nccl_.device(r)));
+      return std::unique_ptr<Model>(
+          load_cuda_model(pack, precision, TpRank{r, c.tensor_parallel}, &nccl_.rank(r)));
+    });
+    model_->run_on_ranks([&](int r) {
+      if (r == 0) device_name_ = cuda_device_name();
+    });
+  }
+  Model& model() override { return *model_; }
+  std::string device_name() const override {
+    return fmt::format("{} x {} (tensor parallel over NCCL {})", group_.size(), device_name_,
+                       cuda::nccl_version());
+  }
+  void tune_only() override {
+    fail("--tune-only: not available with --tensor-parallel (each rank tunes as it runs)");
+  }
+  void finish(nlohmann::json& header) override {
+    header["gemm_plan"] = {{"cache", "off"},
+                           {"reason", "tensor parallel: each rank tunes its own shapes"}};
+    header["nccl"] = {{"library", cuda::nccl_library_path()}, {"version", cuda::nccl_version()}};
+  }
+
+ private:
+  // GPUs 0..n-1 of this process (CUDA_VISIBLE_DEVICES picks which).
+  static std::vector<int> devices(int n) {
+    int have = 0;
+    if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
+    if (have < n)
+      fail("--tensor-parallel {}: expected {} CUDA devices, found {}", n, n, have);
+    std::vector<int> d(n);
+    for (int i = 0; i < n; ++i) d[i] = i;
+    return d;
+  }
+
+  // note: destroyed in reverse order: the ranks (in their threads) before
+  // the communicators they use.
+  cuda::NcclGroup nccl_;
+  RankGroup group_;
+  std::unique_ptr<TensorParallelModel> model_;
+  std::string device_name_;
+};
+
 }  // namespace
 
 void check_cuda_device() {
@@ -45,6 +103,7 @@ void check_cuda_device() {
 }
 
 std::unique_ptr<BackendSession> open_cuda_backend(const Pack& pack, const BackendChoice& choice) {
+  if (choice.tensor_parallel > 1) return std::make_unique<CudaTensorParallelSession>(pack, choice);
   return std::make_unique<CudaSession>(pack, choice);
 }
 
