@@ -44,6 +44,11 @@ void check_cuda_device() {
   }
 }
 
+int cuda_device_count() {
+  check_cuda_device();
+  return cuda_visible_device_count();
+}
+
 std::unique_ptr<BackendSession> open_cuda_backend(const Pack& pack, const BackendChoice& choice) {
   return std::make_unique<CudaSession>(pack, choice);
 }
