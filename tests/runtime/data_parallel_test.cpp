@@ -219,25 +219,29 @@ TEST(DataParallel, ResumeAfterAnInterruptedFanOutGivesTheSameFile) {
   std::string big;
   for (int i = 0; i < 64; ++i)
     big += fmt::format(
-        "{{\"prompt_token_ids\": [{}, 7, 9], \"max_tokens\": 120, "
+        "{{\"prompt_token_ids\": [{}, 7, 9], \"max_tokens\": 200, "
         "\"ignore_eos\": true}}\n",
         1 + i % 50);
+  // note: the sample model, not the tiny fixture, and 64 x 200 tokens: about
+  // a second of work per worker, so the signal (sent as soon as a worker's
+  // part appears) lands mid-run.
+  const std::string big_pack = pack_of("samples/qwen3.5-sample");
   const std::string prompts = d + "/dp_big.jsonl";
   write_text(prompts, big);
   const std::string single = d + "/dp_big_single.jsonl";
-  r = generate(j.pack, prompts, single, "--threads 2");
+  r = generate(big_pack, prompts, single, "--threads 2");
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string killed = d + "/dp_killed.jsonl";
   r = run(fmt::format(
       "( {} --model {} --batch {} --out {} --devices 0,1 --threads 2 & p=$!; "
       "while [ ! -e {}.part-1-of-2.partial ] && kill -0 $p 2>/dev/null; do sleep 0.02; done; "
       "kill -TERM $p; wait $p; echo $? > {}.status )",
-      QTK_GENERATE_BIN, j.pack, prompts, killed, killed, killed));
+      QTK_GENERATE_BIN, big_pack, prompts, killed, killed, killed));
   EXPECT_EQ(read_text(killed + ".status"), "143\n") << r.err;
   EXPECT_NE(r.err.find("interrupted by SIGTERM"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(killed));
   EXPECT_TRUE(fs::exists(killed + ".part-1-of-2.partial"));
-  r = generate(j.pack, prompts, killed, "--devices 0,1 --threads 2 --resume");
+  r = generate(big_pack, prompts, killed, "--devices 0,1 --threads 2 --resume");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(killed), read_text(single));
 }
