@@ -106,9 +106,9 @@ pid_t spawn_worker(std::vector<std::string> args, std::vector<std::string> env) 
 
 // Waits for every worker; forwards SIGINT/SIGTERM/SIGHUP received meanwhile
 // to those still running. `on_done` runs as each one ends. Returns the
-// signal received, or 0.
+// signal received, or 0. The caller holds an InterruptScope from before the
+// first worker starts, so that no signal is lost in between.
 int wait_for_workers(std::vector<Worker>& workers, const std::function<void(Worker&)>& on_done) {
-  InterruptScope interrupts;
   int forwarded = 0;
   size_t running = workers.size();
   while (running > 0) {
@@ -186,6 +186,7 @@ int worker_threads(const GenerateOptions& o, size_t workers) {
 
 // --tune-only on every device at once: each tunes its own GPU.
 int tune_every_device(const DataParallelJob& job) {
+  InterruptScope interrupts;
   std::vector<Worker> workers;
   for (int d : job.devices) {
     Worker w;
@@ -283,9 +284,9 @@ std::string visible_device_of(int ordinal, const char* parent) {
 int run_data_parallel(const DataParallelJob& job) {
   const GenerateOptions& o = job.options;
   const auto start = Clock::now();
-  refuse_combinations(o);
   check_generate_inputs(o);
   if (job.devices.size() == 1) return run_on_one_device(job);
+  refuse_combinations(o);
   if (o.tune_only) return tune_every_device(job);
 
   const bool sharded = !o.shard.empty();
@@ -313,6 +314,7 @@ int run_data_parallel(const DataParallelJob& job) {
     // complete): it is continued, or checked and left as it is, by that
     // run's own --resume, on the first device.
     lock.reset();
+    InterruptScope interrupts;
     std::vector<Worker> workers(1);
     workers[0].device = job.devices[0];
     workers[0].what = fmt::format("device {} (resuming {})", job.devices[0], o.out);
@@ -325,6 +327,7 @@ int run_data_parallel(const DataParallelJob& job) {
 
   // note: worker k runs shard k/M of the batch, or with --shard K/N the
   // sub-shard K + N*k of N*M: the M sub-shards own exactly shard K/N's lines.
+  InterruptScope interrupts;
   std::vector<Worker> workers;
   const std::set<std::string> replaced = {"out",   "meta",        "shard",  "progress",
                                           "force", "no-progress", "resume", "threads"};

@@ -51,6 +51,7 @@ struct DataParallelJob {
 // Runs the job and returns generate's exit status: 0, or 3 when some lines
 // got an error line. One device: on the CPU, the run itself; on CUDA, this
 // process becomes the run on that device (exec with CUDA_VISIBLE_DEVICES).
+// Two or more refuse --out -, --batch - and --show.
 // Throws qtk::Error for bad flags or inputs (before any worker starts, with
 // no output written), for a worker that failed (naming its device and exit
 // status, after the others finished; the parts stay for --resume), and when

@@ -85,8 +85,8 @@ cxxopts::Options generate_flags() {
       "worker process per entry with --threads/M threads each (useful to test the fan-out and "
       "on multi-socket machines; `all` is refused). Workers show no progress line; with "
       "--progress a line is printed as each worker ends. A failed or interrupted worker leaves "
-      "no OUT: its part stays, and the same command with --resume finishes the run. Not with "
-      "--out -, --batch - or --show; with --tune-only every device tunes.",
+      "no OUT: its part stays, and the same command with --resume finishes the run. With two or "
+      "more devices, not with --out -, --batch - or --show; with --tune-only every device tunes.",
       cxxopts::value<std::string>())(
       "plan-cache",
       "with --device cuda: the GEMM plan cache file, or 'off' (default: "

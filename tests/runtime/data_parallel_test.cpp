@@ -98,6 +98,16 @@ TEST(DataParallel, CpuWorkersGiveTheSingleRunByteForByte) {
   }
 }
 
+TEST(DataParallel, OneDeviceIsAPlainRun) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string out = work_dir() + "/dp_one.jsonl";
+  const RunResult r = generate(j.pack, j.prompts, out, "--margins --threads 2 --devices 5");
+  ASSERT_EQ(r.status, j.status) << r.err;
+  EXPECT_EQ(read_text(out), read_text(j.full));
+  EXPECT_EQ(files_starting("dp_one"),
+            (std::vector<std::string>{"dp_one.jsonl", "dp_one.jsonl.meta.json"}));
+}
+
 TEST(DataParallel, AShardSpreadOverDevicesIsThatShardsFileAndMeta) {
   const Job& j = job_of("tests/data/models/qwen3-tiny");
   const std::string d = work_dir();
