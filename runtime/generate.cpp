@@ -50,12 +50,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // note: Linux reports KiB
 }
 
-int default_threads() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 std::string weight_dtypes(const Pack& pack) {
   std::set<std::string> names;
   std::set<std::string_view> scales;  // FP8 block scales are not weights of their own
@@ -244,6 +238,7 @@ void check_flags(const GenerateOptions& o) {
   }
   if (o.force && o.resume)
     fail("--force and --resume: expected at most one (--force starts over, --resume continues)");
+  if (o.progress && o.no_progress) fail("--progress and --no-progress: expected at most one");
 }
 
 // `--out -` writes the results to stdout: nothing to resume, and --show
@@ -288,7 +283,7 @@ void load(const GenerateOptions& o, const DeviceChoice& dev, LoadedModel& m) {
   if (auto tj = m.pack->entry("tokenizer.json")) {
     m.tokenizer = Tokenizer::from_json_text(*tj, o.model + ":tokenizer.json");
   }
-  m.threads = o.threads > 0 ? o.threads : default_threads();
+  m.threads = o.threads > 0 ? o.threads : default_thread_count();
   m.backend = open_backend(*m.pack, BackendChoice{.device = dev.device,
                                                   .precision = dev.precision,
                                                   .plan_cache = tuning().plan_cache,
@@ -455,8 +450,8 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   }
   std::vector<std::optional<SequenceResult>> results(lines.size());
   size_t next = skip;
-  Progress progress(o.progress || ::isatty(2), static_cast<int64_t>(lines.size() - skip),
-                    work_tokens);
+  Progress progress((o.progress || ::isatty(2)) && !o.no_progress,
+                    static_cast<int64_t>(lines.size() - skip), work_tokens);
   int64_t done = 0;
   auto flush = [&]() {
     for (; next < lines.size(); ++next, ++done) {
@@ -595,6 +590,33 @@ GenerateSummary summary_of(const std::vector<PromptLine>& lines, int64_t resumed
   for (const auto& l : lines) s.failed_lines += l.error.empty() ? 0 : 1;
   s.resumed_after = resumed_after;
   return s;
+}
+
+int default_thread_count() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void check_generate_inputs(const GenerateOptions& o) {
+  resolve_device(o);
+  check_flags(o);
+  if (!o.shard.empty()) parse_shard("--shard", o.shard, ::getenv);
+  if (!o.tune_only) {
+    const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
+                                                                     {"--batch", o.batch}};
+    if (o.out == "-") {
+      check_stdout_flags(o);
+    } else {
+      refuse_outputs_that_are_inputs(ResultsPaths::of(o.out, o.meta), inputs);
+    }
+  }
+  Pack::open(o.model);
+  if (!o.chat_template.empty()) read_whole_file(o.chat_template, "the chat template");
+  if (o.tune_only || o.batch == "-") return;  // note: stdin is read once, by the run
+  const std::string batch_text = read_whole_file(o.batch, "the batch file");
+  if (split_lines(batch_text).empty())
+    fail("{}: expected at least one prompt line, found an empty file", o.batch);
 }
 
 GenerateSummary run_generate(const GenerateOptions& o) {

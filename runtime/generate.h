@@ -29,6 +29,7 @@ struct GenerateOptions {
   bool margins = false;
   int logprobs = 0;  // top-K (id, logprob) per step; 0: off
   bool progress = false;
+  bool no_progress = false;  // never show the progress line, even on a terminal
   bool show = false;
   bool resume = false;
   bool force = false;                 // replace an existing --out
@@ -61,5 +62,16 @@ GenerateSummary run_generate(const GenerateOptions& options);
 
 // The one-line end-of-run summary printed on stderr.
 std::string summary_line(const GenerateSummary& s);
+
+// The checks run_generate makes before it loads the model, without loading
+// it: the flags, the device, that the pack opens (checksums are not
+// verified), that the batch file (unless --tune-only) is readable and not
+// empty, the chat template file is readable, and that no output is an
+// input. Throws qtk::Error as run_generate does. A `--devices` parent
+// (runtime/data_parallel.h) calls it before starting its workers.
+void check_generate_inputs(const GenerateOptions& options);
+
+// The CPU threads a run uses by default: the CPUs this process may run on.
+int default_thread_count();
 
 }  // namespace qtk

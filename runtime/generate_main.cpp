@@ -5,15 +5,21 @@
 #include <cstdlib>
 #include <limits>
 #include <new>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/tuning.h"
 #include "loaders/cli_args.h"
+#include "runtime/backend/backend.h"
+#include "runtime/data_parallel.h"
 #include "runtime/generate.h"
 
 // Exit statuses: 0 every line has a result, 1 the run failed (one line on
@@ -58,6 +64,7 @@ cxxopts::Options generate_flags() {
       "--device cpu)",
       cxxopts::value<std::string>()->default_value("0"))("progress",
                                                          "show a progress line on stderr")(
+      "no-progress", "never show the progress line (default: shown when stderr is a terminal)")(
       "show", "print each prompt and its continuation to stdout")(
       "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
       "force", "replace an existing --out (it stays until the new run completes)")(
@@ -68,6 +75,18 @@ cxxopts::Options generate_flags() {
       "run shard K of N (0-based) of the batch: the lines whose position modulo N is K; "
       "`auto` takes K and N from a Slurm job array or a Kubernetes Indexed Job. Implies "
       "--resume; a complete shard is not redone. Join the shards with `merge`.",
+      cxxopts::value<std::string>())(
+      "devices",
+      "run on these devices at once: LIST = device ordinals such as 0,1,3, or all (every CUDA "
+      "device). Each device runs one worker process of generate over its shard of the batch "
+      "(--shard k/M, into OUT.part-k-of-M; with --shard K/N the sub-shards K+N*k of N*M) and "
+      "the parts are merged into OUT, byte-identical to a one-device run, and removed. On "
+      "cuda a worker sees only its GPU (CUDA_VISIBLE_DEVICES); on the CPU, --devices runs one "
+      "worker process per entry with --threads/M threads each (useful to test the fan-out and "
+      "on multi-socket machines; `all` is refused). Workers show no progress line; with "
+      "--progress a line is printed as each worker ends. A failed or interrupted worker leaves "
+      "no OUT: its part stays, and the same command with --resume finishes the run. With two or "
+      "more devices, not with --out -, --batch - or --show; with --tune-only every device tunes.",
       cxxopts::value<std::string>())(
       "plan-cache",
       "with --device cuda: the GEMM plan cache file, or 'off' (default: "
@@ -127,6 +146,7 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.logprobs = static_cast<int>(
       int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
   o.progress = args.count("progress") > 0;
+  o.no_progress = args.count("no-progress") > 0;
   o.show = args.count("show") > 0;
   o.resume = args.count("resume") > 0;
   if (args.count("shard")) o.shard = args["shard"].as<std::string>();
@@ -137,6 +157,25 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.verify = args.count("no-verify") == 0;
   o.chat_template = args["chat-template"].as<std::string>();
   return o;
+}
+
+// The flags as given, for the workers of a --devices run: {name, argument}
+// in command-line order, --devices left out.
+std::vector<std::pair<std::string, std::string>> worker_flags(const cxxopts::Options& opts,
+                                                              const cxxopts::ParseResult& args) {
+  std::set<std::string> switches;
+  for (const std::string& group : opts.groups())
+    for (const cxxopts::HelpOptionDetails& d : opts.group_help(group).options)
+      if (d.is_boolean)
+        for (const std::string& l : d.l) switches.insert(l);
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const cxxopts::KeyValue& kv : args.arguments()) {
+    if (kv.key() == "devices") continue;
+    // note: a switch takes no value (loaders/cli_args.h refuses --switch=x).
+    flags.emplace_back(
+        kv.key(), switches.count(kv.key()) ? "--" + kv.key() : "--" + kv.key() + "=" + kv.value());
+  }
+  return flags;
 }
 
 // The QTK_* switches, read and checked once for the whole run.
@@ -152,11 +191,9 @@ void set_run_tuning(const cxxopts::ParseResult& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  // note: over a file-size limit (ulimit -f) the kernel would kill us with
-  // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
-  // one error line, leaving only complete result lines for --resume.
-  std::signal(SIGXFSZ, SIG_IGN);
+namespace {
+
+int run(int argc, char** argv) {
   try {
     cxxopts::Options opts = generate_flags();
     auto args = qtk::cli::parse_flags(opts, argc, argv);
@@ -166,6 +203,14 @@ int main(int argc, char** argv) {
     }
     const qtk::GenerateOptions o = read_flags(opts, args);
     set_run_tuning(args);
+    if (args.count("devices")) {
+      qtk::DataParallelJob job;
+      job.options = o;
+      job.devices = qtk::parse_devices(args["devices"].as<std::string>(), o.device,
+                                       [] { return qtk::cuda_device_count(); });
+      job.flags = worker_flags(opts, args);
+      return qtk::run_data_parallel(job);
+    }
     const qtk::GenerateSummary s = qtk::run_generate(o);
     if (o.tune_only) return 0;
     std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
@@ -181,4 +226,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // note: over a file-size limit (ulimit -f) the kernel would kill us with
+  // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
+  // one error line, leaving only complete result lines for --resume.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const int status = run(argc, argv);
+  // A --devices run stopped by a signal (forwarded to its workers) ends
+  // with that signal, as a plain run killed by it does.
+  qtk::reraise_interrupt();
+  return status;
 }

@@ -149,7 +149,7 @@ const char* const kSameInEveryShard[] = {
 
 }  // namespace
 
-void run_merge(const MergeOptions& o) {
+int64_t run_merge(const MergeOptions& o) {
   if (o.shards.empty()) fail("merge: expected OUT.jsonl and at least one SHARD.jsonl");
   struct stat st {};
   if (!o.force && ::stat(o.out.c_str(), &st) == 0)
@@ -170,8 +170,16 @@ void run_merge(const MergeOptions& o) {
   }
   const int64_t count = first.spec.count;
   const int64_t total = first.meta["shard"]["lines_total"].get<int64_t>();
+  // The shard the merge makes: the whole batch (0/1), or `as_shard`.
+  const ShardSpec whole = o.as_shard.value_or(ShardSpec{});
+  if (count % whole.count != 0)
+    fail("{}: a shard of {} cannot be a sub-shard of shard {}/{} (expected a multiple of {})",
+         first.path, count, whole.index, whole.count, whole.count);
   std::map<int64_t, const ShardFile*> by_index;
   for (const ShardFile& s : shards) {
+    if (s.spec.index % whole.count != whole.index)
+      fail("{}: shard {}/{} holds no lines of shard {}/{}", s.path, s.spec.index, count,
+           whole.index, whole.count);
     auto [it, fresh] = by_index.emplace(s.spec.index, &s);
     if (!fresh)
       fail("{}: shard {}/{} is given twice (also {})", s.path, s.spec.index, count,
@@ -181,28 +189,38 @@ void run_merge(const MergeOptions& o) {
       fail("{}: expected {} result lines for shard {}/{} of {} input lines, found {}", s.path, want,
            s.spec.index, count, total, s.lines.size());
   }
-  for (int64_t k = 0; k < count; ++k)
+  const int64_t expected = count / whole.count;
+  for (int64_t k = whole.index; k < count; k += whole.count)
     if (!by_index.count(k))
       fail("merge: shard {}/{} is missing (given: {} of {} shards)", k, count, by_index.size(),
-           count);
+           expected);
 
+  // note: input line i is line i / count of shard i % count; the merged
+  // file holds the lines i = whole.index + whole.count * t in order.
   std::string merged;
-  for (int64_t i = 0; i < total; ++i) {
+  const int64_t lines = whole.lines_of(total);
+  for (int64_t t = 0; t < lines; ++t) {
+    const int64_t i = whole.index + whole.count * t;
     const ShardFile& s = *by_index[i % count];
     merged.append(s.lines[static_cast<size_t>(i / count)]);
     merged.push_back('\n');
   }
   nlohmann::json meta = first.meta;
   meta.erase("shard");
+  if (o.as_shard)
+    meta["shard"] =
+        shard_json(whole, total, first.meta["shard"].value("batch_digest", std::string()));
   meta["merged_from"] = nlohmann::json::array();
   for (const auto& [k, s] : by_index)
     meta["merged_from"].push_back({{"shard", k}, {"path", s->path}});
-  meta["stats"] = {{"lines", total}};
+  meta["stats"] = {{"lines", lines}};
+  for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
   // note: the results first: a meta file saying complete never points at a
   // results file that is not there.
   write_file_atomic(o.out, merged);
-  write_file_atomic(o.out + ".meta.json", meta.dump(2) + "\n");
+  write_file_atomic(o.meta.empty() ? o.out + ".meta.json" : o.meta, meta.dump(2) + "\n");
+  return lines;
 }
 
 }  // namespace qtk

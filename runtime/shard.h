@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,12 +46,22 @@ nlohmann::json shard_json(const ShardSpec& s, int64_t lines_total, const std::st
 // come from one job (same pack digest, prompts digest, result-changing
 // settings, shard count), that every shard of 0..N-1 is present once and
 // complete with the line count it owns, then writes OUT (the lines in input
-// order) and OUT.meta.json atomically. Throws qtk::Error naming the shard.
+// order) and OUT.meta.json atomically. Returns the lines written. Throws
+// qtk::Error naming the shard.
+//
+// With `as_shard` K/N the shards are the M sub-shards K + N*j (j = 0..M-1)
+// of N*M that together own exactly shard K/N's lines (`generate --shard K/N
+// --devices` spreads its shard that way): OUT is then shard K/N's results
+// file, and its meta carries shard K/N's record, so `merge` takes it as
+// that shard later.
 struct MergeOptions {
   std::string out;
+  std::string meta;  // OUT's run header; empty: OUT.meta.json
   std::vector<std::string> shards;
   bool force = false;  // replace an existing OUT
+  std::optional<ShardSpec> as_shard;
+  nlohmann::json extra = nlohmann::json::object();  // top-level entries added to OUT's meta
 };
-void run_merge(const MergeOptions& options);
+int64_t run_merge(const MergeOptions& options);
 
 }  // namespace qtk

@@ -54,6 +54,10 @@ std::unique_ptr<BackendSession> open_backend(const Pack& pack, const BackendChoi
 // The CUDA backend's side of the two (runtime/backend/cuda/cuda_session.cpp,
 // or runtime/backend/no_cuda.cpp in a build without CUDA).
 void check_cuda_device();
+// The CUDA devices this process can use (after CUDA_VISIBLE_DEVICES), for
+// `generate --devices all`. Throws qtk::Error as check_cuda_device does when
+// there is none or the build has no CUDA backend.
+int cuda_device_count();
 std::unique_ptr<BackendSession> open_cuda_backend(const Pack& pack, const BackendChoice& choice);
 
 }  // namespace qtk

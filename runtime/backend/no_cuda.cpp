@@ -11,6 +11,11 @@ void check_cuda_device() {
       "-DQTK_CUDA=ON where nvcc exists; this one runs --device cpu only)");
 }
 
+int cuda_device_count() {
+  check_cuda_device();
+  return 0;
+}
+
 std::unique_ptr<BackendSession> open_cuda_backend(const Pack&, const BackendChoice&) {
   check_cuda_device();
   return nullptr;

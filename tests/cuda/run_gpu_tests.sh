@@ -123,6 +123,29 @@ if [ "$mode" = full ] && [ -z "${QTK_GPU_SKIP_GENERATE:-}" ]; then
     echo "FAILED: building qtk_cuda_generate_tests"
     gen_rc=1
   fi
+
+  # generate --devices 0,1 (one worker per GPU, merged) against a one-GPU
+  # run of the same batch: the two results files must be byte-identical.
+  echo "== generate --device cuda --devices 0,1 vs one GPU"
+  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "$n_gpus" -ge 2 ]; then
+    dp=$OUT/data_parallel
+    rm -rf "$dp" && mkdir -p "$dp"
+    if { "$BUILD/bin/convert" samples/qwen3.5-sample "$dp/sample.pack" --force &&
+         "$BUILD/bin/generate" --model "$dp/sample.pack" --batch samples/prompts.jsonl \
+           --out "$dp/one.jsonl" --device cuda --margins --max-tokens 32 &&
+         "$BUILD/bin/generate" --model "$dp/sample.pack" --batch samples/prompts.jsonl \
+           --out "$dp/two.jsonl" --device cuda --margins --max-tokens 32 --devices 0,1 --progress
+       } >"$OUT/data_parallel.log" 2>&1 && cmp "$dp/one.jsonl" "$dp/two.jsonl" >>"$OUT/data_parallel.log" 2>&1; then
+      echo "PASS: --devices 0,1 gives the one-GPU results byte for byte ($n_gpus GPUs)"
+    else
+      tail -15 "$OUT/data_parallel.log"
+      echo "FAIL: --devices 0,1 (see $OUT/data_parallel.log)"
+      gen_rc=1
+    fi
+  else
+    echo "NOT RUN: --devices 0,1 needs 2 GPUs, nvidia-smi -L lists $n_gpus"
+  fi
 fi
 
 bench_rc=0

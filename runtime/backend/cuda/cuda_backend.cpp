@@ -777,9 +777,11 @@ CudaPrecision parse_cuda_precision(const std::string& text) {
   fail("--precision: expected f32 or bf16, got '{}'", text);
 }
 
-bool cuda_device_available() {
+bool cuda_device_available() { return cuda_visible_device_count() > 0; }
+
+int cuda_visible_device_count() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
 std::string cuda_device_name() {

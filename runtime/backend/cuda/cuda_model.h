@@ -66,6 +66,9 @@ CudaPrecision parse_cuda_precision(const std::string& text);
 // True when a CUDA device can be used (driver and device present).
 bool cuda_device_available();
 
+// How many CUDA devices this process sees (0 without a driver or device).
+int cuda_visible_device_count();
+
 // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3
 // (sm_90)", for run headers (results are bit-reproducible per GPU type).
 std::string cuda_device_name();

@@ -102,6 +102,11 @@ void check_cuda_device() {
   }
 }
 
+int cuda_device_count() {
+  check_cuda_device();
+  return cuda_visible_device_count();
+}
+
 std::unique_ptr<BackendSession> open_cuda_backend(const Pack& pack, const BackendChoice& choice) {
   if (choice.tensor_parallel > 1) return std::make_unique<CudaTensorParallelSession>(pack, choice);
   return std::make_unique<CudaSession>(pack, choice);

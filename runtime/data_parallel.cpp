@@ -1,0 +1,398 @@
+#include "runtime/data_parallel.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/interrupt.h"
+#include "runtime/backend/backend.h"
+#include "runtime/results_file.h"
+#include "runtime/shard.h"
+
+extern char** environ;
+
+namespace qtk {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxOrdinal = 4095;
+constexpr int kSomeLinesFailed = 3;  // generate's exit status (generate_main.cpp)
+// note: this program itself, whatever name or path it was started by (and
+// still the same file if the binary is replaced during the run).
+constexpr const char* kSelf = "/proc/self/exe";
+
+[[noreturn]] void bad_list(const std::string& text, const std::string& why) {
+  fail(
+      "--devices: expected distinct device ordinals such as 0,1,3 (non-negative integers, "
+      "comma-separated) or all, found \"{}\" ({})",
+      text, why);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by " + signal_name(WTERMSIG(status));
+  return fmt::format("wait status {}", status);
+}
+
+// One worker process: `generate` with `args`, on `device`.
+struct Worker {
+  int device = 0;
+  std::string what;  // for messages: "device 1 (shard 1/2 into OUT.part-1-of-2)"
+  pid_t pid = -1;
+  int status = 0;
+  bool done = false;
+};
+
+// The environment of a worker: ours, with CUDA_VISIBLE_DEVICES set on cuda.
+std::vector<std::string> worker_environment(const std::string& device, int ordinal) {
+  std::vector<std::string> env;
+  const char* parent = ::getenv("CUDA_VISIBLE_DEVICES");
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (device == "cuda" && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0) continue;
+    env.emplace_back(*e);
+  }
+  if (device == "cuda") env.push_back("CUDA_VISIBLE_DEVICES=" + visible_device_of(ordinal, parent));
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> p;
+  for (std::string& s : v) p.push_back(s.data());
+  p.push_back(nullptr);
+  return p;
+}
+
+pid_t spawn_worker(std::vector<std::string> args, std::vector<std::string> env) {
+  args.insert(args.begin(), "generate");
+  std::vector<char*> argv = c_strings(args), envp = c_strings(env);
+  pid_t pid = -1;
+  // note: posix_spawn, not fork: it is safe whatever threads the parent has.
+  // The worker stays in our process group, so a Ctrl-C at the terminal
+  // reaches it directly; signals sent to this process alone are forwarded
+  // by wait_for_workers.
+  const int rc = ::posix_spawn(&pid, kSelf, nullptr, nullptr, argv.data(), envp.data());
+  if (rc != 0) {
+    errno = rc;
+    fail_errno(fmt::format("--devices: cannot start a worker process ({})", kSelf));
+  }
+  return pid;
+}
+
+// Waits for every worker; forwards SIGINT/SIGTERM/SIGHUP received meanwhile
+// to those still running. `on_done` runs as each one ends. Returns the
+// signal received, or 0. The caller holds an InterruptScope from before the
+// first worker starts, so that no signal is lost in between.
+int wait_for_workers(std::vector<Worker>& workers, const std::function<void(Worker&)>& on_done) {
+  int forwarded = 0;
+  size_t running = workers.size();
+  while (running > 0) {
+    if (const int sig = interrupt_signal(); sig != 0 && forwarded == 0) {
+      for (Worker& w : workers)
+        if (!w.done) ::kill(w.pid, sig);
+      forwarded = sig;
+    }
+    bool reaped = false;
+    for (Worker& w : workers) {
+      if (w.done) continue;
+      const pid_t r = ::waitpid(w.pid, &w.status, WNOHANG);
+      if (r == w.pid) {
+        w.done = true;
+        --running;
+        reaped = true;
+        on_done(w);
+      }
+    }
+    // note: polling (a signal interrupts the sleep) rather than a blocking
+    // wait, so that a signal arriving just before the wait is still
+    // forwarded at once.
+    if (!reaped && running > 0) ::usleep(50 * 1000);
+  }
+  return forwarded;
+}
+
+bool succeeded(const Worker& w) {
+  return WIFEXITED(w.status) && (WEXITSTATUS(w.status) == 0 || WEXITSTATUS(w.status) == 3);
+}
+
+// The workers' failures as one message (they each printed their own error
+// line above), or "" when all succeeded.
+std::string failures(const std::vector<Worker>& workers) {
+  std::string s;
+  for (const Worker& w : workers)
+    if (!succeeded(w))
+      s += fmt::format("{}the worker on {} failed with {}", s.empty() ? "" : "; ", w.what,
+                       describe_status(w.status));
+  return s;
+}
+
+// The flags of `job` but those named in `drop`.
+std::vector<std::string> flags_but(const DataParallelJob& job, const std::set<std::string>& drop) {
+  std::vector<std::string> args;
+  for (const auto& [name, arg] : job.flags)
+    if (!drop.count(name)) args.push_back(arg);
+  return args;
+}
+
+std::string device_list(const std::vector<int>& devices) {
+  return fmt::format("{}", fmt::join(devices, ","));
+}
+
+// The combinations a --devices run refuses, checked before anything else.
+void refuse_combinations(const GenerateOptions& o) {
+  if (o.tune_only) return;
+  if (o.out == "-")
+    fail(
+        "--devices: expected --out FILE (the workers' parts are merged into it), found --out - "
+        "(stdout)");
+  if (o.batch == "-")
+    fail("--devices: expected --batch FILE (every worker reads it), found --batch - (stdin)");
+  if (o.show)
+    fail(
+        "--devices with --show: the workers' continuations would interleave on stdout; expected "
+        "one of them");
+}
+
+// On the CPU each worker gets an equal part of the threads.
+int worker_threads(const GenerateOptions& o, size_t workers) {
+  const int all = o.threads > 0 ? o.threads : default_thread_count();
+  return std::max(1, all / static_cast<int>(workers));
+}
+
+// --tune-only on every device at once: each tunes its own GPU.
+int tune_every_device(const DataParallelJob& job) {
+  InterruptScope interrupts;
+  std::vector<Worker> workers;
+  for (int d : job.devices) {
+    Worker w;
+    w.device = d;
+    w.what = fmt::format("device {}", d);
+    w.pid = spawn_worker(flags_but(job, {}), worker_environment(job.options.device, d));
+    workers.push_back(w);
+  }
+  if (const int sig = wait_for_workers(workers, [](Worker&) {}))
+    fail("--devices {} --tune-only: interrupted by {}", device_list(job.devices), signal_name(sig));
+  if (const std::string f = failures(workers); !f.empty())
+    fail("--devices {} --tune-only: {}", device_list(job.devices), f);
+  return 0;
+}
+
+// One device: the run itself, on that device.
+int run_on_one_device(const DataParallelJob& job) {
+  const GenerateOptions& o = job.options;
+  if (o.device == "cuda") {
+    // note: exec, not a worker: this process becomes the run, so signals,
+    // exit status and output are a plain run's. CUDA_VISIBLE_DEVICES must
+    // be set before the CUDA runtime starts, which checking the ordinal
+    // already did in this process.
+    std::vector<std::string> args = flags_but(job, {});
+    args.insert(args.begin(), "generate");
+    std::vector<std::string> env = worker_environment(o.device, job.devices[0]);
+    std::vector<char*> argv = c_strings(args), envp = c_strings(env);
+    std::fflush(nullptr);
+    ::execve(kSelf, argv.data(), envp.data());
+    fail_errno(
+        fmt::format("--devices: cannot start the run on device {} ({})", job.devices[0], kSelf));
+  }
+  const GenerateSummary s = run_generate(o);
+  std::fprintf(stderr, "%s\n", summary_line(s).c_str());
+  return s.failed_lines > 0 ? kSomeLinesFailed : 0;
+}
+
+}  // namespace
+
+std::vector<int> parse_devices(const std::string& text, const std::string& device,
+                               const std::function<int()>& cuda_count) {
+  if (text == "all") {
+    if (device != "cuda")
+      fail(
+          "--devices all: counts the CUDA devices; expected --device cuda, or on --device {} a "
+          "list of worker numbers such as 0,1 (one worker process each), found --device {}",
+          device, device);
+    const int n = cuda_count();
+    std::vector<int> all(static_cast<size_t>(std::max(0, n)));
+    for (int i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+    if (all.empty()) fail("--devices all: expected at least one CUDA device, found none");
+    return all;
+  }
+  if (text.empty()) bad_list(text, "an empty list");
+  std::vector<int> devices;
+  std::set<int> seen;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int v = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty()) bad_list(text, "an empty entry");
+    if (ec != std::errc() || end != item.data() + item.size() || v < 0 || v > kMaxOrdinal)
+      bad_list(text, fmt::format("\"{}\" is not an ordinal 0..{}", item, kMaxOrdinal));
+    if (!seen.insert(v).second) bad_list(text, fmt::format("{} is given twice", v));
+    devices.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (device == "cuda") {
+    const int n = cuda_count();
+    for (int d : devices)
+      if (d >= n)
+        fail(
+            "--devices {}: expected CUDA device ordinals below {} (the devices this process "
+            "sees), found {}",
+            text, n, d);
+  }
+  return devices;
+}
+
+std::string visible_device_of(int ordinal, const char* parent) {
+  if (parent == nullptr || *parent == '\0') return std::to_string(ordinal);
+  std::string_view list(parent);
+  for (int i = 0; i < ordinal; ++i) {
+    const size_t comma = list.find(',');
+    if (comma == std::string_view::npos) return std::to_string(ordinal);  // not reached: checked
+    list.remove_prefix(comma + 1);
+  }
+  return std::string(list.substr(0, list.find(',')));
+}
+
+int run_data_parallel(const DataParallelJob& job) {
+  const GenerateOptions& o = job.options;
+  const auto start = Clock::now();
+  check_generate_inputs(o);
+  if (job.devices.size() == 1) return run_on_one_device(job);
+  refuse_combinations(o);
+  if (o.tune_only) return tune_every_device(job);
+
+  const bool sharded = !o.shard.empty();
+  const ShardSpec shard = sharded ? parse_shard("--shard", o.shard, ::getenv) : ShardSpec{};
+  const int64_t m = static_cast<int64_t>(job.devices.size());
+  std::vector<std::string> parts;
+  for (int64_t k = 0; k < m; ++k) parts.push_back(fmt::format("{}.part-{}-of-{}", o.out, k, m));
+
+  const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
+  std::optional<OutputLock> lock(std::in_place, paths.lock, o.out);
+  // note: as a plain run's: --shard implies --resume (a retried job-array
+  // task runs the same command).
+  const StartMode mode = o.force               ? StartMode::kForce
+                         : o.resume || sharded ? StartMode::kResume
+                                               : StartMode::kFresh;
+  bool parts_left = false;
+  for (const std::string& p : parts) {
+    const ResultsPaths pp = ResultsPaths::of(p, "");
+    parts_left = parts_left || exists(pp.out) || exists(pp.partial);
+    if (mode == StartMode::kFresh) choose_start(pp, mode);  // fails for a part left behind
+  }
+  if (mode == StartMode::kFresh) choose_start(paths, mode);  // fails for an existing OUT
+  if (mode == StartMode::kResume && !parts_left && (exists(paths.out) || exists(paths.partial))) {
+    // note: what is there is a one-device run's (OUT.partial, or OUT
+    // complete): it is continued, or checked and left as it is, by that
+    // run's own --resume, on the first device.
+    lock.reset();
+    InterruptScope interrupts;
+    std::vector<Worker> workers(1);
+    workers[0].device = job.devices[0];
+    workers[0].what = fmt::format("device {} (resuming {})", job.devices[0], o.out);
+    workers[0].pid = spawn_worker(flags_but(job, {}), worker_environment(o.device, job.devices[0]));
+    if (const int sig = wait_for_workers(workers, [](Worker&) {}))
+      fail("--devices: interrupted by {}", signal_name(sig));
+    if (const std::string f = failures(workers); !f.empty()) fail("--devices: {}", f);
+    return WEXITSTATUS(workers[0].status);
+  }
+
+  // note: worker k runs shard k/M of the batch, or with --shard K/N the
+  // sub-shard K + N*k of N*M: the M sub-shards own exactly shard K/N's lines.
+  InterruptScope interrupts;
+  std::vector<Worker> workers;
+  const std::set<std::string> replaced = {"out",   "meta",        "shard",  "progress",
+                                          "force", "no-progress", "resume", "threads"};
+  for (int64_t k = 0; k < m; ++k) {
+    const int64_t index = shard.index + shard.count * k, count = shard.count * m;
+    std::vector<std::string> args = flags_but(job, replaced);
+    args.push_back("--out=" + parts[static_cast<size_t>(k)]);
+    args.push_back(fmt::format("--shard={}/{}", index, count));
+    args.push_back("--no-progress");
+    if (mode == StartMode::kForce) args.push_back("--force");
+    if (o.device == "cpu")
+      args.push_back(fmt::format("--threads={}", worker_threads(o, job.devices.size())));
+    else if (o.threads > 0)
+      args.push_back(fmt::format("--threads={}", o.threads));
+    Worker w;
+    w.device = job.devices[static_cast<size_t>(k)];
+    w.what = fmt::format("device {} (shard {}/{} into {})", w.device, index, count,
+                         parts[static_cast<size_t>(k)]);
+    w.pid = spawn_worker(std::move(args), worker_environment(o.device, w.device));
+    workers.push_back(std::move(w));
+  }
+  const bool show_progress = (o.progress || ::isatty(2)) && !o.no_progress;
+  size_t finished = 0;
+  const int sig = wait_for_workers(workers, [&](Worker& w) {
+    ++finished;
+    if (!show_progress) return;
+    std::fprintf(stderr, "generate: --devices: %zu/%zu workers done: %s %s after %.1f s\n",
+                 finished, workers.size(), w.what.c_str(),
+                 succeeded(w) ? "finished" : ("failed with " + describe_status(w.status)).c_str(),
+                 std::chrono::duration<double>(Clock::now() - start).count());
+  });
+  const std::string kept = fmt::format("{}.part-*-of-{}", o.out, m);
+  if (sig != 0)
+    fail(
+        "--devices {}: interrupted by {} (forwarded to every worker); the parts ({}) stay: run "
+        "the same command with --resume to finish",
+        device_list(job.devices), signal_name(sig), kept);
+  if (const std::string f = failures(workers); !f.empty())
+    fail(
+        "--devices {}: {}; no {} was written, the parts ({}) stay: fix the cause and run the "
+        "same command with --resume to finish",
+        device_list(job.devices), f, o.out, kept);
+
+  MergeOptions mo;
+  mo.out = o.out;
+  mo.meta = o.meta;
+  mo.shards = parts;
+  mo.force = true;  // note: OUT was checked above, under OUT.lock
+  if (sharded) mo.as_shard = shard;
+  mo.extra["devices"] = job.devices;
+  const int64_t lines = run_merge(mo);
+  for (const std::string& p : parts) {
+    std::remove(p.c_str());
+    std::remove((p + ".meta.json").c_str());
+  }
+  const bool some_failed = std::any_of(workers.begin(), workers.end(), [](const Worker& w) {
+    return WEXITSTATUS(w.status) == kSomeLinesFailed;
+  });
+  std::fprintf(
+      stderr,
+      "generate: --devices %s: %lld lines from %zu workers merged into %s%s; wall time %.2f s\n",
+      device_list(job.devices).c_str(), static_cast<long long>(lines), workers.size(),
+      o.out.c_str(), some_failed ? " (some lines got an error line)" : "",
+      std::chrono::duration<double>(Clock::now() - start).count());
+  return some_failed ? kSomeLinesFailed : 0;
+}
+
+}  // namespace qtk
