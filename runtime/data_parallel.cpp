@@ -165,6 +165,12 @@ std::string device_list(const std::vector<int>& devices) {
 
 // The combinations a --devices run refuses, checked before anything else.
 void refuse_combinations(const GenerateOptions& o) {
+  // note: a worker sees one GPU; a split model needs N of them per worker.
+  if (o.tensor_parallel > 1)
+    fail(
+        "--devices with --tensor-parallel {}: each worker runs on one device; expected one of "
+        "the two (a model split over GPUs 0..{} runs without --devices)",
+        o.tensor_parallel, o.tensor_parallel - 1);
   if (o.tune_only) return;
   if (o.out == "-")
     fail(

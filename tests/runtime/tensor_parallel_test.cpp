@@ -367,6 +367,15 @@ TEST(TensorParallelCli, BadRankCountsAndModelsThatDoNotSplit) {
     EXPECT_FALSE(std::filesystem::exists(out)) << b.flags;
     EXPECT_FALSE(std::filesystem::exists(out + ".meta.json")) << b.flags;
   }
+  {
+    RunResult g =
+        generate(pack, base + ".jsonl", base + ".dp.out", "--tensor-parallel 2 --devices 0,1");
+    EXPECT_EQ(g.status, 1);
+    EXPECT_NE(g.err.find("--devices with --tensor-parallel 2: each worker runs on one device"),
+              std::string::npos)
+        << g.err;
+    EXPECT_FALSE(std::filesystem::exists(base + ".dp.out"));
+  }
   // FP8 packs are refused with the tensor's name and what to do instead.
   const std::string fp8 = pack_of("tests/data/models/qwen3-fp8-tiny");
   ASSERT_FALSE(fp8.empty());
