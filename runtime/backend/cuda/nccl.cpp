@@ -96,8 +96,8 @@ void bind(void* handle, const std::string& path, const char* name, Fn& fn, bool 
 std::unique_ptr<NcclApi> load_nccl() {
   disable_nvlink_multicast();
   // note: RTLD_LOCAL keeps NCCL's symbols out of the global namespace (a
-  // second NCCL loaded by something else cannot bind to this one); the
-  // handle is never closed, since communicators may live until exit.
+  // second NCCL loaded by something else cannot bind to this one); a
+  // usable library is never closed, since communicators may live until exit.
   constexpr int kFlags = RTLD_NOW | RTLD_LOCAL;
   void* handle = nullptr;
   std::string path;
@@ -146,12 +146,17 @@ std::unique_ptr<NcclApi> load_nccl() {
 
   auto api = std::make_unique<NcclApi>();
   api->path = path;
-  bind(handle, path, "ncclGetVersion", api->get_version, true);
-  bind(handle, path, "ncclCommInitAll", api->comm_init_all, true);
-  bind(handle, path, "ncclAllGather", api->all_gather, true);
-  bind(handle, path, "ncclCommDestroy", api->comm_destroy, true);
-  bind(handle, path, "ncclGetErrorString", api->get_error_string, true);
-  bind(handle, path, "ncclGetLastError", api->get_last_error, false);
+  try {
+    bind(handle, path, "ncclGetVersion", api->get_version, true);
+    bind(handle, path, "ncclCommInitAll", api->comm_init_all, true);
+    bind(handle, path, "ncclAllGather", api->all_gather, true);
+    bind(handle, path, "ncclCommDestroy", api->comm_destroy, true);
+    bind(handle, path, "ncclGetErrorString", api->get_error_string, true);
+    bind(handle, path, "ncclGetLastError", api->get_last_error, false);
+  } catch (...) {
+    dlclose(handle);  // not an NCCL we can use
+    throw;
+  }
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(api->get_version), &info) != 0 && info.dli_fname != nullptr &&
       *info.dli_fname)
