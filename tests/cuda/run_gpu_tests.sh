@@ -57,12 +57,31 @@ if ! cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}" >>"$OUT/build.log
   exit 1
 fi
 
+# The NCCL that the tensor-parallel collective can load (runtime/backend/cuda/nccl.h:
+# QTK_NCCL_LIBRARY, then libnccl.so.2 on the search path, then a Python wheel's);
+# the test prints the one it loaded ("[ nccl ]" below).
+echo "== NCCL"
+echo "GPUs: $(nvidia-smi -L 2>/dev/null | wc -l); QTK_NCCL_LIBRARY=${QTK_NCCL_LIBRARY:-(unset)}"
+ldconfig -p 2>/dev/null | grep -m2 "libnccl.so.2 " || echo "search path: no libnccl.so.2"
+for py in /opt/torch/.venv/bin/python3 python3; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  "$py" - <<'PY' 2>&1 | head -3 && break
+import glob, os
+try:
+    import nvidia.nccl as m
+except ImportError as e:
+    raise SystemExit(f"python: no nvidia.nccl wheel ({e})")
+libs = [p for d in m.__path__ for p in glob.glob(os.path.join(d, "lib", "libnccl.so*"))]
+print("python wheel:", ", ".join(libs) or "no libnccl.so* in " + ", ".join(m.__path__))
+PY
+done
+
 echo "== tests"
 ctest --test-dir "$BUILD" -N -L gpu | tail -3
 "$BUILD/bin/qtk_cuda_tests" --gtest_color=no \
   >"$OUT/tests.log" 2>&1
 test_rc=$?
-grep -E "^\[  (FAILED|PASSED) |^device:|^\[ gemm|Failure|Expected|Which is|rows differ|^\[==========\]" \
+grep -E "^\[  (FAILED|PASSED) |^device:|^\[ gemm|^\[ nccl|^nccl:|^\[  SKIPPED \] [A-Z]|Failure|Expected|Which is|rows differ|^\[==========\]" \
   "$OUT/tests.log" | head -60
 
 model_rc=0
