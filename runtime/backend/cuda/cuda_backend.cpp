@@ -291,8 +291,7 @@ class CudaBackend final : public CudaModel, private Blocks {
   // sum in rank order, the same bits on every rank) before anything reads it.
   void reduce_pending() {
     if (comm_ != nullptr)
-      comm_->all_reduce_sum<Act>(mix_.as<Act>(), step_b_->num_tokens * cfg_.hidden_size,
-                                 stream_);
+      comm_->all_reduce_sum<Act>(mix_.as<Act>(), step_b_->num_tokens * cfg_.hidden_size, stream_);
   }
   bool fp8(Matrix m) const { return weights_.matrix(m).fp8; }
   // y = x w^T for any weight (device_weight.h: cuBLASLt, or the FP8 product).
@@ -764,8 +763,7 @@ std::unique_ptr<CudaModel> make_cuda_model(const Pack& pack, CudaPrecision preci
         "{}: Qwen3.5 pack without the 'norm_plus_one_folded' transform; the CUDA backend "
         "computes x * rsqrt(..) * w and needs the norms stored as 1 + w (re-run convert)",
         pack.path());
-  if (precision == CudaPrecision::kF32)
-    return std::make_unique<CudaBackend<float>>(pack, tp, comm);
+  if (precision == CudaPrecision::kF32) return std::make_unique<CudaBackend<float>>(pack, tp, comm);
   return std::make_unique<CudaBackend<bf16>>(pack, tp, comm);
 }
 

@@ -80,7 +80,6 @@ std::string cuda_device_name();
 // rank's slices only, and comm (runtime/backend/cuda/nccl.h) adds the ranks'
 // partial sums after every block.
 std::unique_ptr<CudaModel> load_cuda_model(const Pack& pack, CudaPrecision precision,
-                                           TpRank tp = {},
-                                           cuda::DeviceCollective* comm = nullptr);
+                                           TpRank tp = {}, cuda::DeviceCollective* comm = nullptr);
 
 }  // namespace qtk

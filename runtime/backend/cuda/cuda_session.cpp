@@ -2,17 +2,22 @@
 // (load_cuda_model) and its GEMM plan cache and start-up timings
 // (cuda_startup.h).
 #include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "pack/pack.h"
 #include "runtime/backend/backend.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/backend/cuda/cuda_startup.h"
 #include "runtime/backend/cuda/nccl.h"
 #include "runtime/parallel/rank_group.h"
 #include "runtime/parallel/tp_model.h"
-#include "pack/pack.h"
 
 namespace qtk {
 
@@ -77,8 +82,7 @@ class CudaTensorParallelSession final : public BackendSession {
   static std::vector<int> devices(int n) {
     int have = 0;
     if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
-    if (have < n)
-      fail("--tensor-parallel {}: expected {} CUDA devices, found {}", n, n, have);
+    if (have < n) fail("--tensor-parallel {}: expected {} CUDA devices, found {}", n, n, have);
     std::vector<int> d(n);
     for (int i = 0; i < n; ++i) d[i] = i;
     return d;

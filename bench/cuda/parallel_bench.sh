@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Several GPUs through the real generate: tensor parallel (--tensor-parallel
+# 1 and 2) on random-weight models of real widths (fewer layers, to fit the
+# disk and the call), and data parallel (--devices 0,1 against one GPU) on
+# Qwen3-0.6B. Whole-process wall time and the run header's decode and
+# prefill figures, per run, with the peak GPU memory of each GPU.
+#
+#   bash bench/cuda/parallel_bench.sh [BUILD_DIR]     # default build-gpu
+#
+# Environment: OUT (./parallel-out), PB_CASES (NAME:LAYERS, configs in
+# tests/data/configs; default below), PB_BATCHES ("1 128"), PB_PROMPT (128
+# tokens), PB_GEN (128 new tokens), PB_DP_PROMPTS (512), PB_WORK (/tmp/qtk-pb).
+# Writes $OUT/parallel.jsonl (one line per run).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BIN=${1:-$ROOT/build-gpu}/bin
+OUT=${OUT:-$ROOT/parallel-out}
+WORK=${PB_WORK:-/tmp/qtk-pb}
+CASES=${PB_CASES:-qwen3.5-35b-a3b:4 qwen3-8b:8}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$OUT" "$WORK"
+: > "$OUT/parallel.jsonl"
+
+prompts() {  # FILE COUNT
+  python3 - "$1" "$2" "${PB_PROMPT:-128}" "${PB_GEN:-128}" <<'PY'
+import json, random, sys
+r = random.Random(3)
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        f.write(json.dumps({"id": i, "prompt_token_ids": [r.randrange(1000, 50000) for _ in range(int(sys.argv[3]))],
+                            "max_tokens": int(sys.argv[4])}) + "\n")
+PY
+}
+
+synth_pack() {  # NAME LAYERS PACK
+  python3 - "tests/data/configs/$1.json" "$2" "$WORK/cfg.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+t = c.get("text_config", c)
+t["num_hidden_layers"] = n
+if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(sys.argv[3], "w"), indent=1)
+PY
+  rm -rf "$WORK/hf"
+  "$BIN/synth" "$WORK/cfg.json" "$WORK/hf" >/dev/null && "$BIN/convert" "$WORK/hf" "$3" --force >/dev/null
+  local rc=$?
+  rm -rf "$WORK/hf"
+  return $rc
+}
+
+run() {  # TAG PACK PROMPTS FLAGS...
+  local tag=$1 pack=$2 p=$3; shift 3
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$WORK/smi.txt" 2>/dev/null &
+  local smi=$!
+  local t0=$(date +%s.%N)
+  timeout 300 "$BIN/generate" --model "$pack" --batch "$p" --out "$WORK/out.jsonl" --device cuda \
+    --ignore-eos --force "$@" > /dev/null 2> "$WORK/err.txt"
+  local rc=$? t1=$(date +%s.%N)
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  python3 - "$tag" "$rc" "$t0" "$t1" "$WORK" "$*" >> "$OUT/parallel.jsonl" <<'PY'
+import json, sys
+tag, rc, t0, t1, work, flags = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
+rec = {"case": tag, "flags": flags, "rc": rc, "wall_s": round(t1 - t0, 3)}
+try:
+    m = json.load(open(f"{work}/out.jsonl.meta.json")); s = m["stats"]
+    rec.update(device=m["device"], generated=s["generated_tokens"],
+               decode_tok_s=round(s["decode_tokens"] / max(s["decode_seconds"], 1e-9), 1),
+               prefill_tok_s=round(s["prompt_tokens_computed"] / max(s["prefill_seconds"], 1e-9), 1),
+               gen_tok_s_whole=round(s["generated_tokens"] / (t1 - t0), 1),
+               load_s=round(s["load_seconds"], 2), peak_rss_gib=round(s["peak_rss_bytes"] / 2**30, 2))
+except Exception as e:
+    rec["error"] = (open(f"{work}/err.txt").read()[-300:] if rc else str(e))
+peak = {}
+for line in open(f"{work}/smi.txt"):
+    parts = [x.strip() for x in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak[parts[0]] = max(peak.get(parts[0], 0), int(parts[1]))
+rec["peak_gpu_mem_gib"] = {k: round(v / 1024, 2) for k, v in sorted(peak.items())}
+print(json.dumps(rec))
+PY
+  tail -1 "$OUT/parallel.jsonl"
+}
+
+for b in ${PB_BATCHES:-1 128}; do prompts "$WORK/p$b.jsonl" "$b"; done
+for c in $CASES; do
+  IFS=: read -r name layers <<< "$c"
+  pack=$WORK/$name-${layers}l.pack
+  echo "== $name, $layers layers (bf16)"
+  synth_pack "$name" "$layers" "$pack" || { echo "FAILED: synth/convert $name"; continue; }
+  for b in ${PB_BATCHES:-1 128}; do
+    for tp in 1 2; do
+      run "$name-${layers}l b$b tp$tp" "$pack" "$WORK/p$b.jsonl" --tensor-parallel $tp --max-num-seqs $b
+    done
+  done
+  rm -f "$pack"
+done
+
+echo "== data parallel: qwen3-0.6b, ${PB_DP_PROMPTS:-512} prompts"
+pack=$WORK/qwen3-0.6b.pack
+if synth_pack qwen3-0.6b 28 "$pack"; then
+  prompts "$WORK/dp.jsonl" "${PB_DP_PROMPTS:-512}"
+  run "qwen3-0.6b dp1" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256
+  run "qwen3-0.6b dp2" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256 --devices 0,1
+fi
