@@ -163,12 +163,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 template <class T>
 void enable_large_smem() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int bytes = static_cast<int>((5 * kMaxHeadDim + 32 + kMaxContext) * sizeof(float));
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<T>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  });
+  set_max_dynamic_smem(paged_attention_kernel<T>,
+                       static_cast<int>((5 * kMaxHeadDim + 32 + kMaxContext) * sizeof(float)));
 }
 
 }  // namespace

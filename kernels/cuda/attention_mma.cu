@@ -662,12 +662,8 @@ template <int D, bool kFused>
 void launch_split(const bf16* q, int64_t ldq, bf16* k_cache, bf16* v_cache, bf16* out, int64_t ldo,
                   const bf16* gate, int64_t ldg, const AttentionBatch& b, int64_t hkv, int group,
                   float scale, const FusedInput& fi, cudaStream_t stream) {
-  static std::once_flag once_split;
-  std::call_once(once_split, [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, kFused>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(split_smem_bytes<D>(16))));
-  });
+  set_max_dynamic_smem(attention_split_kernel<D, kFused>,
+                       static_cast<int>(split_smem_bytes<D>(16)));
   const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
   const dim3 grid(static_cast<unsigned>(b.num_seqs * max_tiles), static_cast<unsigned>(hkv));
   launch_kernel(attention_split_kernel<D, kFused>, grid, 32 * split_warps<D>(),
@@ -687,12 +683,7 @@ void launch(const bf16* q, int64_t ldq, const bf16* k_cache, const bf16* v_cache
     // (the unfused kernel only reads the cache)
     return launch_split<D, false>(q, ldq, const_cast<bf16*>(k_cache), const_cast<bf16*>(v_cache),
                                   out, ldo, nullptr, 0, b, hkv, group, scale, FusedInput{}, stream);
-  static std::once_flag once;
-  std::call_once(once, [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<D>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_bytes<D>())));
-  });
+  set_max_dynamic_smem(attention_mma_kernel<D>, static_cast<int>(smem_bytes<D>()));
   // note: sum over sequences of ceil(q_len / tokens_per_tile) is at most
   // total_tokens (q_len >= 1) and at most total_tokens / tpt + num_seqs;
   // blocks past the last tile return at once.

@@ -8,6 +8,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gdn_chunked.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace qtk::cuda {
@@ -850,12 +851,7 @@ void launch_state(const bf16* v, int64_t ldv, float* state_pool, const int32_t* 
                   const uint8_t* ws, bf16* out, int64_t ldo, int64_t hv, int64_t dv,
                   cudaStream_t stream) {
   constexpr int bytes = StateSmem<DK, NV>::total;
-  static const bool attr_set = [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_state_kernel<DK, NV>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return true;
-  }();
-  (void)attr_set;
+  set_max_dynamic_smem(gdn_chunk_state_kernel<DK, NV>, bytes);
   // 16-byte copies of V rows when every 8-column group starts 16-byte
   // aligned and lies wholly inside or outside dv; bf16 pairs for the output.
   const bool vec_v = reinterpret_cast<uintptr_t>(v) % 16 == 0 && ldv % 8 == 0 && dv % 8 == 0;
@@ -878,15 +874,8 @@ void launch_chunked(const bf16* q, int64_t ldq, const bf16* k, int64_t ldk, cons
                     int64_t hk, int64_t hv, int64_t dv, cudaStream_t stream) {
   const size_t bytes = PrepSmem<DK>::total;
   // note: more than the default 48 KiB of dynamic shared memory (72 KiB at
-  // Dk 128, three blocks per SM); the attribute is set once per
-  // instantiation, outside any capture.
-  static const bool attr_set = [&] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prep_kernel<DK>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)attr_set;
+  // Dk 128, three blocks per SM); the attribute is set once per device.
+  set_max_dynamic_smem(gdn_chunk_prep_kernel<DK>, static_cast<int>(bytes));
   // 16-byte loads of q and k rows when every row starts 16-byte aligned.
   const bool vec = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(k) % 16 == 0 && ldq % 8 == 0 && ldk % 8 == 0;

@@ -323,12 +323,7 @@ __global__ void __launch_bounds__(WB * 32)
 template <int WB, int MT, int kPro, class OUT, int kEpi = kStore>
 void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy, int64_t m,
             int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    QTK_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<WB, MT, kPro, OUT, kEpi>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kMaxSmem)));
-  });
+  set_max_dynamic_smem(gemv_kernel<WB, MT, kPro, OUT, kEpi>, static_cast<int>(kMaxSmem));
   const int per_block = kEpi == kSwigluOut ? WB * 4 : WB * 8;  // outputs per block
   const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
   launch_kernel(gemv_kernel<WB, MT, kPro, OUT, kEpi>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/cuda_check.h"
 
@@ -34,6 +35,28 @@ namespace qtk::cuda {
 // compute_80 PTX runs, where dev::pdl_begin is compiled out, so the
 // attribute must not be set there.
 bool pdl_enabled();
+
+// Lets `kernel` use up to `bytes` of dynamic shared memory on the current
+// device (cudaFuncAttributeMaxDynamicSharedMemorySize). note: the attribute
+// belongs to the device it was set on, so it is set once per device, not
+// once per process: a process that drives several GPUs (tensor parallel, one
+// thread per GPU) needs it on each. The record is per thread (each rank's
+// thread keeps its device), so no lock is taken on the launch path.
+template <class Kernel>
+void set_max_dynamic_smem(Kernel kernel, int bytes) {
+  struct Done {
+    const void* kernel;
+    int device, bytes;
+  };
+  thread_local std::vector<Done> done;
+  int device = 0;
+  QTK_CUDA_CHECK(cudaGetDevice(&device));
+  const void* k = reinterpret_cast<const void*>(kernel);
+  for (const Done& d : done)
+    if (d.kernel == k && d.device == device && d.bytes >= bytes) return;
+  QTK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.push_back({k, device, bytes});
+}
 
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
