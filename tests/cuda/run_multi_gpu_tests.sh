@@ -9,7 +9,7 @@
 #        tokens agree;
 #      - CUDA bf16 and f32, --tensor-parallel 2: the same bytes run to run,
 #        alone (--max-num-seqs 1), and in small chunks and blocks
-#        (--max-batched-tokens 7 --block-size 4) - batch invariance;
+#        (--max-batched-tokens 7 --block-size 4), and preempted (5 sequences in 100 blocks of 4 tokens) - batch invariance;
 #   3. --devices 0,1 gives the one-GPU run's file byte for byte.
 # Prints PASS/FAIL per check; exit status 1 if any check failed.
 #
@@ -106,7 +106,7 @@ PY
   for p in $precisions; do
     ok=1
     gen "$W/$m.$p.inv0" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel 2 || continue
-    for flags in "" "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4 --max-num-seqs 5 --kv-cache-blocks 60"; do
+    for flags in "" "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4 --max-num-seqs 5 --kv-cache-blocks 100"; do
       gen "$W/$m.$p.inv1" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel 2 $flags || { ok=0; continue; }
       cmp -s "$W/$m.$p.inv0" "$W/$m.$p.inv1" || { failed "$m $p TP2 differs with '$flags'"; ok=0; }
     done
