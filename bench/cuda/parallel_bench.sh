@@ -53,6 +53,7 @@ run() {  # TAG PACK PROMPTS FLAGS...
   local tag=$1 pack=$2 p=$3; shift 3
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$WORK/smi.txt" 2>/dev/null &
   local smi=$!
+  rm -f "$WORK/out.jsonl" "$WORK/out.jsonl.meta.json"
   local t0=$(date +%s.%N)
   timeout 300 "$BIN/generate" --model "$pack" --batch "$p" --out "$WORK/out.jsonl" --device cuda \
     --ignore-eos --force "$@" > /dev/null 2> "$WORK/err.txt"
@@ -64,6 +65,11 @@ tag, rc, t0, t1, work, flags = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 rec = {"case": tag, "flags": flags, "rc": rc, "wall_s": round(t1 - t0, 3)}
 try:
     m = json.load(open(f"{work}/out.jsonl.meta.json")); s = m["stats"]
+    rec["device"] = m.get("device")
+    if "generated_tokens" not in s:  # a --devices run's merged header: lines only
+        s = None
+        rec["gen_tok_s_whole"] = None
+        raise KeyError("no per-run stats in a merged header; wall time only")
     rec.update(device=m["device"], generated=s["generated_tokens"],
                decode_tok_s=round(s["decode_tokens"] / max(s["decode_seconds"], 1e-9), 1),
                prefill_tok_s=round(s["prompt_tokens_computed"] / max(s["prefill_seconds"], 1e-9), 1),
@@ -96,6 +102,7 @@ for c in $CASES; do
   rm -f "$pack"
 done
 
+[ "${PB_DP_PROMPTS:-512}" -gt 0 ] || exit 0
 echo "== data parallel: qwen3-0.6b, ${PB_DP_PROMPTS:-512} prompts"
 pack=$WORK/qwen3-0.6b.pack
 if synth_pack qwen3-0.6b 28 "$pack"; then
