@@ -46,9 +46,11 @@ class CudaSession final : public BackendSession {
 // A model split over GPUs 0..N-1 (runtime/parallel/tensor_parallel.h): one
 // rank per GPU, each built and run in a thread of its own with its device
 // current, the ranks' partial sums added over NCCL (nccl.h).
-// note: no GEMM plan cache: each rank tunes its own shapes as a step first
-// needs them. Every candidate algorithm a rank may pick gives the same bits
-// (cuda::Gemm verifies them), so the ranks' choices need not agree.
+// note: the GEMM plan cache. The key holds the model's shapes, here the
+// rank's, so the N ranks of a TP-N run share one file (apart from the
+// one-GPU model's): every rank preloads it, rank 0 alone writes it back.
+// Every candidate algorithm a rank may pick gives the same bits (cuda::Gemm
+// verifies them), so the ranks' choices need not agree.
 class CudaTensorParallelSession final : public BackendSession {
  public:
   CudaTensorParallelSession(const Pack& pack, const BackendChoice& c)
@@ -59,8 +61,12 @@ class CudaTensorParallelSession final : public BackendSession {
       return std::unique_ptr<Model>(
           load_cuda_model(pack, precision, TpRank{r, c.tensor_parallel}, &nccl_.rank(r)));
     });
+    plans_.resize(c.tensor_parallel);
     model_->run_on_ranks([&](int r) {
       if (r == 0) device_name_ = cuda_device_name();
+      auto* rank = dynamic_cast<CudaModel*>(&model_->rank(r));
+      if (rank == nullptr) fail("internal error: a tensor-parallel CUDA rank is not a CudaModel");
+      plans_[r].emplace(*rank, pack, c.precision, c.plan_cache);
     });
   }
   Model& model() override { return *model_; }
@@ -68,12 +74,18 @@ class CudaTensorParallelSession final : public BackendSession {
     return fmt::format("{} x {} (tensor parallel over NCCL {})", group_.size(), device_name_,
                        cuda::nccl_version());
   }
+  // note: --tune-only runs a synthetic request through one model; the
+  // ranks of a split one only step together (their all-reduces).
   void tune_only() override {
-    fail("--tune-only: not available with --tensor-parallel (each rank tunes as it runs)");
+    fail(
+        "--tune-only: not available with --tensor-parallel (a run's ranks write the plan cache "
+        "of their shapes as they tune)");
   }
+  // Rank 0's plan cache written; "gemm_plan", "startup" and the NCCL used.
   void finish(nlohmann::json& header) override {
-    header["gemm_plan"] = {{"cache", "off"},
-                           {"reason", "tensor parallel: each rank tunes its own shapes"}};
+    model_->run_on_ranks([&](int r) {
+      if (r == 0) plans_[0]->finish(header);
+    });
     header["nccl"] = {{"library", cuda::nccl_library_path()}, {"version", cuda::nccl_version()}};
   }
 
@@ -93,6 +105,7 @@ class CudaTensorParallelSession final : public BackendSession {
   cuda::NcclGroup nccl_;
   RankGroup group_;
   std::unique_ptr<TensorParallelModel> model_;
+  std::vector<std::optional<CudaStartup>> plans_;  // per rank; uses the rank models
   std::string device_name_;
 };
 
