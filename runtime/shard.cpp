@@ -210,10 +210,29 @@ int64_t run_merge(const MergeOptions& o) {
   if (o.as_shard)
     meta["shard"] =
         shard_json(whole, total, first.meta["shard"].value("batch_digest", std::string()));
+  // note: each shard's own stats (timings, memory) stay with its entry;
+  // the merged stats hold only what adds up: lines and token counts.
   meta["merged_from"] = nlohmann::json::array();
-  for (const auto& [k, s] : by_index)
-    meta["merged_from"].push_back({{"shard", k}, {"path", s->path}});
   meta["stats"] = {{"lines", lines}};
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  bool counted = true;
+  for (const auto& [k, s] : by_index) {
+    nlohmann::json entry = {{"shard", k}, {"path", s->path}};
+    const nlohmann::json stats = s->meta.value("stats", nlohmann::json());
+    if (stats.is_object()) entry["stats"] = stats;
+    if (stats.is_object() && stats.value("prompt_tokens", nlohmann::json()).is_number_integer() &&
+        stats.value("generated_tokens", nlohmann::json()).is_number_integer()) {
+      prompt_tokens += stats["prompt_tokens"].get<int64_t>();
+      generated_tokens += stats["generated_tokens"].get<int64_t>();
+    } else {
+      counted = false;
+    }
+    meta["merged_from"].push_back(entry);
+  }
+  if (counted) {
+    meta["stats"]["prompt_tokens"] = prompt_tokens;
+    meta["stats"]["generated_tokens"] = generated_tokens;
+  }
   for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
   // note: the results first: a meta file saying complete never points at a

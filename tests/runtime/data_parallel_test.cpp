@@ -87,6 +87,13 @@ TEST(DataParallel, CpuWorkersGiveTheSingleRunByteForByte) {
       const std::vector<int> want =
           devices == "0,1" ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2};
       EXPECT_EQ(meta["devices"], nlohmann::json(want));
+      // The merged stats add up the workers' token counts; each worker's
+      // own stats stay with its merged_from entry.
+      EXPECT_EQ(meta["stats"]["generated_tokens"], one["stats"]["generated_tokens"]);
+      EXPECT_EQ(meta["stats"]["prompt_tokens"], one["stats"]["prompt_tokens"]);
+      ASSERT_EQ(meta["merged_from"].size(), want.size());
+      for (const auto& part : meta["merged_from"])
+        EXPECT_TRUE(part["stats"].contains("decode_seconds")) << part.dump();
       for (const char* field : kSameAsOneRun) {
         const nlohmann::json::json_pointer p(field);
         EXPECT_EQ(meta.value(p, nlohmann::json()), one.value(p, nlohmann::json())) << field;
