@@ -25,14 +25,7 @@ for c in $CASES; do
   cfg=$WORK/$tag.config.json
   # note: the layer count is cut down to fit the host's disk and the call's
   # time; per-layer widths (what the kernels see) are the real model's.
-  python3 - "tests/data/configs/$name.json" "$layers" "$cfg" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); n = int(sys.argv[2])
-t = c.get("text_config", c)
-t["num_hidden_layers"] = n
-if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
-json.dump(c, open(sys.argv[3], "w"), indent=1)
-PY
+  python3 bench/cuda/cut_layers.py "tests/data/configs/$name.json" "$layers" "$cfg"
   flags=()
   [ "$dtype" = fp8 ] && flags=(--fp8)
   rm -rf "$WORK/hf" "$WORK/model.pack"

@@ -35,14 +35,7 @@ PY
 }
 
 synth_pack() {  # NAME LAYERS PACK
-  python3 - "tests/data/configs/$1.json" "$2" "$WORK/cfg.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); n = int(sys.argv[2])
-t = c.get("text_config", c)
-t["num_hidden_layers"] = n
-if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
-json.dump(c, open(sys.argv[3], "w"), indent=1)
-PY
+  python3 bench/cuda/cut_layers.py "tests/data/configs/$1.json" "$2" "$WORK/cfg.json"
   rm -rf "$WORK/hf"
   "$BIN/synth" "$WORK/cfg.json" "$WORK/hf" >/dev/null && "$BIN/convert" "$WORK/hf" "$3" --force >/dev/null
   local rc=$?
