@@ -551,10 +551,40 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallelInvariance,
 struct Fp8TpModel {
   const char* name;
   const char* base;
+  const char* fp8_tensor;  // a pack tensor that must be F8_E4M3
   const char* changes;
 };
 
 class TensorParallelFp8Model : public ::testing::TestWithParam<Fp8TpModel> {};
+
+// Multiplies the float32 block scales (`*_scale_inv`) of every safetensors
+// file in `dir` by factors from 0.5 to 2 that differ from block to block.
+// note: synth's uniform weights give every block nearly the same amax, so
+// its scales are nearly equal and a rank reading another block's scale
+// would go unnoticed; varied scales make every block's scale matter.
+void vary_fp8_scales(const std::string& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::string bytes = read_text(entry.path().string());
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, bytes.data(), 8);
+    const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
+    int64_t k = 0;
+    for (const auto& [name, t] : header.items()) {
+      if (!name.ends_with("_scale_inv")) continue;
+      ASSERT_EQ(t["dtype"], "F32") << name;
+      const uint64_t begin = 8 + header_len + t["data_offsets"][0].get<uint64_t>();
+      const uint64_t end = 8 + header_len + t["data_offsets"][1].get<uint64_t>();
+      for (uint64_t o = begin; o < end; o += 4, ++k) {
+        float v;
+        std::memcpy(&v, bytes.data() + o, 4);
+        v *= 0.5f + static_cast<float>(k * 7 % 13) / 8.0f;
+        std::memcpy(bytes.data() + o, &v, 4);
+      }
+    }
+    write_text(entry.path().string(), bytes);
+  }
+}
 
 // TP 2 next to TP 1 (the same tokens while the TP-1 margin is above 1e-3,
 // margins within 1e-4), and TP 2 byte-identical to itself under other
@@ -570,10 +600,11 @@ TEST_P(TensorParallelFp8Model, SplitsOnScaleBlocksLikeTheUnsplitModel) {
   RunResult sy =
       run(fmt::format("{} {}.config.json {}-ckpt --seed 5 --fp8", QTK_SYNTH_BIN, base, base));
   ASSERT_EQ(sy.status, 0) << sy.err;
+  vary_fp8_scales(base + "-ckpt");
   const std::string pack = base + ".pack";
   RunResult cv = run(fmt::format("{} {}-ckpt {} --force", QTK_CONVERT_BIN, base, pack));
   ASSERT_EQ(cv.status, 0) << cv.err;
-  ASSERT_FALSE(Pack::open(pack)->fp8_tensors().empty());
+  ASSERT_NE(Pack::open(pack)->fp8_scales(p.fp8_tensor), nullptr) << p.fp8_tensor;
   write_text(base + ".jsonl", mixed_prompts(500));
   const std::string flags = "--ignore-eos --margins --threads 2";
   RunResult one = generate(pack, base + ".jsonl", base + ".tp1.out", flags);
@@ -628,10 +659,20 @@ TEST_P(TensorParallelFp8Model, SplitsOnScaleBlocksLikeTheUnsplitModel) {
 INSTANTIATE_TEST_SUITE_P(
     Models, TensorParallelFp8Model,
     ::testing::Values(Fp8TpModel{"qwen3_fp8_tp", "tests/data/models/qwen3-fp8-tiny",
+                                 "layers.1.mlp.gate_up_proj",
                                  R"({"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4,
                        "num_key_value_heads": 2, "intermediate_size": 512,
                        "num_hidden_layers": 2})"},
+                      // Qwen3-MoE: per-expert FP8 experts, stacked with their scales by convert.
+                      Fp8TpModel{"qwen3_moe_fp8_tp", "tests/data/models/qwen3-moe-tiny",
+                                 "layers.1.mlp.experts.gate_up_proj",
+                                 R"({"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "moe_intermediate_size": 256,
+                       "num_local_experts": 4, "num_hidden_layers": 2})"},
+                      // Qwen3.5-MoE: GDN and gated attention; the routed experts are bf16
+                      // (synth writes the fused layout unquantised), the shared expert FP8.
                       Fp8TpModel{"qwen3_5_moe_fp8_tp", "tests/data/models/qwen3.5-moe-fp8-tiny",
+                                 "layers.1.mlp.shared_expert.gate_up_proj",
                                  R"({"hidden_size": 256, "head_dim": 128, "num_attention_heads": 2,
                        "num_key_value_heads": 1, "linear_num_key_heads": 4,
                        "linear_num_value_heads": 4, "linear_key_head_dim": 64,
