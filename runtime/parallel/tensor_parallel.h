@@ -20,6 +20,10 @@
 // (tp_slice_fp8). That needs every split boundary on a boundary of the
 // tensor's scale blocks; a pack whose blocks straddle a boundary is refused
 // (tp_check_fp8: convert it with --dtype bf16 to split it).
+// note: Qwen's FP8 releases use 128x128 blocks (convert may make a fused
+// tensor's row blocks smaller), so a split works when each rank's heads x
+// head_dim and widths are multiples of 128: a rank's K/V head of 64 rows, or
+// an expert width of 64 per rank, is refused.
 // After every attention, GDN, MLP and MoE block the ranks add their partial
 // outputs: one all-reduce per block (runtime/parallel/rank_group.h), summed in
 // rank order 0..N-1 in float32 on every rank, so every rank holds the same
