@@ -102,16 +102,21 @@ DeviceChoice resolve_device(const GenerateOptions& o) {
   fail("--device: expected cpu or cuda, found '{}'", o.device);
 }
 
-// What an FP8 pack's matrices compute, for the run header ("" for others).
-std::string fp8_text(const Pack& pack, const DeviceChoice& d) {
+// What an FP8 pack's matrices compute, for the run header ("" for others);
+// `ranks`: the tensor-parallel rank count (1: unsplit).
+std::string fp8_text(const Pack& pack, const DeviceChoice& d, int ranks) {
   if (pack.fp8_tensors().empty()) return "";
   std::set<int64_t> rows;
   for (const auto& q : pack.fp8_tensors()) rows.insert(q.block_rows);
   std::string r;
   for (int64_t x : rows) r += fmt::format("{}{}", r.empty() ? "" : " or ", x);
+  // note: a rank's FP8 slices are copies of whole scale blocks of the pack
+  // (runtime/parallel/tensor_parallel.h), so "in place" holds unsplit only.
   return fmt::format(
-      "; F8_E4M3 (e4m3fn) weights read in place with float32 block scales (blocks of {} rows x "
+      "; F8_E4M3 (e4m3fn) weights {} with float32 block scales (blocks of {} rows x "
       "{} columns), each weight computed as the float32 product fp8 x scale{}",
+      ranks > 1 ? "split over the ranks on scale-block boundaries, each rank's slice read as it is"
+                : "read in place",
       r, pack.fp8_tensors().front().block_cols,
       d.device == "cuda" ? " inside a fixed-order warp product (float32 accumulation; the "
                            "FP8 matrices go through no cuBLASLt GEMM)"
@@ -119,22 +124,22 @@ std::string fp8_text(const Pack& pack, const DeviceChoice& d) {
 }
 
 // The run header's description of the arithmetic.
-std::string precision_text(const DeviceChoice& d, const Pack& pack) {
+std::string precision_text(const DeviceChoice& d, const Pack& pack, int ranks) {
   if (d.device == "cpu") {
     return fmt::format(
         "float32 activations, float32 KV cache and state, {} weights, float32 accumulation{}",
-        weight_dtypes(pack), fp8_text(pack, d));
+        weight_dtypes(pack), fp8_text(pack, d, ranks));
   }
   if (d.precision == "f32") {
     return fmt::format(
         "CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
         "float32 accumulation{}",
-        weight_dtypes(pack), fp8_text(pack, d));
+        weight_dtypes(pack), fp8_text(pack, d, ranks));
   }
   return fmt::format(
       "CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
       "accumulation, norms and GDN state{}",
-      weight_dtypes(pack), fp8_text(pack, d));
+      weight_dtypes(pack), fp8_text(pack, d, ranks));
 }
 
 // note: sizes below come from user input (max_tokens up to INT64_MAX, any
@@ -385,7 +390,7 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
        {{"path", o.model}, {"digest", m.pack->digest()}, {"architecture", cfg.hf_architecture}}},
       {"batch", o.batch},
       {"device", m.device_name},
-      {"precision", precision_text(dev, *m.pack)},
+      {"precision", precision_text(dev, *m.pack, o.tensor_parallel)},
       {"settings", settings},
       {"tuning", tuning_header(tuning())},
       {"input_lines", raw.size()},

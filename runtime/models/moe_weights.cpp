@@ -22,17 +22,13 @@ TensorView pack_stacked(const Pack& pack, const std::string& name, int64_t E, in
   if (v.ndim != 3 || v.shape[0] != E || v.shape[1] != rows || v.shape[2] != cols)
     fail("{}: tensor '{}' has shape {}; expected [{}, {}, {}] from the config", pack.path(), name,
          v.shape_string(), E, rows, cols);
-  *fp8 = nullptr;
-  if (v.dtype == DType::F8_E4M3) {
-    const PackFp8Scales* q = pack.fp8_scales(name);
-    if (q == nullptr)
-      fail("{}: tensor '{}' is F8_E4M3 but has no block scales in the manifest", pack.path(), name);
+  *fp8 = pack_fp8_scales(pack, name, v);
+  if (const PackFp8Scales* q = *fp8) {
     if (rows % q->block_rows != 0)
       fail(
           "{}: tensor '{}': scale blocks of {} rows straddle experts of {} rows (expected a "
           "block height dividing {})",
           pack.path(), name, q->block_rows, rows, rows);
-    *fp8 = q;
   }
   return v;
 }
@@ -51,6 +47,7 @@ MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::s
   const int64_t H = c.hidden_size, E = c.moe.num_experts, I = c.moe.expert_intermediate_size;
   MoeWeights w;
   w.router = pack_matrix(pack, p + "mlp.router", E, H);
+  w.router_fp8 = pack_fp8_scales(pack, p + "mlp.router", w.router);
   w.gate_up_proj = pack_stacked(pack, p + "mlp.experts.gate_up_proj", E, 2 * I, H, &w.gate_up_fp8);
   w.down_proj = pack_stacked(pack, p + "mlp.experts.down_proj", E, H, I, &w.down_fp8);
   index_experts(w);
@@ -59,6 +56,12 @@ MoeWeights load_moe_weights(const Pack& pack, const ModelConfig& c, const std::s
     w.shared_gate_up_proj = pack_matrix(pack, p + "mlp.shared_expert.gate_up_proj", 2 * S, H);
     w.shared_down_proj = pack_matrix(pack, p + "mlp.shared_expert.down_proj", H, S);
     w.shared_expert_gate = pack_matrix(pack, p + "mlp.shared_expert_gate", 1, H);
+    w.shared_gate_up_fp8 =
+        pack_fp8_scales(pack, p + "mlp.shared_expert.gate_up_proj", w.shared_gate_up_proj);
+    w.shared_down_fp8 =
+        pack_fp8_scales(pack, p + "mlp.shared_expert.down_proj", w.shared_down_proj);
+    w.shared_expert_gate_fp8 =
+        pack_fp8_scales(pack, p + "mlp.shared_expert_gate", w.shared_expert_gate);
   }
   return w;
 }
@@ -78,6 +81,12 @@ void append_moe_matrices(const MoeWeights& w, std::vector<TensorView>& mats) {
   mats.insert(mats.end(), w.expert_down.begin(), w.expert_down.end());
   if (w.has_shared)
     mats.insert(mats.end(), {w.shared_gate_up_proj, w.shared_down_proj, w.shared_expert_gate});
+}
+
+void append_moe_fp8_scales(const MoeWeights& w, std::vector<const PackFp8Scales*>& scales) {
+  for (const PackFp8Scales* q :
+       {w.router_fp8, w.shared_gate_up_fp8, w.shared_down_fp8, w.shared_expert_gate_fp8})
+    if (q != nullptr) scales.push_back(q);
 }
 
 }  // namespace qtk

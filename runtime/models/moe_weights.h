@@ -40,12 +40,19 @@ struct MoeWeights {
   // The block scales of gate_up_proj / down_proj when they are F8_E4M3
   // (nullptr otherwise): [E*rows/block_rows, ceil(cols/block_cols)], expert
   // e's rows starting at scale row e*rows/block_rows.
+  // note: under tensor parallelism these are the rank's scales
+  // (tp_slice_experts), not the pack's: backends read them from here.
   const PackFp8Scales* gate_up_fp8 = nullptr;
   const PackFp8Scales* down_fp8 = nullptr;
+  const PackFp8Scales* router_fp8 = nullptr;  // the scales of router when F8_E4M3
   bool has_shared = false;
   TensorView shared_gate_up_proj;  // mat [2*S, hidden]: gate rows then up rows
   TensorView shared_down_proj;     // mat [hidden, S]
   TensorView shared_expert_gate;   // mat [1, hidden]
+  // The scales of the shared expert's matrices when F8_E4M3 (else nullptr).
+  const PackFp8Scales* shared_gate_up_fp8 = nullptr;
+  const PackFp8Scales* shared_down_fp8 = nullptr;
+  const PackFp8Scales* shared_expert_gate_fp8 = nullptr;
 };
 
 // Binds layer `prefix` ("layers.3.") of `pack`; throws qtk::Error naming the
@@ -58,5 +65,9 @@ void index_experts(MoeWeights& w);
 
 // Appends every 2-D matrix of `w` the matmuls read (for TiledWeights::build).
 void append_moe_matrices(const MoeWeights& w, std::vector<TensorView>& mats);
+
+// Appends the block scales of those matrices that are F8_E4M3 (the stacked
+// experts' scales, which expert_matmul reads per expert, are not among them).
+void append_moe_fp8_scales(const MoeWeights& w, std::vector<const PackFp8Scales*>& scales);
 
 }  // namespace qtk

@@ -11,7 +11,8 @@ namespace qtk {
 namespace {
 
 // note: F8_E4M3 matrices come with block scales (Pack::fp8_scales, checked
-// when the pack opened); the backends read both.
+// when the pack opened); the binder hands the backends both (adopt_matrix,
+// MoeWeights).
 bool is_matrix_dtype(DType t) {
   return t == DType::BF16 || t == DType::F16 || t == DType::F32 || t == DType::F8_E4M3;
 }
@@ -56,21 +57,34 @@ TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n) {
   return v;
 }
 
+const PackFp8Scales* pack_fp8_scales(const Pack& pack, const std::string& name,
+                                     const TensorView& v) {
+  if (v.dtype != DType::F8_E4M3) return nullptr;
+  const PackFp8Scales* q = pack.fp8_scales(name);
+  if (q == nullptr)
+    fail("{}: tensor '{}' is F8_E4M3 but has no block scales in the manifest", pack.path(), name);
+  return q;
+}
+
 WeightBinder::WeightBinder(const Pack& pack, TpRank tp)
     : pack_(pack), tp_(tp), cfg_(tp_rank_config(pack.config(), tp.size, pack.path())) {
-  // note: an FP8 matrix's 128x128 scale blocks would straddle the ranks'
-  // slices of most split widths; a rank's scales would need re-indexing.
-  if (tp.split() && !pack.fp8_tensors().empty())
-    fail(
-        "{}: tensor parallel over an FP8 pack is not supported (found F8_E4M3 tensor '{}'); "
-        "convert the checkpoint with --dtype bf16",
-        pack.path(), pack.fp8_tensors().front().tensor);
+  // note: every FP8 tensor's split is checked here, before any slice is
+  // made, so a pack that does not split fails up front with one message
+  // (the same on every rank).
+  if (tp.split())
+    for (const PackFp8Scales& q : pack.fp8_tensors())
+      tp_check_fp8(q, split_of(q.tensor, q.weight), tp.size, pack.path());
+}
+
+TpSplit WeightBinder::split_of(const std::string& name, const TensorView& v) const {
+  if (!tp_.split()) return {};
+  const int64_t rows = v.ndim >= 2 ? v.shape[v.ndim - 2] : v.dim(0);
+  return tp_split(pack_.config(), name, rows);
 }
 
 TensorView WeightBinder::rank_slice(const std::string& name, const TensorView& v) {
   if (!tp_.split()) return v;
-  const int64_t rows = v.ndim >= 2 ? v.shape[v.ndim - 2] : v.dim(0);
-  return tp_slice(v, tp_split(pack_.config(), name, rows), tp_, name, slices_);
+  return tp_slice(v, split_of(name, v), tp_, name, slices_);
 }
 
 bool WeightBinder::has(const std::string& name) const { return pack_.find_tensor(name) != nullptr; }
@@ -83,9 +97,12 @@ Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols,
     fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack_.path(), name,
          dtype_name(full.dtype));
   }
-  const TensorView v = rank_slice(name, full);
+  const TpSplit s = split_of(name, full);
+  const TensorView v = tp_slice(full, s, tp_, name, slices_);
   check_shape(pack_, name, v, {rows, cols});
-  return Matrix{adopt_matrix(name, v, use), rows, cols};
+  const PackFp8Scales* fp8 = pack_fp8_scales(pack_, name, full);
+  if (fp8 != nullptr) fp8 = tp_slice_fp8(*fp8, v, s, tp_, pack_.path(), slices_);
+  return Matrix{adopt_matrix(name, v, fp8, use), rows, cols};
 }
 
 Vector WeightBinder::vector(const std::string& name, int64_t n) {
@@ -102,7 +119,7 @@ Vector WeightBinder::table(const std::string& name, int64_t rows, int64_t cols) 
 
 Experts WeightBinder::experts(const std::string& prefix) {
   MoeWeights w = load_moe_weights(pack_, pack_.config(), prefix);
-  if (tp_.split()) w = tp_slice_experts(w, pack_.config(), tp_, prefix, slices_);
+  if (tp_.split()) w = tp_slice_experts(w, pack_.config(), tp_, prefix, pack_.path(), slices_);
   return Experts{adopt_experts(prefix, w)};
 }
 

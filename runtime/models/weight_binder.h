@@ -18,6 +18,7 @@ namespace qtk {
 
 class Pack;
 struct MoeWeights;
+struct PackFp8Scales;
 
 // What a matrix is used for: embedding rows are gathered, every other matrix
 // is multiplied (the CPU backend makes tile-order copies of those only).
@@ -25,10 +26,14 @@ enum class MatrixUse { kEmbedding, kMatmul };
 
 // note: tensor parallelism (runtime/parallel/tensor_parallel.h) happens
 // here: a binder of rank r of N hands the backend rank r's slice of each
-// tensor, and config() is the rank's config (heads and widths / N), so the
-// model files and the backends run unchanged on a rank.
+// tensor (an FP8 matrix's with the slice of its block scales), and config()
+// is the rank's config (heads and widths / N), so the model files and the
+// backends run unchanged on a rank.
 class WeightBinder {
  public:
+  // Throws qtk::Error when the pack does not split over tp.size ranks
+  // (tp_rank_config; an FP8 tensor split inside its scale blocks:
+  // tp_check_fp8).
   explicit WeightBinder(const Pack& pack, TpRank tp = {});
   virtual ~WeightBinder() = default;
 
@@ -51,14 +56,22 @@ class WeightBinder {
 
  protected:
   // The backend's side: keep the checked tensor, return its id. A name may
-  // come more than once (a tied lm_head is embed_tokens again).
-  virtual int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse use) = 0;
+  // come more than once (a tied lm_head is embed_tokens again). `fp8`: the
+  // block scales of an F8_E4M3 matrix (nullptr for other dtypes), the
+  // pack's own or, under tensor parallelism, the rank's slice of them
+  // (valid, as are the slices, until release_slices()); a backend reads the
+  // scales from here, never from the pack.
+  virtual int32_t adopt_matrix(const std::string& name, const TensorView& v,
+                               const PackFp8Scales* fp8, MatrixUse use) = 0;
   virtual int32_t adopt_vector(const std::string& name, const TensorView& v) = 0;
   virtual int32_t adopt_experts(const std::string& prefix, const MoeWeights& w) = 0;
-  // Drops the rank's slice copies (a backend that copied them elsewhere).
+  // Drops the rank's slice copies and their scales (a backend that copied
+  // them elsewhere).
   void release_slices() { slices_.clear(); }
 
  private:
+  // The split of pack tensor `name` (view `v`); kNone when unsplit.
+  TpSplit split_of(const std::string& name, const TensorView& v) const;
   // The rank's slice of `v` (pack tensor `name`); `v` itself when unsplit.
   TensorView rank_slice(const std::string& name, const TensorView& v);
 
@@ -71,5 +84,10 @@ class WeightBinder {
 // The checks WeightBinder makes, for code that reads a pack tensor directly.
 TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols);
 TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n);
+// The block scales of pack tensor `name` (view `v`) when it is F8_E4M3, else
+// nullptr; throws qtk::Error naming the pack and the tensor when an F8_E4M3
+// tensor has none.
+const PackFp8Scales* pack_fp8_scales(const Pack& pack, const std::string& name,
+                                     const TensorView& v);
 
 }  // namespace qtk

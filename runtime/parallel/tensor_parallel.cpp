@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "pack/pack.h"
 #include "runtime/models/moe_weights.h"
 
 namespace qtk {
@@ -134,6 +135,39 @@ TpSplit tp_split(const ModelConfig& c, std::string_view name, int64_t rows) {
   return {};
 }
 
+namespace {
+
+// A tensor as [outer, rows, cols]: a vector is [1, n, 1], a matrix or a
+// table [1, rows, cols], stacked experts [E, rows, cols].
+struct Dims {
+  int64_t outer = 1, rows = 0, cols = 1;
+};
+
+Dims dims_of(const TensorView& t) {
+  Dims d;
+  d.outer = t.ndim == 3 ? t.shape[0] : 1;
+  d.rows = t.ndim == 1 ? t.shape[0] : t.shape[t.ndim - 2];
+  d.cols = t.ndim == 1 ? 1 : t.shape[t.ndim - 1];
+  return d;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+TpStorage::TpStorage() = default;
+TpStorage::~TpStorage() = default;
+
+PackFp8Scales& TpStorage::add_scales() {
+  scales_.push_back(std::make_unique<PackFp8Scales>());
+  return *scales_.back();
+}
+
+void TpStorage::clear() {
+  blocks_.clear();
+  scales_.clear();
+}
+
 void* TpStorage::allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -147,13 +181,9 @@ void TpStorage::Free::operator()(void* p) const { std::free(p); }
 TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::string_view name,
                     TpStorage& storage) {
   if (s.dim == TpSplit::Dim::kNone || !r.split()) return full;
-  // The tensor as [outer, rows, cols]: a vector is [1, n, 1], a matrix or a
-  // table [1, rows, cols], stacked experts [E, rows, cols].
   if (full.ndim < 1 || full.ndim > 3)
     fail("tensor parallel: tensor '{}' has {} dims; expected 1 to 3", name, full.ndim);
-  const int64_t outer = full.ndim == 3 ? full.shape[0] : 1;
-  const int64_t rows = full.ndim == 1 ? full.shape[0] : full.shape[full.ndim - 2];
-  const int64_t cols = full.ndim == 1 ? 1 : full.shape[full.ndim - 1];
+  const auto [outer, rows, cols] = dims_of(full);
   const bool by_rows = s.dim == TpSplit::Dim::kRows;
   if ((by_rows ? rows : cols) != extent(s))
     fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", name,
@@ -197,19 +227,108 @@ TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::str
   return v;
 }
 
+void tp_check_fp8(const PackFp8Scales& q, const TpSplit& s, int size, std::string_view source) {
+  if (s.dim == TpSplit::Dim::kNone || size <= 1) return;
+  const Dims d = dims_of(q.weight);
+  const bool by_rows = s.dim == TpSplit::Dim::kRows;
+  const int64_t len = by_rows ? d.rows : d.cols;
+  const int64_t block = by_rows ? q.block_rows : q.block_cols;
+  if (len != extent(s) || block <= 0) return;  // tp_slice reports the shape
+  const char* unit = by_rows ? "row" : "column";
+  for (int r = 0; r < size; ++r) {
+    for (const Range& g : rank_ranges(s, TpRank{r, size})) {
+      for (const int64_t at : {g.begin, g.end}) {
+        if (at % block == 0 || at == len) continue;
+        fail(
+            "{}: tensor parallel {}: tensor '{}' splits {}at {} {}, inside its FP8 scale blocks "
+            "of {} {}s (expected a multiple of {}); convert with --dtype bf16 to split it",
+            source, size, q.tensor, q.weight.ndim == 3 ? "each expert " : "", unit, at, block, unit,
+            block);
+      }
+    }
+  }
+}
+
+const PackFp8Scales* tp_slice_fp8(const PackFp8Scales& q, const TensorView& weight,
+                                  const TpSplit& s, TpRank r, std::string_view source,
+                                  TpStorage& storage) {
+  if (s.dim == TpSplit::Dim::kNone || !r.split()) return &q;
+  tp_check_fp8(q, s, r.size, source);
+  const Dims d = dims_of(q.weight);
+  const bool by_rows = s.dim == TpSplit::Dim::kRows;
+  if ((by_rows ? d.rows : d.cols) != extent(s))
+    fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", q.tensor,
+         q.weight.shape_string(), extent(s), by_rows ? "rows" : "columns");
+  const int64_t br = q.block_rows, bc = q.block_cols;
+  // note: stacked experts' scale rows are counted per expert (each expert
+  // starts on a scale row: load_moe_weights checked rows % block_rows).
+  if (d.outer > 1 && d.rows % br != 0)
+    fail("{}: tensor '{}': scale blocks of {} rows straddle experts of {} rows", source, q.tensor,
+         br, d.rows);
+  const int64_t srows = d.outer * ceil_div(d.rows, br), scols = ceil_div(d.cols, bc);
+  if (q.scale.dtype != DType::F32 || q.scale.ndim != 2 || q.scale.shape[0] != srows ||
+      q.scale.shape[1] != scols)
+    fail("{}: tensor '{}' has scale shape {}; expected [{}, {}]", source, q.scale_name,
+         q.scale.shape_string(), srows, scols);
+  // The rank's ranges in scale blocks.
+  std::vector<Range> blocks;
+  for (const Range& g : rank_ranges(s, r))
+    blocks.push_back({g.begin / (by_rows ? br : bc), ceil_div(g.end, by_rows ? br : bc)});
+  int64_t kept = 0;
+  for (const Range& g : blocks) kept += g.end - g.begin;
+  const int64_t per_expert = srows / d.outer;  // scale rows of one expert
+  const int64_t out_rows = by_rows ? d.outer * kept : srows, out_cols = by_rows ? scols : kept;
+  auto* dst = static_cast<float*>(storage.allocate(out_rows * out_cols * sizeof(float)));
+  const float* src = q.scale.as<float>();
+  float* o = dst;
+  if (by_rows) {
+    for (int64_t e = 0; e < d.outer; ++e) {
+      for (const Range& g : blocks) {
+        const size_t n = (g.end - g.begin) * scols;
+        std::memcpy(o, src + (e * per_expert + g.begin) * scols, n * sizeof(float));
+        o += n;
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < srows; ++i) {
+      for (const Range& g : blocks) {
+        const size_t n = g.end - g.begin;
+        std::memcpy(o, src + i * scols + g.begin, n * sizeof(float));
+        o += n;
+      }
+    }
+  }
+  PackFp8Scales& out = storage.add_scales();
+  out.tensor = q.tensor;
+  out.weight = weight;
+  out.scale_name = q.scale_name;
+  out.scale.data = dst;
+  out.scale.dtype = DType::F32;
+  out.scale.set_shape(std::vector<int64_t>{out_rows, out_cols});
+  out.block_rows = br;
+  out.block_cols = bc;
+  return &out;
+}
+
 MoeWeights tp_slice_experts(const MoeWeights& full, const ModelConfig& c, TpRank r,
-                            const std::string& p, TpStorage& storage) {
+                            const std::string& p, std::string_view source, TpStorage& storage) {
   MoeWeights w = full;
-  auto slice = [&](const TensorView& t, const char* suffix) {
+  // The rank's slice of `t` (and of its scales *fp8 when it is FP8).
+  auto slice = [&](const TensorView& t, const PackFp8Scales** fp8, const char* suffix) {
     const std::string name = p + suffix;
-    return tp_slice(t, tp_split(c, name, 0), r, name, storage);
+    const TpSplit s = tp_split(c, name, 0);
+    const TensorView v = tp_slice(t, s, r, name, storage);
+    if (*fp8 != nullptr) *fp8 = tp_slice_fp8(**fp8, v, s, r, source, storage);
+    return v;
   };
-  w.gate_up_proj = slice(full.gate_up_proj, "mlp.experts.gate_up_proj");
-  w.down_proj = slice(full.down_proj, "mlp.experts.down_proj");
+  w.gate_up_proj = slice(full.gate_up_proj, &w.gate_up_fp8, "mlp.experts.gate_up_proj");
+  w.down_proj = slice(full.down_proj, &w.down_fp8, "mlp.experts.down_proj");
   index_experts(w);
   if (w.has_shared) {
-    w.shared_gate_up_proj = slice(full.shared_gate_up_proj, "mlp.shared_expert.gate_up_proj");
-    w.shared_down_proj = slice(full.shared_down_proj, "mlp.shared_expert.down_proj");
+    w.shared_gate_up_proj =
+        slice(full.shared_gate_up_proj, &w.shared_gate_up_fp8, "mlp.shared_expert.gate_up_proj");
+    w.shared_down_proj =
+        slice(full.shared_down_proj, &w.shared_down_fp8, "mlp.shared_expert.down_proj");
   }
   return w;
 }

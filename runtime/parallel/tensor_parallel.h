@@ -14,6 +14,16 @@
 //               product is a partial sum of the full output;
 //   the rest    (embeddings, norms, router, shared_expert_gate, lm_head)
 //               replicated.
+// A block-FP8 (F8_E4M3) matrix splits as any other, its 1-byte values by the
+// same rule, and its float32 block scales with it: a rank keeps the scale
+// rows (or columns) of the blocks its rows (or columns) lie in
+// (tp_slice_fp8). That needs every split boundary on a boundary of the
+// tensor's scale blocks; a pack whose blocks straddle a boundary is refused
+// (tp_check_fp8: convert it with --dtype bf16 to split it).
+// note: Qwen's FP8 releases use 128x128 blocks (convert may make a fused
+// tensor's row blocks smaller), so a split works when each rank's heads x
+// head_dim and widths are multiples of 128: a rank's K/V head of 64 rows, or
+// an expert width of 64 per rank, is refused.
 // After every attention, GDN, MLP and MoE block the ranks add their partial
 // outputs: one all-reduce per block (runtime/parallel/rank_group.h), summed in
 // rank order 0..N-1 in float32 on every rank, so every rank holds the same
@@ -39,6 +49,7 @@
 namespace qtk {
 
 struct MoeWeights;
+struct PackFp8Scales;
 
 // Which rank of how many; size 1 is the unsplit model.
 struct TpRank {
@@ -75,17 +86,26 @@ struct TpSplit {
 // has the b and a rows or not).
 TpSplit tp_split(const ModelConfig& full, std::string_view name, int64_t rows);
 
-// Rank-owned bytes the slices live in (64-byte aligned).
+// Rank-owned bytes the slices live in (64-byte aligned), and the rank's
+// block-scale records of its FP8 slices.
 class TpStorage {
  public:
+  TpStorage();
+  ~TpStorage();
+  TpStorage(const TpStorage&) = delete;
+  TpStorage& operator=(const TpStorage&) = delete;
+
   void* allocate(size_t bytes);
-  void clear() { blocks_.clear(); }
+  // A new record, at an address that stays valid until clear().
+  PackFp8Scales& add_scales();
+  void clear();
 
  private:
   struct Free {
     void operator()(void* p) const;
   };
   std::vector<std::unique_ptr<void, Free>> blocks_;
+  std::vector<std::unique_ptr<PackFp8Scales>> scales_;
 };
 
 // Rank r's slice of `full` (1-D, 2-D or 3-D stacked experts) by `s`, copied
@@ -95,9 +115,29 @@ class TpStorage {
 TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::string_view name,
                     TpStorage& storage);
 
+// Fails unless every split boundary of every rank of `size` of the F8_E4M3
+// tensor q.weight (split by `s`) lies on a boundary of its scale blocks: a
+// range's begin a multiple of the block size along the split dimension, its
+// end a multiple or the tensor's end (a partial edge block). The message
+// names `source` (the pack), `size`, the tensor, the first bad boundary and
+// the block size. A tensor whose extent is not the segments' total is left
+// to tp_slice's shape check.
+void tp_check_fp8(const PackFp8Scales& q, const TpSplit& s, int size, std::string_view source);
+
+// The block scales of rank r's slice `weight` (tp_slice of q.weight by `s`):
+// the scale rows [begin/block_rows, ceil(end/block_rows)) of each of the
+// rank's row ranges (per expert for stacked experts [E, rows, cols], whose
+// scale tensor is [E*rows/block_rows, ceil(cols/block_cols)]), or the scale
+// columns likewise for a column split, copied into `storage`. &q itself when
+// s.dim is kNone or r is unsplit. Checks as tp_check_fp8.
+const PackFp8Scales* tp_slice_fp8(const PackFp8Scales& q, const TensorView& weight,
+                                  const TpSplit& s, TpRank r, std::string_view source,
+                                  TpStorage& storage);
+
 // Rank r's slice of a mixture-of-experts block (full: its unsplit weights,
-// c: the unsplit config).
+// c: the unsplit config), FP8 block scales included; `source` (the pack)
+// names the block in messages.
 MoeWeights tp_slice_experts(const MoeWeights& full, const ModelConfig& c, TpRank r,
-                            const std::string& prefix, TpStorage& storage);
+                            const std::string& prefix, std::string_view source, TpStorage& storage);
 
 }  // namespace qtk

@@ -10,7 +10,12 @@
 #      - CUDA bf16 and f32, --tensor-parallel 2: the same bytes run to run,
 #        alone (--max-num-seqs 1), and in small chunks and blocks
 #        (--max-batched-tokens 7 --block-size 4), and preempted (5 sequences in 100 blocks of 4 tokens) - batch invariance;
-#   3. --devices 0,1 gives the one-GPU run's file byte for byte.
+#   3. block-FP8 models whose splits fall on their scale blocks (synthesised
+#      as in tests/runtime/tensor_parallel_test.cpp, block scales varied):
+#      CUDA f32 TP2 next to TP1 (the same tokens while the TP-1 margin is
+#      above 1e-3, margins within 1e-4), bf16 TP2 bit-identical under other
+#      schedules; the qwen3-fp8-tiny fixture refused at TP2;
+#   4. --devices 0,1 gives the one-GPU run's file byte for byte.
 # Prints PASS/FAIL per check; exit status 1 if any check failed.
 #
 #   bash tests/cuda/run_multi_gpu_tests.sh     # OUT: logs (default ./gpu-out)
@@ -113,6 +118,89 @@ PY
     [ $ok = 1 ] && pass "$m $p TP2 bit-identical run to run, alone, chunked, preempted"
   done
 done
+
+echo "== block-FP8 tensor parallel ($(date +%T))"
+# The configs of TensorParallelFp8Model (tests/runtime/tensor_parallel_test.cpp).
+for spec in \
+  'qwen3_fp8_tp|qwen3-fp8-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "num_hidden_layers": 2}' \
+  'qwen3_moe_fp8_tp|qwen3-moe-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "moe_intermediate_size": 256, "num_local_experts": 4, "num_hidden_layers": 2}' \
+  'qwen3_5_moe_fp8_tp|qwen3.5-moe-fp8-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "linear_num_key_heads": 4, "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "num_experts": 4, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"], "rope_parameters": {"mrope_section": [8, 4, 4]}}'; do
+  IFS='|' read -r m base changes <<<"$spec"
+  python3 - "tests/data/models/$base/config.json" "$changes" "$W/$m.config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c.pop("quantization_config", None)
+def patch(d, p):
+    for k, v in p.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict): patch(d[k], v)
+        else: d[k] = v
+patch(c, json.loads(sys.argv[2]))
+json.dump(c, open(sys.argv[3], "w"), indent=2)
+PY
+  rm -rf "$W/$m-ckpt"
+  "$BIN/synth" "$W/$m.config.json" "$W/$m-ckpt" --seed 5 --fp8 >/dev/null 2>"$W/$m.synth.err" ||
+    { failed "$m synth: $(tail -1 "$W/$m.synth.err")"; continue; }
+  # Block scales times 0.5 .. 2, varying from block to block (as the CPU test).
+  python3 - "$W/$m-ckpt" <<'PY'
+import glob, json, struct, sys
+for path in glob.glob(sys.argv[1] + "/*.safetensors"):
+    b = bytearray(open(path, "rb").read())
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); k = 0
+    for name, t in h.items():
+        if not name.endswith("_scale_inv"): continue
+        lo, hi = (8 + n + o for o in t["data_offsets"])
+        for o in range(lo, hi, 4):
+            v = struct.unpack("<f", b[o:o + 4])[0] * (0.5 + (k * 7 % 13) / 8.0)
+            b[o:o + 4] = struct.pack("<f", v); k += 1
+    open(path, "wb").write(b)
+PY
+  "$BIN/convert" "$W/$m-ckpt" "$W/$m.pack" --force >/dev/null 2>"$W/$m.convert.err" ||
+    { failed "$m convert: $(tail -1 "$W/$m.convert.err")"; continue; }
+  python3 - "$W/$m.inv.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for i in range(32):
+        f.write(json.dumps({"id": i, "prompt_token_ids": [r.randrange(500) for _ in range(1 + r.randrange(150))],
+                            "max_tokens": 1 + r.randrange(12)}) + "\n")
+PY
+  gen "$W/$m.f32.tp1" --batch "$W/$m.inv.jsonl" --precision f32 &&
+  gen "$W/$m.f32.tp2" --batch "$W/$m.inv.jsonl" --precision f32 --tensor-parallel 2 && {
+    python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp2" <<'PY' && pass "$m f32 FP8 TP2 next to TP1" || failed "$m f32 FP8 TP2 next to TP1"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
+worst, same, ok = 0.0, 0, len(a) == len(b)
+for x, y in zip(a, b):
+    same += x["output_token_ids"] == y["output_token_ids"]
+    for k, (p, q) in enumerate(zip(x["output_token_ids"], y["output_token_ids"])):
+        if p != q:
+            ok = ok and x["top1_margin"][k] <= 1e-3
+            break
+        worst = max(worst, abs(x["top1_margin"][k] - y["top1_margin"][k]))
+print(f"  {same}/{len(a)} cases with identical tokens; largest margin difference {worst:.3g}")
+sys.exit(0 if ok and worst < 1e-4 else 1)
+PY
+  }
+  ok=1
+  gen "$W/$m.bf16.inv0" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel 2 || continue
+  for flags in "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4"; do
+    gen "$W/$m.bf16.inv1" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel 2 $flags || { ok=0; continue; }
+    cmp -s "$W/$m.bf16.inv0" "$W/$m.bf16.inv1" || { failed "$m bf16 FP8 TP2 differs with '$flags'"; ok=0; }
+  done
+  [ $ok = 1 ] && pass "$m bf16 FP8 TP2 bit-identical alone and chunked"
+done
+m=qwen3-fp8-tiny
+"$BIN/convert" tests/data/models/$m "$W/$m.pack" --force >/dev/null 2>&1
+rm -f "$W/$m.refused"
+if "$BIN/generate" --model "$W/$m.pack" --batch "$W/qwen3-tiny.golden.jsonl" --device cuda \
+     --tensor-parallel 2 --out "$W/$m.refused" >/dev/null 2>"$W/$m.refused.err"; then
+  failed "$m TP2 ran; expected a refusal"
+elif grep -q "splits at row 320, inside its FP8 scale blocks of 128 rows" "$W/$m.refused.err" &&
+     [ ! -e "$W/$m.refused" ]; then
+  pass "$m TP2 refused: $(tail -1 "$W/$m.refused.err")"
+else
+  failed "$m TP2 refusal: $(tail -1 "$W/$m.refused.err")"
+fi
 
 echo "== data parallel (--devices 0,1) ($(date +%T))"
 m=qwen3.5-moe-tiny-vlm

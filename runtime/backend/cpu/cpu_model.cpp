@@ -34,10 +34,15 @@ class CpuWeights final : public WeightBinder {
   std::vector<MoeWeights> experts;   // by Experts::id
   // Every matrix a matmul reads (what TiledWeights copies to tile order).
   std::vector<TensorView> matmul_views;
+  // The block scales of the F8_E4M3 ones (the rank's under tensor
+  // parallelism), for TiledWeights::matmul.
+  std::vector<const PackFp8Scales*> fp8_scales;
 
  protected:
-  int32_t adopt_matrix(const std::string&, const TensorView& v, MatrixUse use) override {
+  int32_t adopt_matrix(const std::string&, const TensorView& v, const PackFp8Scales* fp8,
+                       MatrixUse use) override {
     if (use == MatrixUse::kMatmul) matmul_views.push_back(v);
+    if (fp8 != nullptr) fp8_scales.push_back(fp8);
     matrices.push_back(v);
     return static_cast<int32_t>(matrices.size() - 1);
   }
@@ -47,6 +52,7 @@ class CpuWeights final : public WeightBinder {
   }
   int32_t adopt_experts(const std::string&, const MoeWeights& w) override {
     append_moe_matrices(w, matmul_views);
+    append_moe_fp8_scales(w, fp8_scales);
     experts.push_back(w);
     return static_cast<int32_t>(experts.size() - 1);
   }
@@ -67,7 +73,7 @@ class CpuModel final : public Model, private Blocks {
     if (cfg_.has_moe()) moe_.emplace(cfg_);
     // note: every weight is read by the first forward pass anyway; reading
     // them here keeps disk reads and page faults out of the timed steps.
-    tiled_.build(pack, weights_.matmul_views, pool_);
+    tiled_.build(pack, weights_.matmul_views, weights_.fp8_scales, pool_);
   }
 
   const ModelConfig& config() const override { return cfg_; }

@@ -16,8 +16,9 @@ namespace {
 // y = x w_e^T for expert e's slice w_e [N, K] of a stacked tensor. An FP8
 // slice goes to matmul_fp8 directly with the expert's scale rows: its rows
 // start at e * N of the stacked tensor, i.e. at scale row e * N / block_rows
-// (pack_stacked checked that this divides). TiledWeights::matmul finds FP8
-// scales by the tensor's own pointer, which only expert 0's slice shares.
+// (pack_stacked checked that this divides; a tensor-parallel rank's slice
+// keeps whole blocks per expert: tp_slice_fp8). TiledWeights::matmul knows
+// only the scales of whole matrices, not of one expert's rows.
 void expert_matmul(const float* x, int64_t ldx, const TensorView& w, const PackFp8Scales* fp8,
                    int64_t e, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                    const TiledWeights& tiled, ThreadPool* pool) {

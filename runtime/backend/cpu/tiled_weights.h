@@ -50,13 +50,17 @@ class TiledWeights {
   }
 
   // Makes tile-order copies of every usable matrix in `mats` (2-D views into
-  // `pack`; duplicates, e.g. a tied lm_head, are copied once), releases their
-  // pages in the pack, and reads every other tensor of the pack in (what
-  // prefault() did). When tiling is off (enabled() is false, or the copies
-  // would not fit in memory: Pack::anonymous_copy_fits) or no matrix is
-  // usable: pack.load_for_cpu() instead.
-  void build(const Pack& pack, const std::vector<TensorView>& mats, ThreadPool* pool) {
-    for (const PackFp8Scales& q : pack.fp8_tensors()) fp8_[q.weight.data] = &q;
+  // `pack` or a tensor-parallel rank's slices; duplicates, e.g. a tied
+  // lm_head, are copied once), releases their pages in the pack, and reads
+  // every other tensor of the pack in (what prefault() did). When tiling is
+  // off (enabled() is false, or the copies would not fit in memory:
+  // Pack::anonymous_copy_fits) or no matrix is usable: pack.load_for_cpu()
+  // instead. `fp8`: the block scales of the F8_E4M3 matrices of `mats` (the
+  // pack's own, or a rank's slices of them), which matmul() reads; the
+  // records must outlive this object.
+  void build(const Pack& pack, const std::vector<TensorView>& mats,
+             const std::vector<const PackFp8Scales*>& fp8, ThreadPool* pool) {
+    for (const PackFp8Scales* q : fp8) fp8_[q->weight.data] = q;
     if (const PackTensorInfo* e = pack.find_tensor("embed_tokens");
         e != nullptr && e->view.dtype == DType::F8_E4M3) {
       fail(
@@ -122,7 +126,7 @@ class TiledWeights {
   }
 
   // y = x w^T through the tiled copy when w has one, through matmul_fp8 with
-  // the pack's block scales when w is F8_E4M3, else matmul() (HF).
+  // its block scales (given to build) when w is F8_E4M3, else matmul() (HF).
   // note: FP8 weights are read in place (no tiled or dequantized copy): at
   // one byte per weight the stream is already half of bf16's.
   void matmul(const float* x, int64_t ldx, const TensorView& w, float* y, int64_t ldy, int64_t M,

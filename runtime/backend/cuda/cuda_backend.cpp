@@ -64,14 +64,15 @@ class CudaWeights final : public WeightBinder {
   const cuda::CudaMoeWeights& experts(Experts e) const { return experts_[e.id]; }
 
  protected:
-  int32_t adopt_matrix(const std::string& name, const TensorView& v, MatrixUse use) override {
+  int32_t adopt_matrix(const std::string& name, const TensorView& v, const PackFp8Scales* fp8,
+                       MatrixUse use) override {
     if (use == MatrixUse::kEmbedding && v.dtype == DType::F8_E4M3)
       fail(
           "{}: tensor '{}' is F8_E4M3; an FP8 embedding table is not supported (expected BF16, "
           "F16 or F32)",
           pack().path(), name);
     if (auto it = matrix_ids_.find(name); it != matrix_ids_.end()) return it->second;
-    matrices_.push_back(cuda::upload_weight<Act>(pack(), name, v));
+    matrices_.push_back(cuda::upload_weight<Act>(pack(), name, v, fp8));
     const auto id = static_cast<int32_t>(matrices_.size() - 1);
     matrix_ids_.emplace(name, id);
     return id;

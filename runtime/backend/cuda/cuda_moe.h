@@ -48,19 +48,22 @@ struct CudaMoeWeights {
   DeviceMemory shared_gate;     // Act [hidden] (shared_expert_gate [1, hidden])
 };
 
+// Uploads layer `prefix`'s block (`w`: the pack's weights, or a
+// tensor-parallel rank's slices), FP8 matrices with the scales `w` gives.
 template <class Act>
 CudaMoeWeights upload_moe_weights(const Pack& pack, const std::string& prefix,
                                   const MoeWeights& w) {
   CudaMoeWeights d;
-  d.router = upload_weight<Act>(pack, prefix + "mlp.router", w.router);
-  d.gate_up = upload_weight<Act>(pack, prefix + "mlp.experts.gate_up_proj", w.gate_up_proj);
-  d.down = upload_weight<Act>(pack, prefix + "mlp.experts.down_proj", w.down_proj);
+  d.router = upload_weight<Act>(pack, prefix + "mlp.router", w.router, w.router_fp8);
+  d.gate_up =
+      upload_weight<Act>(pack, prefix + "mlp.experts.gate_up_proj", w.gate_up_proj, w.gate_up_fp8);
+  d.down = upload_weight<Act>(pack, prefix + "mlp.experts.down_proj", w.down_proj, w.down_fp8);
   d.has_shared = w.has_shared;
   if (w.has_shared) {
-    d.shared_gate_up =
-        upload_weight<Act>(pack, prefix + "mlp.shared_expert.gate_up_proj", w.shared_gate_up_proj);
-    d.shared_down =
-        upload_weight<Act>(pack, prefix + "mlp.shared_expert.down_proj", w.shared_down_proj);
+    d.shared_gate_up = upload_weight<Act>(pack, prefix + "mlp.shared_expert.gate_up_proj",
+                                          w.shared_gate_up_proj, w.shared_gate_up_fp8);
+    d.shared_down = upload_weight<Act>(pack, prefix + "mlp.shared_expert.down_proj",
+                                       w.shared_down_proj, w.shared_down_fp8);
     if (w.shared_expert_gate.dtype == DType::F8_E4M3)
       fail("{}: tensor '{}mlp.shared_expert_gate' is F8_E4M3; expected BF16, F16 or F32",
            pack.path(), prefix);

@@ -40,10 +40,13 @@ struct DeviceWeight {
 };
 
 // Uploads pack tensor `name` (view `v`: [rows, cols], or stacked experts
-// [E, rows, cols] taken as [E*rows, cols]). An F8_E4M3 tensor goes up as it
-// is, with its block scales.
+// [E, rows, cols] taken as [E*rows, cols]; the pack's tensor or a
+// tensor-parallel rank's slice of it). An F8_E4M3 tensor goes up as it is,
+// with its block scales `q` (the binder's: the pack's own, or the rank's
+// slice of them; nullptr for other dtypes).
 template <class Act>
-DeviceWeight upload_weight(const Pack& pack, const std::string& name, const TensorView& v) {
+DeviceWeight upload_weight(const Pack& pack, const std::string& name, const TensorView& v,
+                           const PackFp8Scales* q) {
   DeviceWeight w;
   w.cols = v.shape[v.ndim - 1];
   w.rows = v.numel() / std::max<int64_t>(w.cols, 1);
@@ -51,9 +54,13 @@ DeviceWeight upload_weight(const Pack& pack, const std::string& name, const Tens
     w.data = upload_view<Act>(pack, name, v);
     return w;
   }
-  const PackFp8Scales* q = pack.fp8_scales(name);
   if (q == nullptr)
     fail("{}: tensor '{}' is F8_E4M3 but has no block scales in the manifest", pack.path(), name);
+  const int64_t srows = (w.rows + q->block_rows - 1) / q->block_rows;
+  const int64_t scols = (w.cols + q->block_cols - 1) / q->block_cols;
+  if (q->scale.numel() != srows * scols)
+    fail("{}: tensor '{}' [{} x {}] has {} block scales; expected {} x {}", pack.path(), name,
+         w.rows, w.cols, q->scale.numel(), srows, scols);
   w.fp8 = true;
   w.block_rows = q->block_rows;
   w.block_cols = q->block_cols;
