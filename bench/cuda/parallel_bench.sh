@@ -8,8 +8,8 @@
 #
 #   bash bench/cuda/parallel_bench.sh [BUILD_DIR]     # default build-gpu
 #
-# Environment: OUT (./parallel-out), PB_CASES (NAME:LAYERS, configs in
-# tests/data/configs; default below), PB_BATCHES ("1 128"), PB_PROMPT (128
+# Environment: OUT (./parallel-out), PB_CASES (NAME:LAYERS[:fp8], configs in
+# tests/data/configs; default below; fp8: block-FP8 layer projections), PB_BATCHES ("1 128"), PB_PROMPT (128
 # tokens), PB_GEN (128 new tokens), PB_DP_PROMPTS (512), PB_WORK (/tmp/qtk-pb).
 # Writes $OUT/parallel.jsonl (one line per run).
 set -uo pipefail
@@ -34,10 +34,11 @@ with open(sys.argv[1], "w") as f:
 PY
 }
 
-synth_pack() {  # NAME LAYERS PACK
+synth_pack() {  # NAME LAYERS PACK [SYNTH FLAGS...]
   python3 bench/cuda/cut_layers.py "tests/data/configs/$1.json" "$2" "$WORK/cfg.json"
   rm -rf "$WORK/hf"
-  "$BIN/synth" "$WORK/cfg.json" "$WORK/hf" >/dev/null && "$BIN/convert" "$WORK/hf" "$3" --force >/dev/null
+  "$BIN/synth" "$WORK/cfg.json" "$WORK/hf" "${@:4}" >/dev/null &&
+    "$BIN/convert" "$WORK/hf" "$3" --force >/dev/null
   local rc=$?
   rm -rf "$WORK/hf"
   return $rc
@@ -81,16 +82,19 @@ PY
 
 for b in ${PB_BATCHES:-1 128}; do prompts "$WORK/p$b.jsonl" "$b"; done
 for c in $CASES; do
-  IFS=: read -r name layers <<< "$c"
-  pack=$WORK/$name-${layers}l.pack
-  echo "== $name, $layers layers (bf16)"
-  synth_pack "$name" "$layers" "$pack" || { echo "FAILED: synth/convert $name"; continue; }
+  IFS=: read -r name layers dtype <<< "$c"
+  dtype=${dtype:-bf16}
+  pack=$WORK/$name-${layers}l-$dtype.pack
+  echo "== $name, $layers layers ($dtype)"
+  flags=()
+  [ "$dtype" = fp8 ] && flags=(--fp8)
+  synth_pack "$name" "$layers" "$pack" "${flags[@]}" || { echo "FAILED: synth/convert $name"; continue; }
   # note: each run twice: the first tunes its GEMM ranges and writes the
   # plan cache (a TP-N run's ranks share one of their own), the second reads it.
   for b in ${PB_BATCHES:-1 128}; do
     for tp in 1 2; do
       for phase in cold warm; do
-        run "$name-${layers}l b$b tp$tp $phase" "$pack" "$WORK/p$b.jsonl" --tensor-parallel $tp \
+        run "$name-${layers}l-$dtype b$b tp$tp $phase" "$pack" "$WORK/p$b.jsonl" --tensor-parallel $tp \
           --max-num-seqs $b
       done
     done
