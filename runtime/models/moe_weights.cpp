@@ -14,11 +14,7 @@ namespace {
 // expert_matmul).
 TensorView pack_stacked(const Pack& pack, const std::string& name, int64_t E, int64_t rows,
                         int64_t cols, const PackFp8Scales** fp8) {
-  const TensorView& v = pack.tensor(name);
-  if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32 &&
-      v.dtype != DType::F8_E4M3)
-    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack.path(), name,
-         dtype_name(v.dtype));
+  const TensorView& v = pack_matrix_tensor(pack, name);
   if (v.ndim != 3 || v.shape[0] != E || v.shape[1] != rows || v.shape[2] != cols)
     fail("{}: tensor '{}' has shape {}; expected [{}, {}, {}] from the config", pack.path(), name,
          v.shape_string(), E, rows, cols);

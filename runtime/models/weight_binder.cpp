@@ -41,12 +41,17 @@ const TensorView& f32_tensor(const Pack& pack, const std::string& name) {
 
 }  // namespace
 
-TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+const TensorView& pack_matrix_tensor(const Pack& pack, const std::string& name) {
   const TensorView& v = pack.tensor(name);
   if (!is_matrix_dtype(v.dtype)) {
     fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack.path(), name,
          dtype_name(v.dtype));
   }
+  return v;
+}
+
+TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& v = pack_matrix_tensor(pack, name);
   check_shape(pack, name, v, {rows, cols});
   return v;
 }
@@ -92,11 +97,7 @@ bool WeightBinder::has(const std::string& name) const { return pack_.find_tensor
 // note: under tensor parallelism the whole tensor is checked against the
 // pack's config first (tp_slice), then the slice against the rank's shape.
 Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols, MatrixUse use) {
-  const TensorView& full = pack_.tensor(name);
-  if (!is_matrix_dtype(full.dtype)) {
-    fail("{}: tensor '{}' has dtype {}; expected BF16, F16, F32 or F8_E4M3", pack_.path(), name,
-         dtype_name(full.dtype));
-  }
+  const TensorView& full = pack_matrix_tensor(pack_, name);
   const TpSplit s = split_of(name, full);
   const TensorView v = tp_slice(full, s, tp_, name, slices_);
   check_shape(pack_, name, v, {rows, cols});

@@ -82,6 +82,9 @@ class WeightBinder {
 };
 
 // The checks WeightBinder makes, for code that reads a pack tensor directly.
+// pack_matrix_tensor: a tensor in a matrix dtype (BF16, F16, F32, F8_E4M3),
+// any shape.
+const TensorView& pack_matrix_tensor(const Pack& pack, const std::string& name);
 TensorView pack_matrix(const Pack& pack, const std::string& name, int64_t rows, int64_t cols);
 TensorView pack_vector(const Pack& pack, const std::string& name, int64_t n);
 // The block scales of pack tensor `name` (view `v`) when it is F8_E4M3, else

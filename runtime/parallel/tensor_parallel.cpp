@@ -1,5 +1,6 @@
 #include "runtime/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -153,6 +154,16 @@ Dims dims_of(const TensorView& t) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Fails unless `t` (pack tensor `name`) spans the segments of `s` along the
+// split dimension.
+void check_extent(const TensorView& t, const TpSplit& s, std::string_view name) {
+  const Dims d = dims_of(t);
+  const bool by_rows = s.dim == TpSplit::Dim::kRows;
+  if ((by_rows ? d.rows : d.cols) != extent(s))
+    fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", name,
+         t.shape_string(), extent(s), by_rows ? "rows" : "columns");
+}
+
 }  // namespace
 
 TpStorage::TpStorage() = default;
@@ -183,11 +194,9 @@ TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::str
   if (s.dim == TpSplit::Dim::kNone || !r.split()) return full;
   if (full.ndim < 1 || full.ndim > 3)
     fail("tensor parallel: tensor '{}' has {} dims; expected 1 to 3", name, full.ndim);
+  check_extent(full, s, name);
   const auto [outer, rows, cols] = dims_of(full);
   const bool by_rows = s.dim == TpSplit::Dim::kRows;
-  if ((by_rows ? rows : cols) != extent(s))
-    fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", name,
-         full.shape_string(), extent(s), by_rows ? "rows" : "columns");
   const std::vector<Range> ranges = rank_ranges(s, r);
   int64_t kept = 0;
   for (const Range& g : ranges) kept += g.end - g.begin;
@@ -214,17 +223,10 @@ TensorView tp_slice(const TensorView& full, const TpSplit& s, TpRank r, std::str
       }
     }
   }
-  TensorView v;
-  v.data = dst;
-  v.dtype = full.dtype;
-  if (full.ndim == 1) {
-    v.set_shape(std::vector<int64_t>{out_rows});
-  } else if (full.ndim == 2) {
-    v.set_shape(std::vector<int64_t>{out_rows, out_cols});
-  } else {
-    v.set_shape(std::vector<int64_t>{outer, out_rows, out_cols});
-  }
-  return v;
+  // The full shape with the split dimension narrowed (vectors split by rows only).
+  std::vector<int64_t> shape(full.shape, full.shape + full.ndim);
+  shape[by_rows ? std::max(0, full.ndim - 2) : full.ndim - 1] = kept;
+  return TensorView(dst, full.dtype, shape);
 }
 
 void tp_check_fp8(const PackFp8Scales& q, const TpSplit& s, int size, std::string_view source) {
@@ -254,11 +256,9 @@ const PackFp8Scales* tp_slice_fp8(const PackFp8Scales& q, const TensorView& weig
                                   TpStorage& storage) {
   if (s.dim == TpSplit::Dim::kNone || !r.split()) return &q;
   tp_check_fp8(q, s, r.size, source);
+  check_extent(q.weight, s, q.tensor);
   const Dims d = dims_of(q.weight);
   const bool by_rows = s.dim == TpSplit::Dim::kRows;
-  if ((by_rows ? d.rows : d.cols) != extent(s))
-    fail("tensor parallel: tensor '{}' has shape {}; expected {} {} from the config", q.tensor,
-         q.weight.shape_string(), extent(s), by_rows ? "rows" : "columns");
   const int64_t br = q.block_rows, bc = q.block_cols;
   // note: stacked experts' scale rows are counted per expert (each expert
   // starts on a scale row: load_moe_weights checked rows % block_rows).
