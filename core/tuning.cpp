@@ -85,6 +85,7 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   flag("QTK_GEMM_ALTS", t.gemm_alternates);
   number("QTK_GEMM_REF_M", t.gemm_ref_m, 1, kGemmRefMMax);
   number("QTK_FUSED_MAX_M", t.fused_max_m, 0, kFusedMaxMMax);
+  flag("QTK_MMA_MATMUL", t.mma_matmul);
   flag("QTK_GDN_CHUNKED", t.gdn_chunked);
   if (auto v = text_of(getenv, "QTK_GDN_STATE_COLUMNS")) {
     const std::optional<int64_t> x = to_int(*v);
@@ -117,6 +118,8 @@ std::vector<TuningEntry> Tuning::entries() const {
   //    product; their bit-equality with the plan algorithm is checked on
   //    the real weights with sample inputs, not given by construction, so
   //    they count as result-changing (conservative).
+  //  - QTK_MMA_MATMUL: the tensor-core and the warp product sum in
+  //    different orders.
   //  - QTK_GDN_CHUNKED: the chunked and the recurrent gated delta rule sum
   //    in different orders.
   //  - QTK_AMX_PREFETCH (prefetch hints), QTK_TILED (the same products on a
@@ -133,6 +136,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_GEMM_ALTS", b(gemm_alternates), E::kCudaResults},
       {"QTK_GEMM_REF_M", gemm_ref_m, E::kCudaResults},
       {"QTK_FUSED_MAX_M", fused_max_m, E::kCudaResults},
+      {"QTK_MMA_MATMUL", b(mma_matmul), E::kCudaResults},
       {"QTK_GDN_CHUNKED", b(gdn_chunked), E::kCudaResults},
       {"QTK_GDN_STATE_COLUMNS", int64_t{gdn_state_columns}, E::kNone},
       {"QTK_PDL", b(pdl), E::kNone},
@@ -151,6 +155,7 @@ std::string tuning_help() {
   QTK_GEMM_ALTS          0|1                           1        yes (cuda)
   QTK_GEMM_REF_M         1..65536                      128      yes (cuda)
   QTK_FUSED_MAX_M        0..16                         1        yes (cuda)
+  QTK_MMA_MATMUL         0|1                           1        yes (cuda)
   QTK_GDN_CHUNKED        0|1                           1        yes (cuda)
   QTK_GDN_STATE_COLUMNS  0 (per batch)|16|32           0        no
   QTK_PDL                0|1                           1        no

@@ -68,6 +68,12 @@ struct Tuning {
   // residual add + RMSNorm runs as the next projection's prologue (0 = never).
   int64_t fused_max_m = 1;
 
+  // QTK_MMA_MATMUL: 0 | 1, default 1: with bf16 activations, block-FP8
+  // matrices and the experts' products on tensor cores (kernels/cuda/
+  // mma_matmul.cuh); 0 = the CUDA-core warp product (warp_matmul.h). Each
+  // is batch-invariant; their reduction orders differ, so it changes results.
+  bool mma_matmul = true;
+
   // QTK_GDN_CHUNKED: 0 | 1, default 1: Qwen3.5 prompts on CUDA through the
   // chunked gated delta rule; 0 = the recurrent form everywhere.
   bool gdn_chunked = true;

@@ -12,11 +12,13 @@
 #include <random>
 #include <vector>
 
+#include "core/tuning.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gdn_chunked.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv_mma.h"
+#include "kernels/cuda/warp_matmul.h"
 
 namespace {
 
@@ -214,6 +216,81 @@ BENCHMARK(BM_Gemv)
     ->ArgsProduct({{1, 8, 16}, {24576}, {4096}, {2}})
     ->Args({1, 4096, 12288, 2})
     ->Args({16, 6144, 1024, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The weight product of FP8 matrices and experts (kernels/cuda/warp_matmul.h)
+// with bf16 activations: Args M, N, K, fp8 (0: bf16 weights), tensor cores
+// (1: the mma form, kernels/cuda/mma_matmul.cuh; 0: the warp product,
+// QTK_MMA_MATMUL=0). Weight copies rotate through >= 128 MB, so the weights
+// come from DRAM as in a decode step; GB/s counts the weight bytes once.
+void BM_WeightMatmul(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const bool fp8 = state.range(3) != 0;
+  qtk::Tuning t = qtk::tuning();
+  const qtk::Tuning saved = t;
+  t.mma_matmul = state.range(4) != 0;
+  qtk::set_tuning(t);
+  const int64_t wbytes = N * K * (fp8 ? 1 : 2);
+  const int64_t copies = std::max<int64_t>(1, ((int64_t{128} << 20) + wbytes - 1) / wbytes);
+  Buf<float> xf(M * K), wf(N * K);
+  bf16 *x, *wd = nullptr, *y;
+  uint8_t* wq = nullptr;
+  float* scale = nullptr;
+  QTK_CUDA_CHECK(cudaMalloc(&x, M * K * 2));
+  QTK_CUDA_CHECK(cudaMalloc(&y, M * N * 2));
+  qc::convert_f32_to_bf16(xf.p, x, M * K, nullptr);
+  const int64_t srows = (N + 127) / 128, scols = (K + 127) / 128;
+  if (fp8) {
+    // note: random bytes with the NaN codes (0x7F, 0xFF) cleared to 0x7E.
+    std::vector<uint8_t> h(static_cast<size_t>(wbytes));
+    std::mt19937 rng(7);
+    for (auto& b : h) {
+      b = static_cast<uint8_t>(rng());
+      if ((b & 0x7F) == 0x7F) b &= 0xFE;
+    }
+    QTK_CUDA_CHECK(cudaMalloc(&wq, copies * wbytes));
+    for (int64_t c = 0; c < copies; ++c)
+      QTK_CUDA_CHECK(cudaMemcpy(wq + c * wbytes, h.data(), wbytes, cudaMemcpyHostToDevice));
+    Buf<float> sc(copies * srows * scols, 0.01f, 0.1f);
+    QTK_CUDA_CHECK(cudaMalloc(&scale, copies * srows * scols * 4));
+    QTK_CUDA_CHECK(cudaMemcpy(scale, sc.p, copies * srows * scols * 4, cudaMemcpyDeviceToDevice));
+  } else {
+    QTK_CUDA_CHECK(cudaMalloc(&wd, copies * wbytes));
+    for (int64_t c = 0; c < copies; ++c)
+      qc::convert_f32_to_bf16(wf.p, wd + c * N * K, N * K, nullptr);
+  }
+  QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  int64_t call = 0;
+  time_kernel(state, [&](cudaStream_t s) {
+    const int64_t c = call++ % copies;
+    qc::WeightRef<bf16> w;
+    if (fp8) {
+      w.fp8 = wq + c * wbytes;
+      w.scale = scale + c * srows * scols;
+      w.block_rows = 128;
+      w.block_cols = 128;
+    } else {
+      w.dense = wd + c * N * K;
+    }
+    qc::warp_matmul<bf16, bf16>(x, K, w, y, N, M, N, K, s);
+  });
+  set_bytes(state, static_cast<double>(wbytes));
+  set_flops(state, 2.0 * M * N * K);
+  qtk::set_tuning(saved);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(wd);
+  cudaFree(wq);
+  cudaFree(scale);
+}
+// Qwen3-8B qkv (6144 x 4096), gate_up (24576 x 4096) and down (4096 x 12288);
+// a Qwen3-30B-A3B expert's gate_up (1536 x 2048), bf16.
+BENCHMARK(BM_WeightMatmul)
+    ->ArgsProduct({{1, 16, 128}, {6144}, {4096}, {1}, {0, 1}})
+    ->ArgsProduct({{1, 128}, {24576}, {4096}, {1}, {0, 1}})
+    ->ArgsProduct({{1, 128}, {4096}, {12288}, {1}, {0, 1}})
+    ->ArgsProduct({{1, 8, 64}, {1536}, {2048}, {0}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

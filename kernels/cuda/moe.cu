@@ -214,6 +214,7 @@ void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>&
   groups.offsets = g.offsets;
   groups.active = g.active;
   groups.row_source = gather ? g.row_token : nullptr;
+  groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
   launch_warp_matmul<T, Y>("moe_expert_matmul", x, ldx, w, N, K, y, ldy, groups, max_active,
                            stream);
 }

@@ -9,10 +9,15 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+
+#include "core/tuning.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma_matmul.cuh"
+#include "kernels/cuda/row_groups.cuh"
 #include "kernels/cuda/warp_matmul.h"
 
 namespace qtk::cuda::dev {
@@ -24,14 +29,6 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
   return __half2float(__half(h));
 }
-
-// Where a block's rows come from.
-struct RowGroups {
-  const int32_t* offsets = nullptr;     // [G + 1] group g's rows; nullptr: one group of `rows`
-  const int32_t* active = nullptr;      // [gridDim.y] the group of each block row; -1: none
-  const int32_t* row_source = nullptr;  // x row of each row; nullptr: the row itself
-  int rows = 0;
-};
 
 // Elements of K a lane takes per stretch: 16 bytes of weights (16 e4m3, 8
 // bf16 or 4 f32 values).
@@ -187,10 +184,70 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
         (fp8 ? ", FP8 blocks " + std::to_string(w.block_rows) + "x" + std::to_string(w.block_cols)
              : std::string()) +
         ")");
-  const int E = fp8 ? dev::lane_elems<T, true>() : dev::lane_elems<T, false>();
   const auto aligned = [](const void* p, size_t a) {
     return reinterpret_cast<uintptr_t>(p) % a == 0;
   };
+  // note: with bf16 activations the tensor-core product
+  // (kernels/cuda/mma_matmul.cuh; its narrow kernel for groups of up to 16
+  // rows, its wide one above: the same bits) takes every operand whose rows it can read
+  // in 16-byte pieces of 16 k (K % 16 == 0, aligned rows) and whose scale
+  // blocks hold whole 64-k chunks; the choice depends on the shapes, the
+  // buffers and QTK_MMA_MATMUL only, never on the rows, so a row's bits stay
+  // independent of the batch.
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const bool fits = tuning().mma_matmul && K % 16 == 0 && ldx % 8 == 0 && aligned(x, 16) &&
+                      (fp8 ? aligned(w.fp8, 16) && w.block_cols % dev::kMmaChunk == 0
+                           : aligned(w.dense, 16));
+    if (fits) {
+      dev::MmaOperands o{x,
+                         ldx,
+                         w.dense,
+                         w.fp8,
+                         w.scale,
+                         fp8 ? static_cast<int>(w.block_rows) : 1,
+                         fp8 ? static_cast<int>(w.block_cols) : dev::kMmaChunk,
+                         fp8 ? static_cast<int>((K + w.block_cols - 1) / w.block_cols) : 0,
+                         static_cast<int>(N),
+                         static_cast<int>(K)};
+      // Rows per group: M, or on average the routed rows over the experts
+      // that can have some (a bound known on the host).
+      const int64_t rows = groups.offsets == nullptr ? groups.rows : groups.rows / groups_y;
+      const dim3 narrow_grid(static_cast<unsigned>((N + 15) / 16),
+                             static_cast<unsigned>(groups_y));
+      const dim3 narrow_block(32 * dev::kMmaWarps);
+      const int wide_cols = 16 * dev::kWideWarps;
+      // Without groups each block takes one pass of up to 64 rows (grid z).
+      const int64_t passes = groups.offsets == nullptr ? (rows + dev::kWideRows - 1) / dev::kWideRows : 1;
+      const dim3 wide_grid(static_cast<unsigned>((N + wide_cols - 1) / wide_cols),
+                           static_cast<unsigned>(groups_y), static_cast<unsigned>(passes));
+      const dim3 wide_block(32 * dev::kWideWarps);
+      if (rows <= 8) {
+        if (fp8)
+          launch_kernel(dev::mma_narrow_kernel<Y, true, 1>, narrow_grid, narrow_block, 0, stream, o,
+                        y, ldy, groups);
+        else
+          launch_kernel(dev::mma_narrow_kernel<Y, false, 1>, narrow_grid, narrow_block, 0, stream,
+                        o, y, ldy, groups);
+      } else if (rows <= 16) {
+        if (fp8)
+          launch_kernel(dev::mma_narrow_kernel<Y, true, 2>, narrow_grid, narrow_block, 0, stream, o,
+                        y, ldy, groups);
+        else
+          launch_kernel(dev::mma_narrow_kernel<Y, false, 2>, narrow_grid, narrow_block, 0, stream,
+                        o, y, ldy, groups);
+      } else if (fp8) {
+        set_max_dynamic_smem(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
+        launch_kernel(dev::mma_wide_kernel<Y, true>, wide_grid, wide_block,
+                      dev::wide_smem<true>(), stream, o, y, ldy, groups);
+      } else {
+        set_max_dynamic_smem(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
+        launch_kernel(dev::mma_wide_kernel<Y, false>, wide_grid, wide_block,
+                      dev::wide_smem<false>(), stream, o, y, ldy, groups);
+      }
+      return;
+    }
+  }
+  const int E = fp8 ? dev::lane_elems<T, true>() : dev::lane_elems<T, false>();
   // note: the vector path needs every row start 16-byte aligned; which path
   // runs depends on the shapes and buffers only, never on the rows.
   const bool vec = K % E == 0 && (ldx * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&

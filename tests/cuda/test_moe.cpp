@@ -207,7 +207,10 @@ using ActTypes = ::testing::Types<float, bf16>;
 TYPED_TEST_SUITE(MoeBlockTest, ActTypes);
 
 // note: H 72 and I 40 take the vector path with a tail (72 = 64 + 8 in bf16,
-// 2 x 32 + 8 in f32); H 36 and I 20 the scalar path.
+// 2 x 32 + 8 in f32); H 36 and I 20 the scalar path. With bf16, H 128 / I 48
+// and H 64 / I 32 (K % 16 == 0) take the tensor-core product
+// (kernels/cuda/mma_matmul.cuh): 70 tokens x top 8 of 16 experts give groups
+// of ~35 rows, 150 x top 2 of 4 groups of ~75 (its 64-row passes).
 TYPED_TEST(MoeBlockTest, MatchesReference) {
   using T = TypeParam;
   struct Shape {
@@ -215,7 +218,8 @@ TYPED_TEST(MoeBlockTest, MatchesReference) {
     bool shared;
   };
   for (const Shape s : {Shape{1, 8, 2, 72, 40, false}, Shape{19, 8, 2, 72, 40, true},
-                        Shape{33, 60, 4, 36, 20, true}, Shape{70, 16, 8, 264, 24, false}}) {
+                        Shape{33, 60, 4, 36, 20, true}, Shape{70, 16, 8, 264, 24, false},
+                        Shape{70, 16, 8, 128, 48, true}, Shape{150, 4, 2, 64, 32, true}}) {
     const MoeCase<T> c(s.T, s.E, s.k, s.H, s.I, s.shared, static_cast<uint32_t>(s.T * 31 + s.E));
     EXPECT_LT(rel_error(c.run(0, s.T), c.reference()), 3 * tolerance<T>())
         << s.T << " tokens, " << s.E << " experts, top " << s.k << ", H " << s.H << ", I " << s.I;
@@ -233,6 +237,22 @@ TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
   }
   const std::vector<T> part = c.run(3, 17);
   EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * H, 17 * H));
+}
+
+// The same with the tensor-core product's shapes (bf16; f32 stays on the warp
+// product): a token alone (groups of 1 row, the 16-row kernel) and among 150
+// (groups of ~75 rows in 64-row passes, the wide kernel).
+TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInWideGroups) {
+  using T = TypeParam;
+  const int64_t n = 150, H = 64;
+  const MoeCase<T> c(n, 4, 2, H, 32, true, 9);
+  const std::vector<T> all = c.run(0, n);
+  for (const int64_t t : {0, 77, 149}) {
+    const std::vector<T> one = c.run(t, 1);
+    EXPECT_TRUE(bitwise_equal(one.data(), all.data() + t * H, H)) << "token " << t;
+  }
+  const std::vector<T> part = c.run(20, 9);
+  EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 20 * H, 9 * H));
 }
 
 }  // namespace

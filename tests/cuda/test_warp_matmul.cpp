@@ -1,10 +1,12 @@
 // warp_matmul (kernels/cuda/warp_matmul.h): dense and block-FP8 weights
 // against float64 references on awkward sizes (partial scale blocks,
-// K not a multiple of the vector width), and its batch invariance.
+// K not a multiple of the vector width), and its batch invariance; then its
+// tensor-core form for bf16 activations (MmaMatmul.*).
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "core/tuning.h"
 #include "kernels/cuda/warp_matmul.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -137,6 +139,100 @@ TYPED_TEST(WarpMatmulTest, RowBitsDoNotDependOnTheBatch) {
     }
     const std::vector<T> part = op.template run<T>(3, 21);
     EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * N, 21 * N)) << "fp8 " << fp8;
+  }
+}
+
+}  // namespace
+}  // namespace qtk::cuda::test
+
+namespace qtk::cuda::test {
+namespace {
+
+// The tensor-core form (kernels/cuda/mma_matmul.cuh) that warp_matmul takes
+// with bf16 activations when K % 16 == 0 and the scale blocks hold whole
+// 64-k chunks. Shapes: N not a multiple of 16 (rows past N), K with a
+// partial 64-k chunk (48, 320, 1040), partial 128 x 128 scale blocks, fewer
+// chunks than the block's 4 warps (K 48, 64), and row counts that take every
+// pass width (8, 16, 32, 64 rows) and both kernel forms (up to 16 rows, more).
+struct MmaShape {
+  int64_t M, N, K, br, bc;
+  bool fp8;
+};
+constexpr MmaShape kMmaShapes[] = {
+    {1, 200, 320, 128, 128, true},  {37, 50, 256, 16, 64, true},   {130, 33, 448, 128, 128, true},
+    {70, 16, 64, 128, 128, true},   {5, 300, 1040, 128, 192, true}, {1, 200, 320, 0, 0, false},
+    {9, 64, 1024, 0, 0, false},     {130, 7, 48, 0, 0, false},      {17, 129, 2048, 0, 0, false},
+};
+
+// Sets QTK_MMA_MATMUL for the scope (process-wide switch, core/tuning.h).
+class MmaSwitch {
+ public:
+  explicit MmaSwitch(bool on) : saved_(tuning()) {
+    Tuning t = saved_;
+    t.mma_matmul = on;
+    set_tuning(t);
+  }
+  ~MmaSwitch() { set_tuning(saved_); }
+
+ private:
+  Tuning saved_;
+};
+
+TEST(MmaMatmul, MatchesReference) {
+  const MmaSwitch on(true);
+  for (const MmaShape& s : kMmaShapes) {
+    const Operands<bf16> op(s.M, s.N, s.K, s.fp8, s.br, s.bc,
+                            static_cast<uint32_t>(s.M * 7 + s.K + s.fp8));
+    const Vec ref = op.reference();
+    EXPECT_LT(rel_error(op.run<bf16>(0, s.M), ref), tolerance<bf16>())
+        << s.M << "x" << s.N << "x" << s.K << " fp8 " << s.fp8;
+    // note: f32 outputs keep the f32 sums: bf16 products are exact, so only
+    // the f32 accumulation and the scale's rounding of each block separate
+    // them from float64.
+    EXPECT_LT(rel_error(op.run<float>(0, s.M), ref), 1e-5)
+        << s.M << "x" << s.N << "x" << s.K << " fp8 " << s.fp8 << " (f32 out)";
+  }
+}
+
+// The switch picks another kernel: the tensor-core sums are not the warp
+// product's (different order), so some output differs in its last bits
+// while both stay within tolerance. This is how the tests know the
+// tensor-core kernel ran at all.
+TEST(MmaMatmul, IsTheKernelThatRuns) {
+  for (const bool fp8 : {false, true}) {
+    const Operands<bf16> op(64, 96, 512, fp8, 128, 128, 11);
+    std::vector<float> mma, warp;
+    {
+      const MmaSwitch on(true);
+      mma = op.run<float>(0, 64);
+    }
+    {
+      const MmaSwitch off(false);
+      warp = op.run<float>(0, 64);
+    }
+    EXPECT_FALSE(bitwise_equal(mma.data(), warp.data(), mma.size())) << "fp8 " << fp8;
+    EXPECT_LT(rel_error(mma, op.reference()), 1e-5);
+  }
+}
+
+TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
+  const MmaSwitch on(true);
+  for (const bool fp8 : {false, true}) {
+    const int64_t M = 150, N = 40, K = 1088;
+    const Operands<bf16> op(M, N, K, fp8, 128, 128, 23);
+    const std::vector<bf16> all = op.run<bf16>(0, M);
+    for (const int64_t m : {0, 7, 63, 64, 149}) {
+      const std::vector<bf16> one = op.run<bf16>(m, 1);
+      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N)) << "row " << m << " fp8 " << fp8;
+    }
+    struct Part {
+      int64_t m0, rows;
+    };
+    for (const Part p : {Part{5, 40}, Part{10, 17}, Part{100, 9}, Part{1, 100}}) {
+      const std::vector<bf16> part = op.run<bf16>(p.m0, p.rows);
+      EXPECT_TRUE(bitwise_equal(part.data(), all.data() + p.m0 * N, p.rows * N))
+          << "rows " << p.m0 << ".." << p.m0 + p.rows - 1 << " fp8 " << fp8;
+    }
   }
 }
 

@@ -62,6 +62,7 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_GEMM_ALTS", "0"},
                           {"QTK_GEMM_REF_M", "65536"},
                           {"QTK_FUSED_MAX_M", "0"},
+                          {"QTK_MMA_MATMUL", "0"},
                           {"QTK_GDN_CHUNKED", "0"},
                           {"QTK_GDN_STATE_COLUMNS", "32"},
                           {"QTK_PDL", "0"},
@@ -69,8 +70,8 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_PLAN_CACHE", "off"}});
   EXPECT_EQ(t.cpu_path, "avx2");
   EXPECT_EQ(t.amx_prefetch, 4);
-  EXPECT_FALSE(t.tiled || t.hugepages || t.gemm_alternates || t.gdn_chunked || t.pdl ||
-               t.cuda_graphs);
+  EXPECT_FALSE(t.tiled || t.hugepages || t.gemm_alternates || t.mma_matmul || t.gdn_chunked ||
+               t.pdl || t.cuda_graphs);
   EXPECT_EQ(t.gemm_ref_m, 65536);
   EXPECT_EQ(t.fused_max_m, 0);
   EXPECT_EQ(t.gdn_state_columns, 32);
@@ -99,6 +100,7 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_TILED", "QTK_TILED: expected 0 or 1, found 'abc'"},
       {"QTK_HUGEPAGES", "QTK_HUGEPAGES: expected 0 or 1, found 'abc'"},
       {"QTK_GEMM_ALTS", "QTK_GEMM_ALTS: expected 0 or 1, found 'abc'"},
+      {"QTK_MMA_MATMUL", "QTK_MMA_MATMUL: expected 0 or 1, found 'abc'"},
       {"QTK_GDN_CHUNKED", "QTK_GDN_CHUNKED: expected 0 or 1, found 'abc'"},
       {"QTK_PDL", "QTK_PDL: expected 0 or 1, found 'abc'"},
       {"QTK_CUDA_GRAPHS", "QTK_CUDA_GRAPHS: expected 0 or 1, found 'abc'"},

@@ -1,0 +1,530 @@
+// The tensor-core form of the weight product of kernels/cuda/warp_matmul.h
+// for bf16 activations: block-FP8 or bf16 weights, f32 accumulation, one
+// fixed reduction order per shape. Device code, included by
+// warp_matmul.cuh only (launch_warp_matmul picks it; see the note there).
+//
+// The arithmetic of one output y[r, n] (x = the row's bf16 activations,
+// w = weight row n):
+//   K is cut into 64-element chunks, and the chunks into W = 4 contiguous
+//   ranges (range r: chunks r * nchunks / W .. (r+1) * nchunks / W - 1),
+//   each summed on its own from zero.
+//   A chunk is four k16 steps of mma.sync.m16n8k16 (bf16 in, f32 chained
+//   accumulator). Step j of a chunk holds k = 16t + 4j + {0,1,2,3} of the
+//   chunk for t = 0..3: thread t's 16 contiguous k land in its four steps,
+//   so a lane reads 16 contiguous bytes of weights (FP8) per row and chunk.
+//   Dense bf16 weights: one chain runs over the whole range.
+//   Block-FP8: the chain restarts from 0 in each scale block (block_cols a
+//   multiple of 64, so a chunk never straddles two) and ends in
+//   acc = fmaf(chain, scale[n / block_rows][block], acc): the e4m3 values
+//   enter the tensor core exactly (every e4m3 value is a bf16 value) and
+//   the scale is applied once per block.
+//   The W range sums are added in range order: ((a0 + a1) + a2) + a3.
+// note: batch invariance. Nothing above depends on M, on the row's place
+// in its pass or group, or on the other rows: a tensor-core output element
+// depends on its own A row, B column and accumulator only, and the chunks,
+// steps, K split and additions are functions of K (and the scale blocks).
+// The token rows per pass (8, 16, 32 or 64) and the two kernel forms below
+// change which rows share an instruction and who computes a range, never a
+// row's bits.
+//
+// Two kernels compute that sum:
+//   narrow (up to 16 rows a group): a block is 16 output columns and 4
+//     warps, warp r computing range r for every row, the next 4 chunks of
+//     weights and activations in flight per lane: the decode form, bound
+//     by the weight reads, which need many warps per column.
+//   wide (more rows): a block is 64 output columns, 4 warps of 16 each
+//     walking the 4 ranges in turn; each chunk's activations (up to 64
+//     rows) and the block's 64 weight rows go through a 4-stage cp.async
+//     ring in shared memory, so the activations are read once per 64
+//     columns instead of once per 16 and the loads run 3 chunks ahead. So a row gets the same bits in a call
+// of 1 row or of 5,000, in a group of 1 or of 500 (tested:
+// tests/cuda/test_mma_matmul.cpp).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/row_groups.cuh"
+
+namespace qtk::cuda::dev {
+
+constexpr int kMmaWarps = 4;   // warps per block: the K split
+constexpr int kMmaChunk = 64;  // K elements per chunk
+
+// Two e4m3 values (lo: the lower k) as a bf16 pair, exactly.
+// note: the hardware converts e4m3 pairs to f16 pairs exactly; every e4m3
+// value is then an f16 normal number or zero whose mantissa uses its top 3
+// bits, so the bf16 bits are the f16 magnitude shifted right by 3 plus the
+// exponent rebias (127 - 15) << 7, kept zero for zero, with the sign.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
+  const __half2_raw h2 =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  const uint32_t h = static_cast<uint32_t>(h2.x) | (static_cast<uint32_t>(h2.y) << 16);
+  const uint32_t mag = (h & 0x7FFF7FFFu) >> 3;                  // per half <= 0x0FFF
+  const uint32_t nonzero = ((mag + 0x7FFF7FFFu) >> 15) & 0x00010001u;  // 1 per nonzero half
+  return (mag + nonzero * 0x3800u) | (h & 0x80008000u);
+}
+
+// The A fragments of one chunk for a warp's 16 weight rows: a[j] for step
+// j (kernels/cuda/mma.cuh's layout: a0 row g, a1 row g+8 with the step's
+// k pair 0..1, a2 / a3 the pair 2..3), from the lane's 16 contiguous k of
+// rows g and g+8 as 8 bf16 pairs each (pair p = k 2p, 2p+1).
+__device__ __forceinline__ void chunk_fragments(const uint32_t (&lo)[8], const uint32_t (&hi)[8],
+                                                uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    a[j][0] = lo[2 * j];
+    a[j][1] = hi[2 * j];
+    a[j][2] = lo[2 * j + 1];
+    a[j][3] = hi[2 * j + 1];
+  }
+}
+
+// One weight row's 16 k of a chunk, raw: 16 e4m3 bytes (one uint4) or 16
+// bf16 (two uint4); zeros where the row or the k is out of range.
+template <bool kFp8>
+struct RawPiece {
+  uint4 v[kFp8 ? 1 : 2];
+};
+
+template <bool kFp8>
+__device__ __forceinline__ RawPiece<kFp8> load_piece(const void* row, int k, bool valid) {
+  RawPiece<kFp8> p;
+  if constexpr (kFp8) {
+    p.v[0] = valid ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k))
+                   : make_uint4(0, 0, 0, 0);
+  } else {
+    const uint4* s = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(row) + k);
+    p.v[0] = valid ? __ldg(s) : make_uint4(0, 0, 0, 0);
+    p.v[1] = valid ? __ldg(s + 1) : make_uint4(0, 0, 0, 0);
+  }
+  return p;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ void piece_pairs(const RawPiece<kFp8>& p, uint32_t (&w)[8]) {
+  if constexpr (kFp8) {
+    const uint32_t b[4] = {p.v[0].x, p.v[0].y, p.v[0].z, p.v[0].w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[2 * q] = e4m3x2_to_bf16x2(b[q] & 0xFFFFu);
+      w[2 * q + 1] = e4m3x2_to_bf16x2(b[q] >> 16);
+    }
+  } else {
+    const uint32_t b[8] = {p.v[0].x, p.v[0].y, p.v[0].z, p.v[0].w,
+                           p.v[1].x, p.v[1].y, p.v[1].z, p.v[1].w};
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = b[q];
+  }
+}
+
+// What a kernel reads: the weights (one of wd / wq), the scales, the rows.
+struct MmaOperands {
+  const __nv_bfloat16* x;
+  int64_t ldx;
+  const __nv_bfloat16* wd;  // bf16 [G * N, K]
+  const uint8_t* wq;        // e4m3 [G * N, K]
+  const float* scale;       // f32 [ceil(G*N / br), ld_scale]
+  int br, bc, ld_scale;
+  int N, K;
+};
+
+// The chunks of range r (of kMmaWarps) of K.
+__device__ __forceinline__ void chunk_range(int K, int r, int& c0, int& c1) {
+  const int nchunks = (K + kMmaChunk - 1) / kMmaChunk;
+  c0 = r * nchunks / kMmaWarps;
+  c1 = (r + 1) * nchunks / kMmaWarps;
+}
+
+// A warp's 16 weight rows: n0 .. n0 + 15 of group grp; this lane reads rows
+// g and g + 8, 16 k of each chunk (rows past N read as zeros).
+template <bool kFp8>
+struct WarpRows {
+  const void* lo;
+  const void* hi;
+  const float* slo;  // the scale rows of rows g and g + 8 (FP8)
+  const float* shi;
+  bool lo_ok, hi_ok;
+  int t;
+
+  __device__ __forceinline__ WarpRows(const MmaOperands& o, int grp, int n0, int lane) {
+    const int g = lane >> 2;
+    t = lane & 3;
+    lo_ok = n0 + g < o.N;
+    hi_ok = n0 + g + 8 < o.N;
+    const int64_t wlo = static_cast<int64_t>(grp) * o.N + n0 + g, whi = wlo + 8;
+    lo = kFp8 ? static_cast<const void*>(o.wq + wlo * o.K)
+              : static_cast<const void*>(o.wd + wlo * o.K);
+    hi = kFp8 ? static_cast<const void*>(o.wq + whi * o.K)
+              : static_cast<const void*>(o.wd + whi * o.K);
+    slo = kFp8 && lo_ok ? o.scale + (wlo / o.br) * o.ld_scale : nullptr;
+    shi = kFp8 && hi_ok ? o.scale + (whi / o.br) * o.ld_scale : nullptr;
+  }
+  __device__ __forceinline__ void load(const MmaOperands& o, int c, RawPiece<kFp8>& plo,
+                                       RawPiece<kFp8>& phi) const {
+    const int k = c * kMmaChunk + 16 * t;
+    plo = load_piece<kFp8>(lo, k, lo_ok && k < o.K);
+    phi = load_piece<kFp8>(hi, k, hi_ok && k < o.K);
+  }
+  // The scales of block kb for rows g and g + 8.
+  __device__ __forceinline__ void scales(const MmaOperands& o, int kb, float& s_lo,
+                                         float& s_hi) const {
+    s_lo = lo_ok ? __ldg(slo + kb) : 0.0f;
+    s_hi = hi_ok ? __ldg(shi + kb) : 0.0f;
+  }
+};
+
+// One chunk's products for NT token tiles: b[i] = tile i's 8 bf16 pairs of
+// this lane's token row (pair p = k 16t + 2p, +1), into acc (dense) or the
+// block chain (FP8).
+template <int NT>
+__device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4], const uint32_t (&b)[NT][8],
+                                               float (&sum)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mma_bf16(sum[i], a[j], b[i][2 * j], b[i][2 * j + 1]);
+}
+
+// After chunk c of a range ending at c1: where a scale block ends (or the
+// range does), acc = fmaf(chain, scale, acc) and the chain restarts.
+template <int NT>
+__device__ __forceinline__ void fold_block(const MmaOperands& o, const WarpRows<true>& w, int c,
+                                           int c1, float (&chain)[NT][4], float (&acc)[NT][4]) {
+  const int chunks_per_block = o.bc / kMmaChunk;
+  if (c + 1 != c1 && (c + 1) % chunks_per_block != 0) return;
+  float s_lo, s_hi;
+  w.scales(o, c / chunks_per_block, s_lo, s_hi);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    acc[i][0] = fmaf(chain[i][0], s_lo, acc[i][0]);
+    acc[i][1] = fmaf(chain[i][1], s_lo, acc[i][1]);
+    acc[i][2] = fmaf(chain[i][2], s_hi, acc[i][2]);
+    acc[i][3] = fmaf(chain[i][3], s_hi, acc[i][3]);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) chain[i][q] = 0.0f;
+  }
+}
+
+// One chunk on a warp: the weights' A fragments, the products, the fold.
+template <int NT, bool kFp8>
+__device__ __forceinline__ void chunk_step(const MmaOperands& o, const WarpRows<kFp8>& w, int c,
+                                           int c1, const RawPiece<kFp8>& plo,
+                                           const RawPiece<kFp8>& phi, const uint32_t (&b)[NT][8],
+                                           float (&chain)[NT][4], float (&acc)[NT][4]) {
+  uint32_t lo[8], hi[8], a[4][4];
+  piece_pairs<kFp8>(plo, lo);
+  piece_pairs<kFp8>(phi, hi);
+  chunk_fragments(lo, hi, a);
+  if constexpr (kFp8) {
+    chunk_products<NT>(a, b, chain);
+    fold_block<NT>(o, w, c, c1, chain, acc);
+  } else {
+    chunk_products<NT>(a, b, acc);
+  }
+}
+
+// C element q of tile i: weight row g + 8*(q/2), token row 8i + 2t + q%2.
+template <class Y>
+__device__ __forceinline__ void store_element(Y* y, int64_t ldy, int rb, int r1, int n0, int N,
+                                              int lane, int i, int q, float v) {
+  const int g = lane >> 2, t = lane & 3;
+  const int r = rb + 8 * i + 2 * t + (q & 1), n = n0 + g + 8 * (q >> 1);
+  if (r < r1 && n < N) y[static_cast<int64_t>(r) * ldy + n] = from_f<Y>(v);
+}
+
+// ---- narrow: 16 columns a block, warp r = range r --------------------------
+
+constexpr int kNarrowDepth = 4;  // chunks in flight per lane
+
+// Rows rb .. rb + 8*NT - 1 (those below r1) of the block's 16 columns: this
+// warp's range sum into red[warp] (f32 [NT][4][32] per warp).
+template <int NT, bool kFp8>
+__device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source,
+                                            int rb, int r1, const WarpRows<kFp8>& w, int c0, int c1,
+                                            float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  // This lane's token row of each n8 tile (its B column g).
+  const __nv_bfloat16* xrow[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int r = rb + 8 * i + g;
+    xrow[i] = r < r1 ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx
+                     : nullptr;
+  }
+  const auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
+    const int k = c * kMmaChunk + 16 * t;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      xv[i][0] = xv[i][1] = make_uint4(0, 0, 0, 0);
+      if (xrow[i] != nullptr && k < o.K) {
+        const uint4* s = reinterpret_cast<const uint4*>(xrow[i] + k);
+        xv[i][0] = s[0];
+        xv[i][1] = s[1];
+      }
+    }
+  };
+  float acc[NT][4], chain[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+  // note: a ring of the next kNarrowDepth chunks (weights and activations)
+  // per lane, refilled as each is used; the slot index is a compile-time
+  // constant (the loop is unrolled by the depth), so the ring stays in
+  // registers.
+  RawPiece<kFp8> ring_lo[kNarrowDepth], ring_hi[kNarrowDepth];
+  uint4 ring_x[kNarrowDepth][NT][2];
+#pragma unroll
+  for (int d = 0; d < kNarrowDepth; ++d)
+    if (c0 + d < c1) {
+      w.load(o, c0 + d, ring_lo[d], ring_hi[d]);
+      load_x(c0 + d, ring_x[d]);
+    }
+  for (int cb = c0; cb < c1; cb += kNarrowDepth) {
+#pragma unroll
+    for (int d = 0; d < kNarrowDepth; ++d) {
+      const int c = cb + d;
+      if (c < c1) {
+        const RawPiece<kFp8> plo = ring_lo[d], phi = ring_hi[d];
+        uint32_t b[NT][8];
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint4 v0 = ring_x[d][i][0], v1 = ring_x[d][i][1];
+          b[i][0] = v0.x, b[i][1] = v0.y, b[i][2] = v0.z, b[i][3] = v0.w;
+          b[i][4] = v1.x, b[i][5] = v1.y, b[i][6] = v1.z, b[i][7] = v1.w;
+        }
+        if (c + kNarrowDepth < c1) {
+          w.load(o, c + kNarrowDepth, ring_lo[d], ring_hi[d]);
+          load_x(c + kNarrowDepth, ring_x[d]);
+        }
+        chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) red[((warp * NT + i) * 4 + q) * 32 + lane] = acc[i][q];
+}
+
+// The 4 range sums added in range order and stored.
+template <int NT, class Y>
+__device__ __forceinline__ void narrow_store(const float* red, int rb, int r1, int n0, int N, Y* y,
+                                             int64_t ldy) {
+  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
+    const int lane = e & 31, q = (e >> 5) & 3, i = e >> 7;
+    float s = red[(i * 4 + q) * 32 + lane];
+#pragma unroll
+    for (int r = 1; r < kMmaWarps; ++r) s += red[((r * NT + i) * 4 + q) * 32 + lane];
+    store_element(y, ldy, rb, r1, n0, N, lane, i, q, s);
+  }
+}
+
+template <int NT, class Y, bool kFp8>
+__device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const int32_t* row_source,
+                                                  int rb, int r1, int n0, const WarpRows<kFp8>& w,
+                                                  int c0, int c1, float* red, Y* y, int64_t ldy) {
+  narrow_pass<NT, kFp8>(o, row_source, rb, r1, w, c0, c1, red);
+  __syncthreads();
+  narrow_store<NT, Y>(red, rb, r1, n0, o.N, y, ldy);
+  __syncthreads();
+}
+
+// Group slot blockIdx.y's rows for columns blockIdx.x * 16 .. + 15, in
+// passes of 8 * kMaxNT rows (16 or 8). note: kMaxNT 1, for groups of up to 8
+// rows, holds half the activation ring in registers, so more blocks fit an
+// SM; it changes no bits.
+template <class Y, bool kFp8, int kMaxNT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
+  __shared__ float red[kMmaWarps * kMaxNT * 4 * 32];  // [range][tile][q][lane]
+  pdl_begin();
+  int grp = 0, r0 = 0, r1 = rg.rows;
+  if (rg.offsets != nullptr) {
+    grp = rg.active[blockIdx.y];
+    if (grp < 0) return;
+    r0 = rg.offsets[grp];
+    r1 = rg.offsets[grp + 1];
+  }
+  const int n0 = blockIdx.x * 16, warp = threadIdx.x >> 5;
+  const WarpRows<kFp8> w(o, grp, n0, threadIdx.x & 31);
+  int c0, c1;
+  chunk_range(o.K, warp, c0, c1);
+  for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {
+    if (kMaxNT == 2 && r1 - rb > 8)
+      narrow_block_pass<kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, w, c0, c1, red, y, ldy);
+    else
+      narrow_block_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, n0, w, c0, c1, red, y, ldy);
+  }
+}
+
+// ---- wide: 64 columns a block, each warp 16 of them over every range -------
+
+constexpr int kWideWarps = 4;
+constexpr int kWideRows = 64;    // token rows per pass, at most
+constexpr int kWideStages = 4;   // chunks in flight (cp.async ring)
+constexpr int kWideXStride = 144;                     // bytes per staged activation row
+constexpr int kWideXBytes = kWideRows * kWideXStride;  // one chunk's activations
+template <bool kFp8>
+constexpr int wide_w_stride() {  // bytes per staged weight row
+  return kFp8 ? 64 : 144;
+}
+template <bool kFp8>
+constexpr int wide_stage_bytes() {
+  return kWideXBytes + 16 * kWideWarps * wide_w_stride<kFp8>();
+}
+template <bool kFp8>
+constexpr int wide_smem() {
+  return kWideStages * wide_stage_bytes<kFp8>();
+}
+
+// note: row strides of 144 bytes (64 bf16 + 16 bytes of padding) and 64
+// bytes (64 e4m3): the 8 lanes of a 16-byte shared-memory phase (rows g,
+// g+1, t = 0..3, 16 or 32 bytes apart) hit 8 distinct 16-byte bank groups.
+//
+// Stages chunk c of the pass's activations (rows rb .. rb + 8*NT - 1) and of
+// the block's 64 weight rows (group grp, columns n_block ..) into `stage`;
+// zeros past r1, N and K.
+template <int NT, bool kFp8>
+__device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* row_source, int rb,
+                                           int r1, int grp, int n_block, int c,
+                                           unsigned char* stage) {
+  for (int p = threadIdx.x; p < NT * 8 * 8; p += blockDim.x) {
+    const int row = p >> 3, piece = p & 7;
+    const int r = rb + row, k = c * kMmaChunk + piece * 8;
+    const bool ok = r < r1 && k < o.K;
+    const __nv_bfloat16* src =
+        ok ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + k
+           : o.x;
+    cp_async_16(smem_addr(stage + row * kWideXStride + piece * 16), src, ok);
+  }
+  constexpr int kPieces = kFp8 ? 4 : 8;  // 16-byte pieces per weight row and chunk
+  unsigned char* ws = stage + kWideXBytes;
+  for (int p = threadIdx.x; p < 16 * kWideWarps * kPieces; p += blockDim.x) {
+    const int row = p / kPieces, piece = p % kPieces;
+    const int n = n_block + row;
+    const int k = c * kMmaChunk + piece * (kFp8 ? 16 : 8);
+    const bool ok = n < o.N && k < o.K;
+    const int64_t wrow = static_cast<int64_t>(grp) * o.N + n;
+    const void* src = !ok ? static_cast<const void*>(o.x)
+                          : kFp8 ? static_cast<const void*>(o.wq + wrow * o.K + k)
+                                 : static_cast<const void*>(o.wd + wrow * o.K + k);
+    cp_async_16(smem_addr(ws + row * wide_w_stride<kFp8>() + piece * 16), src, ok);
+  }
+}
+
+// One pass of the block over rows rb .. rb + 8*NT - 1 (those below r1):
+// every chunk of K through the ring, each warp's 16 columns summed by range
+// and the ranges added in order, then stored.
+template <int NT, class Y, bool kFp8>
+__device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* row_source, int rb,
+                                          int r1, int grp, int n_block, const WarpRows<kFp8>& w,
+                                          unsigned char* smem, Y* y, int64_t ldy) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = n_block + warp * 16;
+  const int nchunks = (o.K + kMmaChunk - 1) / kMmaChunk;
+  constexpr int kStage = wide_stage_bytes<kFp8>();
+#pragma unroll
+  for (int s = 0; s < kWideStages - 1; ++s) {
+    if (s < nchunks) wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, s, smem + s * kStage);
+    cp_async_commit();
+  }
+  float run[NT][4], acc[NT][4], chain[NT][4];
+  int c = 0;
+  for (int r = 0; r < kMmaWarps; ++r) {
+    int c0, c1;
+    chunk_range(o.K, r, c0, c1);
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+    for (; c < c1; ++c) {
+      cp_async_wait<kWideStages - 2>();
+      __syncthreads();  // chunk c is in; every warp is done with chunk c - 1's slot
+      const int next = c + kWideStages - 1;
+      if (next < nchunks)
+        wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, next,
+                             smem + (next % kWideStages) * kStage);
+      cp_async_commit();
+      const unsigned char* st = smem + (c % kWideStages) * kStage;
+      RawPiece<kFp8> plo, phi;
+      const unsigned char* wst = st + kWideXBytes + (warp * 16 + g) * wide_w_stride<kFp8>();
+#pragma unroll
+      for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
+        plo.v[v] = reinterpret_cast<const uint4*>(wst + (kFp8 ? 16 : 32) * t)[v];
+        phi.v[v] = reinterpret_cast<const uint4*>(wst + 8 * wide_w_stride<kFp8>() +
+                                                  (kFp8 ? 16 : 32) * t)[v];
+      }
+      uint32_t b[NT][8];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kWideXStride + 32 * t);
+        const uint4 v0 = xs[0], v1 = xs[1];
+        b[i][0] = v0.x, b[i][1] = v0.y, b[i][2] = v0.z, b[i][3] = v0.w;
+        b[i][4] = v1.x, b[i][5] = v1.y, b[i][6] = v1.z, b[i][7] = v1.w;
+      }
+      chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);
+    }
+    // The running sum: range 0's sum itself, then + each later range's
+    // (an empty range adds 0.0, as in the narrow kernel).
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) run[i][q] = r == 0 ? acc[i][q] : run[i][q] + acc[i][q];
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free for the next pass
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) store_element(y, ldy, rb, r1, n0, o.N, lane, i, q, run[i][q]);
+}
+
+// Columns blockIdx.x * 64 .. + 63 of group slot blockIdx.y: its rows in
+// passes of 64, 32, 16 or 8; without groups, blockIdx.z picks the pass
+// (rows z*64 .. z*64 + 63), so a batch's passes run side by side. Dynamic
+// shared memory: wide_smem<kFp8>() bytes.
+template <class Y, bool kFp8>
+__global__ void __launch_bounds__(kWideWarps * 32)
+    mma_wide_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
+  extern __shared__ __align__(16) unsigned char wide_smem_buf[];
+  pdl_begin();
+  int grp = 0, r0 = 0, r1 = rg.rows;
+  if (rg.offsets != nullptr) {
+    grp = rg.active[blockIdx.y];
+    if (grp < 0) return;
+    r0 = rg.offsets[grp];
+    r1 = rg.offsets[grp + 1];
+  } else {
+    r0 = blockIdx.z * kWideRows;
+    r1 = min(r1, r0 + kWideRows);
+  }
+  const int n_block = blockIdx.x * (16 * kWideWarps);
+  const WarpRows<kFp8> w(o, grp, n_block + (threadIdx.x >> 5) * 16, threadIdx.x & 31);
+  for (int rb = r0; rb < r1;) {
+    const int left = r1 - rb;
+    if (left > 32) {
+      wide_pass<8, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      rb += 64;
+    } else if (left > 16) {
+      wide_pass<4, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      rb += 32;
+    } else if (left > 8) {
+      wide_pass<2, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      rb += 16;
+    } else {
+      wide_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      rb += 8;
+    }
+  }
+}
+
+}  // namespace qtk::cuda::dev
