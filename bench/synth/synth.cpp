@@ -2,29 +2,44 @@
 // config.json, for benchmarks on real model shapes without real weights.
 //
 //   synth CONFIG.json OUT_DIR [--seed N] [--dtype bf16|f32] [--shard-mb N] [--fp8]
+//         [--experts hub|per-expert|fused] [--threads N] [--dry-run]
 //
 // --fp8 writes the layout of Qwen's block-FP8 releases: every decoder-layer
 // projection ([out, in]; not the embedding, lm_head or the GDN in_proj_a/b)
 // as F8_E4M3 with a float32 `_scale_inv` [ceil(out/128), ceil(in/128)]
 // (scale = block amax / 448, values rounded to the nearest e4m3), and
-// config.json gets the matching quantization_config.
+// config.json gets the matching quantization_config. Only 2-D projections
+// are quantised: Qwen3.5-MoE's experts are FP8 only with --experts
+// per-expert (the FP8 releases' layout; the default `hub` layout of
+// Qwen3.5-MoE is the bf16 checkpoints' fused 3-D tensors, which stay bf16).
+//
+// --threads N draws each piece (an FP8 tensor's 128-row band, 2^20 values of
+// another) from its own seeded stream on N threads: the same files for any
+// N, but not those of the default single stream. For full-depth models
+// (tens of GB) in seconds rather than minutes. --dry-run prints the size.
 //
 // The tensor list and shapes come from the loaders' name table
 // (expected_tensors), so a synthesised checkpoint is exactly what `convert`
 // accepts. Multimodal configs get the published `model.language_model.*`
 // layout. Values are seeded and reproducible.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cxxopts.hpp>
@@ -126,32 +141,57 @@ int64_t scale_count(const Tensor& t) {
 }
 
 // The e4m3fn byte nearest to v (|v| <= 448), ties to the even code.
+// note: from the float's bits: below 2^-6 the subnormal codes are v * 2^9
+// rounded half to even; above, the mantissa rounded to 3 bits half to even
+// (a carry steps the exponent), rebased from bias 127 to 7. Checked equal to
+// a nearest-of-all-127-magnitudes search for every float with |v| <= 448.
 uint8_t to_e4m3(float v) {
-  static const std::vector<float> mags = [] {
-    std::vector<float> m(127);
-    for (int b = 0; b < 127; ++b) {
-      const int e = b >> 3, mant = b & 7;
-      m[b] = e == 0 ? std::ldexp(static_cast<float>(mant), -9)
-                    : std::ldexp(static_cast<float>(8 + mant), e - 10);
-    }
-    return m;
-  }();
   const float a = std::fabs(v);
-  const auto it = std::lower_bound(mags.begin(), mags.end(), a);
-  int b = static_cast<int>(it - mags.begin());
-  if (b == 127) b = 126;
-  if (b > 0) {
-    const float lo = mags[b - 1], hi = mags[b];
-    if (a - lo < hi - a || (a - lo == hi - a && ((b - 1) & 1) == 0)) b -= 1;
+  uint32_t code;
+  if (a < 0x1p-6f) {
+    code = static_cast<uint32_t>(std::nearbyint(a * 512.0f));
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &a, 4);
+    u += 0x7ffff + ((u >> 20) & 1);
+    code = (u >> 20) - (120u << 3);
   }
-  return static_cast<uint8_t>((v < 0 ? 0x80 : 0) | b);
+  return static_cast<uint8_t>((v < 0 ? 0x80 : 0) | code);
+}
+
+// Quantises one band of nr rows of a [rows, cols] FP8 weight: each 128x128
+// block with scale = amax / 448 (`scales` gets the band's ceil(cols/128)).
+void quantize_band(const std::vector<float>& band, int64_t nr, int64_t cols,
+                   std::vector<uint8_t>& q, std::vector<float>& scales) {
+  const int64_t cb = (cols + kFp8Block - 1) / kFp8Block;
+  q.resize(band.size());
+  for (int64_t b = 0; b < cb; ++b) {
+    const int64_t c0 = b * kFp8Block, nc = std::min(kFp8Block, cols - c0);
+    float amax = 0;
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t c = 0; c < nc; ++c) amax = std::max(amax, std::fabs(band[r * cols + c0 + c]));
+    const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+    scales.push_back(scale);
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t c = 0; c < nc; ++c)
+        q[r * cols + c0 + c] =
+            to_e4m3(std::min(448.0f, std::max(-448.0f, band[r * cols + c0 + c] / scale)));
+  }
+}
+
+// Draws m values of a non-FP8 tensor.
+void draw_values(const Tensor& t, Rng& rng, std::vector<float>& f32, int64_t m) {
+  f32.resize(m);
+  for (int64_t i = 0; i < m; ++i) {
+    f32[i] = t.init.log_uniform_1_16 ? std::log(1.0f + 7.5f * (rng.uniform() + 1.0f))
+                                     : t.init.center + t.init.scale * rng.uniform();
+  }
 }
 
 // An FP8 weight and its scales: values drawn as for bf16, then each 128x128
 // block quantised with scale = amax / 448 (one 128-row band at a time).
 void write_fp8(int fd, const std::string& path, const Tensor& t, Rng& rng) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
-  const int64_t cb = (cols + kFp8Block - 1) / kFp8Block;
   std::vector<float> scales;
   std::vector<float> band;
   std::vector<uint8_t> q;
@@ -159,25 +199,21 @@ void write_fp8(int fd, const std::string& path, const Tensor& t, Rng& rng) {
     const int64_t nr = std::min(kFp8Block, rows - r0);
     band.resize(static_cast<size_t>(nr * cols));
     for (auto& v : band) v = t.init.center + t.init.scale * rng.uniform();
-    q.resize(band.size());
-    for (int64_t b = 0; b < cb; ++b) {
-      const int64_t c0 = b * kFp8Block, nc = std::min(kFp8Block, cols - c0);
-      float amax = 0;
-      for (int64_t r = 0; r < nr; ++r)
-        for (int64_t c = 0; c < nc; ++c) amax = std::max(amax, std::fabs(band[r * cols + c0 + c]));
-      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-      scales.push_back(scale);
-      for (int64_t r = 0; r < nr; ++r)
-        for (int64_t c = 0; c < nc; ++c)
-          q[r * cols + c0 + c] =
-              to_e4m3(std::min(448.0f, std::max(-448.0f, band[r * cols + c0 + c] / scale)));
-    }
+    quantize_band(band, nr, cols, q, scales);
     write_all(fd, q.data(), q.size(), path);
   }
   write_all(fd, scales.data(), scales.size() * 4, path);
 }
 
-void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bool bf16, Rng& rng) {
+constexpr int64_t kChunk = 1 << 20;  // values per piece of a non-FP8 tensor
+
+// The bytes a tensor takes in a shard (an FP8 one with its scales).
+int64_t tensor_bytes(const Tensor& t, bool bf16) {
+  return t.fp8 ? t.numel() + scale_count(t) * 4 : t.numel() * (bf16 ? 2 : 4);
+}
+
+// A shard's safetensors header, padded so that the data starts 8-byte aligned.
+std::string shard_header(const std::vector<Tensor>& tensors, bool bf16) {
   const int64_t esize = bf16 ? 2 : 4;
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"generator", "qtk bench/synth"}};
@@ -200,15 +236,30 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // note: 8-byte aligned data, as HF writers do
+  return h;
+}
+
+int create_shard(const std::string& path, const std::string& h) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_errno(fmt::format("synth: cannot create {}", tmp));
   const uint64_t n = h.size();
   write_all(fd, &n, 8, path);
   write_all(fd, h.data(), h.size(), path);
+  return fd;
+}
+
+void finish_shard(int fd, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  if (::close(fd) != 0) fail_errno(fmt::format("synth: {}: close failed", tmp));
+  std::filesystem::rename(tmp, path);
+}
+
+// One stream of values for the whole checkpoint, in file order (the default).
+void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bool bf16, Rng& rng) {
+  const int fd = create_shard(path, shard_header(tensors, bf16));
   std::vector<uint16_t> b16;
   std::vector<float> f32;
-  constexpr int64_t kChunk = 1 << 20;
   for (const auto& t : tensors) {
     if (t.fp8) {
       write_fp8(fd, path, t, rng);
@@ -216,11 +267,7 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
     }
     for (int64_t done = 0; done < t.numel(); done += kChunk) {
       const int64_t m = std::min(kChunk, t.numel() - done);
-      f32.resize(m);
-      for (int64_t i = 0; i < m; ++i) {
-        f32[i] = t.init.log_uniform_1_16 ? std::log(1.0f + 7.5f * (rng.uniform() + 1.0f))
-                                         : t.init.center + t.init.scale * rng.uniform();
-      }
+      draw_values(t, rng, f32, m);
       if (bf16) {
         b16.resize(m);
         for (int64_t i = 0; i < m; ++i) b16[i] = to_bf16(f32[i]);
@@ -230,8 +277,130 @@ void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bo
       }
     }
   }
-  if (::close(fd) != 0) fail_errno(fmt::format("synth: {}: close failed", tmp));
-  std::filesystem::rename(tmp, path);
+  finish_shard(fd, path);
+}
+
+uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// --threads N: every piece (a 128-row band of an FP8 tensor, 2^20 values of
+// another) draws from its own stream, seeded by (seed, tensor, piece), and
+// is written at its place by whichever of the N threads takes it: the files
+// are the same for every N (not the same as the one-stream default's).
+void write_shards_parallel(const std::vector<std::string>& paths,
+                           const std::vector<std::vector<Tensor>>& shards, bool bf16, uint64_t seed,
+                           int threads) {
+  struct Piece {
+    size_t shard, tensor;  // tensor: index within its shard
+    uint64_t stream;       // the tensor's index in the whole checkpoint
+    int64_t index;         // band or chunk
+    uint64_t data;         // file offset of the tensor's data
+  };
+  std::vector<Piece> pieces;
+  std::vector<int> fds;
+  struct Map {
+    uint8_t* base;
+    size_t size;
+  };
+  std::vector<Map> maps;
+  // On failure: no partial file is left behind.
+  auto discard = [&] {
+    for (const auto& m : maps) ::munmap(m.base, m.size);
+    for (size_t s = 0; s < fds.size(); ++s) {
+      ::close(fds[s]);
+      std::filesystem::remove(paths[s] + ".tmp");
+    }
+  };
+  uint64_t stream = 0;
+  try {
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string h = shard_header(shards[s], bf16);
+      fds.push_back(create_shard(paths[s], h));
+      uint64_t data = 8 + h.size();
+      for (size_t i = 0; i < shards[s].size(); ++i, ++stream) {
+        const Tensor& t = shards[s][i];
+        const int64_t n =
+            t.fp8 ? (t.shape[0] + kFp8Block - 1) / kFp8Block : (t.numel() + kChunk - 1) / kChunk;
+        for (int64_t k = 0; k < n; ++k) pieces.push_back({s, i, stream, k, data});
+        data += static_cast<uint64_t>(tensor_bytes(t, bf16));
+      }
+      // note: the space is reserved up front (a full disk is an error here,
+      // not a SIGBUS in the mapping), and the threads write through a shared
+      // mapping: a tmpfs file's write() copies under the inode lock, one
+      // thread at a time, while page faults on a mapping run in parallel.
+      const int rc = ::posix_fallocate(fds[s], 0, static_cast<off_t>(data));
+      if (rc == EOPNOTSUPP || rc == EINVAL) {
+        if (::ftruncate(fds[s], static_cast<off_t>(data)) != 0)
+          fail_errno(fmt::format("synth: {}: cannot size the file", paths[s]));
+      } else if (rc != 0) {
+        errno = rc;
+        fail_errno(fmt::format("synth: {}: cannot reserve {} bytes", paths[s], data));
+      }
+      void* m = ::mmap(nullptr, data, PROT_READ | PROT_WRITE, MAP_SHARED, fds[s], 0);
+      if (m == MAP_FAILED) fail_errno(fmt::format("synth: {}: mmap failed", paths[s]));
+      maps.push_back({static_cast<uint8_t*>(m), data});
+    }
+  } catch (...) {
+    discard();
+    throw;
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    std::vector<float> f32, scales;
+    std::vector<uint8_t> q;
+    std::vector<uint16_t> b16;
+    try {
+      for (size_t p; !failed && (p = next++) < pieces.size();) {
+        const Piece& pc = pieces[p];
+        const Tensor& t = shards[pc.shard][pc.tensor];
+        uint8_t* base = maps[pc.shard].base;
+        Rng rng(mix64(mix64(mix64(seed) ^ pc.stream) ^ static_cast<uint64_t>(pc.index)));
+        if (t.fp8) {
+          const int64_t rows = t.shape[0], cols = t.shape[1], r0 = pc.index * kFp8Block;
+          const int64_t nr = std::min(kFp8Block, rows - r0);
+          const int64_t cb = (cols + kFp8Block - 1) / kFp8Block;
+          f32.resize(static_cast<size_t>(nr * cols));
+          for (auto& v : f32) v = t.init.center + t.init.scale * rng.uniform();
+          scales.clear();
+          quantize_band(f32, nr, cols, q, scales);
+          std::memcpy(base + pc.data + r0 * cols, q.data(), q.size());
+          std::memcpy(base + pc.data + rows * cols + pc.index * cb * 4, scales.data(),
+                      scales.size() * 4);
+        } else {
+          const int64_t done = pc.index * kChunk, m = std::min(kChunk, t.numel() - done);
+          draw_values(t, rng, f32, m);
+          if (bf16) {
+            b16.resize(m);
+            for (int64_t i = 0; i < m; ++i) b16[i] = to_bf16(f32[i]);
+            std::memcpy(base + pc.data + done * 2, b16.data(), m * 2);
+          } else {
+            std::memcpy(base + pc.data + done * 4, f32.data(), m * 4);
+          }
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (error) {
+    discard();
+    std::rethrow_exception(error);
+  }
+  for (const auto& m : maps) ::munmap(m.base, m.size);
+  for (size_t s = 0; s < fds.size(); ++s) finish_shard(fds[s], paths[s]);
 }
 
 int run(int argc, char** argv) {
@@ -243,8 +412,20 @@ int run(int argc, char** argv) {
       "dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))(
       "shard-mb", "start a new shard after this many MB (0: one file)",
       cxxopts::value<int64_t>()->default_value("0"))(
-      "fp8", "block-FP8 layer projections (F8_E4M3 + float32 128x128 scales)")("h,help",
-                                                                               "show this help");
+      "fp8", "block-FP8 layer projections (F8_E4M3 + float32 128x128 scales)")(
+      "experts",
+      "MoE experts' layout: hub (the Hub's bf16 checkpoints': fused for Qwen3.5-MoE, "
+      "per-expert for Qwen3-MoE), per-expert (Qwen's FP8 releases; with --fp8 the experts "
+      "are FP8) or fused",
+      cxxopts::value<std::string>()->default_value("hub"))(
+      "threads",
+      "0: one random stream in file order (default); N >= 1: N threads, each 128-row band "
+      "or 2^20 values drawn from its own stream (the same files for every N, not the "
+      "default's)",
+      cxxopts::value<int>()->default_value("0"))(
+      "dry-run",
+      "write nothing; print {\"bytes\", \"parameters\", \"tensors\", \"files\"} "
+      "of the checkpoint as JSON on stdout")("h,help", "show this help");
   opts.parse_positional({"config", "out"});
   opts.positional_help("CONFIG.json OUT_DIR");
   auto args = opts.parse(argc, argv);
@@ -257,12 +438,20 @@ int run(int argc, char** argv) {
   const std::string dtype = args["dtype"].as<std::string>();
   if (dtype != "bf16" && dtype != "f32")
     fail("synth: --dtype: expected bf16 or f32, found \"{}\"", dtype);
+  const std::string experts = args["experts"].as<std::string>();
+  if (experts != "hub" && experts != "per-expert" && experts != "fused")
+    fail("synth: --experts: expected hub, per-expert or fused, found \"{}\"", experts);
+  const int threads = args["threads"].as<int>();
+  if (threads < 0 || threads > 1024) fail("synth: --threads: expected 0..1024, found {}", threads);
   const ModelConfig c = load_hf_config(config_path);
   // note: Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration.
   const bool multimodal = c.hf_architecture.ends_with("ForConditionalGeneration");
 
   std::vector<Tensor> all;
-  for (const auto& e : expected_tensors(c)) {
+  const ExpertLayout layout = experts == "hub"          ? hub_expert_layout(c)
+                              : experts == "per-expert" ? ExpertLayout::kPerExpert
+                                                        : ExpertLayout::kFused;
+  for (const auto& e : expected_tensors(c, layout)) {
     Tensor t;
     t.hf_name = e.name == "lm_head.weight"
                     ? e.name
@@ -280,6 +469,30 @@ int run(int argc, char** argv) {
             e.name.find("mlp.gate.") == std::string::npos &&
             e.name.find("shared_expert_gate") == std::string::npos;
     all.push_back(std::move(t));
+  }
+  const bool bf16 = dtype == "bf16";
+  const int64_t shard_bytes = args["shard-mb"].as<int64_t>() << 20;
+  std::vector<std::vector<Tensor>> shards(1);
+  int64_t in_shard = 0, total = 0, params = 0;
+  for (auto& t : all) {
+    const int64_t b = tensor_bytes(t, bf16);
+    if (shard_bytes > 0 && in_shard > 0 && in_shard + b > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(t);
+    in_shard += b;
+    total += b;
+    params += t.numel();
+  }
+  if (args.count("dry-run")) {
+    std::printf("%s\n", nlohmann::json{{"bytes", total},
+                                       {"parameters", params},
+                                       {"tensors", all.size()},
+                                       {"files", shards.size()}}
+                            .dump()
+                            .c_str());
+    return 0;
   }
   std::filesystem::create_directories(out);
   std::filesystem::copy_file(config_path, out + "/config.json",
@@ -299,40 +512,32 @@ int run(int argc, char** argv) {
     std::ofstream(out + "/config.json") << cj.dump(2) << "\n";
   }
 
-  Rng rng(args["seed"].as<uint64_t>());
-  const bool bf16 = dtype == "bf16";
-  const int64_t shard_bytes = args["shard-mb"].as<int64_t>() << 20;
-  std::vector<std::vector<Tensor>> shards(1);
-  int64_t in_shard = 0;
-  for (auto& t : all) {
-    const int64_t b = t.fp8 ? t.numel() + scale_count(t) * 4 : t.numel() * (bf16 ? 2 : 4);
-    if (shard_bytes > 0 && in_shard > 0 && in_shard + b > shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(t);
-    in_shard += b;
-  }
-  if (shards.size() == 1) {
-    write_shard(out + "/model.safetensors", shards[0], bf16, rng);
+  std::vector<std::string> names;
+  for (size_t s = 0; s < shards.size(); ++s)
+    names.push_back(shards.size() == 1
+                        ? std::string("model.safetensors")
+                        : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size()));
+  const uint64_t seed = args["seed"].as<uint64_t>();
+  if (threads == 0) {
+    Rng rng(seed);
+    for (size_t s = 0; s < shards.size(); ++s)
+      write_shard(out + "/" + names[s], shards[s], bf16, rng);
   } else {
+    std::vector<std::string> paths;
+    for (const auto& n : names) paths.push_back(out + "/" + n);
+    write_shards_parallel(paths, shards, bf16, seed, threads);
+  }
+  if (shards.size() > 1) {
     nlohmann::ordered_json index;
-    int64_t total = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
-      const std::string name =
-          fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
-      write_shard(out + "/" + name, shards[s], bf16, rng);
       for (const auto& t : shards[s]) {
-        index["weight_map"][t.hf_name] = name;
-        if (t.fp8) index["weight_map"][t.hf_name + "_scale_inv"] = name;
-        total += t.fp8 ? t.numel() + scale_count(t) * 4 : t.numel() * (bf16 ? 2 : 4);
+        index["weight_map"][t.hf_name] = names[s];
+        if (t.fp8) index["weight_map"][t.hf_name + "_scale_inv"] = names[s];
       }
     }
     index["metadata"] = {{"total_size", total}};
     std::ofstream(out + "/model.safetensors.index.json") << index.dump(2) << "\n";
   }
-  int64_t params = 0;
-  for (const auto& t : all) params += t.numel();
   std::fprintf(stderr, "synth: wrote %s (%zu tensors, %.3f B parameters, %s, %zu file(s))\n",
                out.c_str(), all.size(), params / 1e9, dtype.c_str(), shards.size());
   return 0;

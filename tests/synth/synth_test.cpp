@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "loaders/checkpoint.h"
 
@@ -97,6 +99,75 @@ TEST(Synth, Fp8CheckpointLoads) {
       fs::remove_all(out);
     }
   }
+}
+
+// --threads N: each piece from its own stream, so the files do not depend
+// on N; they load, sharded or not.
+TEST(Synth, ThreadedOutputIsTheSameForAnyThreadCount) {
+  for (const char* extra : {"", " --fp8", " --fp8 --shard-mb 1", " --dtype f32"}) {
+    SCOPED_TRACE(extra);
+    const fs::path a =
+        run_synth("qwen3.5-moe-tiny-vlm", std::string("--seed 9 --threads 1") + extra, "t1");
+    const fs::path b =
+        run_synth("qwen3.5-moe-tiny-vlm", std::string("--seed 9 --threads 5") + extra, "t5");
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(a)) files.push_back(e.path().filename());
+    ASSERT_FALSE(files.empty());
+    for (const auto& f : files) EXPECT_EQ(read_file(a / f), read_file(b / f)) << f;
+    auto c = Checkpoint::open(b.string());
+    EXPECT_GT(c->tensors().size(), 10u);
+    fs::remove_all(a);
+    fs::remove_all(b);
+  }
+}
+
+// --experts per-expert --fp8: a Qwen3.5-MoE checkpoint in the FP8 releases'
+// layout, its routed experts FP8 (the default hub layout keeps them fused bf16).
+TEST(Synth, PerExpertFp8Experts) {
+  const fs::path out =
+      run_synth("qwen3.5-moe-tiny-vlm", "--seed 2 --fp8 --experts per-expert --threads 2", "pe");
+  auto c = Checkpoint::open(out.string());
+  int experts = 0;
+  for (const auto& t : c->tensors()) {
+    if (t.name.find("mlp.experts.") == std::string::npos) continue;
+    ++experts;
+    EXPECT_EQ(t.view.dtype, DType::F8_E4M3) << t.name;
+    EXPECT_NE(t.scale.data, nullptr) << t.name;
+  }
+  EXPECT_GT(experts, 0);
+  fs::remove_all(out);
+  const fs::path hub = run_synth("qwen3.5-moe-tiny-vlm", "--seed 2 --fp8", "hub");
+  auto h = Checkpoint::open(hub.string());
+  for (const auto& t : h->tensors()) {
+    if (t.name.find("mlp.experts.") != std::string::npos) {
+      EXPECT_EQ(t.view.dtype, DType::BF16) << t.name;
+    }
+  }
+  fs::remove_all(hub);
+}
+
+// --dry-run writes nothing and prints the bytes the files' tensors take.
+TEST(Synth, DryRunPrintsTheSize) {
+  const fs::path out = fs::temp_directory_path() / ("qtk-synth-dry-" + std::to_string(::getpid()));
+  const std::string cmd = std::string(QTK_BIN_DIR) + "/synth " + QTK_SOURCE_DIR +
+                          "/tests/data/models/qwen3-tiny/config.json " + out.string() +
+                          " --fp8 --dry-run";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, p);
+  ASSERT_EQ(::pclose(p), 0);
+  EXPECT_FALSE(fs::exists(out));
+  const std::string text(buf, n);
+  const auto at = text.find("\"bytes\":");
+  ASSERT_NE(at, std::string::npos) << text;
+  const int64_t bytes = std::stoll(text.substr(at + 8));
+  const fs::path real = run_synth("qwen3-tiny", "--fp8", "dry");
+  const std::string file = read_file(real / "model.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, file.data(), 8);
+  EXPECT_EQ(static_cast<int64_t>(file.size() - 8 - header), bytes);
+  fs::remove_all(real);
 }
 
 TEST(Synth, BadConfigFailsWithMessage) {
