@@ -1,4 +1,6 @@
 // Paged causal attention over a varlen batch, and the KV cache write.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <mutex>
 
@@ -18,7 +20,8 @@ using namespace dev;
 
 constexpr int kAttnThreads = 128;
 // note: the scores of one query live in shared memory (exact two-pass softmax
-// needs them all); 48K keys * 4 bytes = 192 KB fits Hopper's 227 KB.
+// needs them all); 48K keys * 4 bytes = 192 KB fits Hopper's 227 KB. Longer
+// contexts are walked in tiles of 48K keys (see the kernel), same bits.
 constexpr int64_t kMaxContext = 48 * 1024;
 constexpr int kMaxHeadDim = 256;
 
@@ -87,67 +90,92 @@ __global__ void __launch_bounds__(kAttnThreads)
   __syncthreads();
 
   // note: kUnroll key passes are loaded before any is reduced (latency
-  // hiding); each key's dot still runs over its dims in order.
+  // hiding); each key's dot still runs over its dims in order. Keys jb ..
+  // je-1 land in p[j - jb].
   const int g = tid / kGroup, gl = tid % kGroup;
-  for (int j0 = 0; j0 < n_keys; j0 += kUnroll * kKeysPerPass) {
-    float dot[kUnroll];
+  const auto score_tile = [&](int jb, int je) {
+    for (int j0 = jb; j0 < je; j0 += kUnroll * kKeysPerPass) {
+      float dot[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kKeysPerPass + g;
-      dot[u] = 0.0f;
-      if (j < n_keys) {
-        const T* kr = key_row(k_cache, j);
-        for (int c = gl; c < d; c += kGroup) dot[u] += qs[c] * to_f(kr[c]);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * kKeysPerPass + g;
+        dot[u] = 0.0f;
+        if (j < je) {
+          const T* kr = key_row(k_cache, j);
+          for (int c = gl; c < d; c += kGroup) dot[u] += qs[c] * to_f(kr[c]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int o = kGroup / 2; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+        const int j = j0 + u * kKeysPerPass + g;
+        if (j < je && gl == 0) p[j - jb] = dot[u] * scale;
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int o = kGroup / 2; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
-      const int j = j0 + u * kKeysPerPass + g;
-      if (j < n_keys && gl == 0) p[j] = dot[u] * scale;
-    }
-  }
-  __syncthreads();
+  };
 
+  // note: contexts longer than kMaxContext keys go through shared memory in
+  // tiles of kMaxContext (a multiple of 128): the max over a first pass of
+  // every tile's scores, then per tile the scores again (the same bits: a
+  // key's dot depends on the key alone), exp, sum and the weighted V sum.
+  // Each thread and warp meets its keys in the same increasing order as in
+  // one tile, so every sum is the one-tile sum: the tiling changes no bits.
+  const bool tiled = n_keys > kMaxContext;
   float m = -INFINITY;
-  for (int j = tid; j < n_keys; j += kAttnThreads) m = fmaxf(m, p[j]);
-  m = block_max(m, red);
-  float sum = 0.0f;
-  for (int j = tid; j < n_keys; j += kAttnThreads) {
-    const float e = expf(p[j] - m);
-    p[j] = e;
-    sum += e;
+  for (int jb = 0; jb < n_keys; jb += kMaxContext) {
+    const int je = min(n_keys, jb + static_cast<int>(kMaxContext));
+    score_tile(jb, je);
+    __syncthreads();
+    for (int j = jb + tid; j < je; j += kAttnThreads) m = fmaxf(m, p[j - jb]);
+    if (tiled) __syncthreads();  // the next tile overwrites p
   }
-  sum = block_sum(sum, red);  // its barriers also publish p[]
-  const float inv = 1.0f / sum;
+  m = block_max(m, red);
 
+  float sum = 0.0f;
   float acc[kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] = 0.0f;
-  // note: kUnroll keys of the warp are loaded before they are accumulated,
-  // still added in increasing key order (j, j+4, j+8, ...).
-  for (int j0 = warp; j0 < n_keys; j0 += kUnroll * kWarps) {
-    float vals[kUnroll][kMaxDimsPerLane];
-    float pj[kUnroll];
+  for (int jb = 0; jb < n_keys; jb += kMaxContext) {
+    const int je = min(n_keys, jb + static_cast<int>(kMaxContext));
+    if (tiled) {
+      score_tile(jb, je);
+      __syncthreads();
+    }
+    for (int j = jb + tid; j < je; j += kAttnThreads) {
+      const float e = expf(p[j - jb] - m);
+      p[j - jb] = e;
+      sum += e;
+    }
+    __syncthreads();  // publishes p[]
+    // note: kUnroll keys of the warp are loaded before they are accumulated,
+    // still added in increasing key order (j, j+4, j+8, ...).
+    for (int j0 = jb + warp; j0 < je; j0 += kUnroll * kWarps) {
+      float vals[kUnroll][kMaxDimsPerLane];
+      float pj[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kWarps;
-      pj[u] = j < n_keys ? p[j] : 0.0f;
-      const T* vr = j < n_keys ? key_row(v_cache, j) : nullptr;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * kWarps;
+        pj[u] = j < je ? p[j - jb] : 0.0f;
+        const T* vr = j < je ? key_row(v_cache, j) : nullptr;
 #pragma unroll
-      for (int i = 0; i < kMaxDimsPerLane; ++i) {
-        const int c = lane + 32 * i;
-        vals[u][i] = (vr != nullptr && c < d) ? to_f(vr[c]) : 0.0f;
+        for (int i = 0; i < kMaxDimsPerLane; ++i) {
+          const int c = lane + 32 * i;
+          vals[u][i] = (vr != nullptr && c < d) ? to_f(vr[c]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u * kWarps >= je) break;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += pj[u] * vals[u][i];
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j0 + u * kWarps >= n_keys) break;
-#pragma unroll
-      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += pj[u] * vals[u][i];
-    }
+    if (tiled) __syncthreads();  // the next tile overwrites p
   }
+  sum = block_sum(sum, red);
+  const float inv = 1.0f / sum;
+
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) {
     const int c = lane + 32 * i;
@@ -198,11 +226,12 @@ void paged_attention(const T* q, int64_t ldq, const T* k_cache, const T* v_cache
                  std::to_string(kMaxHeadDim) + ", a multiple of 8) with " + std::to_string(hq) +
                  " query heads over " + std::to_string(hkv) +
                  " kv heads (must divide) is not supported");
-  if (b.max_seq_len > kMaxContext || b.max_seq_len <= 0)
+  if (b.max_seq_len <= 0 || b.max_seq_len > INT32_MAX)
     fail_message("paged_attention: max_seq_len " + std::to_string(b.max_seq_len) +
-                 " is outside 1.." + std::to_string(kMaxContext));
+                 " is outside 1.." + std::to_string(INT32_MAX));
   enable_large_smem<T>();
-  const size_t smem = static_cast<size_t>(5 * d + 32 + b.max_seq_len) * sizeof(float);
+  const size_t smem =
+      static_cast<size_t>(5 * d + 32 + std::min(b.max_seq_len, kMaxContext)) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(b.total_tokens), static_cast<unsigned>(hq));
   launch_kernel(paged_attention_kernel<T>, grid, kAttnThreads, smem, stream, q, ldq, k_cache,
                 v_cache, out, ldo, b.q_start, b.seq_len, b.block_table,

@@ -167,7 +167,9 @@ inline int64_t attention_partials_floats(int64_t rows, int64_t head_dim) {
   return rows * kAttentionSplitTiles * (head_dim + 2);
 }
 
-// Largest max_seq_len paged_attention accepts (scores live in shared memory).
+// Longest context whose scores paged_attention holds in shared memory at
+// once; longer ones are walked in tiles of it (the same bits, two passes over
+// the keys), and decode steps beyond it run without a captured graph.
 int64_t paged_attention_max_context();
 
 // k_cache/v_cache [num_blocks, block_size, Hkv, D]; slot = block*block_size +

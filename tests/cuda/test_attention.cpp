@@ -387,10 +387,32 @@ TEST(AttentionErrors, RejectsUnsupportedShapes) {
   EXPECT_THROW(
       paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 3, 128, 1.0f, nullptr),
       std::exception);
-  b.max_seq_len = paged_attention_max_context() + 1;
+  b.max_seq_len = 0;
   EXPECT_THROW(
       paged_attention<float>(nullptr, 0, nullptr, nullptr, nullptr, 0, b, 8, 2, 128, 1.0f, nullptr),
       std::exception);
+}
+
+// Contexts longer than the scores shared memory holds at once
+// (paged_attention_max_context(), 48K keys) are walked in tiles: f32 rows
+// at 50,000+ keys (a 3-token prefill chunk, a decode token) against the
+// float64 reference, and the same rows bit-identical alone and next to a
+// short sequence.
+TEST(AttentionLongContext, TiledScoresMatchReferenceAndBatch) {
+  const int64_t over = paged_attention_max_context();
+  const Shape sh{4, 2, 32};
+  const std::vector<SeqSpec> both = {{static_cast<int32_t>(over + 1000), 3, 11},
+                                     {static_cast<int32_t>(over + 77), 1, 12},
+                                     {40, 5, 13}};
+  const AttnRun<float> r = run_attention<float>(both, 16, sh, 3, false);
+  EXPECT_LT(rel_error(r.out, r.ref), 1e-5);
+  const int64_t width = sh.hq * sh.d;
+  for (size_t i = 0; i < 2; ++i) {
+    const AttnRun<float> alone = run_attention<float>({both[i]}, 16, sh, 5, false);
+    const std::vector<float> rows = rows_of(r, i, width);
+    ASSERT_EQ(rows.size(), alone.out.size());
+    EXPECT_TRUE(bitwise_equal(rows.data(), alone.out.data(), rows.size())) << "sequence " << i;
+  }
 }
 
 }  // namespace
