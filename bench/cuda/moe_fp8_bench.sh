@@ -26,8 +26,11 @@ for c in $CASES; do
   # note: the layer count is cut down to fit the host's disk and the call's
   # time; per-layer widths (what the kernels see) are the real model's.
   python3 bench/cuda/cut_layers.py "tests/data/configs/$name.json" "$layers" "$cfg"
-  flags=()
-  [ "$dtype" = fp8 ] && flags=(--fp8)
+  # note: FP8 releases store MoE experts one tensor per expert, and only
+  # that layout gets FP8 experts from synth (the Hub's fused bf16 layout
+  # stays bf16); --threads draws the weights in parallel.
+  flags=(--threads "$(nproc)")
+  [ "$dtype" = fp8 ] && flags+=(--fp8 --experts per-expert)
   rm -rf "$WORK/hf" "$WORK/model.pack"
   if ! { "$BIN/synth" "$cfg" "$WORK/hf" "${flags[@]}" >/dev/null &&
          "$BIN/convert" "$WORK/hf" "$WORK/model.pack" --force >/dev/null; }; then
