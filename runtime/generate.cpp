@@ -112,15 +112,29 @@ std::string fp8_text(const Pack& pack, const DeviceChoice& d, int ranks) {
   for (int64_t x : rows) r += fmt::format("{}{}", r.empty() ? "" : " or ", x);
   // note: a rank's FP8 slices are copies of whole scale blocks of the pack
   // (runtime/parallel/tensor_parallel.h), so "in place" holds unsplit only.
-  return fmt::format(
-      "; F8_E4M3 (e4m3fn) weights {} with float32 block scales (blocks of {} rows x "
-      "{} columns), each weight computed as the float32 product fp8 x scale{}",
+  const std::string where =
       ranks > 1 ? "split over the ranks on scale-block boundaries, each rank's slice read as it is"
-                : "read in place",
-      r, pack.fp8_tensors().front().block_cols,
-      d.device == "cuda" ? " inside a fixed-order warp product (float32 accumulation; the "
-                           "FP8 matrices go through no cuBLASLt GEMM)"
-                         : "");
+                : "read in place";
+  const int64_t cols = pack.fp8_tensors().front().block_cols;
+  const std::string warp_product =
+      "each weight computed as the float32 product fp8 x scale inside a fixed-order warp "
+      "product (float32 accumulation; the FP8 matrices go through no cuBLASLt GEMM)";
+  // note: which CUDA product runs is launch_warp_matmul's choice
+  // (kernels/cuda/warp_matmul.cuh): with bf16 activations the tensor-core
+  // form wherever K % 16 == 0 and the blocks hold whole 64-column chunks.
+  if (d.device == "cuda" && d.precision == "bf16" && tuning().mma_matmul)
+    return fmt::format(
+        "; F8_E4M3 (e4m3fn) weights {} with float32 block scales (blocks of {} rows x {} "
+        "columns): the e4m3 values enter bf16 tensor-core products exactly (mma.sync, float32 "
+        "accumulation, one fixed order per shape) and each block's partial sum is multiplied by "
+        "its float32 scale (a matrix with K not a multiple of 16 or blocks not of whole 64 "
+        "columns: {})",
+        where, r, cols, warp_product);
+  return fmt::format(
+      "; F8_E4M3 (e4m3fn) weights {} with float32 block scales (blocks of {} rows x {} columns), "
+      "{}",
+      where, r, cols,
+      d.device == "cuda" ? warp_product : "each weight computed as the float32 product fp8 x scale");
 }
 
 // The run header's description of the arithmetic.

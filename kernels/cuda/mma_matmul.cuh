@@ -350,13 +350,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
   __shared__ float red[kMmaWarps * kMaxNT * 4 * 32];  // [range][tile][q][lane]
   pdl_begin();
-  int grp = 0, r0 = 0, r1 = rg.rows;
-  if (rg.offsets != nullptr) {
-    grp = rg.active[blockIdx.y];
-    if (grp < 0) return;
-    r0 = rg.offsets[grp];
-    r1 = rg.offsets[grp + 1];
-  }
+  int grp, r0, r1;
+  if (!group_rows(rg, grp, r0, r1)) return;
   const int n0 = blockIdx.x * 16, warp = threadIdx.x >> 5;
   const WarpRows<kFp8> w(o, grp, n0, threadIdx.x & 31);
   int c0, c1;
@@ -501,13 +496,9 @@ __global__ void __launch_bounds__(kWideWarps * 32)
     mma_wide_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
   extern __shared__ __align__(16) unsigned char wide_smem_buf[];
   pdl_begin();
-  int grp = 0, r0 = 0, r1 = rg.rows;
-  if (rg.offsets != nullptr) {
-    grp = rg.active[blockIdx.y];
-    if (grp < 0) return;
-    r0 = rg.offsets[grp];
-    r1 = rg.offsets[grp + 1];
-  } else {
+  int grp, r0, r1;
+  if (!group_rows(rg, grp, r0, r1)) return;
+  if (rg.offsets == nullptr) {
     r0 = blockIdx.z * kWideRows;
     r1 = min(r1, r0 + kWideRows);
   }

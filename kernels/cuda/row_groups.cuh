@@ -15,4 +15,18 @@ struct RowGroups {
   int rows = 0;                         // the rows (without offsets); with them, all groups' rows
 };
 
+// The group of block row blockIdx.y and its rows r0 .. r1-1 (without
+// offsets: group 0, rows 0 .. rows-1); false when the slot has no group.
+__device__ __forceinline__ bool group_rows(const RowGroups& rg, int& grp, int& r0, int& r1) {
+  grp = 0;
+  r0 = 0;
+  r1 = rg.rows;
+  if (rg.offsets == nullptr) return true;
+  grp = rg.active[blockIdx.y];
+  if (grp < 0) return false;
+  r0 = rg.offsets[grp];
+  r1 = rg.offsets[grp + 1];
+  return true;
+}
+
 }  // namespace qtk::cuda::dev

@@ -127,13 +127,8 @@ __global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx, const T
                                    int br, int bc, int ld_scale, int N, int K, Y* __restrict__ y,
                                    int64_t ldy, RowGroups rg, bool vec) {
   pdl_begin();
-  int g = 0, r0 = 0, r1 = rg.rows;
-  if (rg.offsets != nullptr) {
-    g = rg.active[blockIdx.y];
-    if (g < 0) return;
-    r0 = rg.offsets[g];
-    r1 = rg.offsets[g + 1];
-  }
+  int g, r0, r1;
+  if (!group_rows(rg, g, r0, r1)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n = blockIdx.x * kWarpsPerBlock + warp;
   if (n >= N) return;
@@ -217,33 +212,30 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
       const dim3 narrow_block(32 * dev::kMmaWarps);
       const int wide_cols = 16 * dev::kWideWarps;
       // Without groups each block takes one pass of up to 64 rows (grid z).
-      const int64_t passes = groups.offsets == nullptr ? (rows + dev::kWideRows - 1) / dev::kWideRows : 1;
+      const int64_t passes =
+          groups.offsets == nullptr ? (rows + dev::kWideRows - 1) / dev::kWideRows : 1;
       const dim3 wide_grid(static_cast<unsigned>((N + wide_cols - 1) / wide_cols),
                            static_cast<unsigned>(groups_y), static_cast<unsigned>(passes));
       const dim3 wide_block(32 * dev::kWideWarps);
-      if (rows <= 8) {
-        if (fp8)
-          launch_kernel(dev::mma_narrow_kernel<Y, true, 1>, narrow_grid, narrow_block, 0, stream, o,
-                        y, ldy, groups);
-        else
-          launch_kernel(dev::mma_narrow_kernel<Y, false, 1>, narrow_grid, narrow_block, 0, stream,
-                        o, y, ldy, groups);
-      } else if (rows <= 16) {
-        if (fp8)
-          launch_kernel(dev::mma_narrow_kernel<Y, true, 2>, narrow_grid, narrow_block, 0, stream, o,
-                        y, ldy, groups);
-        else
-          launch_kernel(dev::mma_narrow_kernel<Y, false, 2>, narrow_grid, narrow_block, 0, stream,
-                        o, y, ldy, groups);
-      } else if (fp8) {
-        set_max_dynamic_smem(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
-        launch_kernel(dev::mma_wide_kernel<Y, true>, wide_grid, wide_block,
-                      dev::wide_smem<true>(), stream, o, y, ldy, groups);
-      } else {
-        set_max_dynamic_smem(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
-        launch_kernel(dev::mma_wide_kernel<Y, false>, wide_grid, wide_block,
-                      dev::wide_smem<false>(), stream, o, y, ldy, groups);
-      }
+      const auto narrow = [&](auto kernel) {
+        launch_kernel(kernel, narrow_grid, narrow_block, 0, stream, o, y, ldy, groups);
+      };
+      const auto wide = [&](auto kernel, int smem) {
+        set_max_dynamic_smem(kernel, smem);
+        launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
+      };
+      if (rows <= 8 && fp8)
+        narrow(dev::mma_narrow_kernel<Y, true, 1>);
+      else if (rows <= 8)
+        narrow(dev::mma_narrow_kernel<Y, false, 1>);
+      else if (rows <= 16 && fp8)
+        narrow(dev::mma_narrow_kernel<Y, true, 2>);
+      else if (rows <= 16)
+        narrow(dev::mma_narrow_kernel<Y, false, 2>);
+      else if (fp8)
+        wide(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
+      else
+        wide(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
       return;
     }
   }

@@ -3,6 +3,7 @@
 // bits are the same alone and in a batch.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <numeric>
 #include <vector>
 
@@ -226,33 +227,31 @@ TYPED_TEST(MoeBlockTest, MatchesReference) {
   }
 }
 
-TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
-  using T = TypeParam;
-  const int64_t n = 41, H = 72;
-  const MoeCase<T> c(n, 12, 4, H, 40, true, 7);
+// Tokens `singles` run alone and tokens part0 .. part0 + part_n - 1 run
+// together give the bits they get among all n tokens.
+template <class T>
+void expect_token_bits(const MoeCase<T>& c, int64_t n, std::initializer_list<int64_t> singles,
+                       int64_t part0, int64_t part_n) {
+  const int64_t H = c.H;
   const std::vector<T> all = c.run(0, n);
-  for (const int64_t t : {0, 5, 40}) {
+  for (const int64_t t : singles) {
     const std::vector<T> one = c.run(t, 1);
     EXPECT_TRUE(bitwise_equal(one.data(), all.data() + t * H, H)) << "token " << t;
   }
-  const std::vector<T> part = c.run(3, 17);
-  EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * H, 17 * H));
+  const std::vector<T> part = c.run(part0, part_n);
+  EXPECT_TRUE(bitwise_equal(part.data(), all.data() + part0 * H, part_n * H))
+      << "tokens " << part0 << ".." << part0 + part_n - 1;
+}
+
+TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
+  expect_token_bits(MoeCase<TypeParam>(41, 12, 4, 72, 40, true, 7), 41, {0, 5, 40}, 3, 17);
 }
 
 // The same with the tensor-core product's shapes (bf16; f32 stays on the warp
 // product): a token alone (groups of 1 row, the 16-row kernel) and among 150
 // (groups of ~75 rows in 64-row passes, the wide kernel).
 TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInWideGroups) {
-  using T = TypeParam;
-  const int64_t n = 150, H = 64;
-  const MoeCase<T> c(n, 4, 2, H, 32, true, 9);
-  const std::vector<T> all = c.run(0, n);
-  for (const int64_t t : {0, 77, 149}) {
-    const std::vector<T> one = c.run(t, 1);
-    EXPECT_TRUE(bitwise_equal(one.data(), all.data() + t * H, H)) << "token " << t;
-  }
-  const std::vector<T> part = c.run(20, 9);
-  EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 20 * H, 9 * H));
+  expect_token_bits(MoeCase<TypeParam>(150, 4, 2, 64, 32, true, 9), 150, {0, 77, 149}, 20, 9);
 }
 
 }  // namespace
