@@ -6,6 +6,7 @@
 #   bash tests/cuda/run_gpu_tests.sh            # tests + benchmarks
 #   QTK_GPU_SKIP_BENCH=1 bash tests/cuda/run_gpu_tests.sh
 #   QTK_GPU_SKIP_GENERATE=1 ...   # without the generate --device cuda tests
+#   QTK_GPU_SKIP_LONG=1 ...       # without the 32k/64k-position check (tests/cuda/long_position_check.sh)
 #   QTK_GPU_BENCH_FILTER=Attention ...   # only the benchmarks matching a regex
 #   QTK_GPU_E2E="qwen3-0.6b" QTK_GPU_E2E_ALSO="QTK_GEMM_ALTS=0" ...  # e2e, and again under other env
 #   QTK_GPU_PLAN_CACHE=both ...   # the generate tests with the GEMM plan cache on, then off
@@ -141,6 +142,16 @@ if [ "$mode" = full ] && [ -z "${QTK_GPU_SKIP_GENERATE:-}" ]; then
     grep -E "error" "$OUT/build.log" | tail -20
     echo "FAILED: building qtk_cuda_generate_tests"
     gen_rc=1
+  fi
+
+  # CUDA f32 against the CPU at 32k and 64k positions on the tiny fixtures,
+  # and a long prompt's batch invariance (tests/cuda/long_position_check.sh;
+  # a few minutes, mostly the CPU runs).
+  if [ -z "${QTK_GPU_SKIP_LONG:-}" ]; then
+    echo "== long positions (CUDA f32 vs CPU, invariance)"
+    OUT=$OUT/long_position bash tests/cuda/long_position_check.sh "$BUILD" >"$OUT/long_position.log" 2>&1 \
+      || gen_rc=1
+    grep -E "^(PASS|FAIL)" "$OUT/long_position.log" | tail -12
   fi
 
   # generate --devices 0,1 (one worker per GPU, merged) against a one-GPU
