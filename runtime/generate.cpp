@@ -134,7 +134,8 @@ std::string fp8_text(const Pack& pack, const DeviceChoice& d, int ranks) {
       "; F8_E4M3 (e4m3fn) weights {} with float32 block scales (blocks of {} rows x {} columns), "
       "{}",
       where, r, cols,
-      d.device == "cuda" ? warp_product : "each weight computed as the float32 product fp8 x scale");
+      d.device == "cuda" ? warp_product
+                         : "each weight computed as the float32 product fp8 x scale");
 }
 
 // The run header's description of the arithmetic.

@@ -36,9 +36,10 @@
 //     walking the 4 ranges in turn; each chunk's activations (up to 64
 //     rows) and the block's 64 weight rows go through a 4-stage cp.async
 //     ring in shared memory, so the activations are read once per 64
-//     columns instead of once per 16 and the loads run 3 chunks ahead. So a row gets the same bits in a call
-// of 1 row or of 5,000, in a group of 1 or of 500 (tested:
-// tests/cuda/test_mma_matmul.cpp).
+//     columns instead of once per 16 and the loads run 3 chunks ahead.
+// So a row gets the same bits in a call of 1 row or of 5,000, in a group of
+// 1 or of 500 (tested: MmaMatmul.* in tests/cuda/test_warp_matmul.cpp,
+// MoeBlockTest.* in tests/cuda/test_moe.cpp).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,7 +54,7 @@
 
 namespace qtk::cuda::dev {
 
-constexpr int kMmaWarps = 4;   // warps per block: the K split
+constexpr int kMmaRanges = 4;  // the K split: ranges summed apart (the narrow kernel's warps)
 constexpr int kMmaChunk = 64;  // K elements per chunk
 
 // Two e4m3 values (lo: the lower k) as a bf16 pair, exactly.
@@ -110,6 +111,12 @@ __device__ __forceinline__ RawPiece<kFp8> load_piece(const void* row, int k, boo
   return p;
 }
 
+// Two 16-byte pieces as 8 32-bit words (bf16 pairs), in memory order.
+__device__ __forceinline__ void unpack_pairs(const uint4& v0, const uint4& v1, uint32_t (&w)[8]) {
+  w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w;
+  w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
+}
+
 template <bool kFp8>
 __device__ __forceinline__ void piece_pairs(const RawPiece<kFp8>& p, uint32_t (&w)[8]) {
   if constexpr (kFp8) {
@@ -120,10 +127,7 @@ __device__ __forceinline__ void piece_pairs(const RawPiece<kFp8>& p, uint32_t (&
       w[2 * q + 1] = e4m3x2_to_bf16x2(b[q] >> 16);
     }
   } else {
-    const uint32_t b[8] = {p.v[0].x, p.v[0].y, p.v[0].z, p.v[0].w,
-                           p.v[1].x, p.v[1].y, p.v[1].z, p.v[1].w};
-#pragma unroll
-    for (int q = 0; q < 8; ++q) w[q] = b[q];
+    unpack_pairs(p.v[0], p.v[1], w);
   }
 }
 
@@ -138,11 +142,11 @@ struct MmaOperands {
   int N, K;
 };
 
-// The chunks of range r (of kMmaWarps) of K.
+// The chunks of range r (of kMmaRanges) of K.
 __device__ __forceinline__ void chunk_range(int K, int r, int& c0, int& c1) {
   const int nchunks = (K + kMmaChunk - 1) / kMmaChunk;
-  c0 = r * nchunks / kMmaWarps;
-  c1 = (r + 1) * nchunks / kMmaWarps;
+  c0 = r * nchunks / kMmaRanges;
+  c1 = (r + 1) * nchunks / kMmaRanges;
 }
 
 // A warp's 16 weight rows: n0 .. n0 + 15 of group grp; this lane reads rows
@@ -187,8 +191,8 @@ struct WarpRows {
 // this lane's token row (pair p = k 16t + 2p, +1), into acc (dense) or the
 // block chain (FP8).
 template <int NT>
-__device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4], const uint32_t (&b)[NT][8],
-                                               float (&sum)[NT][4]) {
+__device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4],
+                                               const uint32_t (&b)[NT][8], float (&sum)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -249,8 +253,8 @@ constexpr int kNarrowDepth = 4;  // chunks in flight per lane
 // Rows rb .. rb + 8*NT - 1 (those below r1) of the block's 16 columns: this
 // warp's range sum into red[warp] (f32 [NT][4][32] per warp).
 template <int NT, bool kFp8>
-__device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source,
-                                            int rb, int r1, const WarpRows<kFp8>& w, int c0, int c1,
+__device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source, int rb,
+                                            int r1, const WarpRows<kFp8>& w, int c0, int c1,
                                             float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -262,7 +266,7 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
     xrow[i] = r < r1 ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx
                      : nullptr;
   }
-  const auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
+  const auto load_x = [&](int c, uint4(&xv)[NT][2]) {
     const int k = c * kMmaChunk + 16 * t;
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -299,11 +303,7 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
         const RawPiece<kFp8> plo = ring_lo[d], phi = ring_hi[d];
         uint32_t b[NT][8];
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          const uint4 v0 = ring_x[d][i][0], v1 = ring_x[d][i][1];
-          b[i][0] = v0.x, b[i][1] = v0.y, b[i][2] = v0.z, b[i][3] = v0.w;
-          b[i][4] = v1.x, b[i][5] = v1.y, b[i][6] = v1.z, b[i][7] = v1.w;
-        }
+        for (int i = 0; i < NT; ++i) unpack_pairs(ring_x[d][i][0], ring_x[d][i][1], b[i]);
         if (c + kNarrowDepth < c1) {
           w.load(o, c + kNarrowDepth, ring_lo[d], ring_hi[d]);
           load_x(c + kNarrowDepth, ring_x[d]);
@@ -326,7 +326,7 @@ __device__ __forceinline__ void narrow_store(const float* red, int rb, int r1, i
     const int lane = e & 31, q = (e >> 5) & 3, i = e >> 7;
     float s = red[(i * 4 + q) * 32 + lane];
 #pragma unroll
-    for (int r = 1; r < kMmaWarps; ++r) s += red[((r * NT + i) * 4 + q) * 32 + lane];
+    for (int r = 1; r < kMmaRanges; ++r) s += red[((r * NT + i) * 4 + q) * 32 + lane];
     store_element(y, ldy, rb, r1, n0, N, lane, i, q, s);
   }
 }
@@ -346,9 +346,9 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
 // rows, holds half the activation ring in registers, so more blocks fit an
 // SM; it changes no bits.
 template <class Y, bool kFp8, int kMaxNT>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+__global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
-  __shared__ float red[kMmaWarps * kMaxNT * 4 * 32];  // [range][tile][q][lane]
+  __shared__ float red[kMmaRanges * kMaxNT * 4 * 32];  // [range][tile][q][lane]
   pdl_begin();
   int grp, r0, r1;
   if (!group_rows(rg, grp, r0, r1)) return;
@@ -367,9 +367,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // ---- wide: 64 columns a block, each warp 16 of them over every range -------
 
 constexpr int kWideWarps = 4;
-constexpr int kWideRows = 64;    // token rows per pass, at most
-constexpr int kWideStages = 4;   // chunks in flight (cp.async ring)
-constexpr int kWideXStride = 144;                     // bytes per staged activation row
+constexpr int kWideRows = 64;                          // token rows per pass, at most
+constexpr int kWideStages = 4;                         // chunks in flight (cp.async ring)
+constexpr int kWideXStride = 144;                      // bytes per staged activation row
 constexpr int kWideXBytes = kWideRows * kWideXStride;  // one chunk's activations
 template <bool kFp8>
 constexpr int wide_w_stride() {  // bytes per staged weight row
@@ -412,9 +412,9 @@ __device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* 
     const int k = c * kMmaChunk + piece * (kFp8 ? 16 : 8);
     const bool ok = n < o.N && k < o.K;
     const int64_t wrow = static_cast<int64_t>(grp) * o.N + n;
-    const void* src = !ok ? static_cast<const void*>(o.x)
-                          : kFp8 ? static_cast<const void*>(o.wq + wrow * o.K + k)
-                                 : static_cast<const void*>(o.wd + wrow * o.K + k);
+    const void* src = !ok    ? static_cast<const void*>(o.x)
+                      : kFp8 ? static_cast<const void*>(o.wq + wrow * o.K + k)
+                             : static_cast<const void*>(o.wd + wrow * o.K + k);
     cp_async_16(smem_addr(ws + row * wide_w_stride<kFp8>() + piece * 16), src, ok);
   }
 }
@@ -433,12 +433,13 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
   constexpr int kStage = wide_stage_bytes<kFp8>();
 #pragma unroll
   for (int s = 0; s < kWideStages - 1; ++s) {
-    if (s < nchunks) wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, s, smem + s * kStage);
+    if (s < nchunks)
+      wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, s, smem + s * kStage);
     cp_async_commit();
   }
   float run[NT][4], acc[NT][4], chain[NT][4];
   int c = 0;
-  for (int r = 0; r < kMmaWarps; ++r) {
+  for (int r = 0; r < kMmaRanges; ++r) {
     int c0, c1;
     chunk_range(o.K, r, c0, c1);
 #pragma unroll
@@ -466,9 +467,7 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kWideXStride + 32 * t);
-        const uint4 v0 = xs[0], v1 = xs[1];
-        b[i][0] = v0.x, b[i][1] = v0.y, b[i][2] = v0.z, b[i][3] = v0.w;
-        b[i][4] = v1.x, b[i][5] = v1.y, b[i][6] = v1.z, b[i][7] = v1.w;
+        unpack_pairs(xs[0], xs[1], b[i]);
       }
       chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);
     }

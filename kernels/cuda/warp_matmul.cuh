@@ -190,9 +190,9 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
   // buffers and QTK_MMA_MATMUL only, never on the rows, so a row's bits stay
   // independent of the batch.
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const bool fits = tuning().mma_matmul && K % 16 == 0 && ldx % 8 == 0 && aligned(x, 16) &&
-                      (fp8 ? aligned(w.fp8, 16) && w.block_cols % dev::kMmaChunk == 0
-                           : aligned(w.dense, 16));
+    const bool fits =
+        tuning().mma_matmul && K % 16 == 0 && ldx % 8 == 0 && aligned(x, 16) &&
+        (fp8 ? aligned(w.fp8, 16) && w.block_cols % dev::kMmaChunk == 0 : aligned(w.dense, 16));
     if (fits) {
       dev::MmaOperands o{x,
                          ldx,
@@ -207,9 +207,8 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
       // Rows per group: M, or on average the routed rows over the experts
       // that can have some (a bound known on the host).
       const int64_t rows = groups.offsets == nullptr ? groups.rows : groups.rows / groups_y;
-      const dim3 narrow_grid(static_cast<unsigned>((N + 15) / 16),
-                             static_cast<unsigned>(groups_y));
-      const dim3 narrow_block(32 * dev::kMmaWarps);
+      const dim3 narrow_grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>(groups_y));
+      const dim3 narrow_block(32 * dev::kMmaRanges);
       const int wide_cols = 16 * dev::kWideWarps;
       // Without groups each block takes one pass of up to 64 rows (grid z).
       const int64_t passes =

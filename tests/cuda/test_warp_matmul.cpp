@@ -159,9 +159,9 @@ struct MmaShape {
   bool fp8;
 };
 constexpr MmaShape kMmaShapes[] = {
-    {1, 200, 320, 128, 128, true},  {37, 50, 256, 16, 64, true},   {130, 33, 448, 128, 128, true},
-    {70, 16, 64, 128, 128, true},   {5, 300, 1040, 128, 192, true}, {1, 200, 320, 0, 0, false},
-    {9, 64, 1024, 0, 0, false},     {130, 7, 48, 0, 0, false},      {17, 129, 2048, 0, 0, false},
+    {1, 200, 320, 128, 128, true}, {37, 50, 256, 16, 64, true},    {130, 33, 448, 128, 128, true},
+    {70, 16, 64, 128, 128, true},  {5, 300, 1040, 128, 192, true}, {1, 200, 320, 0, 0, false},
+    {9, 64, 1024, 0, 0, false},    {130, 7, 48, 0, 0, false},      {17, 129, 2048, 0, 0, false},
 };
 
 // Sets QTK_MMA_MATMUL for the scope (process-wide switch, core/tuning.h).
@@ -223,7 +223,8 @@ TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
     const std::vector<bf16> all = op.run<bf16>(0, M);
     for (const int64_t m : {0, 7, 63, 64, 149}) {
       const std::vector<bf16> one = op.run<bf16>(m, 1);
-      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N)) << "row " << m << " fp8 " << fp8;
+      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N))
+          << "row " << m << " fp8 " << fp8;
     }
     struct Part {
       int64_t m0, rows;
