@@ -29,9 +29,10 @@
 //
 // Two kernels compute that sum:
 //   narrow (up to 16 rows a group): a block is 16 output columns and 4
-//     warps, warp r computing range r for every row, the next 4 chunks of
-//     weights and activations in flight per lane: the decode form, bound
-//     by the weight reads, which need many warps per column.
+//     warps, warp r computing range r for every row, each warp streaming
+//     its chunks of weights and activations through its own cp.async ring
+//     in shared memory: the decode form, bound by the weight reads, which
+//     need many warps per column.
 //   wide (more rows): a block is 64 output columns, 4 warps of 16 each
 //     walking the 4 ranges in turn; each chunk's activations (up to 64
 //     rows) and the block's 64 weight rows go through a 4-stage cp.async
@@ -58,20 +59,15 @@ constexpr int kMmaRanges = 4;  // the K split: ranges summed apart (the narrow k
 constexpr int kMmaChunk = 64;  // K elements per chunk
 
 // Two e4m3 values (lo: the lower k) as a bf16 pair, exactly.
-// note: the hardware converts e4m3 pairs to f16 pairs exactly, and every
-// e4m3 value is then zero or a normal f16 whose mantissa uses its top 3
-// bits. Its magnitude bits shifted right by 3, with the sign kept, read as a
-// bf16 are the same value times 2^-112 (the exponent field keeps the f16
-// exponent e16 >= 1, so never a subnormal; zero stays zero); one bf16
-// multiply by 2^112 restores it, exactly (a normal number times a power of
-// two, no rounding). Checked for all 254 non-NaN codes.
+// note: the hardware converts e4m3 pairs to f16 pairs exactly; f16 -> f32
+// is exact, and f32 -> bf16 is exact for these values (at most 4
+// significant bits, exponents -9 .. 8, all normal in bf16). 4 instructions
+// a pair: the unpack, two f16 -> f32 and one pack.
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
   const __half2_raw h2 =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  const uint32_t h = static_cast<uint32_t>(h2.x) | (static_cast<uint32_t>(h2.y) << 16);
-  const uint32_t scaled = ((h & 0x7FFF7FFFu) >> 3) | (h & 0x80008000u);
-  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&scaled);
-  v = __hmul2(v, __floats2bfloat162_rn(0x1p112f, 0x1p112f));
+  const float2 f = __half22float2(__half2(h2));
+  const __nv_bfloat162 v = __float22bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
@@ -246,71 +242,196 @@ __device__ __forceinline__ void store_element(Y* y, int64_t ldy, int rb, int r1,
   if (r < r1 && n < N) y[static_cast<int64_t>(r) * ldy + n] = from_f<Y>(v);
 }
 
+// note: row strides in shared memory: 144 bytes for 64 bf16 (16 bytes of
+// padding) and 64 bytes for 64 e4m3: the 8 lanes of a 16-byte
+// shared-memory phase (rows g, g+1, t = 0..3, 16 or 32 bytes apart) hit 8
+// distinct 16-byte bank groups.
+constexpr int kXStride = 144;  // bytes per staged activation row (bf16)
+template <bool kFp8>
+constexpr int w_stride() {  // bytes per staged weight row
+  return kFp8 ? 64 : 144;
+}
+
 // ---- narrow: 16 columns a block, warp r = range r --------------------------
 
-constexpr int kNarrowDepth = 4;  // chunks in flight per lane
+// Each warp streams its range through its own ring of chunk stages in
+// shared memory (cp.async, no block barrier): a stage holds the chunk of
+// the block's 16 weight rows, of the pass's 8 * kMaxNT activation rows and,
+// for FP8, the 16 rows' scales of the chunk's block.
+// note: copies into shared memory hold no registers while in flight, so the
+// ring can be deep (the FP8 decode form keeps 5 chunks of weights in flight
+// per warp at 4 blocks per SM), and a lane's instructions per chunk are the
+// copies, 4 fragment loads, the conversions and 4 mma steps.
+template <bool kFp8, int kMaxNT>
+struct NarrowLayout {
+  static constexpr int kDepth = kFp8 && kMaxNT == 1 ? 6 : 4;  // stages per warp
+  static constexpr int kXOff = 16 * w_stride<kFp8>();
+  static constexpr int kSOff = kXOff + 8 * kMaxNT * kXStride;
+  static constexpr int kStage = kSOff + (kFp8 ? 16 * 4 : 0);
+  static constexpr int kBlockBytes = kMmaRanges * kDepth * kStage;
+  static constexpr int kPieces = kFp8 ? 4 : 8;           // 16-byte pieces per weight row and chunk
+  static constexpr int kLanePieces = 16 * kPieces / 32;  // of them per lane: 2 or 4
+};
 
-// Rows rb .. rb + 8*NT - 1 (those below r1) of the block's 16 columns: this
-// warp's range sum into red[warp] (f32 [NT][4][32] per warp).
-template <int NT, bool kFp8>
-__device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source, int rb,
-                                            int r1, const WarpRows<kFp8>& w, int c0, int c1,
-                                            float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  // This lane's token row of each n8 tile (its B column g).
-  const __nv_bfloat16* xrow[NT];
+// 4-byte asynchronous global -> shared copy.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
+// The copies of one warp's weight chunks: this lane's 16-byte pieces of
+// the 16 rows and (FP8, lanes 0..15) row n0 + lane's scale of the chunk's
+// block. Chunks are issued in increasing order from reset().
+template <bool kFp8, int kMaxNT>
+struct NarrowWeights {
+  using L = NarrowLayout<kFp8, kMaxNT>;
+  const unsigned char* src[L::kLanePieces];  // piece i's bytes at chunk 0
+  bool row_ok[L::kLanePieces];
+  int k_piece;        // the pieces' first k within a chunk
+  const float* srow;  // FP8: the scale row of row n0 + lane (lanes 0..15), or nullptr
+  int kb, left;       // FP8: the block of the next chunk issued, chunks left in it
+
+  __device__ __forceinline__ NarrowWeights(const MmaOperands& o, int grp, int n0, int lane) {
+    const int row0 = lane / L::kPieces, piece = lane % L::kPieces;
+    k_piece = piece * (kFp8 ? 16 : 8);
 #pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    const int r = rb + 8 * i + g;
-    xrow[i] = r < r1 ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx
-                     : nullptr;
+    for (int i = 0; i < L::kLanePieces; ++i) {
+      const int n = n0 + row0 + i * (32 / L::kPieces);
+      row_ok[i] = n < o.N;
+      const int64_t w = (static_cast<int64_t>(grp) * o.N + n) * o.K + k_piece;
+      src[i] = kFp8 ? o.wq + w : reinterpret_cast<const unsigned char*>(o.wd + w);
+    }
+    srow = nullptr;
+    if (kFp8 && lane < 16 && n0 + lane < o.N)
+      srow = o.scale + ((static_cast<int64_t>(grp) * o.N + n0 + lane) / o.br) * o.ld_scale;
   }
-  const auto load_x = [&](int c, uint4(&xv)[NT][2]) {
-    const int k = c * kMmaChunk + 16 * t;
+  __device__ __forceinline__ void reset(const MmaOperands& o, int c0) {
+    if constexpr (kFp8) {
+      const int cpb = o.bc / kMmaChunk;
+      kb = c0 / cpb;
+      left = cpb - c0 % cpb;
+    }
+  }
+  // Chunk c's weights (and scales) into the stage at shared address st.
+  __device__ __forceinline__ void issue(const MmaOperands& o, int c, uint32_t st, int lane) {
+    constexpr int kRowStep = 32 / L::kPieces;  // rows between a lane's pieces
+    const uint32_t dst = st + (lane / L::kPieces) * w_stride<kFp8>() + (lane % L::kPieces) * 16;
+    const bool k_ok = c * kMmaChunk + k_piece < o.K;
+    const int64_t off = static_cast<int64_t>(c) * kMmaChunk * (kFp8 ? 1 : 2);
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      xv[i][0] = xv[i][1] = make_uint4(0, 0, 0, 0);
-      if (xrow[i] != nullptr && k < o.K) {
-        const uint4* s = reinterpret_cast<const uint4*>(xrow[i] + k);
-        xv[i][0] = s[0];
-        xv[i][1] = s[1];
+    for (int i = 0; i < L::kLanePieces; ++i) {
+      const bool ok = row_ok[i] && k_ok;
+      cp_async_16(dst + i * kRowStep * w_stride<kFp8>(), ok ? src[i] + off : src[0], ok);
+    }
+    if constexpr (kFp8) {
+      if (srow != nullptr) cp_async_4(st + L::kSOff + 4 * lane, srow + kb);
+      if (--left == 0) {
+        ++kb;
+        left = o.bc / kMmaChunk;
       }
     }
+  }
+};
+
+// Rows rb .. rb + 8*NT - 1 (those below r1) of the block's 16 columns: this
+// warp's range sum into red[warp] (f32 [NT][4][32] per warp). ring: the
+// warp's stages; weights_issued: the prologue's weight chunks are already
+// on their way (issued before the kernel's dependency wait).
+template <int NT, int kMaxNT, bool kFp8>
+__device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source, int rb,
+                                            int r1, NarrowWeights<kFp8, kMaxNT>& nw, int c0, int c1,
+                                            bool weights_issued, unsigned char* ring, float* red) {
+  using L = NarrowLayout<kFp8, kMaxNT>;
+  constexpr int D = L::kDepth;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  // This lane's activation copies: 16 bytes of rows lane/8 + 4i of the pass
+  // (rows at or past r1 are not copied: a B column reaches only its own
+  // output column, and those are never stored).
+  const __nv_bfloat16* xsrc[2 * NT];
+#pragma unroll
+  for (int i = 0; i < 2 * NT; ++i) {
+    const int r = rb + (lane >> 3) + 4 * i;
+    xsrc[i] = r < r1
+                  ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx +
+                        8 * (lane & 7)
+                  : nullptr;
+  }
+  const uint32_t base = smem_addr(ring);
+  const uint32_t xdst = L::kXOff + (lane >> 3) * kXStride + 16 * (lane & 7);
+  const auto issue_x = [&](int c, uint32_t st) {
+    const bool k_ok = c * kMmaChunk + 8 * (lane & 7) < o.K;
+#pragma unroll
+    for (int i = 0; i < 2 * NT; ++i)
+      if (xsrc[i] != nullptr)
+        cp_async_16(st + xdst + i * 4 * kXStride, k_ok ? xsrc[i] + c * kMmaChunk : o.x, k_ok);
   };
+  if (!weights_issued) nw.reset(o, c0);
+#pragma unroll
+  for (int s = 0; s < D - 1; ++s) {
+    if (c0 + s < c1) {
+      if (!weights_issued) nw.issue(o, c0 + s, base + s * L::kStage, lane);
+      issue_x(c0 + s, base + s * L::kStage);
+    }
+    cp_async_commit();
+  }
   float acc[NT][4], chain[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
-  // note: a ring of the next kNarrowDepth chunks (weights and activations)
-  // per lane, refilled as each is used; the slot index is a compile-time
-  // constant (the loop is unrolled by the depth), so the ring stays in
-  // registers.
-  RawPiece<kFp8> ring_lo[kNarrowDepth], ring_hi[kNarrowDepth];
-  uint4 ring_x[kNarrowDepth][NT][2];
-#pragma unroll
-  for (int d = 0; d < kNarrowDepth; ++d)
-    if (c0 + d < c1) {
-      w.load(o, c0 + d, ring_lo[d], ring_hi[d]);
-      load_x(c0 + d, ring_x[d]);
+  const int cpb = o.bc / kMmaChunk;
+  int left = cpb - c0 % cpb;  // FP8: chunks to the end of the current scale block
+  int slot = 0;
+  for (int c = c0; c < c1; ++c) {
+    cp_async_wait<D - 2>();
+    __syncwarp();  // every lane's copies of chunk c are in; all are done with chunk c - 1
+    const int next = c + D - 1;
+    const int next_slot = slot == 0 ? D - 1 : slot - 1;  // chunk c - 1's slot
+    if (next < c1) {
+      nw.issue(o, next, base + next_slot * L::kStage, lane);
+      issue_x(next, base + next_slot * L::kStage);
     }
-  for (int cb = c0; cb < c1; cb += kNarrowDepth) {
+    cp_async_commit();
+    const unsigned char* st = ring + slot * L::kStage;
+    RawPiece<kFp8> plo, phi;
+    constexpr int kWs = w_stride<kFp8>();
 #pragma unroll
-    for (int d = 0; d < kNarrowDepth; ++d) {
-      const int c = cb + d;
-      if (c < c1) {
-        const RawPiece<kFp8> plo = ring_lo[d], phi = ring_hi[d];
-        uint32_t b[NT][8];
+    for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
+      plo.v[v] = reinterpret_cast<const uint4*>(st + g * kWs + (kFp8 ? 16 : 32) * t)[v];
+      phi.v[v] = reinterpret_cast<const uint4*>(st + (g + 8) * kWs + (kFp8 ? 16 : 32) * t)[v];
+    }
+    uint32_t b[NT][8];
 #pragma unroll
-        for (int i = 0; i < NT; ++i) unpack_pairs(ring_x[d][i][0], ring_x[d][i][1], b[i]);
-        if (c + kNarrowDepth < c1) {
-          w.load(o, c + kNarrowDepth, ring_lo[d], ring_hi[d]);
-          load_x(c + kNarrowDepth, ring_x[d]);
+    for (int i = 0; i < NT; ++i) {
+      const uint4* xs =
+          reinterpret_cast<const uint4*>(st + L::kXOff + (8 * i + g) * kXStride + 32 * t);
+      unpack_pairs(xs[0], xs[1], b[i]);
+    }
+    uint32_t wlo[8], whi[8], a[4][4];
+    piece_pairs<kFp8>(plo, wlo);
+    piece_pairs<kFp8>(phi, whi);
+    chunk_fragments(wlo, whi, a);
+    if constexpr (kFp8) {
+      chunk_products<NT>(a, b, chain);
+      // The chain ends where its scale block or the range does.
+      if (--left == 0 || c + 1 == c1) {
+        const float s_lo = *reinterpret_cast<const float*>(st + L::kSOff + 4 * g);
+        const float s_hi = *reinterpret_cast<const float*>(st + L::kSOff + 4 * (g + 8));
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          acc[i][0] = fmaf(chain[i][0], s_lo, acc[i][0]);
+          acc[i][1] = fmaf(chain[i][1], s_lo, acc[i][1]);
+          acc[i][2] = fmaf(chain[i][2], s_hi, acc[i][2]);
+          acc[i][3] = fmaf(chain[i][3], s_hi, acc[i][3]);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) chain[i][q] = 0.0f;
         }
-        chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);
+        left = cpb;
       }
+    } else {
+      chunk_products<NT>(a, b, acc);
     }
+    slot = slot + 1 == D ? 0 : slot + 1;
   }
 #pragma unroll
   for (int i = 0; i < NT; ++i)
@@ -331,63 +452,78 @@ __device__ __forceinline__ void narrow_store(const float* red, int rb, int r1, i
   }
 }
 
-template <int NT, class Y, bool kFp8>
+template <int NT, int kMaxNT, class Y, bool kFp8>
 __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const int32_t* row_source,
-                                                  int rb, int r1, int n0, const WarpRows<kFp8>& w,
-                                                  int c0, int c1, float* red, Y* y, int64_t ldy) {
-  narrow_pass<NT, kFp8>(o, row_source, rb, r1, w, c0, c1, red);
+                                                  int rb, int r1, int n0,
+                                                  NarrowWeights<kFp8, kMaxNT>& nw, int c0, int c1,
+                                                  bool weights_issued, unsigned char* ring,
+                                                  float* red, Y* y, int64_t ldy) {
+  narrow_pass<NT, kMaxNT, kFp8>(o, row_source, rb, r1, nw, c0, c1, weights_issued, ring, red);
   __syncthreads();
   narrow_store<NT, Y>(red, rb, r1, n0, o.N, y, ldy);
   __syncthreads();
 }
 
 // Group slot blockIdx.y's rows for columns blockIdx.x * 16 .. + 15, in
-// passes of 8 * kMaxNT rows (16 or 8). note: kMaxNT 1, for groups of up to 8
-// rows, holds half the activation ring in registers, so more blocks fit an
-// SM; it changes no bits.
+// passes of 8 * kMaxNT rows (16 or 8). Dynamic shared memory:
+// NarrowLayout<kFp8, kMaxNT>::kBlockBytes. note: kMaxNT 1, for groups of up
+// to 8 rows, stages half the activation rows, so the ring can be deeper; it
+// changes no bits.
+// note: without groups the weights do not depend on the kernel before, so
+// each warp's first stages of weights are requested before the dependency
+// wait (dev::pdl_begin), overlapping the previous kernel's tail; with
+// groups, the group (expert) is known only after it.
 template <class Y, bool kFp8, int kMaxNT>
 __global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
+  using L = NarrowLayout<kFp8, kMaxNT>;
+  extern __shared__ __align__(16) unsigned char narrow_smem_buf[];
   __shared__ float red[kMmaRanges * kMaxNT * 4 * 32];  // [range][tile][q][lane]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * 16;
+  unsigned char* ring = narrow_smem_buf + warp * L::kDepth * L::kStage;
+  int c0, c1;
+  chunk_range(o.K, warp, c0, c1);
+  const bool early = rg.offsets == nullptr && rg.rows > 0;
+  NarrowWeights<kFp8, kMaxNT> nw(o, 0, n0, lane);
+  if (early) {
+    nw.reset(o, c0);
+    const uint32_t base = smem_addr(ring);
+#pragma unroll
+    for (int s = 0; s < L::kDepth - 1; ++s)
+      if (c0 + s < c1) nw.issue(o, c0 + s, base + s * L::kStage, lane);
+  }
   pdl_begin();
   int grp, r0, r1;
   if (!group_rows(rg, grp, r0, r1)) return;
-  const int n0 = blockIdx.x * 16, warp = threadIdx.x >> 5;
-  const WarpRows<kFp8> w(o, grp, n0, threadIdx.x & 31);
-  int c0, c1;
-  chunk_range(o.K, warp, c0, c1);
+  if (grp != 0) nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
+  bool issued = early;
   for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {
     if (kMaxNT == 2 && r1 - rb > 8)
-      narrow_block_pass<kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, w, c0, c1, red, y, ldy);
+      narrow_block_pass<kMaxNT, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued,
+                                                 ring, red, y, ldy);
     else
-      narrow_block_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, n0, w, c0, c1, red, y, ldy);
+      narrow_block_pass<1, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued, ring,
+                                            red, y, ldy);
+    issued = false;
   }
 }
 
 // ---- wide: 64 columns a block, each warp 16 of them over every range -------
 
 constexpr int kWideWarps = 4;
-constexpr int kWideRows = 64;                          // token rows per pass, at most
-constexpr int kWideStages = 4;                         // chunks in flight (cp.async ring)
-constexpr int kWideXStride = 144;                      // bytes per staged activation row
-constexpr int kWideXBytes = kWideRows * kWideXStride;  // one chunk's activations
-template <bool kFp8>
-constexpr int wide_w_stride() {  // bytes per staged weight row
-  return kFp8 ? 64 : 144;
-}
+constexpr int kWideRows = 64;                      // token rows per pass, at most
+constexpr int kWideStages = 4;                     // chunks in flight (cp.async ring)
+constexpr int kWideXBytes = kWideRows * kXStride;  // one chunk's activations
 template <bool kFp8>
 constexpr int wide_stage_bytes() {
-  return kWideXBytes + 16 * kWideWarps * wide_w_stride<kFp8>();
+  return kWideXBytes + 16 * kWideWarps * w_stride<kFp8>();
 }
 template <bool kFp8>
 constexpr int wide_smem() {
   return kWideStages * wide_stage_bytes<kFp8>();
 }
 
-// note: row strides of 144 bytes (64 bf16 + 16 bytes of padding) and 64
-// bytes (64 e4m3): the 8 lanes of a 16-byte shared-memory phase (rows g,
-// g+1, t = 0..3, 16 or 32 bytes apart) hit 8 distinct 16-byte bank groups.
-//
 // Stages chunk c of the pass's activations (rows rb .. rb + 8*NT - 1) and of
 // the block's 64 weight rows (group grp, columns n_block ..) into `stage`;
 // zeros past r1, N and K.
@@ -402,7 +538,7 @@ __device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* 
     const __nv_bfloat16* src =
         ok ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + k
            : o.x;
-    cp_async_16(smem_addr(stage + row * kWideXStride + piece * 16), src, ok);
+    cp_async_16(smem_addr(stage + row * kXStride + piece * 16), src, ok);
   }
   constexpr int kPieces = kFp8 ? 4 : 8;  // 16-byte pieces per weight row and chunk
   unsigned char* ws = stage + kWideXBytes;
@@ -415,7 +551,7 @@ __device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* 
     const void* src = !ok    ? static_cast<const void*>(o.x)
                       : kFp8 ? static_cast<const void*>(o.wq + wrow * o.K + k)
                              : static_cast<const void*>(o.wd + wrow * o.K + k);
-    cp_async_16(smem_addr(ws + row * wide_w_stride<kFp8>() + piece * 16), src, ok);
+    cp_async_16(smem_addr(ws + row * w_stride<kFp8>() + piece * 16), src, ok);
   }
 }
 
@@ -456,17 +592,17 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
       cp_async_commit();
       const unsigned char* st = smem + (c % kWideStages) * kStage;
       RawPiece<kFp8> plo, phi;
-      const unsigned char* wst = st + kWideXBytes + (warp * 16 + g) * wide_w_stride<kFp8>();
+      const unsigned char* wst = st + kWideXBytes + (warp * 16 + g) * w_stride<kFp8>();
 #pragma unroll
       for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
         plo.v[v] = reinterpret_cast<const uint4*>(wst + (kFp8 ? 16 : 32) * t)[v];
-        phi.v[v] = reinterpret_cast<const uint4*>(wst + 8 * wide_w_stride<kFp8>() +
-                                                  (kFp8 ? 16 : 32) * t)[v];
+        phi.v[v] =
+            reinterpret_cast<const uint4*>(wst + 8 * w_stride<kFp8>() + (kFp8 ? 16 : 32) * t)[v];
       }
       uint32_t b[NT][8];
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kWideXStride + 32 * t);
+        const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kXStride + 32 * t);
         unpack_pairs(xs[0], xs[1], b[i]);
       }
       chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);

@@ -216,21 +216,22 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
       const dim3 wide_grid(static_cast<unsigned>((N + wide_cols - 1) / wide_cols),
                            static_cast<unsigned>(groups_y), static_cast<unsigned>(passes));
       const dim3 wide_block(32 * dev::kWideWarps);
-      const auto narrow = [&](auto kernel) {
-        launch_kernel(kernel, narrow_grid, narrow_block, 0, stream, o, y, ldy, groups);
+      const auto narrow = [&](auto kernel, int smem) {
+        set_max_dynamic_smem(kernel, smem);
+        launch_kernel(kernel, narrow_grid, narrow_block, smem, stream, o, y, ldy, groups);
       };
       const auto wide = [&](auto kernel, int smem) {
         set_max_dynamic_smem(kernel, smem);
         launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
       };
       if (rows <= 8 && fp8)
-        narrow(dev::mma_narrow_kernel<Y, true, 1>);
+        narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
       else if (rows <= 8)
-        narrow(dev::mma_narrow_kernel<Y, false, 1>);
+        narrow(dev::mma_narrow_kernel<Y, false, 1>, dev::NarrowLayout<false, 1>::kBlockBytes);
       else if (rows <= 16 && fp8)
-        narrow(dev::mma_narrow_kernel<Y, true, 2>);
+        narrow(dev::mma_narrow_kernel<Y, true, 2>, dev::NarrowLayout<true, 2>::kBlockBytes);
       else if (rows <= 16)
-        narrow(dev::mma_narrow_kernel<Y, false, 2>);
+        narrow(dev::mma_narrow_kernel<Y, false, 2>, dev::NarrowLayout<false, 2>::kBlockBytes);
       else if (fp8)
         wide(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
       else
