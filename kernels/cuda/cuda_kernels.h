@@ -125,9 +125,13 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
                       int64_t n, T* out, int64_t ldo, cudaStream_t stream);
 
 // Per row: the index of the largest logit (ties to the lowest id) and
-// margin = top1 - top2 logit. logits f32 [rows, vocab] stride ld.
+// margin = top1 - top2 logit. logits f32 [rows, vocab] stride ld. work:
+// nullptr (one block per row), or argmax_work_bytes(rows) bytes of device
+// memory that lets small batches spread each row over several blocks (the
+// same results).
 void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
-                 float* margin, cudaStream_t stream);
+                 float* margin, cudaStream_t stream, void* work = nullptr);
+int64_t argmax_work_bytes(int64_t rows);
 
 // Element conversions (uploads, bf16 <-> f32 activations).
 void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);

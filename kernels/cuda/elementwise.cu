@@ -1,5 +1,6 @@
 // Elementwise kernels: SwiGLU, sigmoid gate, GDN gates, embedding lookup,
 // argmax with margin, dtype conversions.
+#include <algorithm>
 #include <cfloat>
 
 #include <string>
@@ -109,25 +110,22 @@ __device__ __forceinline__ void fold(Top2& t, float v, int c) {
   }
 }
 
-// note: one block of 1024 threads per row. A thread reads its columns as
-// float4 groups, kUnroll groups (16 logits) in flight per iteration when the
-// row is 16-byte aligned: a row of 151,936 logits took 32 us with one
-// dependent 4-byte load per thread per iteration (latency-bound), the
-// batch-1 decode step's largest fixed cost after lm_head.
-__global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int64_t vocab,
-                              int32_t* ids, float* margin) {
-  pdl_begin();
+// This thread's top two of columns c0 .. c1-1 of a row: float4 groups,
+// kUnroll of them (16 logits) in flight per iteration, when the row is
+// 16-byte aligned and c0 a multiple of 4; then the rest one by one.
+// note: a row of 151,936 logits took 32 us with one dependent 4-byte load
+// per thread per iteration (latency-bound).
+__device__ __forceinline__ Top2 scan_columns(const float* __restrict__ row, int64_t c0,
+                                             int64_t c1) {
   constexpr int kUnroll = 4;
-  __shared__ Top2 part[32];
-  const float* row = logits + blockIdx.x * ld;
   Top2 t{-FLT_MAX, INT32_MAX, -FLT_MAX};
-  int64_t scalar_from = 0;
-  if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
-    const int64_t groups = vocab / 4;
+  int64_t scalar_from = c0;
+  if (reinterpret_cast<uintptr_t>(row) % 16 == 0 && c0 % 4 == 0) {
+    const int64_t g1 = c1 / 4;
     const float4* row4 = reinterpret_cast<const float4*>(row);
     const int64_t step = static_cast<int64_t>(blockDim.x);
-    int64_t g = threadIdx.x;
-    for (; g + (kUnroll - 1) * step < groups; g += kUnroll * step) {
+    int64_t g = c0 / 4 + threadIdx.x;
+    for (; g + (kUnroll - 1) * step < g1; g += kUnroll * step) {
       float4 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) v[u] = row4[g + u * step];
@@ -140,7 +138,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int6
         fold(t, v[u].w, c + 3);
       }
     }
-    for (; g < groups; g += step) {
+    for (; g < g1; g += step) {
       const float4 v = row4[g];
       const int c = static_cast<int>(g * 4);
       fold(t, v.x, c);
@@ -148,23 +146,59 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int6
       fold(t, v.z, c + 2);
       fold(t, v.w, c + 3);
     }
-    scalar_from = groups * 4;
+    scalar_from = g1 * 4;
   }
-  for (int64_t c = scalar_from + threadIdx.x; c < vocab; c += blockDim.x)
+  for (int64_t c = scalar_from + threadIdx.x; c < c1; c += blockDim.x)
     fold(t, row[c], static_cast<int>(c));
+  return t;
+}
+
+__device__ __forceinline__ Top2 warp_merge(Top2 t) {
   for (int o = 16; o > 0; o >>= 1) {
     Top2 u{__shfl_xor_sync(0xffffffffu, t.best, o), __shfl_xor_sync(0xffffffffu, t.id, o),
            __shfl_xor_sync(0xffffffffu, t.second, o)};
     t = merge(t, u);
   }
+  return t;
+}
+
+// Block (blockIdx.x, row blockIdx.y): the top two of its seg columns; with
+// one block per row the row's id and margin, else its part of the row.
+// note: the parts exist for small batches: one block reading a 151,936-logit
+// row from one SM took 12.8 us at batch 1, the split over 32 blocks ~3 us;
+// merge() is exact and order-free, so the split changes no result.
+__global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int64_t vocab,
+                              int64_t seg, int32_t* ids, float* margin, Top2* parts) {
+  pdl_begin();
+  __shared__ Top2 part[32];
+  const float* row = logits + blockIdx.y * ld;
+  const int64_t c0 = blockIdx.x * seg;
+  Top2 t = warp_merge(scan_columns(row, c0, min(vocab, c0 + seg)));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) part[warp] = t;
   __syncthreads();
   if (threadIdx.x == 0) {
     Top2 r = part[0];
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = merge(r, part[w]);
-    ids[blockIdx.x] = r.id;
-    margin[blockIdx.x] = r.best - r.second;
+    if (gridDim.x == 1) {
+      ids[blockIdx.y] = r.id;
+      margin[blockIdx.y] = r.best - r.second;
+    } else {
+      parts[blockIdx.y * gridDim.x + blockIdx.x] = r;
+    }
+  }
+}
+
+// One warp per row: its `split` parts merged.
+__global__ void argmax_merge_kernel(const Top2* __restrict__ parts, int split, int32_t* ids,
+                                    float* margin) {
+  pdl_begin();
+  Top2 t{-FLT_MAX, INT32_MAX, -FLT_MAX};
+  for (int s = threadIdx.x; s < split; s += 32) t = merge(t, parts[blockIdx.x * split + s]);
+  t = warp_merge(t);
+  if (threadIdx.x == 0) {
+    ids[blockIdx.x] = t.id;
+    margin[blockIdx.x] = t.best - t.second;
   }
 }
 
@@ -232,11 +266,37 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
   }
 }
 
+namespace {
+constexpr int64_t kArgmaxMaxSplit = 32;
+// Blocks per row: enough for ~2 per SM of the H100 over the batch, each at
+// least 4,096 logits.
+int64_t argmax_split(int64_t rows, int64_t vocab) {
+  return std::clamp<int64_t>(std::min(256 / rows, vocab / 4096), 1, kArgmaxMaxSplit);
+}
+}  // namespace
+
+int64_t argmax_work_bytes(int64_t rows) {
+  return rows * kArgmaxMaxSplit * static_cast<int64_t>(sizeof(Top2));
+}
+
 void argmax_rows(const float* logits, int64_t ld, int64_t rows, int64_t vocab, int32_t* ids,
-                 float* margin, cudaStream_t stream) {
+                 float* margin, cudaStream_t stream, void* work) {
   if (rows == 0) return;
-  launch_kernel(argmax_kernel, static_cast<unsigned>(rows), 1024, 0, stream, logits, ld, vocab, ids,
-                margin);
+  if (rows > 65535) fail_message("argmax_rows: " + std::to_string(rows) + " rows is too many");
+  const int64_t split = work != nullptr ? argmax_split(rows, vocab) : 1;
+  if (split == 1) {
+    launch_kernel(argmax_kernel, dim3(1, static_cast<unsigned>(rows)), 1024, 0, stream, logits, ld,
+                  vocab, vocab, ids, margin, static_cast<Top2*>(nullptr));
+    return;
+  }
+  // Segments a multiple of 4 columns, so aligned rows keep their float4 loads.
+  const int64_t seg = ((vocab + split - 1) / split + 3) / 4 * 4;
+  const int64_t blocks = (vocab + seg - 1) / seg;
+  Top2* parts = static_cast<Top2*>(work);
+  launch_kernel(argmax_kernel, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)),
+                256, 0, stream, logits, ld, vocab, seg, ids, margin, parts);
+  launch_kernel(argmax_merge_kernel, static_cast<unsigned>(rows), 32, 0, stream,
+                static_cast<const Top2*>(parts), static_cast<int>(blocks), ids, margin);
 }
 
 void convert_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {

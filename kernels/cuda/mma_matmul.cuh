@@ -87,25 +87,11 @@ __device__ __forceinline__ void chunk_fragments(const uint32_t (&lo)[8], const u
 }
 
 // One weight row's 16 k of a chunk, raw: 16 e4m3 bytes (one uint4) or 16
-// bf16 (two uint4); zeros where the row or the k is out of range.
+// bf16 (two uint4).
 template <bool kFp8>
 struct RawPiece {
   uint4 v[kFp8 ? 1 : 2];
 };
-
-template <bool kFp8>
-__device__ __forceinline__ RawPiece<kFp8> load_piece(const void* row, int k, bool valid) {
-  RawPiece<kFp8> p;
-  if constexpr (kFp8) {
-    p.v[0] = valid ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k))
-                   : make_uint4(0, 0, 0, 0);
-  } else {
-    const uint4* s = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(row) + k);
-    p.v[0] = valid ? __ldg(s) : make_uint4(0, 0, 0, 0);
-    p.v[1] = valid ? __ldg(s + 1) : make_uint4(0, 0, 0, 0);
-  }
-  return p;
-}
 
 // Two 16-byte pieces as 8 32-bit words (bf16 pairs), in memory order.
 __device__ __forceinline__ void unpack_pairs(const uint4& v0, const uint4& v1, uint32_t (&w)[8]) {
@@ -145,41 +131,38 @@ __device__ __forceinline__ void chunk_range(int K, int r, int& c0, int& c1) {
   c1 = (r + 1) * nchunks / kMmaRanges;
 }
 
-// A warp's 16 weight rows: n0 .. n0 + 15 of group grp; this lane reads rows
-// g and g + 8, 16 k of each chunk (rows past N read as zeros).
-template <bool kFp8>
-struct WarpRows {
-  const void* lo;
-  const void* hi;
-  const float* slo;  // the scale rows of rows g and g + 8 (FP8)
-  const float* shi;
-  bool lo_ok, hi_ok;
-  int t;
+// The scale rows of a lane's weight rows g and g + 8 of n0 .. n0 + 15 in
+// group grp (FP8; rows past N get none).
+struct ScaleRows {
+  const float* lo;
+  const float* hi;
 
-  __device__ __forceinline__ WarpRows(const MmaOperands& o, int grp, int n0, int lane) {
+  __device__ __forceinline__ ScaleRows(const MmaOperands& o, int grp, int n0, int lane) {
     const int g = lane >> 2;
-    t = lane & 3;
-    lo_ok = n0 + g < o.N;
-    hi_ok = n0 + g + 8 < o.N;
     const int64_t wlo = static_cast<int64_t>(grp) * o.N + n0 + g, whi = wlo + 8;
-    lo = kFp8 ? static_cast<const void*>(o.wq + wlo * o.K)
-              : static_cast<const void*>(o.wd + wlo * o.K);
-    hi = kFp8 ? static_cast<const void*>(o.wq + whi * o.K)
-              : static_cast<const void*>(o.wd + whi * o.K);
-    slo = kFp8 && lo_ok ? o.scale + (wlo / o.br) * o.ld_scale : nullptr;
-    shi = kFp8 && hi_ok ? o.scale + (whi / o.br) * o.ld_scale : nullptr;
-  }
-  __device__ __forceinline__ void load(const MmaOperands& o, int c, RawPiece<kFp8>& plo,
-                                       RawPiece<kFp8>& phi) const {
-    const int k = c * kMmaChunk + 16 * t;
-    plo = load_piece<kFp8>(lo, k, lo_ok && k < o.K);
-    phi = load_piece<kFp8>(hi, k, hi_ok && k < o.K);
+    lo = o.scale != nullptr && n0 + g < o.N ? o.scale + (wlo / o.br) * o.ld_scale : nullptr;
+    hi = o.scale != nullptr && n0 + g + 8 < o.N ? o.scale + (whi / o.br) * o.ld_scale : nullptr;
   }
   // The scales of block kb for rows g and g + 8.
-  __device__ __forceinline__ void scales(const MmaOperands& o, int kb, float& s_lo,
-                                         float& s_hi) const {
-    s_lo = lo_ok ? __ldg(slo + kb) : 0.0f;
-    s_hi = hi_ok ? __ldg(shi + kb) : 0.0f;
+  __device__ __forceinline__ void get(int kb, float& s_lo, float& s_hi) const {
+    s_lo = lo != nullptr ? __ldg(lo + kb) : 0.0f;
+    s_hi = hi != nullptr ? __ldg(hi + kb) : 0.0f;
+  }
+};
+
+// Where the FP8 chains of a run of chunks end: the scale block of the
+// current chunk (kb) and its chunks left, counted rather than divided per
+// chunk (block_cols is a multiple of the chunk).
+struct BlockCursor {
+  int cpb, kb, left;
+  __device__ __forceinline__ BlockCursor(int c0, int bc)
+      : cpb(bc / kMmaChunk), kb(c0 / cpb), left(cpb - c0 % cpb) {}
+  // Past one chunk: true when it was its block's last.
+  __device__ __forceinline__ bool step() {
+    if (--left != 0) return false;
+    ++kb;
+    left = cpb;
+    return true;
   }
 };
 
@@ -195,15 +178,11 @@ __device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4],
     for (int j = 0; j < 4; ++j) mma_bf16(sum[i], a[j], b[i][2 * j], b[i][2 * j + 1]);
 }
 
-// After chunk c of a range ending at c1: where a scale block ends (or the
-// range does), acc = fmaf(chain, scale, acc) and the chain restarts.
+// Where a scale block or the range ends: acc = fmaf(chain, scale, acc)
+// (rows g: s_lo, g + 8: s_hi) and the chain restarts.
 template <int NT>
-__device__ __forceinline__ void fold_block(const MmaOperands& o, const WarpRows<true>& w, int c,
-                                           int c1, float (&chain)[NT][4], float (&acc)[NT][4]) {
-  const int chunks_per_block = o.bc / kMmaChunk;
-  if (c + 1 != c1 && (c + 1) % chunks_per_block != 0) return;
-  float s_lo, s_hi;
-  w.scales(o, c / chunks_per_block, s_lo, s_hi);
+__device__ __forceinline__ void fold_chain(float (&chain)[NT][4], float (&acc)[NT][4], float s_lo,
+                                           float s_hi) {
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     acc[i][0] = fmaf(chain[i][0], s_lo, acc[i][0]);
@@ -215,22 +194,16 @@ __device__ __forceinline__ void fold_block(const MmaOperands& o, const WarpRows<
   }
 }
 
-// One chunk on a warp: the weights' A fragments, the products, the fold.
+// One chunk on a warp: the weights' A fragments from rows g and g + 8, then
+// the products into sum (the FP8 block chain, or the dense range sum).
 template <int NT, bool kFp8>
-__device__ __forceinline__ void chunk_step(const MmaOperands& o, const WarpRows<kFp8>& w, int c,
-                                           int c1, const RawPiece<kFp8>& plo,
-                                           const RawPiece<kFp8>& phi, const uint32_t (&b)[NT][8],
-                                           float (&chain)[NT][4], float (&acc)[NT][4]) {
+__device__ __forceinline__ void chunk_mma(const RawPiece<kFp8>& plo, const RawPiece<kFp8>& phi,
+                                          const uint32_t (&b)[NT][8], float (&sum)[NT][4]) {
   uint32_t lo[8], hi[8], a[4][4];
   piece_pairs<kFp8>(plo, lo);
   piece_pairs<kFp8>(phi, hi);
   chunk_fragments(lo, hi, a);
-  if constexpr (kFp8) {
-    chunk_products<NT>(a, b, chain);
-    fold_block<NT>(o, w, c, c1, chain, acc);
-  } else {
-    chunk_products<NT>(a, b, acc);
-  }
+  chunk_products<NT>(a, b, sum);
 }
 
 // C element q of tile i: weight row g + 8*(q/2), token row 8i + 2t + q%2.
@@ -280,15 +253,15 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
 
 // The copies of one warp's weight chunks: this lane's 16-byte pieces of
 // the 16 rows and (FP8, lanes 0..15) row n0 + lane's scale of the chunk's
-// block. Chunks are issued in increasing order from reset().
+// block. Chunks are issued in increasing order from start().
 template <bool kFp8, int kMaxNT>
 struct NarrowWeights {
   using L = NarrowLayout<kFp8, kMaxNT>;
   const unsigned char* src[L::kLanePieces];  // piece i's bytes at chunk 0
   bool row_ok[L::kLanePieces];
-  int k_piece;        // the pieces' first k within a chunk
-  const float* srow;  // FP8: the scale row of row n0 + lane (lanes 0..15), or nullptr
-  int kb, left;       // FP8: the block of the next chunk issued, chunks left in it
+  int k_piece;                    // the pieces' first k within a chunk
+  const float* srow;              // FP8: the scale row of row n0 + lane (lanes 0..15), or nullptr
+  BlockCursor cur{0, kMmaChunk};  // FP8: the scale block of the next chunk issued
 
   __device__ __forceinline__ NarrowWeights(const MmaOperands& o, int grp, int n0, int lane) {
     const int row0 = lane / L::kPieces, piece = lane % L::kPieces;
@@ -304,12 +277,8 @@ struct NarrowWeights {
     if (kFp8 && lane < 16 && n0 + lane < o.N)
       srow = o.scale + ((static_cast<int64_t>(grp) * o.N + n0 + lane) / o.br) * o.ld_scale;
   }
-  __device__ __forceinline__ void reset(const MmaOperands& o, int c0) {
-    if constexpr (kFp8) {
-      const int cpb = o.bc / kMmaChunk;
-      kb = c0 / cpb;
-      left = cpb - c0 % cpb;
-    }
+  __device__ __forceinline__ void start(const MmaOperands& o, int c0) {
+    if constexpr (kFp8) cur = BlockCursor(c0, o.bc);
   }
   // Chunk c's weights (and scales) into the stage at shared address st.
   __device__ __forceinline__ void issue(const MmaOperands& o, int c, uint32_t st, int lane) {
@@ -323,11 +292,8 @@ struct NarrowWeights {
       cp_async_16(dst + i * kRowStep * w_stride<kFp8>(), ok ? src[i] + off : src[0], ok);
     }
     if constexpr (kFp8) {
-      if (srow != nullptr) cp_async_4(st + L::kSOff + 4 * lane, srow + kb);
-      if (--left == 0) {
-        ++kb;
-        left = o.bc / kMmaChunk;
-      }
+      if (srow != nullptr) cp_async_4(st + L::kSOff + 4 * lane, srow + cur.kb);
+      cur.step();
     }
   }
 };
@@ -335,7 +301,7 @@ struct NarrowWeights {
 // Rows rb .. rb + 8*NT - 1 (those below r1) of the block's 16 columns: this
 // warp's range sum into red[warp] (f32 [NT][4][32] per warp). ring: the
 // warp's stages; weights_issued: the prologue's weight chunks are already
-// on their way (issued before the kernel's dependency wait).
+// on their way (requested by the kernel before it read the rows).
 template <int NT, int kMaxNT, bool kFp8>
 __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source, int rb,
                                             int r1, NarrowWeights<kFp8, kMaxNT>& nw, int c0, int c1,
@@ -365,7 +331,7 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
       if (xsrc[i] != nullptr)
         cp_async_16(st + xdst + i * 4 * kXStride, k_ok ? xsrc[i] + c * kMmaChunk : o.x, k_ok);
   };
-  if (!weights_issued) nw.reset(o, c0);
+  if (!weights_issued) nw.start(o, c0);
 #pragma unroll
   for (int s = 0; s < D - 1; ++s) {
     if (c0 + s < c1) {
@@ -379,8 +345,7 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
-  const int cpb = o.bc / kMmaChunk;
-  int left = cpb - c0 % cpb;  // FP8: chunks to the end of the current scale block
+  BlockCursor cur(c0, kFp8 ? o.bc : kMmaChunk);  // FP8: where the chains end
   int slot = 0;
   for (int c = c0; c < c1; ++c) {
     cp_async_wait<D - 2>();
@@ -407,29 +372,13 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
           reinterpret_cast<const uint4*>(st + L::kXOff + (8 * i + g) * kXStride + 32 * t);
       unpack_pairs(xs[0], xs[1], b[i]);
     }
-    uint32_t wlo[8], whi[8], a[4][4];
-    piece_pairs<kFp8>(plo, wlo);
-    piece_pairs<kFp8>(phi, whi);
-    chunk_fragments(wlo, whi, a);
     if constexpr (kFp8) {
-      chunk_products<NT>(a, b, chain);
-      // The chain ends where its scale block or the range does.
-      if (--left == 0 || c + 1 == c1) {
-        const float s_lo = *reinterpret_cast<const float*>(st + L::kSOff + 4 * g);
-        const float s_hi = *reinterpret_cast<const float*>(st + L::kSOff + 4 * (g + 8));
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          acc[i][0] = fmaf(chain[i][0], s_lo, acc[i][0]);
-          acc[i][1] = fmaf(chain[i][1], s_lo, acc[i][1]);
-          acc[i][2] = fmaf(chain[i][2], s_hi, acc[i][2]);
-          acc[i][3] = fmaf(chain[i][3], s_hi, acc[i][3]);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) chain[i][q] = 0.0f;
-        }
-        left = cpb;
-      }
+      chunk_mma<NT, kFp8>(plo, phi, b, chain);
+      if (cur.step() || c + 1 == c1)
+        fold_chain<NT>(chain, acc, *reinterpret_cast<const float*>(st + L::kSOff + 4 * g),
+                       *reinterpret_cast<const float*>(st + L::kSOff + 4 * (g + 8)));
     } else {
-      chunk_products<NT>(a, b, acc);
+      chunk_mma<NT, kFp8>(plo, phi, b, acc);
     }
     slot = slot + 1 == D ? 0 : slot + 1;
   }
@@ -469,10 +418,12 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
 // NarrowLayout<kFp8, kMaxNT>::kBlockBytes. note: kMaxNT 1, for groups of up
 // to 8 rows, stages half the activation rows, so the ring can be deeper; it
 // changes no bits.
-// note: without groups the weights do not depend on the kernel before, so
-// each warp's first stages of weights are requested before the dependency
-// wait (dev::pdl_begin), overlapping the previous kernel's tail; with
-// groups, the group (expert) is known only after it.
+// note: each warp requests its first stages of weights as soon as it knows
+// whose they are, before the loads that only the rows need: without groups
+// before the dependency wait (dev::pdl_begin; the weights do not depend on
+// the kernel before), overlapping the previous kernel's tail; with groups
+// (experts) right after reading the block's group, ahead of its row span
+// and the rows' sources.
 template <class Y, bool kFp8, int kMaxNT>
 __global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
@@ -484,20 +435,26 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
   unsigned char* ring = narrow_smem_buf + warp * L::kDepth * L::kStage;
   int c0, c1;
   chunk_range(o.K, warp, c0, c1);
-  const bool early = rg.offsets == nullptr && rg.rows > 0;
-  NarrowWeights<kFp8, kMaxNT> nw(o, 0, n0, lane);
-  if (early) {
-    nw.reset(o, c0);
+  const auto request_weights = [&](NarrowWeights<kFp8, kMaxNT>& nw) {
+    nw.start(o, c0);
     const uint32_t base = smem_addr(ring);
 #pragma unroll
     for (int s = 0; s < L::kDepth - 1; ++s)
       if (c0 + s < c1) nw.issue(o, c0 + s, base + s * L::kStage, lane);
-  }
+  };
+  const bool grouped = rg.offsets != nullptr;
+  NarrowWeights<kFp8, kMaxNT> nw(o, 0, n0, lane);
+  if (!grouped && rg.rows > 0) request_weights(nw);
   pdl_begin();
-  int grp, r0, r1;
-  if (!group_rows(rg, grp, r0, r1)) return;
-  if (grp != 0) nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
-  bool issued = early;
+  int grp;
+  if (!group_slot(rg, grp)) return;
+  if (grouped) {
+    nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
+    request_weights(nw);
+  }
+  int r0, r1;
+  group_span(rg, grp, r0, r1);
+  bool issued = true;
   for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {
     if (kMaxNT == 2 && r1 - rb > 8)
       narrow_block_pass<kMaxNT, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued,
@@ -507,6 +464,7 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
                                             red, y, ldy);
     issued = false;
   }
+  cp_async_wait<0>();  // (a block without rows leaves no copy in flight)
 }
 
 // ---- wide: 64 columns a block, each warp 16 of them over every range -------
@@ -560,7 +518,7 @@ __device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* 
 // and the ranges added in order, then stored.
 template <int NT, class Y, bool kFp8>
 __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* row_source, int rb,
-                                          int r1, int grp, int n_block, const WarpRows<kFp8>& w,
+                                          int r1, int grp, int n_block, const ScaleRows& sr,
                                           unsigned char* smem, Y* y, int64_t ldy) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -575,6 +533,7 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
   }
   float run[NT][4], acc[NT][4], chain[NT][4];
   int c = 0;
+  BlockCursor cur(0, kFp8 ? o.bc : kMmaChunk);  // FP8: where the chains end (c runs on)
   for (int r = 0; r < kMmaRanges; ++r) {
     int c0, c1;
     chunk_range(o.K, r, c0, c1);
@@ -605,7 +564,17 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
         const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kXStride + 32 * t);
         unpack_pairs(xs[0], xs[1], b[i]);
       }
-      chunk_step<NT, kFp8>(o, w, c, c1, plo, phi, b, chain, acc);
+      if constexpr (kFp8) {
+        chunk_mma<NT, kFp8>(plo, phi, b, chain);
+        const int kb = cur.kb;
+        if (cur.step() || c + 1 == c1) {
+          float s_lo, s_hi;
+          sr.get(kb, s_lo, s_hi);
+          fold_chain<NT>(chain, acc, s_lo, s_hi);
+        }
+      } else {
+        chunk_mma<NT, kFp8>(plo, phi, b, acc);
+      }
     }
     // The running sum: range 0's sum itself, then + each later range's
     // (an empty range adds 0.0, as in the narrow kernel).
@@ -638,20 +607,20 @@ __global__ void __launch_bounds__(kWideWarps * 32)
     r1 = min(r1, r0 + kWideRows);
   }
   const int n_block = blockIdx.x * (16 * kWideWarps);
-  const WarpRows<kFp8> w(o, grp, n_block + (threadIdx.x >> 5) * 16, threadIdx.x & 31);
+  const ScaleRows sr(o, grp, n_block + (threadIdx.x >> 5) * 16, threadIdx.x & 31);
   for (int rb = r0; rb < r1;) {
     const int left = r1 - rb;
     if (left > 32) {
-      wide_pass<8, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      wide_pass<8, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, wide_smem_buf, y, ldy);
       rb += 64;
     } else if (left > 16) {
-      wide_pass<4, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      wide_pass<4, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, wide_smem_buf, y, ldy);
       rb += 32;
     } else if (left > 8) {
-      wide_pass<2, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      wide_pass<2, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, wide_smem_buf, y, ldy);
       rb += 16;
     } else {
-      wide_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, w, wide_smem_buf, y, ldy);
+      wide_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, wide_smem_buf, y, ldy);
       rb += 8;
     }
   }

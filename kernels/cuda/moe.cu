@@ -21,6 +21,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxTopK = 32;
+constexpr int kRankedExperts = 512;
+constexpr int kCombineThreads = 256;  // moe_route ranks up to this many experts at once
 
 // (p, e) is ahead of (bp, be) in the top-k order: larger probability, ties
 // to the lower expert index. A total order, so any reduction tree picks the
@@ -30,7 +32,7 @@ __device__ __forceinline__ bool ahead(float p, int e, float bp, int be) {
 }
 
 // One block per token: the softmax over its E logits (fixed-order block
-// reductions), then k rounds of a block-wide arg-max.
+// reductions), then its top k (ties to the lower expert).
 __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, int E, int k,
                                  bool renormalize, int32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
@@ -55,40 +57,63 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, i
   s = block_sum(s, red);
   for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = p[e] / s;
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int j = 0; j < k; ++j) {
-    float bp = -2.0f;
-    int be = INT_MAX;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (ahead(p[e], e, bp, be)) {
-        bp = p[e];
-        be = e;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ahead(op, oe, bp, be)) {
-        bp = op;
-        be = oe;
-      }
-    }
-    if (lane == 0) {
-      red[warp] = bp;
-      red_e[warp] = be;
+  if (E <= kRankedExperts) {
+    // note: the top k by rank: an expert's rank is the number of experts
+    // ahead of it (a strict total order, so the ranks are 0 .. E-1 and the
+    // k chosen are those below k, in order), all experts at once instead of
+    // k rounds of block-wide arg-max with their barriers.
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+      // (a valid id and a weight in every slot, even if NaN logits leave a rank unused)
+      ids[static_cast<int64_t>(t) * k + j] = j;
+      chosen[j] = 0.0f;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < nw; ++w)
-        if (ahead(red[w], red_e[w], bp, be)) {
-          bp = red[w];
-          be = red_e[w];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const float pe = p[e];
+      int rank = 0;
+      for (int f = 0; f < E; ++f) rank += ahead(p[f], f, pe, e) ? 1 : 0;
+      if (rank < k) {
+        ids[static_cast<int64_t>(t) * k + rank] = e;
+        chosen[rank] = pe;
+      }
+    }
+    __syncthreads();
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = 0; j < k; ++j) {
+      float bp = -2.0f;
+      int be = INT_MAX;
+      for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (ahead(p[e], e, bp, be)) {
+          bp = p[e];
+          be = e;
         }
-      ids[static_cast<int64_t>(t) * k + j] = be;
-      chosen[j] = bp;
-      p[be] = -1.0f;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (ahead(op, oe, bp, be)) {
+          bp = op;
+          be = oe;
+        }
+      }
+      if (lane == 0) {
+        red[warp] = bp;
+        red_e[warp] = be;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; ++w)
+          if (ahead(red[w], red_e[w], bp, be)) {
+            bp = red[w];
+            be = red_e[w];
+          }
+        ids[static_cast<int64_t>(t) * k + j] = be;
+        chosen[j] = bp;
+        p[be] = -1.0f;
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   if (threadIdx.x == 0) {
     float sum = 0.0f;
@@ -112,18 +137,36 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, 
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&counts[ids[i]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
+  __shared__ int n_active;
+  if (threadIdx.x < 32) {
+    // Warp 0: the prefix sums and the active list, 32 experts a step.
+    const int lane = threadIdx.x;
     int acc = 0, na = 0;
-    for (int e = 0; e < E; ++e) {
-      offsets[e] = acc;
-      cursor[e] = acc;
-      if (counts[e] > 0) active[na++] = e;
-      acc += counts[e];
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      const int c = e < E ? counts[e] : 0;
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned has = __ballot_sync(0xffffffffu, c > 0);
+      if (e < E) {
+        offsets[e] = acc + incl - c;
+        cursor[e] = acc + incl - c;
+        if (c > 0) active[na + __popc(has & ((1u << lane) - 1))] = e;
+      }
+      acc += __shfl_sync(0xffffffffu, incl, 31);
+      na += __popc(has);
     }
-    offsets[E] = acc;
-    for (int a = na; a < E; ++a) active[a] = -1;
+    if (lane == 0) {
+      offsets[E] = acc;
+      n_active = na;
+    }
   }
   __syncthreads();
+  for (int a = n_active + threadIdx.x; a < E; a += blockDim.x) active[a] = -1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int e = ids[i];
     const int r = atomicAdd(&cursor[e], 1);
@@ -133,9 +176,13 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, 
   }
 }
 
-// One block per token: the shared expert's gate (a fixed-order block dot
-// product), then each column's sum over the token's experts in increasing
-// expert index, plus the gated shared expert.
+// Block (token blockIdx.x, columns blockIdx.y * kCombineThreads ..): the
+// shared expert's gate (a fixed-order block dot product over all H, the
+// same in every block of the token), then each column's sum over the
+// token's experts in increasing expert index, plus the gated shared expert.
+// note: one column per thread: a thread's k loads are independent and go
+// out together (a block per token walking H in steps of 256 waited on one
+// L2 round trip per step: 10 us at batch 1).
 template <class T>
 __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
                                    const int32_t* __restrict__ ids,
@@ -147,6 +194,8 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
   pdl_begin();
   __shared__ float red[32];
   __shared__ int order[kMaxTopK];
+  __shared__ int tid[kMaxTopK], trow[kMaxTopK];
+  __shared__ float tw[kMaxTopK];
   const int64_t t = blockIdx.x;
   float gate = 0.0f;
   if (shared != nullptr) {
@@ -155,11 +204,19 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
       s = fmaf(to_f(h[t * ldh + c]), to_f(gate_w[c]), s);
     gate = sigmoid(block_sum(s, red));
   }
+  // The token's k choices, loaded together (not one dependent load per
+  // step of the sort below).
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    tid[j] = ids[t * k + j];
+    tw[j] = weights[t * k + j];
+    trow[j] = pair_row[t * k + j];
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
     // Insertion sort of the token's k choices by expert index.
     for (int j = 0; j < k; ++j) {
       int i = j;
-      while (i > 0 && ids[t * k + order[i - 1]] > ids[t * k + j]) {
+      while (i > 0 && tid[order[i - 1]] > tid[j]) {
         order[i] = order[i - 1];
         --i;
       }
@@ -167,12 +224,11 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c < H) {
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t pair = t * k + order[j];
-      acc = fmaf(weights[pair], y[static_cast<int64_t>(pair_row[pair]) * ldy + c], acc);
-    }
+    for (int j = 0; j < k; ++j)
+      acc = fmaf(tw[order[j]], y[static_cast<int64_t>(trow[order[j]]) * ldy + c], acc);
     if (shared != nullptr) acc = fmaf(gate, shared[t * lds + c], acc);
     out[t * ldo + c] = from_f<T>(acc);
   }
@@ -227,9 +283,11 @@ void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* w
   if (tokens == 0) return;
   if (k < 1 || k > kMaxTopK || H > INT32_MAX || tokens > INT32_MAX)
     fail_message("moe_combine: unsupported sizes");
-  launch_kernel(moe_combine_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(256), 0, stream, y,
-                ldy, ids, weights, pair_row, static_cast<int>(k), static_cast<int>(H), shared, lds,
-                h, ldh, gate_w, out, ldo);
+  launch_kernel(moe_combine_kernel<T>,
+                dim3(static_cast<unsigned>(tokens),
+                     static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads)),
+                dim3(kCombineThreads), 0, stream, y, ldy, ids, weights, pair_row,
+                static_cast<int>(k), static_cast<int>(H), shared, lds, h, ldh, gate_w, out, ldo);
 }
 
 #define QTK_INSTANTIATE(T, Y)                                                                     \

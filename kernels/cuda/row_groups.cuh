@@ -15,17 +15,23 @@ struct RowGroups {
   int rows = 0;                         // the rows (without offsets); with them, all groups' rows
 };
 
-// The group of block row blockIdx.y and its rows r0 .. r1-1 (without
-// offsets: group 0, rows 0 .. rows-1); false when the slot has no group.
+// The group of block row blockIdx.y (without offsets: group 0); false when
+// the slot has no group.
+__device__ __forceinline__ bool group_slot(const RowGroups& rg, int& grp) {
+  grp = rg.offsets == nullptr ? 0 : rg.active[blockIdx.y];
+  return grp >= 0;
+}
+
+// Group grp's rows r0 .. r1-1 (without offsets: 0 .. rows-1).
+__device__ __forceinline__ void group_span(const RowGroups& rg, int grp, int& r0, int& r1) {
+  r0 = rg.offsets == nullptr ? 0 : rg.offsets[grp];
+  r1 = rg.offsets == nullptr ? rg.rows : rg.offsets[grp + 1];
+}
+
+// Both: the slot's group and its rows; false when the slot has no group.
 __device__ __forceinline__ bool group_rows(const RowGroups& rg, int& grp, int& r0, int& r1) {
-  grp = 0;
-  r0 = 0;
-  r1 = rg.rows;
-  if (rg.offsets == nullptr) return true;
-  grp = rg.active[blockIdx.y];
-  if (grp < 0) return false;
-  r0 = rg.offsets[grp];
-  r1 = rg.offsets[grp + 1];
+  if (!group_slot(rg, grp)) return false;
+  group_span(rg, grp, r0, r1);
   return true;
 }
 

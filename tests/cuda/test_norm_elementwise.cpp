@@ -391,5 +391,37 @@ TEST(Argmax, UnalignedRowsAndOddVocabulary) {
   }
 }
 
+// With a workspace, small batches spread each row over several blocks
+// (kernels/cuda/elementwise.cu): the same ids and margins, ties across the
+// blocks' segments included, for aligned and unaligned rows.
+TEST(Argmax, RowsSplitOverBlocksGiveTheSameAnswers) {
+  for (const auto& [vocab, ld] : {std::pair<int64_t, int64_t>{151936, 151936},
+                                  {151935, 151937},
+                                  {248320, 248320},
+                                  {5000, 5000}})
+    for (const int64_t rows : {1, 3, 9, 300}) {
+      auto logits = random_floats(rows * ld, -10, 10, static_cast<uint32_t>(rows + vocab));
+      // row 0: a tie between the first column and one in the last segment;
+      // the last row: its best in the last column, the runner-up in column 0.
+      logits[0] = 25.0f;
+      logits[vocab - 3] = 25.0f;
+      logits[(rows - 1) * ld + vocab - 1] = 30.0f;
+      logits[(rows - 1) * ld] = 29.5f;
+      DeviceBuffer<float> dl(logits), margin(rows);
+      DeviceBuffer<int32_t> ids(rows);
+      DeviceBuffer<char> work(argmax_work_bytes(rows));
+      argmax_rows(dl.get(), ld, rows, vocab, ids.get(), margin.get(), nullptr, work.get());
+      const auto gi = ids.download();
+      const auto gm = margin.download();
+      expect_host_argmax(logits, ld, rows, vocab, gi, gm);
+      if (rows > 1) {
+        EXPECT_EQ(gi[0], 0) << vocab << " " << rows;
+        EXPECT_EQ(gm[0], 0.0f);
+      }
+      EXPECT_EQ(gi[rows - 1], vocab - 1);
+      EXPECT_EQ(gm[rows - 1], 0.5f);
+    }
+}
+
 }  // namespace
 }  // namespace qtk::cuda::test

@@ -58,13 +58,15 @@ class GreedyReadback {
   // device buffer moved (graphs that captured it must go).
   bool reserve(int64_t rows) {
     cap_ = std::max(cap_, rows);
-    return ensure(dev_, static_cast<size_t>(2 * cap_) * sizeof(int32_t));
+    return ensure(dev_, static_cast<size_t>(work_offset() + argmax_work_bytes(cap_)));
   }
   // ids and margins of `rows` rows of logits (f32, row stride vocab).
-  // Layout on the device: int32 ids [rows], then f32 margins [rows].
+  // Layout on the device: int32 ids [rows], then f32 margins [rows]; past
+  // them, argmax_rows' workspace.
   void argmax(const float* logits, int64_t vocab, int64_t rows, cudaStream_t stream) {
     int32_t* ids = dev_.as<int32_t>();
-    argmax_rows(logits, vocab, rows, vocab, ids, reinterpret_cast<float*>(ids + rows), stream);
+    argmax_rows(logits, vocab, rows, vocab, ids, reinterpret_cast<float*>(ids + rows), stream,
+                static_cast<char*>(dev_.as()) + work_offset());
   }
   // The first n of the `rows` rows of the step's argmax() (a replayed graph
   // ran it: rows is the graph's, not the last host call's) to the host, in
@@ -79,7 +81,12 @@ class GreedyReadback {
   }
 
  private:
-  DeviceMemory dev_;  // int32 ids [rows] then f32 margins [rows] of the last argmax
+  // Bytes before the workspace: ids and margins of cap_ rows, 16-byte aligned.
+  int64_t work_offset() const {
+    return (2 * cap_ * static_cast<int64_t>(sizeof(int32_t)) + 15) / 16 * 16;
+  }
+
+  DeviceMemory dev_;  // int32 ids [rows] then f32 margins [rows] of the last argmax, workspace
   PinnedVector<int32_t> host_;
   int64_t cap_ = 0;
 };
