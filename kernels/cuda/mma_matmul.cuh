@@ -122,7 +122,24 @@ struct MmaOperands {
   const float* scale;       // f32 [ceil(G*N / br), ld_scale]
   int br, bc, ld_scale;
   int N, K;
+  // SwiGLU pairs (narrow kernel only): 0, or I = N / 2 when the weight is
+  // gate rows 0..I-1 over up rows I..2I-1 and y gets silu(gate) * up.
+  int pair;
 };
+
+// The row (within its group) of local weight row rl (0..15) of a narrow
+// block whose first output column is n0; false past the matrix. In SwiGLU
+// pairs, rows 0..7 are the gates of columns n0..n0+7 and rows 8..15 their
+// ups, so a lane's rows g and g + 8 meet in its own accumulators.
+__device__ __forceinline__ bool block_row(const MmaOperands& o, int n0, int rl, int& n) {
+  if (o.pair == 0) {
+    n = n0 + rl;
+    return n < o.N;
+  }
+  const int j = n0 + (rl & 7);
+  n = j + (rl < 8 ? 0 : o.pair);
+  return j < o.pair;
+}
 
 // The chunks of range r (of kMmaRanges) of K.
 __device__ __forceinline__ void chunk_range(int K, int r, int& c0, int& c1) {
@@ -268,14 +285,15 @@ struct NarrowWeights {
     k_piece = piece * (kFp8 ? 16 : 8);
 #pragma unroll
     for (int i = 0; i < L::kLanePieces; ++i) {
-      const int n = n0 + row0 + i * (32 / L::kPieces);
-      row_ok[i] = n < o.N;
+      int n;
+      row_ok[i] = block_row(o, n0, row0 + i * (32 / L::kPieces), n);
       const int64_t w = (static_cast<int64_t>(grp) * o.N + n) * o.K + k_piece;
       src[i] = kFp8 ? o.wq + w : reinterpret_cast<const unsigned char*>(o.wd + w);
     }
     srow = nullptr;
-    if (kFp8 && lane < 16 && n0 + lane < o.N)
-      srow = o.scale + ((static_cast<int64_t>(grp) * o.N + n0 + lane) / o.br) * o.ld_scale;
+    int n;
+    if (kFp8 && lane < 16 && block_row(o, n0, lane, n))
+      srow = o.scale + ((static_cast<int64_t>(grp) * o.N + n) / o.br) * o.ld_scale;
   }
   __device__ __forceinline__ void start(const MmaOperands& o, int c0) {
     if constexpr (kFp8) cur = BlockCursor(c0, o.bc);
@@ -388,16 +406,35 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
     for (int q = 0; q < 4; ++q) red[((warp * NT + i) * 4 + q) * 32 + lane] = acc[i][q];
 }
 
-// The 4 range sums added in range order and stored.
-template <int NT, class Y>
-__device__ __forceinline__ void narrow_store(const float* red, int rb, int r1, int n0, int N, Y* y,
-                                             int64_t ldy) {
-  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
-    const int lane = e & 31, q = (e >> 5) & 3, i = e >> 7;
-    float s = red[(i * 4 + q) * 32 + lane];
+// Element q of tile i of lane's accumulators: the 4 range sums added in
+// range order.
+template <int NT>
+__device__ __forceinline__ float range_sum(const float* red, int lane, int i, int q) {
+  float s = red[(i * 4 + q) * 32 + lane];
 #pragma unroll
-    for (int r = 1; r < kMmaRanges; ++r) s += red[((r * NT + i) * 4 + q) * 32 + lane];
-    store_element(y, ldy, rb, r1, n0, N, lane, i, q, s);
+  for (int r = 1; r < kMmaRanges; ++r) s += red[((r * NT + i) * 4 + q) * 32 + lane];
+  return s;
+}
+
+// The sums stored; in SwiGLU pairs, silu(gate) * up of the pair, each
+// rounded to Y first as gate_up would be stored, exactly the arithmetic of
+// the swiglu kernel (kernels/cuda/elementwise.cu).
+template <int NT, class Y>
+__device__ __forceinline__ void narrow_store(const MmaOperands& o, const float* red, int rb, int r1,
+                                             int n0, Y* y, int64_t ldy) {
+  if (o.pair == 0) {
+    for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
+      const int lane = e & 31, q = (e >> 5) & 3, i = e >> 7;
+      store_element(y, ldy, rb, r1, n0, o.N, lane, i, q, range_sum<NT>(red, lane, i, q));
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < NT * 2 * 32; e += blockDim.x) {
+    const int lane = e & 31, q = (e >> 5) & 1, i = e >> 6;
+    const float gate = to_f(from_f<Y>(range_sum<NT>(red, lane, i, q)));
+    const float up = to_f(from_f<Y>(range_sum<NT>(red, lane, i, q + 2)));
+    const int r = rb + 8 * i + 2 * (lane & 3) + q, j = n0 + (lane >> 2);
+    if (r < r1 && j < o.pair) y[static_cast<int64_t>(r) * ldy + j] = from_f<Y>(silu(gate) * up);
   }
 }
 
@@ -409,7 +446,7 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
                                                   float* red, Y* y, int64_t ldy) {
   narrow_pass<NT, kMaxNT, kFp8>(o, row_source, rb, r1, nw, c0, c1, weights_issued, ring, red);
   __syncthreads();
-  narrow_store<NT, Y>(red, rb, r1, n0, o.N, y, ldy);
+  narrow_store<NT, Y>(o, red, rb, r1, n0, y, ldy);
   __syncthreads();
 }
 
@@ -431,7 +468,7 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
   extern __shared__ __align__(16) unsigned char narrow_smem_buf[];
   __shared__ float red[kMmaRanges * kMaxNT * 4 * 32];  // [range][tile][q][lane]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n0 = blockIdx.x * 16;
+  const int n0 = blockIdx.x * (o.pair != 0 ? 8 : 16);  // the block's first output column
   unsigned char* ring = narrow_smem_buf + warp * L::kDepth * L::kStage;
   int c0, c1;
   chunk_range(o.K, warp, c0, c1);

@@ -276,6 +276,20 @@ void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>&
 }
 
 template <class T>
+bool moe_expert_matmul_swiglu(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w,
+                              int64_t I, int64_t K, T* act, int64_t lda, int64_t rows,
+                              const MoeGroups& g, int64_t max_active, cudaStream_t stream) {
+  if (rows == 0 || I == 0) return true;
+  check_weight_operands("moe_expert_matmul_swiglu", w, 2 * I, K, max_active);
+  dev::RowGroups groups;
+  groups.offsets = g.offsets;
+  groups.active = g.active;
+  groups.row_source = gather ? g.row_token : nullptr;
+  groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
+  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, groups, max_active, I, stream);
+}
+
+template <class T>
 void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* weights,
                  const int32_t* pair_row, int64_t tokens, int64_t k, int64_t H, const float* shared,
                  int64_t lds, const T* h, int64_t ldh, const T* gate_w, T* out, int64_t ldo,
@@ -298,6 +312,12 @@ QTK_INSTANTIATE(float, float)
 QTK_INSTANTIATE(bf16, bf16)
 QTK_INSTANTIATE(bf16, float)
 #undef QTK_INSTANTIATE
+template bool moe_expert_matmul_swiglu<float>(const float*, int64_t, bool, const WeightRef<float>&,
+                                              int64_t, int64_t, float*, int64_t, int64_t,
+                                              const MoeGroups&, int64_t, cudaStream_t);
+template bool moe_expert_matmul_swiglu<bf16>(const bf16*, int64_t, bool, const WeightRef<bf16>&,
+                                             int64_t, int64_t, bf16*, int64_t, int64_t,
+                                             const MoeGroups&, int64_t, cudaStream_t);
 template void moe_combine<float>(const float*, int64_t, const int32_t*, const float*,
                                  const int32_t*, int64_t, int64_t, int64_t, const float*, int64_t,
                                  const float*, int64_t, const float*, float*, int64_t,

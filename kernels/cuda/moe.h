@@ -60,6 +60,17 @@ void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>&
                        int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
                        int64_t max_active, cudaStream_t stream);
 
+// The experts' gate_up products (w [E, 2I, K], gate rows over up rows) and
+// their SwiGLU in one launch: act[r, j] = silu(g) * u of y[r, j] and
+// y[r, I + j], each rounded to T first; bit for bit moe_expert_matmul<T, T>
+// then swiglu<T> (warp_matmul_swiglu in kernels/cuda/warp_matmul.h). False,
+// with nothing launched, where the tensor-core narrow kernel does not take
+// the product (the caller runs the two steps).
+template <class T>
+bool moe_expert_matmul_swiglu(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w,
+                              int64_t I, int64_t K, T* act, int64_t lda, int64_t rows,
+                              const MoeGroups& g, int64_t max_active, cudaStream_t stream);
+
 // out[t, c] (t < tokens) = sum over t's k experts in increasing expert index of
 //   weights[t*k + j] * y[pair_row[t*k + j], c]
 // plus, when shared != nullptr (Qwen3.5-MoE's shared expert),

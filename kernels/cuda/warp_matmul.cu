@@ -16,6 +16,23 @@ void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t l
   launch_warp_matmul<T, Y>("warp_matmul", x, ldx, w, N, K, y, ldy, rows, 1, stream);
 }
 
+template <class T>
+bool warp_matmul_swiglu(const T* x, int64_t ldx, const WeightRef<T>& w, T* act, int64_t lda,
+                        int64_t M, int64_t I, int64_t K, cudaStream_t stream) {
+  if (M == 0 || I == 0) return true;
+  if (M > INT32_MAX) fail_message("warp_matmul_swiglu: " + std::to_string(M) + " rows is too many");
+  check_weight_operands("warp_matmul_swiglu", w, 2 * I, K, 1);
+  dev::RowGroups rows;
+  rows.rows = static_cast<int>(M);
+  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, rows, 1, I, stream);
+}
+
+template bool warp_matmul_swiglu<float>(const float*, int64_t, const WeightRef<float>&, float*,
+                                        int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+template bool warp_matmul_swiglu<__nv_bfloat16>(const __nv_bfloat16*, int64_t,
+                                                const WeightRef<__nv_bfloat16>&, __nv_bfloat16*,
+                                                int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+
 template void warp_matmul<float, float>(const float*, int64_t, const WeightRef<float>&, float*,
                                         int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 template void warp_matmul<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, int64_t,

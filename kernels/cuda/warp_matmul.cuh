@@ -162,13 +162,10 @@ __global__ void warp_matmul_kernel(const T* __restrict__ x, int64_t ldx, const T
 
 namespace qtk::cuda {
 
-// Launches warp_matmul_kernel over `groups` (grid rows: groups_y, one per
-// possible group; 1 without groups). Checks the sizes and picks the vector
-// path from the shapes and buffers alone.
-template <class T, class Y>
-void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N,
-                        int64_t K, Y* y, int64_t ldy, const dev::RowGroups& groups,
-                        int64_t groups_y, cudaStream_t stream) {
+// Checks the operands of a weight product (the what of the message).
+template <class T>
+void check_weight_operands(const char* what, const WeightRef<T>& w, int64_t N, int64_t K,
+                           int64_t groups_y) {
   const bool fp8 = w.dense == nullptr;
   if (N > INT32_MAX || K > INT32_MAX || groups_y < 1 || groups_y > 65535 ||
       (fp8 && (w.fp8 == nullptr || w.scale == nullptr || w.block_rows < 1 || w.block_cols < 16 ||
@@ -179,71 +176,98 @@ void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightR
         (fp8 ? ", FP8 blocks " + std::to_string(w.block_rows) + "x" + std::to_string(w.block_cols)
              : std::string()) +
         ")");
-  const auto aligned = [](const void* p, size_t a) {
-    return reinterpret_cast<uintptr_t>(p) % a == 0;
-  };
-  // note: with bf16 activations the tensor-core product
-  // (kernels/cuda/mma_matmul.cuh; its narrow kernel for groups of up to 16
-  // rows, its wide one above: the same bits) takes every operand whose rows it can read
-  // in 16-byte pieces of 16 k (K % 16 == 0, aligned rows) and whose scale
-  // blocks hold whole 64-k chunks; the choice depends on the shapes, the
-  // buffers and QTK_MMA_MATMUL only, never on the rows, so a row's bits stay
-  // independent of the batch.
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const bool fits =
-        tuning().mma_matmul && K % 16 == 0 && ldx % 8 == 0 && aligned(x, 16) &&
-        (fp8 ? aligned(w.fp8, 16) && w.block_cols % dev::kMmaChunk == 0 : aligned(w.dense, 16));
-    if (fits) {
-      dev::MmaOperands o{x,
-                         ldx,
-                         w.dense,
-                         w.fp8,
-                         w.scale,
-                         fp8 ? static_cast<int>(w.block_rows) : 1,
-                         fp8 ? static_cast<int>(w.block_cols) : dev::kMmaChunk,
-                         fp8 ? static_cast<int>((K + w.block_cols - 1) / w.block_cols) : 0,
-                         static_cast<int>(N),
-                         static_cast<int>(K)};
-      // Rows per group: M, or on average the routed rows over the experts
-      // that can have some (a bound known on the host).
-      const int64_t rows = groups.offsets == nullptr ? groups.rows : groups.rows / groups_y;
-      const dim3 narrow_grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>(groups_y));
-      const dim3 narrow_block(32 * dev::kMmaRanges);
-      const int wide_cols = 16 * dev::kWideWarps;
-      // Without groups each block takes one pass of up to 64 rows (grid z).
-      const int64_t passes =
-          groups.offsets == nullptr ? (rows + dev::kWideRows - 1) / dev::kWideRows : 1;
-      const dim3 wide_grid(static_cast<unsigned>((N + wide_cols - 1) / wide_cols),
-                           static_cast<unsigned>(groups_y), static_cast<unsigned>(passes));
-      const dim3 wide_block(32 * dev::kWideWarps);
-      const auto narrow = [&](auto kernel, int smem) {
-        set_max_dynamic_smem(kernel, smem);
-        launch_kernel(kernel, narrow_grid, narrow_block, smem, stream, o, y, ldy, groups);
-      };
-      const auto wide = [&](auto kernel, int smem) {
-        set_max_dynamic_smem(kernel, smem);
-        launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
-      };
-      if (rows <= 8 && fp8)
-        narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
-      else if (rows <= 8)
-        narrow(dev::mma_narrow_kernel<Y, false, 1>, dev::NarrowLayout<false, 1>::kBlockBytes);
-      else if (rows <= 16 && fp8)
-        narrow(dev::mma_narrow_kernel<Y, true, 2>, dev::NarrowLayout<true, 2>::kBlockBytes);
-      else if (rows <= 16)
-        narrow(dev::mma_narrow_kernel<Y, false, 2>, dev::NarrowLayout<false, 2>::kBlockBytes);
-      else if (fp8)
-        wide(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
-      else
-        wide(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
-      return;
-    }
+}
+
+inline bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// The tensor-core product (kernels/cuda/mma_matmul.cuh) over `groups`, if
+// it takes these operands: false, with nothing launched, when it does not.
+// pair: 0, or I = N / 2 for silu(gate) * up into y [rows, I] (the weight's
+// gate rows over its up rows), which only the narrow kernel computes.
+// note: with bf16 activations the tensor-core product (its narrow kernel
+// for groups of up to 16 rows, its wide one above: the same bits) takes
+// every operand whose rows it can read in 16-byte pieces of 16 k (K % 16 ==
+// 0, aligned rows) and whose scale blocks hold whole 64-k chunks; the
+// choice depends on the shapes, the buffers and QTK_MMA_MATMUL only, never
+// on the rows, so a row's bits stay independent of the batch.
+template <class T, class Y>
+bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N, int64_t K, Y* y,
+                       int64_t ldy, const dev::RowGroups& groups, int64_t groups_y, int64_t pair,
+                       cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+    return false;
+  } else {
+    const bool fp8 = w.dense == nullptr;
+    const bool fits = tuning().mma_matmul && K % 16 == 0 && ldx % 8 == 0 && aligned_to(x, 16) &&
+                      (fp8 ? aligned_to(w.fp8, 16) && w.block_cols % dev::kMmaChunk == 0
+                           : aligned_to(w.dense, 16));
+    // Rows per group: M, or on average the routed rows over the experts
+    // that can have some (a bound known on the host).
+    const int64_t rows = groups.offsets == nullptr ? groups.rows : groups.rows / groups_y;
+    if (!fits || (pair != 0 && (rows > 16 || N != 2 * pair))) return false;
+    dev::MmaOperands o{x,
+                       ldx,
+                       w.dense,
+                       w.fp8,
+                       w.scale,
+                       fp8 ? static_cast<int>(w.block_rows) : 1,
+                       fp8 ? static_cast<int>(w.block_cols) : dev::kMmaChunk,
+                       fp8 ? static_cast<int>((K + w.block_cols - 1) / w.block_cols) : 0,
+                       static_cast<int>(N),
+                       static_cast<int>(K),
+                       static_cast<int>(pair)};
+    const int narrow_cols = pair != 0 ? 8 : 16;
+    const dim3 narrow_grid(
+        static_cast<unsigned>(((pair != 0 ? pair : N) + narrow_cols - 1) / narrow_cols),
+        static_cast<unsigned>(groups_y));
+    const dim3 narrow_block(32 * dev::kMmaRanges);
+    const int wide_cols = 16 * dev::kWideWarps;
+    // Without groups each block takes one pass of up to 64 rows (grid z).
+    const int64_t passes =
+        groups.offsets == nullptr ? (rows + dev::kWideRows - 1) / dev::kWideRows : 1;
+    const dim3 wide_grid(static_cast<unsigned>((N + wide_cols - 1) / wide_cols),
+                         static_cast<unsigned>(groups_y), static_cast<unsigned>(passes));
+    const dim3 wide_block(32 * dev::kWideWarps);
+    const auto narrow = [&](auto kernel, int smem) {
+      set_max_dynamic_smem(kernel, smem);
+      launch_kernel(kernel, narrow_grid, narrow_block, smem, stream, o, y, ldy, groups);
+    };
+    const auto wide = [&](auto kernel, int smem) {
+      set_max_dynamic_smem(kernel, smem);
+      launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
+    };
+    if (rows <= 8 && fp8)
+      narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
+    else if (rows <= 8)
+      narrow(dev::mma_narrow_kernel<Y, false, 1>, dev::NarrowLayout<false, 1>::kBlockBytes);
+    else if (rows <= 16 && fp8)
+      narrow(dev::mma_narrow_kernel<Y, true, 2>, dev::NarrowLayout<true, 2>::kBlockBytes);
+    else if (rows <= 16)
+      narrow(dev::mma_narrow_kernel<Y, false, 2>, dev::NarrowLayout<false, 2>::kBlockBytes);
+    else if (fp8)
+      wide(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
+    else
+      wide(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
+    return true;
   }
+}
+
+// Launches the weight product over `groups` (grid rows: groups_y, one per
+// possible group; 1 without groups): the tensor-core product where it
+// takes the operands, else warp_matmul_kernel, which picks its vector path
+// from the shapes and buffers alone.
+template <class T, class Y>
+void launch_warp_matmul(const char* what, const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N,
+                        int64_t K, Y* y, int64_t ldy, const dev::RowGroups& groups,
+                        int64_t groups_y, cudaStream_t stream) {
+  check_weight_operands(what, w, N, K, groups_y);
+  if (launch_mma_matmul<T, Y>(x, ldx, w, N, K, y, ldy, groups, groups_y, 0, stream)) return;
+  const bool fp8 = w.dense == nullptr;
   const int E = fp8 ? dev::lane_elems<T, true>() : dev::lane_elems<T, false>();
   // note: the vector path needs every row start 16-byte aligned; which path
   // runs depends on the shapes and buffers only, never on the rows.
   const bool vec = K % E == 0 && (ldx * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-                   aligned(x, 16) && (fp8 ? aligned(w.fp8, 16) : aligned(w.dense, 16));
+                   aligned_to(x, 16) && (fp8 ? aligned_to(w.fp8, 16) : aligned_to(w.dense, 16));
   const dim3 grid(static_cast<unsigned>((N + dev::kWarpsPerBlock - 1) / dev::kWarpsPerBlock),
                   static_cast<unsigned>(groups_y));
   const dim3 block(32 * dev::kWarpsPerBlock);

@@ -41,4 +41,15 @@ template <class T, class Y>
 void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t ldy, int64_t M,
                  int64_t N, int64_t K, cudaStream_t stream);
 
+// act[m, j] = silu(g) * u for j < I, where g and u are y[m, j] and
+// y[m, I + j] of the product with w [2I, K] (gate rows over up rows), each
+// rounded to T as warp_matmul would store them: the product and the SwiGLU
+// in one launch, bit for bit warp_matmul<T, T> then swiglu<T>. Only where
+// the tensor-core narrow kernel computes the product (bf16 activations, up
+// to 16 rows; kernels/cuda/mma_matmul.cuh); false, with nothing launched,
+// elsewhere (the caller runs the two steps).
+template <class T>
+bool warp_matmul_swiglu(const T* x, int64_t ldx, const WeightRef<T>& w, T* act, int64_t lda,
+                        int64_t M, int64_t I, int64_t K, cudaStream_t stream);
+
 }  // namespace qtk::cuda

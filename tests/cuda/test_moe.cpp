@@ -134,8 +134,10 @@ struct MoeCase {
     return v;
   }
 
-  // Runs tokens [t0, t0 + n) and returns their outputs.
-  std::vector<T> run(int64_t t0, int64_t n) const {
+  // Runs tokens [t0, t0 + n) and returns their outputs. fused: gate_up and
+  // SwiGLU in one launch where moe_expert_matmul_swiglu takes them (whether
+  // it did into *fused_ran).
+  std::vector<T> run(int64_t t0, int64_t n, bool fused = false, bool* fused_ran = nullptr) const {
     DeviceBuffer<float> lg(
         std::vector<float>(logits.begin() + t0 * E, logits.begin() + (t0 + n) * E));
     DeviceBuffer<T> xd(
@@ -156,9 +158,14 @@ struct MoeCase {
     WeightRef<T> gu_w, dn_w;
     gu_w.dense = gu.get();
     dn_w.dense = dn.get();
-    moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k, g.view(),
-                            max_active, nullptr);
-    swiglu<T>(gu_out.get(), 2 * I, act.get(), I, n * k, I, nullptr);
+    const bool one = fused && moe_expert_matmul_swiglu<T>(xd.get(), H, true, gu_w, I, H, act.get(),
+                                                          I, n * k, g.view(), max_active, nullptr);
+    if (fused_ran != nullptr) *fused_ran = one;
+    if (!one) {
+      moe_expert_matmul<T, T>(xd.get(), H, true, gu_w, 2 * I, H, gu_out.get(), 2 * I, n * k,
+                              g.view(), max_active, nullptr);
+      swiglu<T>(gu_out.get(), 2 * I, act.get(), I, n * k, I, nullptr);
+    }
     moe_expert_matmul<T, float>(act.get(), I, false, dn_w, H, I, y.get(), H, n * k, g.view(),
                                 max_active, nullptr);
     moe_combine<T>(y.get(), H, ids.get(), w.get(), g.pair_row.get(), n, k, H,
@@ -254,6 +261,24 @@ TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
 // (groups of ~75 rows in 64-row passes, the wide kernel).
 TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInWideGroups) {
   expect_token_bits(MoeCase<TypeParam>(150, 4, 2, 64, 32, true, 9), 150, {0, 77, 149}, 20, 9);
+}
+
+// The experts' gate_up and SwiGLU in one launch (the tensor-core narrow
+// kernel, up to 16 rows per expert on average) give the bits of the two
+// steps; a wide batch falls back to them.
+TEST(MoeSwiglu, OneLaunchChangesNoBits) {
+  struct Shape {
+    int64_t n, E, k, H, I;
+  };
+  for (const Shape s : {Shape{1, 16, 4, 256, 40}, Shape{3, 8, 2, 192, 64}, Shape{12, 6, 3, 128, 24},
+                        Shape{40, 4, 2, 128, 24}}) {
+    const MoeCase<bf16> c(s.n, s.E, s.k, s.H, s.I, false, static_cast<uint32_t>(s.n * 13 + s.I));
+    bool ran = false;
+    const std::vector<bf16> two = c.run(0, s.n), one = c.run(0, s.n, true, &ran);
+    // n * k rows over min(E, n * k) experts: up to 16 on average takes the one launch.
+    EXPECT_EQ(ran, s.n * s.k / std::min(s.E, s.n * s.k) <= 16) << s.n << " tokens";
+    EXPECT_TRUE(bitwise_equal(one.data(), two.data(), one.size())) << s.n << " tokens";
+  }
 }
 
 }  // namespace

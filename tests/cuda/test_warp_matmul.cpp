@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tuning.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/warp_matmul.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -235,6 +236,41 @@ TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
           << "rows " << p.m0 << ".." << p.m0 + p.rows - 1 << " fp8 " << fp8;
     }
   }
+}
+
+// warp_matmul_swiglu: the product with a [2I, K] gate-over-up weight and
+// the SwiGLU in one launch give the bits of warp_matmul then swiglu, for
+// I not a multiple of the block's 8 columns, partial chunks and scale
+// blocks, both kernel passes (8 and 16 rows); above 16 rows it declines.
+TEST(MmaMatmul, SwigluInOneLaunchMatchesTwoSteps) {
+  const MmaSwitch on(true);
+  for (const bool fp8 : {false, true})
+    for (const int64_t I : {40, 200})
+      for (const int64_t M : {1, 5, 12, 16, 17}) {
+        const int64_t K = 1088;
+        const Operands<bf16> op(M, 2 * I, K, fp8, 128, 128, static_cast<uint32_t>(I + M));
+        DeviceBuffer<bf16> xd(op.x), wdd(fp8 ? std::vector<bf16>(1) : op.wd);
+        DeviceBuffer<uint8_t> wqd(fp8 ? op.wq : std::vector<uint8_t>(1));
+        DeviceBuffer<float> sd(fp8 ? op.scale : std::vector<float>(1));
+        WeightRef<bf16> w;
+        if (fp8) {
+          w.fp8 = wqd.get();
+          w.scale = sd.get();
+          w.block_rows = 128;
+          w.block_cols = 128;
+        } else {
+          w.dense = wdd.get();
+        }
+        DeviceBuffer<bf16> y(M * 2 * I), two(M * I), one(M * I);
+        warp_matmul<bf16, bf16>(xd.get(), K, w, y.get(), 2 * I, M, 2 * I, K, nullptr);
+        swiglu<bf16>(y.get(), 2 * I, two.get(), I, M, I, nullptr);
+        const bool ran = warp_matmul_swiglu<bf16>(xd.get(), K, w, one.get(), I, M, I, K, nullptr);
+        EXPECT_EQ(ran, M <= 16) << M << " rows";
+        if (!ran) continue;
+        const auto a = one.download(), b = two.download();
+        EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size()))
+            << M << " rows, I " << I << " fp8 " << fp8;
+      }
 }
 
 }  // namespace

@@ -529,11 +529,19 @@ class CudaBackend final : public CudaModel, private Blocks {
       cuda::add_norm_mlp<Act>(gemm_, rs_, mix, vec(norm), eps(), h_.as<Act>(), mat(m.gate_up),
                               gate_up_.as<Act>(), act_.as<Act>(), mat(m.down), mix, T, I, H,
                               stream_);
-    } else {  // FP8 weights: the same steps, unfused
+    } else {  // FP8 weights: the same steps; SwiGLU in the gate_up launch where it can
       Act* h = h_.as<Act>();
       cuda::add_rmsnorm<Act>(rs_.x, H, mix, H, vec(norm), h, H, T, H, eps(), stream_);
-      project(h, H, m.gate_up, gate_up_.as<Act>(), 2 * I, T);
-      cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
+      const cuda::DeviceWeight& gu = weight(m.gate_up);
+      // note: only an FP8 gate_up: project() gives it to warp_matmul, whose
+      // bits warp_matmul_swiglu keeps (a bf16 one goes to cuBLASLt).
+      if (gu.fp8 &&
+          cuda::warp_matmul_swiglu<Act>(h, H, gu.ref<Act>(), act_.as<Act>(), I, T, I, H, stream_)) {
+        // one launch, the bits of the two below
+      } else {
+        project(h, H, m.gate_up, gate_up_.as<Act>(), 2 * I, T);
+        cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
+      }
       project(act_.as<Act>(), I, m.down, mix, H, T);
     }
     reduce_pending();

@@ -120,9 +120,14 @@ class CudaMoe {
                       row_expert_.as<int32_t>(), pair_row_.as<int32_t>()};
     moe_group(ids_.as<int32_t>(), T, k, E, g, stream);
     const int64_t max_active = std::min(E, R);
-    moe_expert_matmul<Act, Act>(h, H, true, w.gate_up.ref<Act>(), 2 * I, H, gate_up_.as<Act>(),
-                                2 * I, R, g, max_active, stream);
-    swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, R, I, stream);
+    // note: gate_up and SwiGLU in one launch where the tensor-core narrow
+    // kernel computes the experts (kernels/cuda/moe.h), the same bits.
+    if (!moe_expert_matmul_swiglu<Act>(h, H, true, w.gate_up.ref<Act>(), I, H, act_.as<Act>(), I, R,
+                                       g, max_active, stream)) {
+      moe_expert_matmul<Act, Act>(h, H, true, w.gate_up.ref<Act>(), 2 * I, H, gate_up_.as<Act>(),
+                                  2 * I, R, g, max_active, stream);
+      swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, R, I, stream);
+    }
     moe_expert_matmul<Act, float>(act_.as<Act>(), I, false, w.down.ref<Act>(), H, I, y_.as<float>(),
                                   H, R, g, max_active, stream);
     const float* shared = nullptr;
