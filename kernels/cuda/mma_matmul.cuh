@@ -32,7 +32,8 @@
 //     warps, warp r computing range r for every row, each warp streaming
 //     its chunks of weights and activations through its own cp.async ring
 //     in shared memory: the decode form, bound by the weight reads, which
-//     need many warps per column.
+//     need many warps per column. With SwiGLU pairs (MmaOperands::pair) a
+//     block is 8 gate rows and their 8 up rows, and stores silu(gate) * up.
 //   wide (more rows): a block is 64 output columns, 4 warps of 16 each
 //     walking the 4 ranges in turn; each chunk's activations (up to 64
 //     rows) and the block's 64 weight rows go through a 4-stage cp.async
@@ -450,8 +451,9 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
   __syncthreads();
 }
 
-// Group slot blockIdx.y's rows for columns blockIdx.x * 16 .. + 15, in
-// passes of 8 * kMaxNT rows (16 or 8). Dynamic shared memory:
+// Group slot blockIdx.y's rows for columns blockIdx.x * 16 .. + 15 (in
+// SwiGLU pairs, output columns blockIdx.x * 8 .. + 7), in passes of
+// 8 * kMaxNT rows (16 or 8). Dynamic shared memory:
 // NarrowLayout<kFp8, kMaxNT>::kBlockBytes. note: kMaxNT 1, for groups of up
 // to 8 rows, stages half the activation rows, so the ring can be deeper; it
 // changes no bits.
