@@ -264,11 +264,6 @@ struct NarrowLayout {
   static constexpr int kLanePieces = 16 * kPieces / 32;  // of them per lane: 2 or 4
 };
 
-// 4-byte asynchronous global -> shared copy.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
 // The copies of one warp's weight chunks: this lane's 16-byte pieces of
 // the 16 rows and (FP8, lanes 0..15) row n0 + lane's scale of the chunk's
 // block. Chunks are issued in increasing order from start().

@@ -21,8 +21,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxTopK = 32;
-constexpr int kRankedExperts = 512;
-constexpr int kCombineThreads = 256;  // moe_route ranks up to this many experts at once
+constexpr int kRankedExperts = 512;   // moe_route ranks up to this many experts at once
+constexpr int kCombineThreads = 256;  // moe_combine's columns per block
 
 // (p, e) is ahead of (bp, be) in the top-k order: larger probability, ties
 // to the lower expert index. A total order, so any reduction tree picks the
@@ -234,6 +234,17 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
   }
 }
 
+// The experts' row groups of a grouped product: x rows gathered through
+// row_token (gather) or already grouped.
+dev::RowGroups expert_groups(const MoeGroups& g, bool gather, int64_t rows) {
+  dev::RowGroups groups;
+  groups.offsets = g.offsets;
+  groups.active = g.active;
+  groups.row_source = gather ? g.row_token : nullptr;
+  groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
+  return groups;
+}
+
 void check_sizes(const char* what, int64_t T, int64_t E, int64_t k) {
   if (E < 1 || E > kMaxExperts || k < 1 || k > kMaxTopK || k > E || T * k > INT32_MAX)
     fail_message(std::string(what) + ": unsupported sizes: " + std::to_string(T) + " tokens, " +
@@ -266,13 +277,8 @@ void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>&
                        int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
                        int64_t max_active, cudaStream_t stream) {
   if (rows == 0 || N == 0) return;
-  dev::RowGroups groups;
-  groups.offsets = g.offsets;
-  groups.active = g.active;
-  groups.row_source = gather ? g.row_token : nullptr;
-  groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
-  launch_warp_matmul<T, Y>("moe_expert_matmul", x, ldx, w, N, K, y, ldy, groups, max_active,
-                           stream);
+  launch_warp_matmul<T, Y>("moe_expert_matmul", x, ldx, w, N, K, y, ldy,
+                           expert_groups(g, gather, rows), max_active, stream);
 }
 
 template <class T>
@@ -281,12 +287,8 @@ bool moe_expert_matmul_swiglu(const T* x, int64_t ldx, bool gather, const Weight
                               const MoeGroups& g, int64_t max_active, cudaStream_t stream) {
   if (rows == 0 || I == 0) return true;
   check_weight_operands("moe_expert_matmul_swiglu", w, 2 * I, K, max_active);
-  dev::RowGroups groups;
-  groups.offsets = g.offsets;
-  groups.active = g.active;
-  groups.row_source = gather ? g.row_token : nullptr;
-  groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
-  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, groups, max_active, I, stream);
+  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, expert_groups(g, gather, rows),
+                                 max_active, I, stream);
 }
 
 template <class T>

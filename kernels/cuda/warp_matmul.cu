@@ -5,25 +5,33 @@
 #include "kernels/cuda/warp_matmul.cuh"
 
 namespace qtk::cuda {
+namespace {
+
+// One group of M rows (no experts).
+dev::RowGroups whole_rows(const char* what, int64_t M) {
+  if (M > INT32_MAX)
+    fail_message(std::string(what) + ": " + std::to_string(M) + " rows is too many");
+  dev::RowGroups rows;
+  rows.rows = static_cast<int>(M);
+  return rows;
+}
+
+}  // namespace
 
 template <class T, class Y>
 void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t ldy, int64_t M,
                  int64_t N, int64_t K, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
-  if (M > INT32_MAX) fail_message("warp_matmul: " + std::to_string(M) + " rows is too many");
-  dev::RowGroups rows;
-  rows.rows = static_cast<int>(M);
-  launch_warp_matmul<T, Y>("warp_matmul", x, ldx, w, N, K, y, ldy, rows, 1, stream);
+  launch_warp_matmul<T, Y>("warp_matmul", x, ldx, w, N, K, y, ldy, whole_rows("warp_matmul", M), 1,
+                           stream);
 }
 
 template <class T>
 bool warp_matmul_swiglu(const T* x, int64_t ldx, const WeightRef<T>& w, T* act, int64_t lda,
                         int64_t M, int64_t I, int64_t K, cudaStream_t stream) {
   if (M == 0 || I == 0) return true;
-  if (M > INT32_MAX) fail_message("warp_matmul_swiglu: " + std::to_string(M) + " rows is too many");
+  const dev::RowGroups rows = whole_rows("warp_matmul_swiglu", M);
   check_weight_operands("warp_matmul_swiglu", w, 2 * I, K, 1);
-  dev::RowGroups rows;
-  rows.rows = static_cast<int>(M);
   return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, rows, 1, I, stream);
 }
 

@@ -535,10 +535,8 @@ class CudaBackend final : public CudaModel, private Blocks {
       const cuda::DeviceWeight& gu = weight(m.gate_up);
       // note: only an FP8 gate_up: project() gives it to warp_matmul, whose
       // bits warp_matmul_swiglu keeps (a bf16 one goes to cuBLASLt).
-      if (gu.fp8 &&
-          cuda::warp_matmul_swiglu<Act>(h, H, gu.ref<Act>(), act_.as<Act>(), I, T, I, H, stream_)) {
-        // one launch, the bits of the two below
-      } else {
+      if (!gu.fp8 || !cuda::warp_matmul_swiglu<Act>(h, H, gu.ref<Act>(), act_.as<Act>(), I, T, I, H,
+                                                    stream_)) {
         project(h, H, m.gate_up, gate_up_.as<Act>(), 2 * I, T);
         cuda::swiglu<Act>(gate_up_.as<Act>(), 2 * I, act_.as<Act>(), I, T, I, stream_);
       }
