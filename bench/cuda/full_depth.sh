@@ -17,8 +17,9 @@
 #
 # Environment:
 #   OUT            output directory (default ./full-depth-out)
-#   FD_CASES       NAME:LAYERS:DTYPE ... (configs in tests/data/configs; LAYERS a number
-#                  or 'full'; DTYPE bf16 or fp8). Default (cuda):
+#   FD_CASES       NAME:LAYERS:DTYPE[:TP,...] ... (configs in tests/data/configs or
+#                  bench/configs; LAYERS a number or 'full'; DTYPE bf16 or fp8; TP the
+#                  --tensor-parallel widths to run, default 1, e.g. 2,4). Default (cuda):
 #                  "qwen3-8b:full:bf16 qwen3-8b:full:fp8 qwen3.5-35b-a3b:full:fp8"
 #   FD_BATCHES     prompts per run ("1 128"); --max-num-seqs = the batch
 #   FD_PROMPT      prompt tokens (128), FD_GEN new tokens per prompt (128, --ignore-eos)
@@ -127,9 +128,11 @@ rec() { python3 -c 'import json,sys; print(json.dumps(json.loads(sys.argv[1])))'
 # planning calls; every phase's real time is printed and recorded.
 declare -A CFG BYTES EST
 for c in $CASES; do
-  IFS=: read -r name layers dtype <<<"$c"
+  IFS=: read -r name layers dtype tps <<<"$c"
   src=tests/data/configs/$name.json
-  [ -f "$src" ] || { echo "full_depth: no config $src"; exit 1; }
+  [ -f "$src" ] || src=bench/configs/$name.json
+  [ -f "$src" ] || { echo "full_depth: no config $name.json in tests/data/configs or bench/configs"; exit 1; }
+  [[ "${tps:-1}" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "full_depth: $c: TP a comma list of widths (found '$tps')"; exit 1; }
   case "$dtype" in bf16 | fp8) ;; *) echo "full_depth: $c: DTYPE bf16 or fp8"; exit 1 ;; esac
   cfg=$WORK/$name-$layers.config.json
   if [ "$layers" = full ]; then
@@ -143,9 +146,10 @@ for c in $CASES; do
     python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])') || exit 1
   CFG[$c]=$cfg
   BYTES[$c]=$bytes
-  EST[$c]=$(python3 - "$bytes" "$dtype" "$BATCHES" "$DEVICE" "$PLAN" <<'PY'
+  EST[$c]=$(python3 - "$bytes" "$dtype" "$BATCHES" "$DEVICE" "$PLAN" "${tps:-1}" <<'PY'
 import sys
 gb, dtype, batches, device, plan = int(sys.argv[1]) / 1e9, sys.argv[2], sys.argv[3].split(), sys.argv[4], sys.argv[5]
+widths = len(sys.argv[6].split(","))
 synth = gb / (1.0 if dtype == "fp8" else 2.0)
 convert = gb / 0.6
 load = 3 + gb / 3.0           # CUDA context, checksums, upload
@@ -155,7 +159,7 @@ for b in map(int, batches):
     runs += (load + compute) * (2 if plan == "twice" else 1)
 if plan == "tune-only" and device == "cuda":
     runs += load + 20
-print(round(synth + convert + runs + 5))
+print(round(synth + convert + runs * widths + 5))
 PY
 )
 done
@@ -222,11 +226,12 @@ run_one() {
     wait "$smi" 2>/dev/null
   fi
   python3 - "$RECORDS" "$c" "$tag" "$batch" "$t0" "$t1" "$rc" "$out.meta.json" "$err" "$pack" \
-    "$OUT/runs/$tag.smi" "$lim" <<'PY'
+    "$OUT/runs/$tag.smi" "$lim" "$*" <<'PY'
 import json, os, re, sys
-recs, case, tag, batch, t0, t1, rc, meta, err, pack, smi, lim = sys.argv[1:]
+recs, case, tag, batch, t0, t1, rc, meta, err, pack, smi, lim, extra = sys.argv[1:]
+m = re.search(r"--tensor-parallel (\d+)", extra)
 r = {"case": case, "tag": tag, "batch": batch, "rc": int(rc), "wall_s": round(float(t1) - float(t0), 3),
-     "pack_bytes": os.path.getsize(pack), "timeout_s": int(lim)}
+     "pack_bytes": os.path.getsize(pack), "timeout_s": int(lim), "tp": int(m.group(1)) if m else 1}
 text = open(err, errors="replace").read()
 m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
 if m: r["time_maxrss_bytes"] = int(m.group(1)) * 1024
@@ -279,14 +284,15 @@ print(f"`generate --device {device}`, random-weight checkpoints (bench/synth, FP
       ". decode/prefill tok/s: the run header's decode_tokens/decode_seconds and "
       "prompt_tokens_computed/prefill_seconds; whole process: generate's wall time from exec to "
       "exit (load included); peak RSS: /usr/bin/time -v; peak GPU: nvidia-smi every 100 ms.\n")
-print("| case | layers | pack GiB | batch | decode tok/s | prefill tok/s | whole-process s | load s | "
-      "peak RSS GB | anon RSS after upload GB | peak GPU GiB | plan |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| case | layers | pack GiB | TP | batch | decode tok/s | prefill tok/s | whole-process s | load s | "
+      "peak RSS GB | anon RSS after upload GB | peak GPU GiB (largest GPU) | plan |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 best = {}
 for r in runs:
     if plan == "twice" and r["tag"].endswith(".first"):
         continue
-    name, layers, dtype = r["case"].split(":")
+    name, layers, dtype = r["case"].split(":")[:3]
+    tp = r.get("tp", 1)
     m = r.get("meta") or {}
     s, gp = m.get("stats") or {}, m.get("gemm_plan") or {}
     dec, pre = rate(s, "decode_tokens", "decode_seconds"), rate(s, "prompt_tokens_computed", "prefill_seconds")
@@ -294,16 +300,16 @@ for r in runs:
     anon = ((m.get("startup") or {}).get("rss") or {}).get("after_upload_anon_bytes")
     ok = r.get("rc") in (0,) and "error" not in r
     if r.get("skipped"):
-        print(f"| {name} {dtype} | {layers} | - | {r['batch']} | skipped ({r['skipped']}) | | | | | | | |")
+        print(f"| {name} {dtype} | {layers} | - | {tp} | {r['batch']} | skipped ({r['skipped']}) | | | | | | | |")
         continue
-    print(f"| {name} {dtype} | {layers} | {r['pack_bytes'] / 2**30:.2f} | {r['batch']} | "
+    print(f"| {name} {dtype} | {layers} | {r['pack_bytes'] / 2**30:.2f} | {tp} | {r['batch']} | "
           f"{f(dec) if ok else 'failed (rc %s)' % r.get('rc')} | {f(pre)} | {r['wall_s']:.1f} | "
           f"{f(s.get('load_seconds'), '{:.1f}')} | {f(None if rss is None else rss / 1e9, '{:.1f}')} | "
           f"{f(None if anon is None or anon < 0 else anon / 1e9, '{:.1f}')} | "
           f"{f(None if r.get('peak_gpu_mib') is None else r['peak_gpu_mib'] / 1024, '{:.1f}')} | "
           + (f"{gp.get('source', '-')} ({gp.get('ranges_cached', '-')}/{gp.get('ranges_tuned', '-')})" if gp else "-")
           + " |")
-    if ok:
+    if ok and tp == 1:
         best[(name, layers, dtype, r["batch"])] = (dec, pre, r["wall_s"], r["pack_bytes"])
 print("\nplan: cached/tuned GEMM ranges in the run (a warm run tunes 0). Peak RSS counts the pack's "
       "mapped pages until the upload gives them back; anon RSS after upload: heap, driver and "
@@ -349,7 +355,7 @@ PY
 status=0
 skipped=()
 for c in $CASES; do
-  IFS=: read -r name layers dtype <<<"$c"
+  IFS=: read -r name layers dtype tps <<<"$c"
   bytes=${BYTES[$c]}
   if [ "$BUDGET" -gt 0 ] && [ "${EST[$c]}" -gt "$(left)" ]; then
     echo "== $c: SKIPPED (estimated ${EST[$c]} s, $(left) s of the budget left)"
@@ -413,21 +419,33 @@ for c in $CASES; do
   convert_s=$(python3 -c "print(round($t1 - $t0, 2))")
   pack_bytes=$(stat -c %s "$PACK")
   echo "   convert: $(python3 -c "print(f'{$pack_bytes / 2**30:.2f} GiB pack in $convert_s s ({$pack_bytes / 1e9 / max($convert_s, 1e-3):.2f} GB/s), in $pack_parent')")"
-  plan=$OUT/runs/$tag.plans.json
-  rm -f "$plan"
-  tune_s=null
-  if [ "$DEVICE" = cuda ] && [ "$PLAN" = tune-only ]; then
-    t0=$(date +%s.%N)
-    run_one "$c" "$tag.tune-only" "$PACK" "$plan" tune-only || status=1
-    t1=$(date +%s.%N)
-    tune_s=$(python3 -c "print(round($t1 - $t0, 2))")
-  fi
-  rec "{\"case\": \"$c\", \"tag\": \"prep\", \"hf_bytes\": $bytes, \"hf_dir\": \"$hf_parent\", \"synth_s\": $synth_s, \"pack_dir\": \"$pack_parent\", \"pack_bytes\": $pack_bytes, \"convert_s\": $convert_s, \"tune_s\": $tune_s}"
-  for b in $BATCHES; do
-    if [ "$PLAN" = twice ]; then
-      run_one "$c" "$tag.b$b.first" "$PACK" "$plan" "$b" || status=1
+  first=1
+  for tp in ${tps//,/ }; do
+    tpf=()
+    ttag=$tag
+    if [ "$tp" != 1 ]; then
+      tpf=(--tensor-parallel "$tp")
+      ttag=$tag.tp$tp
     fi
-    run_one "$c" "$tag.b$b" "$PACK" "$plan" "$b" || status=1
+    plan=$OUT/runs/$ttag.plans.json
+    rm -f "$plan"
+    tune_s=null
+    if [ "$DEVICE" = cuda ] && [ "$PLAN" = tune-only ]; then
+      t0=$(date +%s.%N)
+      run_one "$c" "$ttag.tune-only" "$PACK" "$plan" tune-only "${tpf[@]}" || status=1
+      t1=$(date +%s.%N)
+      tune_s=$(python3 -c "print(round($t1 - $t0, 2))")
+    fi
+    if [ $first = 1 ]; then
+      rec "{\"case\": \"$c\", \"tag\": \"prep\", \"hf_bytes\": $bytes, \"hf_dir\": \"$hf_parent\", \"synth_s\": $synth_s, \"pack_dir\": \"$pack_parent\", \"pack_bytes\": $pack_bytes, \"convert_s\": $convert_s, \"tune_s\": $tune_s}"
+      first=0
+    fi
+    for b in $BATCHES; do
+      if [ "$PLAN" = twice ]; then
+        run_one "$c" "$ttag.b$b.first" "$PACK" "$plan" "$b" "${tpf[@]}" || status=1
+      fi
+      run_one "$c" "$ttag.b$b" "$PACK" "$plan" "$b" "${tpf[@]}" || status=1
+    done
   done
   [ -z "${FD_KEEP:-}" ] && rm -f "$PACK"
   PACK=""

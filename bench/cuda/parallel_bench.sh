@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Several GPUs through the real generate: tensor parallel (--tensor-parallel
-# 1 and 2) on random-weight models of real widths (fewer layers, to fit the
-# disk and the call), and data parallel (--devices 0,1 against one GPU) on
-# Qwen3-0.6B. Whole-process wall time and the run header's decode and
+# 1, 2 and, on 4 or more GPUs, 4) on random-weight models of real widths
+# (fewer layers, to fit the disk and the call), and data parallel (--devices
+# over 2 and, on 4 or more GPUs, 4 GPUs against one GPU) on Qwen3-0.6B. Whole-process wall time and the run header's decode and
 # prefill figures, per run, with the peak GPU memory of each GPU; every run
 # twice, with a cold and then a warm GEMM plan cache.
 #
 #   bash bench/cuda/parallel_bench.sh [BUILD_DIR]     # default build-gpu
 #
 # Environment: OUT (./parallel-out), PB_CASES (NAME:LAYERS[:fp8], configs in
-# tests/data/configs; default below; fp8: block-FP8 layer projections), PB_BATCHES ("1 128"), PB_PROMPT (128
-# tokens), PB_GEN (128 new tokens), PB_DP_PROMPTS (512), PB_WORK (/tmp/qtk-pb).
+# tests/data/configs or bench/configs; default below; fp8: block-FP8 layer
+# projections and experts, the FP8 releases' per-expert layout), PB_BATCHES
+# ("1 128"), PB_TPS (tensor-parallel widths; default "1 2", "1 2 4" on 4 or
+# more GPUs), PB_PROMPT (128 tokens), PB_GEN (128 new tokens), PB_DP_PROMPTS
+# (512), PB_WORK (/tmp/qtk-pb).
 # Writes $OUT/parallel.jsonl (one line per run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +22,10 @@ BIN=${1:-$ROOT/build-gpu}/bin
 OUT=${OUT:-$ROOT/parallel-out}
 WORK=${PB_WORK:-/tmp/qtk-pb}
 CASES=${PB_CASES:-qwen3.5-35b-a3b:4 qwen3-8b:8}
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+DEFAULT_TPS="1 2"
+[ "$NGPU" -ge 4 ] && DEFAULT_TPS="1 2 4"
+TPS=${PB_TPS:-$DEFAULT_TPS}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT" "$WORK"
 : > "$OUT/parallel.jsonl"
@@ -35,7 +42,9 @@ PY
 }
 
 synth_pack() {  # NAME LAYERS PACK [SYNTH FLAGS...]
-  python3 bench/cuda/cut_layers.py "tests/data/configs/$1.json" "$2" "$WORK/cfg.json"
+  local cfg=tests/data/configs/$1.json
+  [ -f "$cfg" ] || cfg=bench/configs/$1.json
+  python3 bench/cuda/cut_layers.py "$cfg" "$2" "$WORK/cfg.json"
   rm -rf "$WORK/hf"
   "$BIN/synth" "$WORK/cfg.json" "$WORK/hf" "${@:4}" >/dev/null &&
     "$BIN/convert" "$WORK/hf" "$3" --force >/dev/null
@@ -87,12 +96,12 @@ for c in $CASES; do
   pack=$WORK/$name-${layers}l-$dtype.pack
   echo "== $name, $layers layers ($dtype)"
   flags=()
-  [ "$dtype" = fp8 ] && flags=(--fp8)
+  [ "$dtype" = fp8 ] && flags=(--fp8 --experts per-expert)
   synth_pack "$name" "$layers" "$pack" "${flags[@]}" || { echo "FAILED: synth/convert $name"; continue; }
   # note: each run twice: the first tunes its GEMM ranges and writes the
   # plan cache (a TP-N run's ranks share one of their own), the second reads it.
   for b in ${PB_BATCHES:-1 128}; do
-    for tp in 1 2; do
+    for tp in $TPS; do
       for phase in cold warm; do
         run "$name-${layers}l-$dtype b$b tp$tp $phase" "$pack" "$WORK/p$b.jsonl" --tensor-parallel $tp \
           --max-num-seqs $b
@@ -107,8 +116,16 @@ echo "== data parallel: qwen3-0.6b, ${PB_DP_PROMPTS:-512} prompts"
 pack=$WORK/qwen3-0.6b.pack
 if synth_pack qwen3-0.6b 28 "$pack"; then
   prompts "$WORK/dp.jsonl" "${PB_DP_PROMPTS:-512}"
+  devsets="1:0 2:0,1"
+  [ "$NGPU" -ge 4 ] && devsets="$devsets 4:0,1,2,3"
   for phase in cold warm; do
-    run "qwen3-0.6b dp1 $phase" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256
-    run "qwen3-0.6b dp2 $phase" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256 --devices 0,1
+    for ds in $devsets; do
+      n=${ds%%:*} devs=${ds#*:}
+      if [ "$n" = 1 ]; then
+        run "qwen3-0.6b dp1 $phase" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256
+      else
+        run "qwen3-0.6b dp$n $phase" "$pack" "$WORK/dp.jsonl" --max-num-seqs 256 --devices "$devs"
+      fi
+    done
   done
 fi

@@ -103,7 +103,10 @@ Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols,
   check_shape(pack_, name, v, {rows, cols});
   const PackFp8Scales* fp8 = pack_fp8_scales(pack_, name, full);
   if (fp8 != nullptr) fp8 = tp_slice_fp8(*fp8, v, s, tp_, pack_.path(), slices_);
-  return Matrix{adopt_matrix(name, v, fp8, use), rows, cols};
+  if (v.data != full.data) release_source(full);
+  const int32_t id = adopt_matrix(name, v, fp8, use);
+  if (copies_on_adopt()) slices_.clear();
+  return Matrix{id, rows, cols};
 }
 
 Vector WeightBinder::vector(const std::string& name, int64_t n) {
@@ -120,8 +123,25 @@ Vector WeightBinder::table(const std::string& name, int64_t rows, int64_t cols) 
 
 Experts WeightBinder::experts(const std::string& prefix) {
   MoeWeights w = load_moe_weights(pack_, pack_.config(), prefix);
-  if (tp_.split()) w = tp_slice_experts(w, pack_.config(), tp_, prefix, pack_.path(), slices_);
-  return Experts{adopt_experts(prefix, w)};
+  if (tp_.split()) {
+    const MoeWeights full = w;
+    w = tp_slice_experts(full, pack_.config(), tp_, prefix, pack_.path(), slices_);
+    for (const TensorView* t : {&full.gate_up_proj, &full.down_proj, &full.shared_gate_up_proj,
+                                &full.shared_down_proj})
+      if (t->data != nullptr) release_source(*t);
+  }
+  const int32_t id = adopt_experts(prefix, w);
+  if (copies_on_adopt()) slices_.clear();
+  return Experts{id};
+}
+
+// note: a split tensor's pack pages are handed back once the rank has its
+// slice (Pack::release_range): without that, a tensor-parallel load kept
+// every split tensor's mapped pages in the process's RSS, the whole pack
+// of a model larger than one GPU. Other ranks still slicing the same
+// tensor fault its pages back in from the page cache.
+void WeightBinder::release_source(const TensorView& full) const {
+  pack_.release_range(full.data, static_cast<size_t>(full.nbytes()));
 }
 
 }  // namespace qtk

@@ -68,12 +68,18 @@ class WeightBinder {
   // Drops the rank's slice copies and their scales (a backend that copied
   // them elsewhere).
   void release_slices() { slices_.clear(); }
+  // True for a backend whose adopt_* copies what it is given (the CUDA
+  // upload): the binder then drops each slice right after its adopt_*, so a
+  // rank never holds a host copy of more than one tensor's slice.
+  virtual bool copies_on_adopt() const { return false; }
 
  private:
   // The split of pack tensor `name` (view `v`); kNone when unsplit.
   TpSplit split_of(const std::string& name, const TensorView& v) const;
   // The rank's slice of `v` (pack tensor `name`); `v` itself when unsplit.
   TensorView rank_slice(const std::string& name, const TensorView& v);
+  // Hands the pack pages of a split tensor back (see the note at its definition).
+  void release_source(const TensorView& full) const;
 
   const Pack& pack_;
   TpRank tp_;

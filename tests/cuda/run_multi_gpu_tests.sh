@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Tensor and data parallelism on a machine with two or more GPUs (the device
-# tool's nvidia-h100-x2 kind): builds generate, compare, convert and the GPU
-# kernel tests, then
-#   1. the device collective's tests (sum_ranks, all_reduce_sum over 2 GPUs);
+# tool's nvidia-h100-x2 / -x4 kinds): builds generate, compare, convert and
+# the GPU kernel tests, then, for each tensor-parallel width N the machine
+# has GPUs for (2, and 4 on 4 or more GPUs):
+#   1. the device collective's tests (sum_ranks, all_reduce_sum over every
+#      GPU of the machine);
 #   2. per tiny fixture (dense and MoE, Qwen3 and Qwen3.5):
-#      - CUDA f32, --tensor-parallel 2: the goldens by the near-tie rule
+#      - CUDA f32, --tensor-parallel N: the goldens by the near-tie rule
 #        (compare), and every margin within 1e-4 of the TP-1 run's while the
 #        tokens agree;
-#      - CUDA bf16 and f32, --tensor-parallel 2: the same bytes run to run,
-#        alone (--max-num-seqs 1), and in small chunks and blocks
-#        (--max-batched-tokens 7 --block-size 4), and preempted (5 sequences in 100 blocks of 4 tokens) - batch invariance;
+#      - CUDA bf16 (and f32 on the MoE fixtures at TP 2), --tensor-parallel N:
+#        the same bytes run to run, alone (--max-num-seqs 1), and in small
+#        chunks and blocks (--max-batched-tokens 7 --block-size 4), and
+#        preempted (5 sequences in 100 blocks of 4 tokens) - batch invariance;
 #   3. block-FP8 models whose splits fall on their scale blocks (synthesised
 #      as in tests/runtime/tensor_parallel_test.cpp, block scales varied):
-#      CUDA f32 TP2 next to TP1 (the same tokens while the TP-1 margin is
-#      above 1e-3, margins within 1e-4), bf16 TP2 bit-identical under other
-#      schedules; the qwen3-fp8-tiny fixture refused at TP2;
-#   4. --devices 0,1 gives the one-GPU run's file byte for byte.
+#      CUDA f32 TP N next to TP1 (the same tokens while the TP-1 margin is
+#      above 1e-3, margins within 1e-4), bf16 TP N bit-identical under other
+#      schedules (TP 4 on the dense one only: the MoE ones' expert widths of
+#      256 do not split into whole 128-wide blocks over 4 ranks); the
+#      qwen3-fp8-tiny fixture refused at TP2;
+#   4. --devices all (every GPU) and --devices 0,1 give the one-GPU run's
+#      file byte for byte.
 # Prints PASS/FAIL per check; exit status 1 if any check failed.
 #
 #   bash tests/cuda/run_multi_gpu_tests.sh     # OUT: logs (default ./gpu-out)
@@ -37,6 +43,9 @@ echo "== machine: $ngpu GPUs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
 nvidia-smi topo -m 2>&1 | head -6
 if [ "$ngpu" -lt 2 ]; then echo "NOT RUN: this machine has $ngpu GPU(s); 2 are needed"; exit 1; fi
+TPS="2"
+[ "$ngpu" -ge 4 ] && TPS="2 4"
+echo "== tensor-parallel widths: $TPS"
 
 echo "== build ($(date +%T))"
 cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DQTK_CUDA=ON \
@@ -49,7 +58,7 @@ pass() { echo "PASS: $*"; }
 failed() { echo "FAIL: $*"; rc=1; }
 
 echo "== device collective ($(date +%T))"
-"$BIN/qtk_cuda_tests" --gtest_color=no --gtest_filter='*RankSum*:*NcclTwoRanks*' \
+"$BIN/qtk_cuda_tests" --gtest_color=no --gtest_filter='*RankSum*:*NcclRanks*' \
   >"$OUT/mg_collective.log" 2>&1 || rc=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|nccl|NCCL|Failure" "$OUT/mg_collective.log" | head -30
 
@@ -73,15 +82,16 @@ PY
     "$BIN/generate" --model "$W/$m.pack" --device cuda --ignore-eos --margins --force --out "$o" "$@" \
       >/dev/null 2>"$o.err" || { failed "$m generate $*: $(tail -1 "$o.err")"; return 1; }
   }
-  # Goldens: CUDA f32 TP2 against the float64 reference, and next to TP1.
-  gen "$W/$m.f32.tp1" --batch "$W/$m.golden.jsonl" --precision f32 &&
-  gen "$W/$m.f32.tp2" --batch "$W/$m.golden.jsonl" --precision f32 --tensor-parallel 2 && {
-    if "$BIN/compare" "$d/golden.json" "$W/$m.f32.tp2" >"$W/$m.compare" 2>&1; then
-      pass "$m f32 TP2 goldens: $(tail -1 "$W/$m.compare")"
+  # Goldens: CUDA f32 TP N against the float64 reference, and next to TP1.
+  gen "$W/$m.f32.tp1" --batch "$W/$m.golden.jsonl" --precision f32 || continue
+  for tp in $TPS; do
+    gen "$W/$m.f32.tp$tp" --batch "$W/$m.golden.jsonl" --precision f32 --tensor-parallel $tp || continue
+    if "$BIN/compare" "$d/golden.json" "$W/$m.f32.tp$tp" >"$W/$m.compare" 2>&1; then
+      pass "$m f32 TP$tp goldens: $(tail -1 "$W/$m.compare")"
     else
-      failed "$m f32 TP2 goldens: $(tail -1 "$W/$m.compare")"; grep DIVERGED "$W/$m.compare" | head -3
+      failed "$m f32 TP$tp goldens: $(tail -1 "$W/$m.compare")"; grep DIVERGED "$W/$m.compare" | head -3
     fi
-    python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp2" <<'PY' && pass "$m f32 TP2 margins next to TP1" || failed "$m f32 TP2 margins next to TP1"
+    python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp$tp" <<'PY' && pass "$m f32 TP$tp margins next to TP1" || failed "$m f32 TP$tp margins next to TP1"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
 worst, same = 0.0, 0
@@ -93,8 +103,8 @@ for x, y in zip(a, b):
 print(f"  {same}/{len(a)} cases with identical tokens; largest margin difference {worst:.3g}")
 sys.exit(0 if worst < 1e-4 and len(a) == len(b) else 1)
 PY
-  }
-  # Invariance of a TP2 run: run to run, alone, small chunks and blocks.
+  done
+  # Invariance of a TP-N run: run to run, alone, small chunks and blocks.
   python3 - "$W/$m.inv.jsonl" <<'PY'
 import json, random, sys
 r = random.Random(5)
@@ -105,17 +115,19 @@ with open(sys.argv[1], "w") as f:
                             "max_tokens": 1 + r.randrange(12)}) + "\n")
 PY
   # note: bf16 on every model; f32 (whose arithmetic has no chunked or
-  # fused forms) on the MoE ones, to keep the call short.
-  precisions=bf16
-  case $m in *moe*) precisions="bf16 f32" ;; esac
-  for p in $precisions; do
-    ok=1
-    gen "$W/$m.$p.inv0" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel 2 || continue
-    for flags in "" "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4 --max-num-seqs 5 --kv-cache-blocks 100"; do
-      gen "$W/$m.$p.inv1" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel 2 $flags || { ok=0; continue; }
-      cmp -s "$W/$m.$p.inv0" "$W/$m.$p.inv1" || { failed "$m $p TP2 differs with '$flags'"; ok=0; }
+  # fused forms) on the MoE ones at TP 2, to keep the call short.
+  for tp in $TPS; do
+    precisions=bf16
+    case $m:$tp in *moe*:2) precisions="bf16 f32" ;; esac
+    for p in $precisions; do
+      ok=1
+      gen "$W/$m.$p.inv0" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel $tp || continue
+      for flags in "" "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4 --max-num-seqs 5 --kv-cache-blocks 100"; do
+        gen "$W/$m.$p.inv1" --batch "$W/$m.inv.jsonl" --precision $p --tensor-parallel $tp $flags || { ok=0; continue; }
+        cmp -s "$W/$m.$p.inv0" "$W/$m.$p.inv1" || { failed "$m $p TP$tp differs with '$flags'"; ok=0; }
+      done
+      [ $ok = 1 ] && pass "$m $p TP$tp bit-identical run to run, alone, chunked, preempted"
     done
-    [ $ok = 1 ] && pass "$m $p TP2 bit-identical run to run, alone, chunked, preempted"
   done
 done
 
@@ -164,9 +176,12 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": i, "prompt_token_ids": [r.randrange(500) for _ in range(1 + r.randrange(150))],
                             "max_tokens": 1 + r.randrange(12)}) + "\n")
 PY
-  gen "$W/$m.f32.tp1" --batch "$W/$m.inv.jsonl" --precision f32 &&
-  gen "$W/$m.f32.tp2" --batch "$W/$m.inv.jsonl" --precision f32 --tensor-parallel 2 && {
-    python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp2" <<'PY' && pass "$m f32 FP8 TP2 next to TP1" || failed "$m f32 FP8 TP2 next to TP1"
+  tps=2
+  [ "$m" = qwen3_fp8_tp ] && tps=$TPS
+  gen "$W/$m.f32.tp1" --batch "$W/$m.inv.jsonl" --precision f32 || continue
+  for tp in $tps; do
+    gen "$W/$m.f32.tp$tp" --batch "$W/$m.inv.jsonl" --precision f32 --tensor-parallel $tp && {
+      python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp$tp" <<'PY' && pass "$m f32 FP8 TP$tp next to TP1" || failed "$m f32 FP8 TP$tp next to TP1"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
 worst, same, ok = 0.0, 0, len(a) == len(b)
@@ -180,14 +195,15 @@ for x, y in zip(a, b):
 print(f"  {same}/{len(a)} cases with identical tokens; largest margin difference {worst:.3g}")
 sys.exit(0 if ok and worst < 1e-4 else 1)
 PY
-  }
-  ok=1
-  gen "$W/$m.bf16.inv0" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel 2 || continue
-  for flags in "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4"; do
-    gen "$W/$m.bf16.inv1" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel 2 $flags || { ok=0; continue; }
-    cmp -s "$W/$m.bf16.inv0" "$W/$m.bf16.inv1" || { failed "$m bf16 FP8 TP2 differs with '$flags'"; ok=0; }
+    }
+    ok=1
+    gen "$W/$m.bf16.inv0" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel $tp || continue
+    for flags in "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4"; do
+      gen "$W/$m.bf16.inv1" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel $tp $flags || { ok=0; continue; }
+      cmp -s "$W/$m.bf16.inv0" "$W/$m.bf16.inv1" || { failed "$m bf16 FP8 TP$tp differs with '$flags'"; ok=0; }
+    done
+    [ $ok = 1 ] && pass "$m bf16 FP8 TP$tp bit-identical alone and chunked"
   done
-  [ $ok = 1 ] && pass "$m bf16 FP8 TP2 bit-identical alone and chunked"
 done
 m=qwen3-fp8-tiny
 "$BIN/convert" tests/data/models/$m "$W/$m.pack" --force >/dev/null 2>&1
@@ -202,16 +218,23 @@ else
   failed "$m TP2 refusal: $(tail -1 "$W/$m.refused.err")"
 fi
 
-echo "== data parallel (--devices 0,1) ($(date +%T))"
+echo "== data parallel (--devices) ($(date +%T))"
 m=qwen3.5-moe-tiny-vlm
-if "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda --devices 0,1 \
-     --out "$W/dp.two" --force --margins >/dev/null 2>"$W/dp.err" &&
-   "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda \
-     --out "$W/dp.one" --force --margins >/dev/null 2>>"$W/dp.err"; then
-  cmp -s "$W/dp.two" "$W/dp.one" && pass "--devices 0,1 == one GPU, byte for byte" ||
-    failed "--devices 0,1 differs from the one-GPU run"
+if "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda \
+     --out "$W/dp.one" --force --margins >/dev/null 2>"$W/dp.err"; then
+  devsets="0,1"
+  [ "$ngpu" -gt 2 ] && devsets="0,1 all"
+  for devs in $devsets; do
+    if "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda --devices $devs \
+         --out "$W/dp.many" --force --margins >/dev/null 2>>"$W/dp.err"; then
+      cmp -s "$W/dp.many" "$W/dp.one" && pass "--devices $devs == one GPU, byte for byte" ||
+        failed "--devices $devs differs from the one-GPU run"
+    else
+      failed "--devices $devs run: $(tail -2 "$W/dp.err")"
+    fi
+  done
 else
-  failed "--devices run: $(tail -2 "$W/dp.err")"
+  failed "one-GPU run for the data-parallel check: $(tail -2 "$W/dp.err")"
 fi
 echo "== done (rc $rc, $(date +%T))"
 exit $rc

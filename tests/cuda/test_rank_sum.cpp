@@ -1,7 +1,8 @@
 // Tensor parallelism's collective: sum_ranks against its host reference bit
-// for bit (one GPU), and DeviceCollective::all_reduce_sum over two GPUs
-// through NCCL, eagerly and replayed from a CUDA graph: both ranks get the
-// bits of the reference order.
+// for bit (one GPU), and DeviceCollective::all_reduce_sum over every GPU of
+// the machine (2 or more) through NCCL, eagerly and replayed from a CUDA
+// graph: every rank gets the bits of the reference order.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -170,10 +171,10 @@ void on_ranks(NcclGroup& group, Body body) {
     if (e) std::rethrow_exception(e);
 }
 
-// One NcclGroup over devices 0 and 1 for the suite (creating communicators
-// takes a while). Skipped with fewer than two GPUs; fails when NCCL cannot
-// be loaded.
-class NcclTwoRanks : public ::testing::Test {
+// One NcclGroup over every visible device (up to 8) for the suite (creating
+// communicators takes a while). Skipped with fewer than two GPUs; fails when
+// NCCL cannot be loaded.
+class NcclRanks : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     int count = 0;
@@ -182,10 +183,13 @@ class NcclTwoRanks : public ::testing::Test {
       return;
     }
     try {
-      group_ = new NcclGroup({0, 1});
+      std::vector<int> devices;
+      for (int d = 0; d < std::min(count, 8); ++d) devices.push_back(d);
+      group_ = new NcclGroup(devices);
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
-      std::printf("[ nccl ] %s, version %s, NCCL_NVLS_ENABLE=%s, ranks on devices 0 1\n",
-                  nccl_library_path().c_str(), nccl_version().c_str(), nvls ? nvls : "(unset)");
+      std::printf("[ nccl ] %s, version %s, NCCL_NVLS_ENABLE=%s, %zu ranks on devices 0..%zu\n",
+                  nccl_library_path().c_str(), nccl_version().c_str(), nvls ? nvls : "(unset)",
+                  devices.size(), devices.size() - 1);
       on_ranks(*group_, [](int r) { group_->rank(r).reserve(kMaxN * sizeof(float)); });
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -295,19 +299,19 @@ void check_graph(NcclGroup& group) {
   }
 }
 
-TEST_F(NcclTwoRanks, EagerSumsMatchReferenceOnEveryRank) {
+TEST_F(NcclRanks, EagerSumsMatchReferenceOnEveryRank) {
   check_eager<float>(*group_);
   check_eager<bf16>(*group_);
 }
 
-TEST_F(NcclTwoRanks, CapturedGraphReplaysGiveTheSameBits) {
+TEST_F(NcclRanks, CapturedGraphReplaysGiveTheSameBits) {
   check_graph<float>(*group_);
   check_graph<bf16>(*group_);
 }
 
 // A size over the reservation is refused on every rank before any NCCL call
 // (so no rank is left waiting for the others).
-TEST_F(NcclTwoRanks, RefusesMoreThanReserved) {
+TEST_F(NcclRanks, RefusesMoreThanReserved) {
   std::vector<std::string> messages(group_->size());
   on_ranks(*group_, [&](int r) {
     Stream s;

@@ -58,6 +58,7 @@ class CudaWeights final : public WeightBinder {
  public:
   CudaWeights(const Pack& pack, TpRank tp) : WeightBinder(pack, tp) {}
   using WeightBinder::release_slices;
+  bool copies_on_adopt() const override { return true; }  // every adopt_* uploads
 
   const cuda::DeviceWeight& matrix(Matrix m) const { return matrices_[m.id]; }
   const float* vector(Vector v) const { return vectors_[v.id].as<float>(); }
