@@ -41,7 +41,7 @@ std::vector<Range> rank_ranges(const TpSplit& s, TpRank r) {
     if (g.heads % r.size == 0) {
       h0 = r.rank * (g.heads / r.size);
       h1 = h0 + g.heads / r.size;
-    } else {  // replicated K/V head (checked by tp_rank_config)
+    } else {  // replicated K/V or GDN key head (checked by tp_rank_config)
       h0 = static_cast<int64_t>(r.rank) * g.heads / r.size;
       h1 = h0 + 1;
     }
@@ -83,10 +83,23 @@ ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string&
     c.intermediate_size = full.intermediate_size / size;
   }
   if (full.linear_num_value_heads > 0) {
-    check_divisible(source, "linear_num_key_heads", full.linear_num_key_heads, size);
     check_divisible(source, "linear_num_value_heads", full.linear_num_value_heads, size);
-    c.linear_num_key_heads = full.linear_num_key_heads / size;
     c.linear_num_value_heads = full.linear_num_value_heads / size;
+    // note: fewer GDN key heads than ranks: value head h reads key head
+    // h / (Hv / Hk), so with whole ranks per key head all of a rank's value
+    // heads read one key head, which the rank keeps (its q and k conv
+    // channels computed again on each rank that shares it).
+    if (full.linear_num_key_heads >= size) {
+      check_divisible(source, "linear_num_key_heads", full.linear_num_key_heads, size);
+      c.linear_num_key_heads = full.linear_num_key_heads / size;
+    } else {
+      if (full.linear_num_key_heads <= 0 || size % full.linear_num_key_heads != 0)
+        fail(
+            "{}: tensor parallel {}: config linear_num_key_heads = {} neither divides into nor "
+            "divides {} ranks",
+            source, size, full.linear_num_key_heads, size);
+      c.linear_num_key_heads = 1;
+    }
   }
   if (full.has_moe()) {
     check_divisible(source, "moe_intermediate_size", full.moe.expert_intermediate_size, size);
@@ -109,7 +122,7 @@ TpSplit tp_split(const ModelConfig& c, std::string_view name, int64_t rows) {
   const int64_t I = c.intermediate_size;
   const TpSegment q{Hq, D}, kv{Hkv, D, true};
   // GDN: q, k, v are the conv channels; z follows v; b and a one per value head.
-  const TpSegment gq{Hk, Dk}, gv{Hv, Dv}, per_v{Hv, 1};
+  const TpSegment gq{Hk, Dk, true}, gv{Hv, Dv}, per_v{Hv, 1};
   // The one table of split tensors (pack names after "layers.N.").
   if (n == "self_attn.qkv_proj") {
     // note: a gated layer's rows are q, then its output gate, then k, v

@@ -7,7 +7,9 @@
 //   attention   query (and output-gate) heads split evenly; K/V heads split
 //               evenly, or, with fewer K/V heads than ranks, each rank keeps
 //               the one K/V head its query heads read (replicated);
-//   GDN         key heads and value heads split evenly; conv channels,
+//   GDN         key heads and value heads split evenly; with fewer key
+//               heads than ranks, each rank keeps the one key head its value
+//               heads read (replicated, as K/V heads above); conv channels,
 //               dt_bias and A follow their heads;
 //   MLP, experts, shared expert   the intermediate width split evenly;
 //   o_proj, out_proj, down_proj   split by input column, so that each rank's
@@ -69,7 +71,7 @@ ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string&
 struct TpSegment {
   int64_t heads = 0;
   int64_t unit = 1;
-  bool replicable = false;  // K/V heads only
+  bool replicable = false;  // attention K/V heads and GDN key heads only
 };
 
 // How one pack tensor splits: along its rows (dim -2 of a matrix or stacked

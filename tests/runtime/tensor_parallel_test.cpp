@@ -68,6 +68,13 @@ TEST(TensorParallelConfig, DividesHeadsAndWidths) {
   EXPECT_EQ(r4.num_attention_heads, 2);
   EXPECT_EQ(r4.num_kv_heads, 1);
   EXPECT_EQ(tp_rank_config(c, 1, "m.pack").num_attention_heads, 8);
+  // Fewer GDN key heads than ranks: one (replicated) key head per rank, the
+  // value heads split evenly.
+  ModelConfig two_keys = c;
+  two_keys.linear_num_key_heads = 2;
+  const ModelConfig g4 = tp_rank_config(two_keys, 4, "m.pack");
+  EXPECT_EQ(g4.linear_num_key_heads, 1);
+  EXPECT_EQ(g4.linear_num_value_heads, 2);
 }
 
 TEST(TensorParallelConfig, RefusesWhatDoesNotSplit) {
@@ -80,6 +87,13 @@ TEST(TensorParallelConfig, RefusesWhatDoesNotSplit) {
   EXPECT_NE(error_of([&] {
               tp_rank_config(odd_kv, 4, "m.pack");
             }).find("num_key_value_heads = 3 neither divides into nor divides 4 ranks"),
+            std::string::npos);
+  ModelConfig odd_keys = c;
+  odd_keys.linear_num_key_heads = 3;
+  odd_keys.linear_num_value_heads = 12;
+  EXPECT_NE(error_of([&] {
+              tp_rank_config(odd_keys, 4, "m.pack");
+            }).find("linear_num_key_heads = 3 neither divides into nor divides 4 ranks"),
             std::string::npos);
   ModelConfig moe = c;
   moe.moe.expert_intermediate_size = 10;
@@ -110,6 +124,33 @@ std::vector<int64_t> kept(const std::vector<TpSegment>& segs, int r, int n) {
     offset += g.heads * g.unit;
   }
   return out;
+}
+
+// Rank r's GDN key head is the one its value heads read: value head h reads
+// key head h / (Hv / Hk) (the GDN layer's grouping), so the q and k rows a
+// rank keeps are those of key head (first value head of r) / (Hv / Hk).
+TEST(TensorParallelSlice, ReplicatedGdnKeyHeadIsTheOneTheRanksValueHeadsRead) {
+  ModelConfig c = qwen3_5_moe_like();
+  c.linear_num_key_heads = 2;  // Hv = 8: 4 value heads per key head
+  const int64_t Hk = 2, Hv = 8, Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
+  const int64_t conv_rows = 2 * Hk * Dk + Hv * Dv;
+  const TpSplit s = tp_split(c, "layers.0.linear_attn.conv1d", conv_rows);
+  ASSERT_EQ(s.dim, TpSplit::Dim::kRows);
+  const std::vector<float> conv = indexed(1, conv_rows, 4);
+  const TensorView full(conv.data(), DType::F32, {conv_rows, 4});
+  for (int r = 0; r < 4; ++r) {
+    TpStorage store;
+    const TensorView v = tp_slice(full, s, TpRank{r, 4}, "conv1d", store);
+    const int64_t per_v = Hv / 4, key = (r * per_v) / (Hv / Hk);
+    std::vector<int64_t> want;
+    for (int64_t part = 0; part < 2; ++part)  // q then k channels of the key head
+      for (int64_t u = 0; u < Dk; ++u) want.push_back(part * Hk * Dk + key * Dk + u);
+    for (int64_t h = r * per_v; h < (r + 1) * per_v; ++h)
+      for (int64_t u = 0; u < Dv; ++u) want.push_back(2 * Hk * Dk + h * Dv + u);
+    ASSERT_EQ(v.shape[0], static_cast<int64_t>(want.size())) << "rank " << r;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(v.as<float>()[i * 4], static_cast<float>(want[i] * 1000)) << "rank " << r << " row " << i;
+  }
 }
 
 TEST(TensorParallelSlice, RowsColumnsAndStackedExpertsAgainstTheIndexRule) {
@@ -480,9 +521,11 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallelGolden,
                                            TpCase{"tests/data/models/qwen3-tiny", 4},
                                            TpCase{"tests/data/models/qwen3-tiny-sharded-f32", 4},
                                            TpCase{"tests/data/models/qwen3.5-tiny", 2},
+                                           TpCase{"tests/data/models/qwen3.5-tiny", 4},
                                            TpCase{"tests/data/models/qwen3.5-tiny-vlm", 2},
                                            TpCase{"tests/data/models/qwen3-moe-tiny", 2},
-                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 2}),
+                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 2},
+                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 4}),
                          [](const auto& info) { return case_name(info.param); });
 
 // 40 mixed prompts (lengths 1..90, budgets 1..8).
