@@ -131,13 +131,15 @@ PY
   done
 done
 
-echo "== block-FP8 tensor parallel ($(date +%T))"
+echo "== synthesised models under tensor parallel: block-FP8, and one GDN key head for 2 ranks ($(date +%T))"
 # The configs of TensorParallelFp8Model (tests/runtime/tensor_parallel_test.cpp).
 for spec in \
   'qwen3_fp8_tp|qwen3-fp8-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "num_hidden_layers": 2}' \
   'qwen3_moe_fp8_tp|qwen3-moe-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "moe_intermediate_size": 256, "num_local_experts": 4, "num_hidden_layers": 2}' \
+  'qwen3_5_moe_gdn_rep|qwen3.5-moe-fp8-tiny|{"hidden_size": 128, "head_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 1, "linear_num_key_heads": 1, "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "num_experts": 4, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"], "rope_parameters": {"mrope_section": [4, 2, 2]}}|bf16' \
   'qwen3_5_moe_fp8_tp|qwen3.5-moe-fp8-tiny|{"hidden_size": 256, "head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "linear_num_key_heads": 4, "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "num_experts": 4, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"], "rope_parameters": {"mrope_section": [8, 4, 4]}}'; do
-  IFS='|' read -r m base changes <<<"$spec"
+  IFS='|' read -r m base changes wdtype <<<"$spec"
+  wdtype=${wdtype:-fp8}
   python3 - "tests/data/models/$base/config.json" "$changes" "$W/$m.config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c.pop("quantization_config", None)
@@ -149,7 +151,9 @@ patch(c, json.loads(sys.argv[2]))
 json.dump(c, open(sys.argv[3], "w"), indent=2)
 PY
   rm -rf "$W/$m-ckpt"
-  "$BIN/synth" "$W/$m.config.json" "$W/$m-ckpt" --seed 5 --fp8 >/dev/null 2>"$W/$m.synth.err" ||
+  sflags=(--seed 5)
+  [ "$wdtype" = fp8 ] && sflags+=(--fp8)
+  "$BIN/synth" "$W/$m.config.json" "$W/$m-ckpt" "${sflags[@]}" >/dev/null 2>"$W/$m.synth.err" ||
     { failed "$m synth: $(tail -1 "$W/$m.synth.err")"; continue; }
   # Block scales times 0.5 .. 2, varying from block to block (as the CPU test).
   python3 - "$W/$m-ckpt" <<'PY'
@@ -181,7 +185,7 @@ PY
   gen "$W/$m.f32.tp1" --batch "$W/$m.inv.jsonl" --precision f32 || continue
   for tp in $tps; do
     gen "$W/$m.f32.tp$tp" --batch "$W/$m.inv.jsonl" --precision f32 --tensor-parallel $tp && {
-      python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp$tp" <<'PY' && pass "$m f32 FP8 TP$tp next to TP1" || failed "$m f32 FP8 TP$tp next to TP1"
+      python3 - "$W/$m.f32.tp1" "$W/$m.f32.tp$tp" <<'PY' && pass "$m f32 $wdtype TP$tp next to TP1" || failed "$m f32 $wdtype TP$tp next to TP1"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
 worst, same, ok = 0.0, 0, len(a) == len(b)
@@ -200,9 +204,9 @@ PY
     gen "$W/$m.bf16.inv0" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel $tp || continue
     for flags in "--max-num-seqs 1" "--max-batched-tokens 7 --block-size 4"; do
       gen "$W/$m.bf16.inv1" --batch "$W/$m.inv.jsonl" --precision bf16 --tensor-parallel $tp $flags || { ok=0; continue; }
-      cmp -s "$W/$m.bf16.inv0" "$W/$m.bf16.inv1" || { failed "$m bf16 FP8 TP$tp differs with '$flags'"; ok=0; }
+      cmp -s "$W/$m.bf16.inv0" "$W/$m.bf16.inv1" || { failed "$m bf16 $wdtype TP$tp differs with '$flags'"; ok=0; }
     done
-    [ $ok = 1 ] && pass "$m bf16 FP8 TP$tp bit-identical alone and chunked"
+    [ $ok = 1 ] && pass "$m bf16 $wdtype TP$tp bit-identical alone and chunked"
   done
 done
 m=qwen3-fp8-tiny
