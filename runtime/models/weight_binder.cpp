@@ -105,7 +105,7 @@ Matrix WeightBinder::matrix(const std::string& name, int64_t rows, int64_t cols,
   if (fp8 != nullptr) fp8 = tp_slice_fp8(*fp8, v, s, tp_, pack_.path(), slices_);
   if (v.data != full.data) release_source(full);
   const int32_t id = adopt_matrix(name, v, fp8, use);
-  if (copies_on_adopt()) slices_.clear();
+  if (copies_on_adopt()) slices_.recycle();
   return Matrix{id, rows, cols};
 }
 
@@ -131,7 +131,7 @@ Experts WeightBinder::experts(const std::string& prefix) {
       if (t->data != nullptr) release_source(*t);
   }
   const int32_t id = adopt_experts(prefix, w);
-  if (copies_on_adopt()) slices_.clear();
+  if (copies_on_adopt()) slices_.recycle();
   return Experts{id};
 }
 

@@ -69,8 +69,9 @@ class WeightBinder {
   // them elsewhere).
   void release_slices() { slices_.clear(); }
   // True for a backend whose adopt_* copies what it is given (the CUDA
-  // upload): the binder then drops each slice right after its adopt_*, so a
-  // rank never holds a host copy of more than one tensor's slice.
+  // upload): the binder then ends each slice right after its adopt_*
+  // (TpStorage::recycle), so a rank never holds a host copy of more than one
+  // tensor's slice.
   virtual bool copies_on_adopt() const { return false; }
 
  private:

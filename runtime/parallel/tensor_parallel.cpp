@@ -189,14 +189,30 @@ PackFp8Scales& TpStorage::add_scales() {
 
 void TpStorage::clear() {
   blocks_.clear();
+  pool_.clear();
+  scales_.clear();
+}
+
+void TpStorage::recycle() {
+  for (Block& b : blocks_) pool_.push_back(std::move(b));
+  blocks_.clear();
   scales_.clear();
 }
 
 void* TpStorage::allocate(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+  // The smallest recycled block that holds it, else a new one.
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->capacity >= rounded && (best == pool_.end() || it->capacity < best->capacity)) best = it;
+  if (best != pool_.end()) {
+    blocks_.push_back(std::move(*best));
+    pool_.erase(best);
+    return blocks_.back().p.get();
+  }
+  void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) fail("tensor parallel: cannot allocate {} bytes for a weight slice", bytes);
-  blocks_.emplace_back(p);
+  blocks_.push_back(Block{std::unique_ptr<void, Free>(p), rounded});
   return p;
 }
 

@@ -100,13 +100,26 @@ class TpStorage {
   void* allocate(size_t bytes);
   // A new record, at an address that stays valid until clear().
   PackFp8Scales& add_scales();
+  // Frees every slice and record.
   void clear();
+  // Ends every slice and record (their addresses go invalid) but keeps the
+  // memory for the next allocate()s.
+  // note: a backend that uploads each slice right away (CUDA) recycles
+  // after every tensor: its layers' slices have the same sizes, so the
+  // pages are faulted in once instead of once per tensor (fresh pages
+  // cost more than the copy into them).
+  void recycle();
 
  private:
   struct Free {
     void operator()(void* p) const;
   };
-  std::vector<std::unique_ptr<void, Free>> blocks_;
+  struct Block {
+    std::unique_ptr<void, Free> p;
+    size_t capacity = 0;
+  };
+  std::vector<Block> blocks_;  // in use
+  std::vector<Block> pool_;    // recycled, free
   std::vector<std::unique_ptr<PackFp8Scales>> scales_;
 };
 

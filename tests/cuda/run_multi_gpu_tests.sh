@@ -21,7 +21,9 @@
 #      256 do not split into whole 128-wide blocks over 4 ranks); the
 #      qwen3-fp8-tiny fixture refused at TP2;
 #   4. --devices all (every GPU) and --devices 0,1 give the one-GPU run's
-#      file byte for byte.
+#      file byte for byte;
+#   5. --tune-only at TP 2 writes the ranks' plan cache, and a run reading
+#      it tunes nothing and gives the bytes of a run tuned from scratch.
 # Prints PASS/FAIL per check; exit status 1 if any check failed.
 #
 #   bash tests/cuda/run_multi_gpu_tests.sh     # OUT: logs (default ./gpu-out)
@@ -239,6 +241,28 @@ if "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda 
   done
 else
   failed "one-GPU run for the data-parallel check: $(tail -2 "$W/dp.err")"
+fi
+echo "== --tune-only under tensor parallel ($(date +%T))"
+# The ranks' shared plan cache written by --tune-only at TP 2: a run that
+# reads it tunes nothing and gives the bytes of a run tuned from scratch.
+m=qwen3.5-moe-tiny-vlm
+rm -f "$W/tp.plans.json"
+tp_gen() {  # OUT PLAN-CACHE
+  "$BIN/generate" --model "$W/$m.pack" --batch "$W/$m.inv.jsonl" --device cuda --precision bf16 \
+    --tensor-parallel 2 --plan-cache "$2" --out "$1" --force --margins >/dev/null 2>>"$W/tune.err"
+}
+if "$BIN/generate" --model "$W/$m.pack" --device cuda --precision bf16 --tensor-parallel 2 --tune-only \
+     --plan-cache "$W/tp.plans.json" >/dev/null 2>"$W/tune.err" && [ -s "$W/tp.plans.json" ] &&
+   tp_gen "$W/tp.cached" "$W/tp.plans.json" && tp_gen "$W/tp.scratch" off; then
+  tuned=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["gemm_plan"]["ranges_tuned"])' \
+    "$W/tp.cached.meta.json")
+  if [ "$tuned" = 0 ] && cmp -s "$W/tp.cached" "$W/tp.scratch"; then
+    pass "TP2 --tune-only: the cached run tuned 0 ranges and matches a run tuned from scratch"
+  else
+    failed "TP2 --tune-only: the cached run tuned $tuned ranges or differs from the run tuned from scratch"
+  fi
+else
+  failed "TP2 --tune-only: $(tail -2 "$W/tune.err")"
 fi
 echo "== done (rc $rc, $(date +%T))"
 exit $rc

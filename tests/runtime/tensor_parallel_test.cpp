@@ -153,6 +153,24 @@ TEST(TensorParallelSlice, ReplicatedGdnKeyHeadIsTheOneTheRanksValueHeadsRead) {
   }
 }
 
+// recycle() ends the slices but keeps their memory: the next allocations of
+// the same sizes reuse it (the smallest block that fits); clear() frees it.
+TEST(TensorParallelStorage, RecycleReusesTheSmallestBlockThatFits) {
+  TpStorage store;
+  void* big = store.allocate(1 << 20);
+  void* small = store.allocate(1000);
+  store.recycle();
+  EXPECT_EQ(store.allocate(900), small);      // the smallest that fits
+  EXPECT_EQ(store.allocate(1 << 20), big);    // then the big one
+  EXPECT_NE(store.allocate(64), nullptr);     // none left: a new block
+  store.recycle();
+  void* again = store.allocate((1 << 20) + 64);  // larger than any: new
+  EXPECT_NE(again, big);
+  EXPECT_NE(again, small);
+  store.clear();
+  EXPECT_NE(store.allocate(16), nullptr);
+}
+
 TEST(TensorParallelSlice, RowsColumnsAndStackedExpertsAgainstTheIndexRule) {
   const ModelConfig c = qwen3_5_moe_like();
   const int64_t H = c.hidden_size, D = c.head_dim;

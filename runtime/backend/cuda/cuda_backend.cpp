@@ -132,6 +132,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     rope_.interleaved = r.mrope_interleaved;
     if (cfg_.has_moe()) moe_.emplace(cfg_);
     QTK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cuda::release_upload_staging();  // the weights are up: its pinned buffers can go
   }
   ~CudaBackend() override { cudaStreamDestroy(stream_); }
 

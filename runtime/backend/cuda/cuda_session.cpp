@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
 #include "pack/pack.h"
 #include "runtime/backend/backend.h"
 #include "runtime/backend/cuda/cuda_model.h"
@@ -74,12 +75,23 @@ class CudaTensorParallelSession final : public BackendSession {
     return fmt::format("{} x {} (tensor parallel over NCCL {})", group_.size(), device_name_,
                        cuda::nccl_version());
   }
-  // note: --tune-only runs a synthetic request through one model; the
-  // ranks of a split one only step together (their all-reduces).
+  // note: --tune-only steps the synthetic request through the whole split
+  // model (its ranks step together: their all-reduces), then each rank
+  // tunes the ranges it has not decided on its own GPU, and rank 0 writes
+  // the file the ranks share (their shapes are the same).
   void tune_only() override {
-    fail(
-        "--tune-only: not available with --tensor-parallel (a run's ranks write the plan cache "
-        "of their shapes as they tune)");
+    bool tunes = true;
+    model_->run_on_ranks([&](int r) {
+      const cuda::Gemm* gemm = dynamic_cast<CudaModel&>(model_->rank(r)).gemm();
+      if (r == 0) tunes = gemm != nullptr && gemm->alternates();
+    });
+    if (tunes) {
+      CudaStartup::run_tuning_request(*model_);
+      model_->run_on_ranks([&](int r) { plans_[r]->tune_remaining(); });
+    }
+    model_->run_on_ranks([&](int r) {
+      if (r == 0) plans_[0]->save_and_report();
+    });
   }
   // Rank 0's plan cache written; "gemm_plan", "startup" and the NCCL used.
   void finish(nlohmann::json& header) override {

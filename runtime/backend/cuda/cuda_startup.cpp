@@ -131,10 +131,8 @@ CudaStartup::CudaStartup(CudaModel& model, const Pack& pack, const std::string& 
   gemm->preload(load_.plans);
 }
 
-void CudaStartup::tune_all() {
-  cuda::Gemm* gemm = model_.gemm();
-  if (gemm == nullptr || !gemm->alternates()) return;
-  const ModelConfig& c = model_.config();
+void CudaStartup::run_tuning_request(Model& model) {
+  const ModelConfig& c = model.config();
   // note: 2 new tokens after the prompt: one prefill step and one decode
   // step (bf16 Qwen3.5 takes prompts of 64+ tokens through the chunked GDN
   // path). The GEMM shape classes do not depend on the step's rows, so these
@@ -151,7 +149,7 @@ void CudaStartup::tune_all() {
   so.block_size = 16;
   so.max_context = prompt + new_tokens;
   so.num_blocks = (so.max_context + so.block_size - 1) / so.block_size + 1;
-  Scheduler sched(model_, so);
+  Scheduler sched(model, so);
   if (const std::string why = sched.check_fits(r); !why.empty())
     fail("--tune-only: the tuning request does not fit this model: {}", why);
   sched.add(std::move(r));
@@ -160,11 +158,20 @@ void CudaStartup::tune_all() {
     finished.clear();
     sched.step(finished);
   }
-  tune_remaining_gemm_ranges(model_);
 }
 
+void CudaStartup::tune_remaining() { tune_remaining_gemm_ranges(model_); }
+
 void CudaStartup::tune_only() {
-  tune_all();
+  const cuda::Gemm* gemm = model_.gemm();
+  if (gemm != nullptr && gemm->alternates()) {
+    run_tuning_request(model_);
+    tune_remaining();
+  }
+  save_and_report();
+}
+
+void CudaStartup::save_and_report() {
   save();
   const nlohmann::json pm = plan_meta();
   const std::string where = written_        ? fmt::format("written to {}", path_)

@@ -13,6 +13,7 @@
 namespace qtk {
 
 class CudaModel;
+class Model;
 class Pack;
 
 // Tunes every GEMM M range of the shape classes the model has met so far
@@ -40,7 +41,13 @@ class CudaStartup {
   // covers any later run of this model shape; saves and says on stderr
   // what it did.
   void tune_only();
-  void tune_all();  // the tuning alone
+  // Its parts, for a tensor-parallel model whose ranks each hold a
+  // CudaStartup: the synthetic request through `model` (the whole model,
+  // whose ranks step together), then on each rank tune_remaining(), then on
+  // rank 0 save_and_report().
+  static void run_tuning_request(Model& model);
+  void tune_remaining();
+  void save_and_report();
 
   // Writes the cache file when this run decided something the file did not
   // hold (merged with what the file holds now). A failure is a warning on
