@@ -48,8 +48,8 @@
 # layout, experts FP8; synth's default Qwen3.5-MoE layout is the bf16 Hub
 # checkpoints' fused experts, which --fp8 leaves bf16: 67.9 GB).
 #
-# Time: the plan printed first estimates each case (rough: synth 1-2 GB/s on
-# 16 threads, convert 0.6 GB/s, a load per process, guessed compute); with
+# Time: the plan printed first estimates each case (rough: synth 1.5-2 GB/s on
+# 16-32 threads, convert 1.1 GB/s, a load per process, guessed compute); with
 # FD_BUDGET a case that would not fit is skipped and its own command printed,
 # and every phase's real time is printed and kept in the records.
 set -uo pipefail
@@ -122,10 +122,10 @@ rec() { python3 -c 'import json,sys; print(json.dumps(json.loads(sys.argv[1])))'
 } | tee "$OUT/machine.txt"
 
 # Case configs, sizes and time estimates.
-# note: the estimates use rates measured on a 2-core VM (synth --threads 2:
-# FP8 0.17 GB per core-second, bf16 0.6; convert 0.7 GB/s to disk), taken
-# conservatively for 16 cores, and guesses for load and compute: rough, for
-# planning calls; every phase's real time is printed and recorded.
+# note: the estimates use rates measured on the device hosts (FP8 Qwen3.5-122B-A10B
+# shape, 32 CPUs: synth 1.65-1.93 GB/s into /dev/shm, convert 1.23-1.46 GB/s to disk,
+# a tensor-parallel load of 124 GB in 30 s), taken a little lower, and guesses for
+# compute: rough, for planning calls; every phase's real time is printed and recorded.
 declare -A CFG BYTES EST
 for c in $CASES; do
   IFS=: read -r name layers dtype tps <<<"$c"
@@ -150,9 +150,9 @@ for c in $CASES; do
 import sys
 gb, dtype, batches, device, plan = int(sys.argv[1]) / 1e9, sys.argv[2], sys.argv[3].split(), sys.argv[4], sys.argv[5]
 widths = len(sys.argv[6].split(","))
-synth = gb / (1.0 if dtype == "fp8" else 2.0)
-convert = gb / 0.6
-load = 3 + gb / 3.0           # CUDA context, checksums, upload
+synth = gb / (1.5 if dtype == "fp8" else 2.0)
+convert = gb / 1.1
+load = 3 + gb / 3.5           # CUDA context, checksums, upload
 runs = 0.0
 for b in map(int, batches):
     compute = 5 if b == 1 else (60 if dtype == "fp8" else 15)

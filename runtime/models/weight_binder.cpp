@@ -126,8 +126,8 @@ Experts WeightBinder::experts(const std::string& prefix) {
   if (tp_.split()) {
     const MoeWeights full = w;
     w = tp_slice_experts(full, pack_.config(), tp_, prefix, pack_.path(), slices_);
-    for (const TensorView* t : {&full.gate_up_proj, &full.down_proj, &full.shared_gate_up_proj,
-                                &full.shared_down_proj})
+    for (const TensorView* t :
+         {&full.gate_up_proj, &full.down_proj, &full.shared_gate_up_proj, &full.shared_down_proj})
       if (t->data != nullptr) release_source(*t);
   }
   const int32_t id = adopt_experts(prefix, w);

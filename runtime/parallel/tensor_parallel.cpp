@@ -57,6 +57,20 @@ int64_t extent(const TpSplit& s) {
   return n;
 }
 
+// A rank's share of `heads` (config field `field`) that may be replicated:
+// heads / size when size divides them, 1 (the rank's replicated head) when
+// they divide size; fails otherwise.
+int64_t heads_per_rank(const std::string& source, const char* field, int64_t heads, int size) {
+  if (heads >= size) {
+    check_divisible(source, field, heads, size);
+    return heads / size;
+  }
+  if (heads <= 0 || size % heads != 0)
+    fail("{}: tensor parallel {}: config {} = {} neither divides into nor divides {} ranks", source,
+         size, field, heads, size);
+  return 1;
+}
+
 }  // namespace
 
 ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string& source) {
@@ -67,17 +81,7 @@ ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string&
   c.num_attention_heads = full.num_attention_heads / size;
   // note: fewer K/V heads than ranks: each rank keeps the one K/V head its
   // query heads read, which needs whole ranks per K/V head.
-  if (full.num_kv_heads >= size) {
-    check_divisible(source, "num_key_value_heads", full.num_kv_heads, size);
-    c.num_kv_heads = full.num_kv_heads / size;
-  } else {
-    if (full.num_kv_heads <= 0 || size % full.num_kv_heads != 0)
-      fail(
-          "{}: tensor parallel {}: config num_key_value_heads = {} neither divides into nor "
-          "divides {} ranks",
-          source, size, full.num_kv_heads, size);
-    c.num_kv_heads = 1;
-  }
+  c.num_kv_heads = heads_per_rank(source, "num_key_value_heads", full.num_kv_heads, size);
   if (full.has_dense_mlp()) {
     check_divisible(source, "intermediate_size", full.intermediate_size, size);
     c.intermediate_size = full.intermediate_size / size;
@@ -89,17 +93,8 @@ ModelConfig tp_rank_config(const ModelConfig& full, int size, const std::string&
     // h / (Hv / Hk), so with whole ranks per key head all of a rank's value
     // heads read one key head, which the rank keeps (its q and k conv
     // channels computed again on each rank that shares it).
-    if (full.linear_num_key_heads >= size) {
-      check_divisible(source, "linear_num_key_heads", full.linear_num_key_heads, size);
-      c.linear_num_key_heads = full.linear_num_key_heads / size;
-    } else {
-      if (full.linear_num_key_heads <= 0 || size % full.linear_num_key_heads != 0)
-        fail(
-            "{}: tensor parallel {}: config linear_num_key_heads = {} neither divides into nor "
-            "divides {} ranks",
-            source, size, full.linear_num_key_heads, size);
-      c.linear_num_key_heads = 1;
-    }
+    c.linear_num_key_heads =
+        heads_per_rank(source, "linear_num_key_heads", full.linear_num_key_heads, size);
   }
   if (full.has_moe()) {
     check_divisible(source, "moe_intermediate_size", full.moe.expert_intermediate_size, size);
@@ -204,7 +199,8 @@ void* TpStorage::allocate(size_t bytes) {
   // The smallest recycled block that holds it, else a new one.
   auto best = pool_.end();
   for (auto it = pool_.begin(); it != pool_.end(); ++it)
-    if (it->capacity >= rounded && (best == pool_.end() || it->capacity < best->capacity)) best = it;
+    if (it->capacity >= rounded && (best == pool_.end() || it->capacity < best->capacity))
+      best = it;
   if (best != pool_.end()) {
     blocks_.push_back(std::move(*best));
     pool_.erase(best);

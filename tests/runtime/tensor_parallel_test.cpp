@@ -149,7 +149,8 @@ TEST(TensorParallelSlice, ReplicatedGdnKeyHeadIsTheOneTheRanksValueHeadsRead) {
       for (int64_t u = 0; u < Dv; ++u) want.push_back(2 * Hk * Dk + h * Dv + u);
     ASSERT_EQ(v.shape[0], static_cast<int64_t>(want.size())) << "rank " << r;
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_EQ(v.as<float>()[i * 4], static_cast<float>(want[i] * 1000)) << "rank " << r << " row " << i;
+      EXPECT_EQ(v.as<float>()[i * 4], static_cast<float>(want[i] * 1000))
+          << "rank " << r << " row " << i;
   }
 }
 
@@ -160,9 +161,9 @@ TEST(TensorParallelStorage, RecycleReusesTheSmallestBlockThatFits) {
   void* big = store.allocate(1 << 20);
   void* small = store.allocate(1000);
   store.recycle();
-  EXPECT_EQ(store.allocate(900), small);      // the smallest that fits
-  EXPECT_EQ(store.allocate(1 << 20), big);    // then the big one
-  EXPECT_NE(store.allocate(64), nullptr);     // none left: a new block
+  EXPECT_EQ(store.allocate(900), small);    // the smallest that fits
+  EXPECT_EQ(store.allocate(1 << 20), big);  // then the big one
+  EXPECT_NE(store.allocate(64), nullptr);   // none left: a new block
   store.recycle();
   void* again = store.allocate((1 << 20) + 64);  // larger than any: new
   EXPECT_NE(again, big);
