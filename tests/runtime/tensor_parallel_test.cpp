@@ -602,7 +602,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallelInvariance,
                          ::testing::Values(TpCase{"tests/data/models/qwen3-tiny", 2},
                                            TpCase{"tests/data/models/qwen3.5-tiny", 2},
                                            TpCase{"tests/data/models/qwen3-moe-tiny", 2},
-                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 2}),
+                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 2},
+                                           TpCase{"tests/data/models/qwen3.5-moe-tiny-vlm", 4}),
                          [](const auto& info) { return case_name(info.param); });
 
 // ---- block-FP8 models through generate ----
