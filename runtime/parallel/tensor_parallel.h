@@ -98,7 +98,7 @@ class TpStorage {
   TpStorage& operator=(const TpStorage&) = delete;
 
   void* allocate(size_t bytes);
-  // A new record, at an address that stays valid until clear().
+  // A new record, at an address that stays valid until clear() or recycle().
   PackFp8Scales& add_scales();
   // Frees every slice and record.
   void clear();

@@ -11,7 +11,6 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/gemm.h"
 #include "pack/pack.h"
 #include "runtime/backend/backend.h"
 #include "runtime/backend/cuda/cuda_model.h"
@@ -80,12 +79,7 @@ class CudaTensorParallelSession final : public BackendSession {
   // tunes the ranges it has not decided on its own GPU, and rank 0 writes
   // the file the ranks share (their shapes are the same).
   void tune_only() override {
-    bool tunes = true;
-    model_->run_on_ranks([&](int r) {
-      const cuda::Gemm* gemm = dynamic_cast<CudaModel&>(model_->rank(r)).gemm();
-      if (r == 0) tunes = gemm != nullptr && gemm->alternates();
-    });
-    if (tunes) {
+    if (plans_[0]->tunes()) {
       CudaStartup::run_tuning_request(*model_);
       model_->run_on_ranks([&](int r) { plans_[r]->tune_remaining(); });
     }

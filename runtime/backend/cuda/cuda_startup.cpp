@@ -160,11 +160,15 @@ void CudaStartup::run_tuning_request(Model& model) {
   }
 }
 
+bool CudaStartup::tunes() {
+  const cuda::Gemm* gemm = model_.gemm();
+  return gemm != nullptr && gemm->alternates();
+}
+
 void CudaStartup::tune_remaining() { tune_remaining_gemm_ranges(model_); }
 
 void CudaStartup::tune_only() {
-  const cuda::Gemm* gemm = model_.gemm();
-  if (gemm != nullptr && gemm->alternates()) {
+  if (tunes()) {
     run_tuning_request(model_);
     tune_remaining();
   }

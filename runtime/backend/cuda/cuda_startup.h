@@ -46,6 +46,7 @@ class CudaStartup {
   // whose ranks step together), then on each rank tune_remaining(), then on
   // rank 0 save_and_report().
   static void run_tuning_request(Model& model);
+  bool tunes();  // the model has GEMM ranges to tune (alternate algorithms on)
   void tune_remaining();
   void save_and_report();
 

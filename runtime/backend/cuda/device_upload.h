@@ -43,9 +43,9 @@ inline constexpr size_t kUploadChunkBytes = size_t{64} << 20;
 // other's DMA runs. Loads through cudaMemcpy straight from the pageable
 // mapping (the driver stages pageable memory itself, one piece at a time)
 // ran at 2.5-3 GB/s on the device hosts: 33 GB in ~11 s, 124 GB split over
-// 2 GPUs in ~48 s. Each thread
-// has its own buffers (a tensor-parallel rank uploads on its own thread and
-// device); release_upload_staging() frees them once the model is up.
+// 2 GPUs in ~48 s. Each thread has its own buffers (a tensor-parallel rank
+// uploads on its own thread and device); release_upload_staging() frees them
+// once the model is up.
 struct UploadStaging {
   void* buf[2] = {nullptr, nullptr};  // pinned, kUploadChunkBytes each
   cudaEvent_t copied[2] = {nullptr, nullptr};
