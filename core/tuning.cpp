@@ -64,6 +64,16 @@ template <typename Text>
   fail("QTK_GDN_STATE_COLUMNS: expected 16, 32 or 0 (chosen per batch), found '{}'", found);
 }
 
+bool mma_wide_ok(int64_t x) { return x == 0 || x == 4 || x == 32 || x == 64; }
+
+template <typename Text>
+[[noreturn]] void bad_mma_wide(const Text& found) {
+  fail(
+      "QTK_MMA_WIDE: expected 0 (chosen per shape), 4 (the 4-warp kernel), 32 or 64 (rows "
+      "per pass of the split kernel), found '{}'",
+      found);
+}
+
 }  // namespace
 
 Tuning Tuning::from_environment(const std::function<const char*(const char*)>& getenv) {
@@ -86,6 +96,11 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   number("QTK_GEMM_REF_M", t.gemm_ref_m, 1, kGemmRefMMax);
   number("QTK_FUSED_MAX_M", t.fused_max_m, 0, kFusedMaxMMax);
   flag("QTK_MMA_MATMUL", t.mma_matmul);
+  if (auto v = text_of(getenv, "QTK_MMA_WIDE")) {
+    const std::optional<int64_t> x = to_int(*v);
+    if (!x || !mma_wide_ok(*x)) bad_mma_wide(*v);
+    t.mma_wide = static_cast<int>(*x);
+  }
   flag("QTK_GDN_CHUNKED", t.gdn_chunked);
   if (auto v = text_of(getenv, "QTK_GDN_STATE_COLUMNS")) {
     const std::optional<int64_t> x = to_int(*v);
@@ -104,6 +119,7 @@ void Tuning::validate() const {
   check_range("QTK_GEMM_REF_M", gemm_ref_m, 1, kGemmRefMMax);
   check_range("QTK_FUSED_MAX_M", fused_max_m, 0, kFusedMaxMMax);
   if (!state_columns_ok(gdn_state_columns)) bad_state_columns(gdn_state_columns);
+  if (!mma_wide_ok(mma_wide)) bad_mma_wide(mma_wide);
 }
 
 std::vector<TuningEntry> Tuning::entries() const {
@@ -125,7 +141,8 @@ std::vector<TuningEntry> Tuning::entries() const {
   //  - QTK_AMX_PREFETCH (prefetch hints), QTK_TILED (the same products on a
   //    copied layout, tests/tiled), QTK_HUGEPAGES (where the pages live),
   //    QTK_GDN_STATE_COLUMNS (how state columns are spread over blocks, the
-  //    same arithmetic per column), QTK_PDL (launch overlap), QTK_CUDA_GRAPHS
+  //    same arithmetic per column), QTK_MMA_WIDE (which threads compute a
+  //    range sum, the same sums), QTK_PDL (launch overlap), QTK_CUDA_GRAPHS
   //    (the same kernels replayed) and QTK_PLAN_CACHE (a cached plan is used
   //    only where it gives the plan algorithm's bits) change speed only.
   return {
@@ -137,6 +154,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_GEMM_REF_M", gemm_ref_m, E::kCudaResults},
       {"QTK_FUSED_MAX_M", fused_max_m, E::kCudaResults},
       {"QTK_MMA_MATMUL", b(mma_matmul), E::kCudaResults},
+      {"QTK_MMA_WIDE", int64_t{mma_wide}, E::kNone},
       {"QTK_GDN_CHUNKED", b(gdn_chunked), E::kCudaResults},
       {"QTK_GDN_STATE_COLUMNS", int64_t{gdn_state_columns}, E::kNone},
       {"QTK_PDL", b(pdl), E::kNone},
@@ -156,6 +174,7 @@ std::string tuning_help() {
   QTK_GEMM_REF_M         1..65536                      128      yes (cuda)
   QTK_FUSED_MAX_M        0..16                         1        yes (cuda)
   QTK_MMA_MATMUL         0|1                           1        yes (cuda)
+  QTK_MMA_WIDE           0 (per shape)|4|32|64         0        no
   QTK_GDN_CHUNKED        0|1                           1        yes (cuda)
   QTK_GDN_STATE_COLUMNS  0 (per batch)|16|32           0        no
   QTK_PDL                0|1                           1        no

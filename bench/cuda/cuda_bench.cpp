@@ -170,6 +170,10 @@ BENCHMARK(BM_Gemm)
     ->Args({1, 24576, 4096, 1, 128})
     ->Args({128, 24576, 4096, 1, 128})
     ->Args({512, 24576, 4096, 1, 128})
+    ->ArgsProduct({{32, 64, 256}, {24576}, {4096}, {1}, {128}})
+    ->ArgsProduct({{32, 64, 128, 256, 512}, {6144}, {4096}, {1}, {128}})
+    ->ArgsProduct({{32, 64, 128, 256, 512}, {4096}, {12288}, {1}, {128}})
+    ->ArgsProduct({{128, 512}, {1536}, {2048}, {1}, {128}})
     ->Args({8192, 8192, 8192, 1, 128})
     ->Args({1, 6144, 1024, 0, 128})
     ->Args({128, 6144, 1024, 0, 128})
@@ -285,12 +289,17 @@ void BM_WeightMatmul(benchmark::State& state) {
   cudaFree(scale);
 }
 // Qwen3-8B qkv (6144 x 4096), gate_up (24576 x 4096) and down (4096 x 12288);
-// a Qwen3-30B-A3B expert's gate_up (1536 x 2048), bf16.
+// a Qwen3-30B-A3B expert's gate_up (1536 x 2048), bf16. The tensor-core
+// form alone at the batched M (QTK_MMA_WIDE picks its form above 16 rows),
+// next to BM_Gemm's bf16 products of the same shapes.
 BENCHMARK(BM_WeightMatmul)
     ->ArgsProduct({{1, 16, 128}, {6144}, {4096}, {1}, {0, 1}})
     ->ArgsProduct({{1, 128}, {24576}, {4096}, {1}, {0, 1}})
     ->ArgsProduct({{1, 128}, {4096}, {12288}, {1}, {0, 1}})
     ->ArgsProduct({{1, 8, 64}, {1536}, {2048}, {0}, {0, 1}})
+    ->ArgsProduct({{32, 64, 256, 512}, {6144, 24576}, {4096}, {1}, {1}})
+    ->ArgsProduct({{32, 64, 256, 512}, {4096}, {12288}, {1}, {1}})
+    ->ArgsProduct({{128, 512}, {1536}, {2048}, {0}, {1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -19,4 +19,25 @@ bool pdl_enabled() {
   return on;
 }
 
+namespace {
+
+// A device attribute of the current device, read once per device and thread.
+template <cudaDeviceAttr kAttr>
+int device_attribute() {
+  thread_local int device = -1, value = 0;
+  int d = 0;
+  QTK_CUDA_CHECK(cudaGetDevice(&d));
+  if (d != device) {
+    QTK_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, d));
+    device = d;
+  }
+  return value;
+}
+
+}  // namespace
+
+int max_dynamic_smem() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
+
+int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
+
 }  // namespace qtk::cuda

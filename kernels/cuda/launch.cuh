@@ -36,6 +36,14 @@ namespace qtk::cuda {
 // attribute must not be set there.
 bool pdl_enabled();
 
+// The most dynamic shared memory a block may opt in to on the current
+// device (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, less on
+// the GPUs that run the compute_80 PTX).
+int max_dynamic_smem();
+
+// The current device's multiprocessors.
+int sm_count();
+
 // Lets `kernel` use up to `bytes` of dynamic shared memory on the current
 // device (cudaFuncAttributeMaxDynamicSharedMemorySize). note: the attribute
 // belongs to the device it was set on, so it is set once per device, not

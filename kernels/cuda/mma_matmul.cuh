@@ -184,21 +184,34 @@ struct BlockCursor {
   }
 };
 
-// One chunk's products for NT token tiles: b[i] = tile i's 8 bf16 pairs of
-// this lane's token row (pair p = k 16t + 2p, +1), into acc (dense) or the
-// block chain (FP8).
+// One token tile's 4 steps of a chunk: b = the tile's 8 bf16 pairs of this
+// lane's token row (pair p = k 16t + 2p, +1), into d. With kFromZero the
+// chunk starts a chain: its first step adds +0.0 rather than d (what d = 0
+// before the chunk would give, without the zeroing).
+template <bool kFromZero = false>
+__device__ __forceinline__ void tile_steps(const uint32_t (&a)[4][4], const uint32_t (&b)[8],
+                                           float (&d)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (kFromZero && j == 0)
+      mma_bf16_from_zero(d, a[0], b[0], b[1]);
+    else
+      mma_bf16(d, a[j], b[2 * j], b[2 * j + 1]);
+}
+
+// One chunk's products for NT token tiles, into acc (dense) or the block
+// chain (FP8).
 template <int NT>
 __device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4],
                                                const uint32_t (&b)[NT][8], float (&sum)[NT][4]) {
 #pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) mma_bf16(sum[i], a[j], b[i][2 * j], b[i][2 * j + 1]);
+  for (int i = 0; i < NT; ++i) tile_steps(a, b[i], sum[i]);
 }
 
 // Where a scale block or the range ends: acc = fmaf(chain, scale, acc)
-// (rows g: s_lo, g + 8: s_hi) and the chain restarts.
-template <int NT>
+// (rows g: s_lo, g + 8: s_hi); with kReset the chain restarts from zeros
+// (without, the next chunk must start it: tile_steps<true>).
+template <int NT, bool kReset = true>
 __device__ __forceinline__ void fold_chain(float (&chain)[NT][4], float (&acc)[NT][4], float s_lo,
                                            float s_hi) {
 #pragma unroll
@@ -207,8 +220,9 @@ __device__ __forceinline__ void fold_chain(float (&chain)[NT][4], float (&acc)[N
     acc[i][1] = fmaf(chain[i][1], s_lo, acc[i][1]);
     acc[i][2] = fmaf(chain[i][2], s_hi, acc[i][2]);
     acc[i][3] = fmaf(chain[i][3], s_hi, acc[i][3]);
+    if constexpr (kReset)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) chain[i][q] = 0.0f;
+      for (int q = 0; q < 4; ++q) chain[i][q] = 0.0f;
   }
 }
 
@@ -516,34 +530,119 @@ constexpr int wide_smem() {
   return kWideStages * wide_stage_bytes<kFp8>();
 }
 
-// Stages chunk c of the pass's activations (rows rb .. rb + 8*NT - 1) and of
-// the block's 64 weight rows (group grp, columns n_block ..) into `stage`;
-// zeros past r1, N and K.
+// The copies of one pass's chunks by 128 threads (tid 0..127): the
+// activations of rows rb .. rb + 8*NT - 1 (those below r1) and the 64
+// weight rows of group grp from column n_block (those below N).
+// Each thread's sources and shared-memory offsets are worked out once per
+// pass, so a chunk's copies cost an add and a compare each.
+// note: thread tid copies 16-byte piece tid & 7 of activation rows
+// tid / 8 + 16 i, and piece tid % P of weight rows tid / P + 128 / P * i
+// (P = 4 pieces a row for FP8, 8 for bf16): a warp's copies fill whole
+// 128-byte row segments.
 template <int NT, bool kFp8>
-__device__ __forceinline__ void wide_stage(const MmaOperands& o, const int32_t* row_source, int rb,
-                                           int r1, int grp, int n_block, int c,
-                                           unsigned char* stage) {
-  for (int p = threadIdx.x; p < NT * 8 * 8; p += blockDim.x) {
-    const int row = p >> 3, piece = p & 7;
-    const int r = rb + row, k = c * kMmaChunk + piece * 8;
-    const bool ok = r < r1 && k < o.K;
-    const __nv_bfloat16* src =
-        ok ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + k
-           : o.x;
-    cp_async_16(smem_addr(stage + row * kXStride + piece * 16), src, ok);
+struct StageCopies {
+  static constexpr int kThreads = 128;
+  static constexpr int kX = (NT * 64 + kThreads - 1) / kThreads;  // activation pieces a thread
+  static constexpr int kP = kFp8 ? 4 : 8;                         // pieces per weight row
+  static constexpr int kW = 64 * kP / kThreads;                   // weight pieces a thread
+  const __nv_bfloat16* xsrc[kX];  // chunk 0's piece, or nullptr (no row)
+  const unsigned char* wsrc[kW];  // likewise
+  int xk, wk;                     // the pieces' first k within a chunk
+  uint32_t xdst, wdst;            // piece 0's offsets in a stage
+
+  __device__ __forceinline__ StageCopies(const MmaOperands& o, const int32_t* row_source, int rb,
+                                         int r1, int grp, int n_block, int x_bytes, int tid) {
+    xk = (tid & 7) * 8;
+#pragma unroll
+    for (int i = 0; i < kX; ++i) {
+      const int row = (tid >> 3) + 16 * i, r = rb + row;
+      xsrc[i] =
+          row < NT * 8 && r < r1
+              ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + xk
+              : nullptr;
+    }
+    xdst = (tid >> 3) * kXStride + (tid & 7) * 16;
+    wk = (tid % kP) * (kFp8 ? 16 : 8);
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int n = n_block + tid / kP + kThreads / kP * i;
+      const int64_t w = (static_cast<int64_t>(grp) * o.N + n) * o.K + wk;
+      wsrc[i] = n >= o.N ? nullptr
+                : kFp8   ? o.wq + w
+                         : reinterpret_cast<const unsigned char*>(o.wd + w);
+    }
+    wdst = x_bytes + (tid / kP) * w_stride<kFp8>() + (tid % kP) * 16;
   }
-  constexpr int kPieces = kFp8 ? 4 : 8;  // 16-byte pieces per weight row and chunk
-  unsigned char* ws = stage + kWideXBytes;
-  for (int p = threadIdx.x; p < 16 * kWideWarps * kPieces; p += blockDim.x) {
-    const int row = p / kPieces, piece = p % kPieces;
-    const int n = n_block + row;
-    const int k = c * kMmaChunk + piece * (kFp8 ? 16 : 8);
-    const bool ok = n < o.N && k < o.K;
-    const int64_t wrow = static_cast<int64_t>(grp) * o.N + n;
-    const void* src = !ok    ? static_cast<const void*>(o.x)
-                      : kFp8 ? static_cast<const void*>(o.wq + wrow * o.K + k)
-                             : static_cast<const void*>(o.wd + wrow * o.K + k);
-    cp_async_16(smem_addr(ws + row * w_stride<kFp8>() + piece * 16), src, ok);
+  // Chunk c into the stage at shared address st. note: rows past r1 and
+  // weight rows past N are not copied: a B column (token row) reaches only
+  // its own output row and an A row (weight row) its own output column, and
+  // those are never stored. Past K both operands are zeros.
+  __device__ __forceinline__ void issue(const MmaOperands& o, int c, uint32_t st) const {
+    const int k0 = c * kMmaChunk;
+    const bool xk_ok = k0 + xk < o.K, wk_ok = k0 + wk < o.K;
+#pragma unroll
+    for (int i = 0; i < kX; ++i)
+      if (xsrc[i] != nullptr)
+        cp_async_16(st + xdst + i * 16 * kXStride, xk_ok ? xsrc[i] + k0 : o.x, xk_ok);
+    const int64_t wk0 = static_cast<int64_t>(k0) * (kFp8 ? 1 : 2);
+#pragma unroll
+    for (int i = 0; i < kW; ++i)
+      if (wsrc[i] != nullptr)
+        cp_async_16(st + wdst + i * (kThreads / kP) * w_stride<kFp8>(),
+                    wk_ok ? static_cast<const void*>(wsrc[i] + wk0) : o.x, wk_ok);
+  }
+};
+
+// One staged chunk on a warp: its 16 weight rows at wst (rows g and g + 8
+// read by this lane), the pass's activation rows at xst; the products go
+// into the FP8 block chain, folded into acc with the rows' scales where the
+// scale block (or, last, the range) ends, or straight into acc (dense).
+// note: each token tile's fragments are loaded right before its 4 steps,
+// so 8 registers of activations are live rather than 8 per tile.
+template <int NT, bool kFromZero>
+__device__ __forceinline__ void staged_tiles(const unsigned char* xst, const uint32_t (&a)[4][4],
+                                             float (&sum)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const uint4* xs = reinterpret_cast<const uint4*>(xst + (8 * i + g) * kXStride + 32 * t);
+    uint32_t b[8];
+    unpack_pairs(xs[0], xs[1], b);
+    tile_steps<kFromZero>(a, b, sum[i]);
+  }
+}
+
+template <int NT, bool kFp8>
+__device__ __forceinline__ void staged_chunk(const unsigned char* xst, const unsigned char* wst,
+                                             const ScaleRows& sr, BlockCursor& cur,
+                                             bool range_start, bool range_end,
+                                             float (&chain)[NT][4], float (&acc)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  constexpr int kWs = w_stride<kFp8>();
+  RawPiece<kFp8> plo, phi;
+#pragma unroll
+  for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
+    plo.v[v] = reinterpret_cast<const uint4*>(wst + g * kWs + (kFp8 ? 16 : 32) * t)[v];
+    phi.v[v] = reinterpret_cast<const uint4*>(wst + (g + 8) * kWs + (kFp8 ? 16 : 32) * t)[v];
+  }
+  uint32_t lo[8], hi[8], a[4][4];
+  piece_pairs<kFp8>(plo, lo);
+  piece_pairs<kFp8>(phi, hi);
+  chunk_fragments(lo, hi, a);
+  if constexpr (kFp8) {
+    // A chain starts at the range's first chunk and at each scale block's.
+    if (range_start || cur.left == cur.cpb)
+      staged_tiles<NT, true>(xst, a, chain);
+    else
+      staged_tiles<NT, false>(xst, a, chain);
+    const int kb = cur.kb;
+    if (cur.step() || range_end) {
+      float s_lo, s_hi;
+      sr.get(kb, s_lo, s_hi);
+      fold_chain<NT, false>(chain, acc, s_lo, s_hi);
+    }
+  } else {
+    staged_tiles<NT, false>(xst, a, acc);
   }
 }
 
@@ -555,14 +654,15 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
                                           int r1, int grp, int n_block, const ScaleRows& sr,
                                           unsigned char* smem, Y* y, int64_t ldy) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
   const int n0 = n_block + warp * 16;
   const int nchunks = (o.K + kMmaChunk - 1) / kMmaChunk;
   constexpr int kStage = wide_stage_bytes<kFp8>();
+  const StageCopies<NT, kFp8> copies(o, row_source, rb, r1, grp, n_block, kWideXBytes, threadIdx.x);
+  const uint32_t base = smem_addr(smem);
+  const auto stage = [&](int c) { copies.issue(o, c, base + (c % kWideStages) * kStage); };
 #pragma unroll
   for (int s = 0; s < kWideStages - 1; ++s) {
-    if (s < nchunks)
-      wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, s, smem + s * kStage);
+    if (s < nchunks) stage(s);
     cp_async_commit();
   }
   float run[NT][4], acc[NT][4], chain[NT][4];
@@ -579,36 +679,11 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
       cp_async_wait<kWideStages - 2>();
       __syncthreads();  // chunk c is in; every warp is done with chunk c - 1's slot
       const int next = c + kWideStages - 1;
-      if (next < nchunks)
-        wide_stage<NT, kFp8>(o, row_source, rb, r1, grp, n_block, next,
-                             smem + (next % kWideStages) * kStage);
+      if (next < nchunks) stage(next);
       cp_async_commit();
       const unsigned char* st = smem + (c % kWideStages) * kStage;
-      RawPiece<kFp8> plo, phi;
-      const unsigned char* wst = st + kWideXBytes + (warp * 16 + g) * w_stride<kFp8>();
-#pragma unroll
-      for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
-        plo.v[v] = reinterpret_cast<const uint4*>(wst + (kFp8 ? 16 : 32) * t)[v];
-        phi.v[v] =
-            reinterpret_cast<const uint4*>(wst + 8 * w_stride<kFp8>() + (kFp8 ? 16 : 32) * t)[v];
-      }
-      uint32_t b[NT][8];
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        const uint4* xs = reinterpret_cast<const uint4*>(st + (8 * i + g) * kXStride + 32 * t);
-        unpack_pairs(xs[0], xs[1], b[i]);
-      }
-      if constexpr (kFp8) {
-        chunk_mma<NT, kFp8>(plo, phi, b, chain);
-        const int kb = cur.kb;
-        if (cur.step() || c + 1 == c1) {
-          float s_lo, s_hi;
-          sr.get(kb, s_lo, s_hi);
-          fold_chain<NT>(chain, acc, s_lo, s_hi);
-        }
-      } else {
-        chunk_mma<NT, kFp8>(plo, phi, b, acc);
-      }
+      staged_chunk<NT, kFp8>(st, st + kWideXBytes + warp * 16 * w_stride<kFp8>(), sr, cur, c == c0,
+                             c + 1 == c1, chain, acc);
     }
     // The running sum: range 0's sum itself, then + each later range's
     // (an empty range adds 0.0, as in the narrow kernel).
@@ -655,6 +730,149 @@ __global__ void __launch_bounds__(kWideWarps * 32)
       rb += 16;
     } else {
       wide_pass<1, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, wide_smem_buf, y, ldy);
+      rb += 8;
+    }
+  }
+}
+
+// ---- split: 64 columns a block, the 4 ranges side by side ------------------
+
+// The wide form with its K ranges computed at once: 16 warps, warp w taking
+// range w / 4 of columns (w % 4) * 16 .. + 15. Each range's 4 warps stream
+// their chunks through their own cp.async ring under their own named
+// barrier; the 4 range sums then meet in shared memory, added in range
+// order, as in the other two kernels.
+// note: 16 warps a block and one block per SM (the 4 rings fill its shared
+// memory): 4 warps per SM sub-partition to hide the chains', conversions'
+// and copies' latencies, where the 4-warp wide kernel leaves one or two
+// (the M = 128 products of an 8B model run 64 to 384 of its blocks).
+// Without groups a column block's passes are neighbours in grid x, so they
+// read the same weights close together in time (L2).
+constexpr int kSplitColWarps = 4;                         // warps per range: 16 columns each
+constexpr int kSplitWarps = kSplitColWarps * kMmaRanges;  // 16
+constexpr int kSplitCols = 16 * kSplitColWarps;           // 64 columns a block
+constexpr int kSmemOptin = 232448;                        // sm_90's shared memory per block
+
+template <bool kFp8, int kMaxNT>
+struct SplitLayout {
+  static constexpr int kRows = 8 * kMaxNT;  // token rows per pass
+  static constexpr int kStage = kRows * kXStride + kSplitCols * w_stride<kFp8>();
+  // note: the deepest ring per range that fits (at most 6 chunks); the
+  // reduction reuses range 0's ring once every range is done.
+  static constexpr int kStages =
+      kSmemOptin / (kMmaRanges * kStage) < 6 ? kSmemOptin / (kMmaRanges * kStage) : 6;
+  static constexpr int kRing = kStages * kStage;
+  static constexpr int kBlockBytes = kMmaRanges * kRing;
+  static_assert(kStages >= 2, "a ring needs two stages");
+  static_assert(kSplitColWarps * kMaxNT * 4 * 32 * 4 <= kRing, "the reduction fits range 0's ring");
+};
+
+// Waits for the 128 threads of range group r (named barrier 1 + r; 0 is
+// __syncthreads').
+__device__ __forceinline__ void range_barrier(int r) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + r), "n"(32 * kSplitColWarps) : "memory");
+}
+
+// One pass of the block over rows rb .. rb + 8*NT - 1 (those below r1).
+template <int NT, int kMaxNT, class Y, bool kFp8>
+__device__ __forceinline__ void split_pass(const MmaOperands& o, const int32_t* row_source, int rb,
+                                           int r1, int grp, int n_block, const ScaleRows& sr,
+                                           unsigned char* smem, Y* y, int64_t ldy) {
+  using L = SplitLayout<kFp8, kMaxNT>;
+  constexpr int S = L::kStages;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int range = warp / kSplitColWarps, cw = warp % kSplitColWarps;
+  const int tid = threadIdx.x % (32 * kSplitColWarps);
+  unsigned char* ring = smem + range * L::kRing;
+  int c0, c1;
+  chunk_range(o.K, range, c0, c1);
+  const StageCopies<NT, kFp8> copies(o, row_source, rb, r1, grp, n_block, L::kRows * kXStride, tid);
+  const uint32_t base = smem_addr(ring);
+  const auto stage = [&](int c, int slot) { copies.issue(o, c, base + slot * L::kStage); };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (c0 + s < c1) stage(c0 + s, s);
+    cp_async_commit();
+  }
+  float acc[NT][4], chain[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+  BlockCursor cur(c0, kFp8 ? o.bc : kMmaChunk);  // FP8: where the chains end
+  int slot = 0;
+  for (int c = c0; c < c1; ++c) {
+    cp_async_wait<S - 2>();
+    range_barrier(range);  // chunk c is in; the range's warps are done with chunk c - 1's slot
+    const int next = c + S - 1;
+    if (next < c1) stage(next, slot == 0 ? S - 1 : slot - 1);
+    cp_async_commit();
+    const unsigned char* st = ring + slot * L::kStage;
+    staged_chunk<NT, kFp8>(st, st + L::kRows * kXStride + cw * 16 * w_stride<kFp8>(), sr, cur,
+                           c == c0, c + 1 == c1, chain, acc);
+    slot = slot + 1 == S ? 0 : slot + 1;
+  }
+  cp_async_wait<0>();
+  // The range sums added in range order through range 0's ring:
+  // red = a0, red = red + a1, red = red + a2, stored red + a3.
+  float* red = reinterpret_cast<float*>(smem);
+  const auto at = [&](int i, int q) -> float& { return red[((cw * NT + i) * 4 + q) * 32 + lane]; };
+  __syncthreads();  // every range is done with its ring
+#pragma unroll
+  for (int r = 0; r < kMmaRanges - 1; ++r) {
+    if (range == r)
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) at(i, q) = r == 0 ? acc[i][q] : at(i, q) + acc[i][q];
+    __syncthreads();
+  }
+  if (range == kMmaRanges - 1)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        store_element(y, ldy, rb, r1, n_block + cw * 16, o.N, lane, i, q, at(i, q) + acc[i][q]);
+  __syncthreads();  // red is read before the next pass's copies reuse the ring
+}
+
+// Columns (blockIdx.x / passes) * 64 .. + 63 of group slot blockIdx.y:
+// its rows in passes of 8 * kMaxNT rows or fewer; without groups, block x
+// takes pass blockIdx.x % passes (rows pass * 8 * kMaxNT ..) only, with
+// groups every pass of its group (passes 1). Dynamic shared memory:
+// SplitLayout<kFp8, kMaxNT>::kBlockBytes.
+template <class Y, bool kFp8, int kMaxNT>
+__global__ void __launch_bounds__(kSplitWarps * 32, 1)
+    mma_split_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg, int passes) {
+  extern __shared__ __align__(16) unsigned char split_smem_buf[];
+  pdl_begin();
+  int grp, r0, r1;
+  if (!group_rows(rg, grp, r0, r1)) return;
+  const int cb = blockIdx.x / passes;
+  if (rg.offsets == nullptr) {
+    r0 = (blockIdx.x % passes) * 8 * kMaxNT;
+    r1 = min(r1, r0 + 8 * kMaxNT);
+  }
+  const int n_block = cb * kSplitCols;
+  const ScaleRows sr(o, grp, n_block + ((threadIdx.x >> 5) % kSplitColWarps) * 16,
+                     threadIdx.x & 31);
+  for (int rb = r0; rb < r1;) {
+    const int left = r1 - rb;
+    if (kMaxNT == 8 && left > 32) {
+      split_pass<kMaxNT, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr,
+                                          split_smem_buf, y, ldy);
+      rb += 8 * kMaxNT;
+    } else if (left > 16) {
+      split_pass<4, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, split_smem_buf, y,
+                                     ldy);
+      rb += 32;
+    } else if (left > 8) {
+      split_pass<2, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, split_smem_buf, y,
+                                     ldy);
+      rb += 16;
+    } else {
+      split_pass<1, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, grp, n_block, sr, split_smem_buf, y,
+                                     ldy);
       rb += 8;
     }
   }

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -180,6 +181,38 @@ void check_weight_operands(const char* what, const WeightRef<T>& w, int64_t N, i
 
 inline bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// The form of the tensor-core product above 16 rows a group (QTK_MMA_WIDE):
+// the split kernel's rows per pass (64 or 32), or 0 for the 4-warp wide
+// kernel. N: the output columns; rows: M, or the rows per group on average.
+// note: without groups, 32-row passes double the blocks; they are chosen
+// where the 64-row grid leaves the last wave of blocks mostly empty and
+// twice the blocks fill the waves better, with a 32-row block taking
+// kPass32Cost of a 64-row one's time (measured on the Qwen3-8B shapes,
+// bench/cuda/wide_ab.sh). The split kernel needs sm_90's shared memory per
+// block; elsewhere the 4-warp kernel computes the same sums. The choice
+// changes which threads compute a sum, never the sum.
+inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
+  const int form = tuning().mma_wide;
+  if (form == 4) return 0;
+  int pass = form;
+  if (pass == 0) {
+    pass = 64;
+    if (!grouped) {
+      constexpr double kPass32Cost = 0.625;
+      const int64_t sms = sm_count(), col_blocks = (N + dev::kSplitCols - 1) / dev::kSplitCols;
+      const auto waves = [&](int64_t h) {
+        return (col_blocks * ((rows + h - 1) / h) + sms - 1) / sms;
+      };
+      if (static_cast<double>(waves(32)) * kPass32Cost < static_cast<double>(waves(64))) pass = 32;
+    }
+  }
+  const int bytes = pass == 32 ? (fp8 ? dev::SplitLayout<true, 4>::kBlockBytes
+                                      : dev::SplitLayout<false, 4>::kBlockBytes)
+                               : (fp8 ? dev::SplitLayout<true, 8>::kBlockBytes
+                                      : dev::SplitLayout<false, 8>::kBlockBytes);
+  return bytes <= max_dynamic_smem() ? pass : 0;
+}
+
 // The tensor-core product (kernels/cuda/mma_matmul.cuh) over `groups`, if
 // it takes these operands: false, with nothing launched, when it does not.
 // pair: 0, or I = N / 2 for silu(gate) * up into y [rows, I] (the weight's
@@ -236,6 +269,19 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       set_max_dynamic_smem(kernel, smem);
       launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
     };
+    // The split form: without groups, each column block's passes side by
+    // side in grid x.
+    const auto split = [&](auto kernel, int smem, int per_pass) {
+      const int64_t split_passes =
+          groups.offsets == nullptr ? std::max<int64_t>(1, (rows + per_pass - 1) / per_pass) : 1;
+      const dim3 grid(
+          static_cast<unsigned>((N + dev::kSplitCols - 1) / dev::kSplitCols * split_passes),
+          static_cast<unsigned>(groups_y));
+      set_max_dynamic_smem(kernel, smem);
+      launch_kernel(kernel, grid, dim3(32 * dev::kSplitWarps), smem, stream, o, y, ldy, groups,
+                    static_cast<int>(split_passes));
+    };
+    const int pass_rows = rows > 16 ? wide_pass_rows(N, rows, groups.offsets != nullptr, fp8) : 0;
     if (rows <= 8 && fp8)
       narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
     else if (rows <= 8)
@@ -244,10 +290,18 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       narrow(dev::mma_narrow_kernel<Y, true, 2>, dev::NarrowLayout<true, 2>::kBlockBytes);
     else if (rows <= 16)
       narrow(dev::mma_narrow_kernel<Y, false, 2>, dev::NarrowLayout<false, 2>::kBlockBytes);
-    else if (fp8)
+    else if (pass_rows == 0 && fp8)
       wide(dev::mma_wide_kernel<Y, true>, dev::wide_smem<true>());
-    else
+    else if (pass_rows == 0)
       wide(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
+    else if (pass_rows == 32 && fp8)
+      split(dev::mma_split_kernel<Y, true, 4>, dev::SplitLayout<true, 4>::kBlockBytes, 32);
+    else if (pass_rows == 32)
+      split(dev::mma_split_kernel<Y, false, 4>, dev::SplitLayout<false, 4>::kBlockBytes, 32);
+    else if (fp8)
+      split(dev::mma_split_kernel<Y, true, 8>, dev::SplitLayout<true, 8>::kBlockBytes, 64);
+    else
+      split(dev::mma_split_kernel<Y, false, 8>, dev::SplitLayout<false, 8>::kBlockBytes, 64);
     return true;
   }
 }

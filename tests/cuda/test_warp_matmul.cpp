@@ -165,12 +165,14 @@ constexpr MmaShape kMmaShapes[] = {
     {9, 64, 1024, 0, 0, false},    {130, 7, 48, 0, 0, false},      {17, 129, 2048, 0, 0, false},
 };
 
-// Sets QTK_MMA_MATMUL for the scope (process-wide switch, core/tuning.h).
+// Sets QTK_MMA_MATMUL (and QTK_MMA_WIDE, the form of more than 16 rows) for
+// the scope (process-wide switches, core/tuning.h).
 class MmaSwitch {
  public:
-  explicit MmaSwitch(bool on) : saved_(tuning()) {
+  explicit MmaSwitch(bool on, int wide = Tuning{}.mma_wide) : saved_(tuning()) {
     Tuning t = saved_;
     t.mma_matmul = on;
+    t.mma_wide = wide;
     set_tuning(t);
   }
   ~MmaSwitch() { set_tuning(saved_); }
@@ -216,26 +218,31 @@ TEST(MmaMatmul, IsTheKernelThatRuns) {
   }
 }
 
+// A row's bits alone (the narrow kernel) and among 150 (each form of more
+// than 16 rows, QTK_MMA_WIDE: the 4-warp wide kernel, the split kernel's
+// 32- and 64-row passes, the per-shape choice), for N past a whole 64-column block and K with a
+// partial scale block and chunk ranges of 4 and 5 chunks.
 TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
-  const MmaSwitch on(true);
-  for (const bool fp8 : {false, true}) {
-    const int64_t M = 150, N = 40, K = 1088;
-    const Operands<bf16> op(M, N, K, fp8, 128, 128, 23);
-    const std::vector<bf16> all = op.run<bf16>(0, M);
-    for (const int64_t m : {0, 7, 63, 64, 149}) {
-      const std::vector<bf16> one = op.run<bf16>(m, 1);
-      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N))
-          << "row " << m << " fp8 " << fp8;
+  for (const bool fp8 : {false, true})
+    for (const int wide : {4, 32, 64, 0}) {
+      const MmaSwitch on(true, wide);
+      const int64_t M = 150, N = 70, K = 1088;
+      const Operands<bf16> op(M, N, K, fp8, 128, 128, 23);
+      const std::vector<bf16> all = op.run<bf16>(0, M);
+      for (const int64_t m : {0, 7, 63, 64, 149}) {
+        const std::vector<bf16> one = op.run<bf16>(m, 1);
+        EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N))
+            << "row " << m << " fp8 " << fp8 << " wide " << wide;
+      }
+      struct Part {
+        int64_t m0, rows;
+      };
+      for (const Part p : {Part{5, 40}, Part{10, 17}, Part{100, 9}, Part{1, 100}}) {
+        const std::vector<bf16> part = op.run<bf16>(p.m0, p.rows);
+        EXPECT_TRUE(bitwise_equal(part.data(), all.data() + p.m0 * N, p.rows * N))
+            << "rows " << p.m0 << ".." << p.m0 + p.rows - 1 << " fp8 " << fp8 << " wide " << wide;
+      }
     }
-    struct Part {
-      int64_t m0, rows;
-    };
-    for (const Part p : {Part{5, 40}, Part{10, 17}, Part{100, 9}, Part{1, 100}}) {
-      const std::vector<bf16> part = op.run<bf16>(p.m0, p.rows);
-      EXPECT_TRUE(bitwise_equal(part.data(), all.data() + p.m0 * N, p.rows * N))
-          << "rows " << p.m0 << ".." << p.m0 + p.rows - 1 << " fp8 " << fp8;
-    }
-  }
 }
 
 // warp_matmul_swiglu: the product with a [2I, K] gate-over-up weight and

@@ -63,6 +63,7 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_GEMM_REF_M", "65536"},
                           {"QTK_FUSED_MAX_M", "0"},
                           {"QTK_MMA_MATMUL", "0"},
+                          {"QTK_MMA_WIDE", "32"},
                           {"QTK_GDN_CHUNKED", "0"},
                           {"QTK_GDN_STATE_COLUMNS", "32"},
                           {"QTK_PDL", "0"},
@@ -75,10 +76,14 @@ TEST(Tuning, ReadsEverySwitch) {
   EXPECT_EQ(t.gemm_ref_m, 65536);
   EXPECT_EQ(t.fused_max_m, 0);
   EXPECT_EQ(t.gdn_state_columns, 32);
+  EXPECT_EQ(t.mma_wide, 32);
   EXPECT_EQ(t.plan_cache, "off");
   EXPECT_EQ(parse({{"QTK_FUSED_MAX_M", "16"}}).fused_max_m, 16);
   EXPECT_EQ(parse({{"QTK_GEMM_REF_M", "1"}}).gemm_ref_m, 1);
   EXPECT_EQ(parse({{"QTK_GDN_STATE_COLUMNS", "16"}}).gdn_state_columns, 16);
+  EXPECT_EQ(parse({{"QTK_MMA_WIDE", "4"}}).mma_wide, 4);
+  EXPECT_EQ(parse({{"QTK_MMA_WIDE", "64"}}).mma_wide, 64);
+  EXPECT_EQ(parse({}).mma_wide, 0);
   EXPECT_TRUE(parse({{"QTK_PDL", "1"}}).pdl);
 }
 
@@ -97,6 +102,9 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_GDN_STATE_COLUMNS",
        "QTK_GDN_STATE_COLUMNS: expected 16, 32 or 0 (chosen per batch), found 'abc'"},
       {"QTK_CPU_PATH", "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'abc'"},
+      {"QTK_MMA_WIDE",
+       "QTK_MMA_WIDE: expected 0 (chosen per shape), 4 (the 4-warp kernel), 32 or 64 (rows "
+       "per pass of the split kernel), found 'abc'"},
       {"QTK_TILED", "QTK_TILED: expected 0 or 1, found 'abc'"},
       {"QTK_HUGEPAGES", "QTK_HUGEPAGES: expected 0 or 1, found 'abc'"},
       {"QTK_GEMM_ALTS", "QTK_GEMM_ALTS: expected 0 or 1, found 'abc'"},
@@ -115,6 +123,7 @@ TEST(Tuning, OutOfRangeAndMalformedNumbersAreRefused) {
   EXPECT_EQ(parse_error("QTK_AMX_PREFETCH", "5"),
             "QTK_AMX_PREFETCH: expected an integer 0..4, found '5'");
   for (const char* v : {"8", "64", "1"}) EXPECT_NE(parse_error("QTK_GDN_STATE_COLUMNS", v), "");
+  for (const char* v : {"16", "128", "1", "-1"}) EXPECT_NE(parse_error("QTK_MMA_WIDE", v), "") << v;
   for (const char* v : {"yes", "true", "2", "00"}) EXPECT_NE(parse_error("QTK_PDL", v), "") << v;
   EXPECT_EQ(parse_error("QTK_CPU_PATH", "AVX2"),
             "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'AVX2'");
@@ -129,6 +138,9 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
   t.gdn_state_columns = 8;
   EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_GDN_STATE_COLUMNS"), std::string::npos);
   t = Tuning{};
+  t.mma_wide = 48;
+  EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_MMA_WIDE"), std::string::npos);
+  t = Tuning{};
   t.cpu_path = "sse";
   EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_CPU_PATH"), std::string::npos);
   t = Tuning{};
@@ -142,7 +154,7 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
 TEST(Tuning, HeaderRecordsEverySwitchAndThePathUsed) {
   const nlohmann::json h = tuning_header(Tuning{});
   EXPECT_EQ(h.size(), Tuning{}.entries().size());
-  EXPECT_EQ(h.size(), 13u);
+  EXPECT_EQ(h.size(), 14u);
   EXPECT_EQ(h["QTK_CPU_PATH"], std::string(cpu_path_name(supported_cpu_paths().back())));
   EXPECT_EQ(h["QTK_GEMM_REF_M"], 128);
   EXPECT_EQ(h["QTK_PDL"], 1);
@@ -264,7 +276,7 @@ TEST(TuningGenerate, RunHeaderRecordsTheSwitches) {
                       QTK_GENERATE_BIN, pack, in, out));
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json t = load_json(out + ".meta.json")["tuning"];
-  EXPECT_EQ(t.size(), 13u) << t.dump();
+  EXPECT_EQ(t.size(), 14u) << t.dump();
   EXPECT_EQ(t["QTK_MMA_MATMUL"], 1);
   EXPECT_EQ(t["QTK_AMX_PREFETCH"], 3);
   EXPECT_EQ(t["QTK_HUGEPAGES"], 0);
