@@ -8,7 +8,8 @@
 #   bash bench/cuda/wide_ab.sh [BUILD_DIR]      # default build-gpu, already built
 #
 # Environment: OUT (./wide-ab-out), WA_FORMS ("4 32 64 0"), WA_LAYERS (8),
-# WA_MODEL (qwen3-8b), WA_BATCHES (1,32,128,512), WA_WORK (/tmp/qtk-wide-ab).
+# WA_MODEL (qwen3-8b), WA_BATCHES (1,32,128,512), WA_WORK (/tmp/qtk-wide-ab),
+# WA_MICRO (1; 0 skips the products alone), WA_MODELS (1; 0 skips the models).
 # Writes $OUT/weight_matmul_<form>.txt, $OUT/gemm.txt, $OUT/model.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,17 +22,17 @@ MODEL=${WA_MODEL:-qwen3-8b}
 LAYERS=${WA_LAYERS:-8}
 mkdir -p "$OUT" "$WORK"
 
-for f in $FORMS; do
+[ "${WA_MICRO:-1}" = 1 ] && for f in $FORMS; do
   QTK_MMA_WIDE=$f "$BIN/qtk_cuda_bench" --benchmark_min_time=0.2 \
     --benchmark_filter='BM_WeightMatmul/(32|64|128|256|512)/.*/1/manual_time' 2>&1 |
     grep -E "^BM_" > "$OUT/weight_matmul_$f.txt"
 done
-"$BIN/qtk_cuda_bench" --benchmark_min_time=0.2 \
+[ "${WA_MICRO:-1}" = 1 ] && "$BIN/qtk_cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_filter='BM_Copy|BM_Gemm/(32|64|128|256|512)/(6144|24576|4096|1536)/(4096|12288|2048)/1/128' \
   2>&1 | grep -E "^BM_" > "$OUT/gemm.txt"
 
 : > "$OUT/model.jsonl"
-for dtype in bf16 fp8; do
+[ "${WA_MODELS:-1}" = 1 ] && for dtype in bf16 fp8; do
   tag=$MODEL-${LAYERS}l-$dtype
   python3 bench/cuda/cut_layers.py "tests/data/configs/$MODEL.json" "$LAYERS" "$WORK/$tag.json"
   flags=(--threads "$(nproc)")
@@ -52,7 +53,7 @@ for dtype in bf16 fp8; do
     rm -f "$WORK/run.json"
   done
 done
-python3 - "$OUT" <<'PY'
+[ "${WA_MODELS:-1}" = 1 ] && python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/model.jsonl")]

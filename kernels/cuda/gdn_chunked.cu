@@ -835,16 +835,6 @@ __global__ void __launch_bounds__(kStateThreads, 1)
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    QTK_CUDA_CHECK(cudaGetDevice(&dev));
-    QTK_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 template <int DK, int NV>
 void launch_state(const bf16* v, int64_t ldv, float* state_pool, const int32_t* slot,
                   const int32_t* first_row, const int32_t* chunk_start, int64_t count,

@@ -184,11 +184,12 @@ inline bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintpt
 // The form of the tensor-core product above 16 rows a group (QTK_MMA_WIDE):
 // the split kernel's rows per pass (64 or 32), or 0 for the 4-warp wide
 // kernel. N: the output columns; rows: M, or the rows per group on average.
-// note: without groups, 32-row passes double the blocks; they are chosen
-// where the 64-row grid leaves the last wave of blocks mostly empty and
-// twice the blocks fill the waves better, with a 32-row block taking
-// kPass32Cost of a 64-row one's time (measured on the Qwen3-8B shapes,
-// bench/cuda/wide_ab.sh). The split kernel needs sm_90's shared memory per
+// note: without groups and above 32 rows, 32-row passes double the blocks;
+// they are chosen where the waves of blocks (one block per SM) then take
+// less time, a 32-row block taking kPass32Cost of a 64-row one's (0.66 to
+// 0.76 on the Qwen3-8B and Qwen3-30B-A3B shapes, H200, bench/cuda/
+// wide_ab.sh). At 32 rows or fewer both grids are the same and the 64-row
+// form was as fast or faster. The split kernel needs sm_90's shared memory per
 // block; elsewhere the 4-warp kernel computes the same sums. The choice
 // changes which threads compute a sum, never the sum.
 inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
@@ -198,12 +199,13 @@ inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
   if (pass == 0) {
     pass = 64;
     if (!grouped) {
-      constexpr double kPass32Cost = 0.625;
+      constexpr double kPass32Cost = 0.7;
       const int64_t sms = sm_count(), col_blocks = (N + dev::kSplitCols - 1) / dev::kSplitCols;
       const auto waves = [&](int64_t h) {
         return (col_blocks * ((rows + h - 1) / h) + sms - 1) / sms;
       };
-      if (static_cast<double>(waves(32)) * kPass32Cost < static_cast<double>(waves(64))) pass = 32;
+      if (rows > 32 &&
+          static_cast<double>(waves(32)) * kPass32Cost < static_cast<double>(waves(64))) pass = 32;
     }
   }
   const int bytes = pass == 32 ? (fp8 ? dev::SplitLayout<true, 4>::kBlockBytes
