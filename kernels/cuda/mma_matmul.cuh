@@ -545,21 +545,24 @@ struct StageCopies {
   static constexpr int kX = (NT * 64 + kThreads - 1) / kThreads;  // activation pieces a thread
   static constexpr int kP = kFp8 ? 4 : 8;                         // pieces per weight row
   static constexpr int kW = 64 * kP / kThreads;                   // weight pieces a thread
-  const __nv_bfloat16* xsrc[kX];  // chunk 0's piece, or nullptr (no row)
+  const __nv_bfloat16* xsrc[kX];  // chunk 0's piece (o.x for no row)
   const unsigned char* wsrc[kW];  // likewise
+  uint32_t rows_ok;               // bit i: x piece i has a row; bit 8 + i: weight piece i
   int xk, wk;                     // the pieces' first k within a chunk
   uint32_t xdst, wdst;            // piece 0's offsets in a stage
 
   __device__ __forceinline__ StageCopies(const MmaOperands& o, const int32_t* row_source, int rb,
                                          int r1, int grp, int n_block, int x_bytes, int tid) {
+    rows_ok = 0;
     xk = (tid & 7) * 8;
 #pragma unroll
     for (int i = 0; i < kX; ++i) {
       const int row = (tid >> 3) + 16 * i, r = rb + row;
+      const bool ok = row < NT * 8 && r < r1;
+      rows_ok |= ok ? 1u << i : 0u;
       xsrc[i] =
-          row < NT * 8 && r < r1
-              ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + xk
-              : nullptr;
+          ok ? o.x + static_cast<int64_t>(row_source != nullptr ? row_source[r] : r) * o.ldx + xk
+             : o.x;
     }
     xdst = (tid >> 3) * kXStride + (tid & 7) * 16;
     wk = (tid % kP) * (kFp8 ? 16 : 8);
@@ -567,63 +570,73 @@ struct StageCopies {
     for (int i = 0; i < kW; ++i) {
       const int n = n_block + tid / kP + kThreads / kP * i;
       const int64_t w = (static_cast<int64_t>(grp) * o.N + n) * o.K + wk;
-      wsrc[i] = n >= o.N ? nullptr
+      rows_ok |= n < o.N ? 1u << (8 + i) : 0u;
+      wsrc[i] = n >= o.N ? reinterpret_cast<const unsigned char*>(o.x)
                 : kFp8   ? o.wq + w
                          : reinterpret_cast<const unsigned char*>(o.wd + w);
     }
     wdst = x_bytes + (tid / kP) * w_stride<kFp8>() + (tid % kP) * 16;
   }
-  // Chunk c into the stage at shared address st. note: rows past r1 and
-  // weight rows past N are not copied: a B column (token row) reaches only
-  // its own output row and an A row (weight row) its own output column, and
-  // those are never stored. Past K both operands are zeros.
+  // Chunk c into the stage at shared address st: every piece is one
+  // cp.async, zero-filled (its source not read) where it has no row or lies
+  // past K, so no thread branches. note: zeros in rows past r1 or N are not
+  // needed (a B column, a token row, reaches only its own output row and an
+  // A row, a weight row, its own output column, and those are never
+  // stored); past K both operands must be zeros.
   __device__ __forceinline__ void issue(const MmaOperands& o, int c, uint32_t st) const {
     const int k0 = c * kMmaChunk;
     const bool xk_ok = k0 + xk < o.K, wk_ok = k0 + wk < o.K;
 #pragma unroll
     for (int i = 0; i < kX; ++i)
-      if (xsrc[i] != nullptr)
-        cp_async_16(st + xdst + i * 16 * kXStride, xk_ok ? xsrc[i] + k0 : o.x, xk_ok);
+      cp_async_16(st + xdst + i * 16 * kXStride, xsrc[i] + k0, xk_ok && (rows_ok >> i & 1u));
     const int64_t wk0 = static_cast<int64_t>(k0) * (kFp8 ? 1 : 2);
 #pragma unroll
     for (int i = 0; i < kW; ++i)
-      if (wsrc[i] != nullptr)
-        cp_async_16(st + wdst + i * (kThreads / kP) * w_stride<kFp8>(),
-                    wk_ok ? static_cast<const void*>(wsrc[i] + wk0) : o.x, wk_ok);
+      cp_async_16(st + wdst + i * (kThreads / kP) * w_stride<kFp8>(), wsrc[i] + wk0,
+                  wk_ok && (rows_ok >> (8 + i) & 1u));
   }
 };
 
-// One staged chunk on a warp: its 16 weight rows at wst (rows g and g + 8
-// read by this lane), the pass's activation rows at xst; the products go
-// into the FP8 block chain, folded into acc with the rows' scales where the
-// scale block (or, last, the range) ends, or straight into acc (dense).
+// One staged chunk on a warp: xl = the stage's activations and wl = the
+// warp's 16 weight rows, each already offset to this lane's first bytes
+// (staged_lane_offsets); the products go into the FP8 block chain, folded
+// into acc with the rows' scales where the scale block (or, last, the
+// range) ends, or straight into acc (dense).
 // note: each token tile's fragments are loaded right before its 4 steps,
-// so 8 registers of activations are live rather than 8 per tile.
+// so 8 registers of activations are live rather than 8 per tile; the lane
+// offsets are worked out once per pass, not per chunk.
 template <int NT, bool kFromZero>
-__device__ __forceinline__ void staged_tiles(const unsigned char* xst, const uint32_t (&a)[4][4],
+__device__ __forceinline__ void staged_tiles(const unsigned char* xl, const uint32_t (&a)[4][4],
                                              float (&sum)[NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
-    const uint4* xs = reinterpret_cast<const uint4*>(xst + (8 * i + g) * kXStride + 32 * t);
+    const uint4* xs = reinterpret_cast<const uint4*>(xl + 8 * i * kXStride);
     uint32_t b[8];
     unpack_pairs(xs[0], xs[1], b);
     tile_steps<kFromZero>(a, b, sum[i]);
   }
 }
 
+// This lane's offsets into a stage's activations (row g, k 16t..) and into
+// a warp's weight rows (row g, k 16t..).
+template <bool kFp8>
+__device__ __forceinline__ void staged_lane_offsets(int lane, int& x_off, int& w_off) {
+  const int g = lane >> 2, t = lane & 3;
+  x_off = g * kXStride + 32 * t;
+  w_off = g * w_stride<kFp8>() + (kFp8 ? 16 : 32) * t;
+}
+
 template <int NT, bool kFp8>
-__device__ __forceinline__ void staged_chunk(const unsigned char* xst, const unsigned char* wst,
+__device__ __forceinline__ void staged_chunk(const unsigned char* xl, const unsigned char* wl,
                                              const ScaleRows& sr, BlockCursor& cur,
                                              bool range_start, bool range_end,
                                              float (&chain)[NT][4], float (&acc)[NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   constexpr int kWs = w_stride<kFp8>();
   RawPiece<kFp8> plo, phi;
 #pragma unroll
   for (int v = 0; v < (kFp8 ? 1 : 2); ++v) {
-    plo.v[v] = reinterpret_cast<const uint4*>(wst + g * kWs + (kFp8 ? 16 : 32) * t)[v];
-    phi.v[v] = reinterpret_cast<const uint4*>(wst + (g + 8) * kWs + (kFp8 ? 16 : 32) * t)[v];
+    plo.v[v] = reinterpret_cast<const uint4*>(wl)[v];
+    phi.v[v] = reinterpret_cast<const uint4*>(wl + 8 * kWs)[v];
   }
   uint32_t lo[8], hi[8], a[4][4];
   piece_pairs<kFp8>(plo, lo);
@@ -632,9 +645,9 @@ __device__ __forceinline__ void staged_chunk(const unsigned char* xst, const uns
   if constexpr (kFp8) {
     // A chain starts at the range's first chunk and at each scale block's.
     if (range_start || cur.left == cur.cpb)
-      staged_tiles<NT, true>(xst, a, chain);
+      staged_tiles<NT, true>(xl, a, chain);
     else
-      staged_tiles<NT, false>(xst, a, chain);
+      staged_tiles<NT, false>(xl, a, chain);
     const int kb = cur.kb;
     if (cur.step() || range_end) {
       float s_lo, s_hi;
@@ -642,7 +655,7 @@ __device__ __forceinline__ void staged_chunk(const unsigned char* xst, const uns
       fold_chain<NT, false>(chain, acc, s_lo, s_hi);
     }
   } else {
-    staged_tiles<NT, false>(xst, a, acc);
+    staged_tiles<NT, false>(xl, a, acc);
   }
 }
 
@@ -656,6 +669,8 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = n_block + warp * 16;
   const int nchunks = (o.K + kMmaChunk - 1) / kMmaChunk;
+  int x_off, w_off;
+  staged_lane_offsets<kFp8>(lane, x_off, w_off);
   constexpr int kStage = wide_stage_bytes<kFp8>();
   const StageCopies<NT, kFp8> copies(o, row_source, rb, r1, grp, n_block, kWideXBytes, threadIdx.x);
   const uint32_t base = smem_addr(smem);
@@ -682,8 +697,8 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
       if (next < nchunks) stage(next);
       cp_async_commit();
       const unsigned char* st = smem + (c % kWideStages) * kStage;
-      staged_chunk<NT, kFp8>(st, st + kWideXBytes + warp * 16 * w_stride<kFp8>(), sr, cur, c == c0,
-                             c + 1 == c1, chain, acc);
+      staged_chunk<NT, kFp8>(st + x_off, st + kWideXBytes + warp * 16 * w_stride<kFp8>() + w_off,
+                             sr, cur, c == c0, c + 1 == c1, chain, acc);
     }
     // The running sum: range 0's sum itself, then + each later range's
     // (an empty range adds 0.0, as in the narrow kernel).
@@ -783,6 +798,8 @@ __device__ __forceinline__ void split_pass(const MmaOperands& o, const int32_t* 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int range = warp / kSplitColWarps, cw = warp % kSplitColWarps;
   const int tid = threadIdx.x % (32 * kSplitColWarps);
+  int x_off, w_off;
+  staged_lane_offsets<kFp8>(lane, x_off, w_off);
   unsigned char* ring = smem + range * L::kRing;
   int c0, c1;
   chunk_range(o.K, range, c0, c1);
@@ -808,7 +825,8 @@ __device__ __forceinline__ void split_pass(const MmaOperands& o, const int32_t* 
     if (next < c1) stage(next, slot == 0 ? S - 1 : slot - 1);
     cp_async_commit();
     const unsigned char* st = ring + slot * L::kStage;
-    staged_chunk<NT, kFp8>(st, st + L::kRows * kXStride + cw * 16 * w_stride<kFp8>(), sr, cur,
+    staged_chunk<NT, kFp8>(st + x_off,
+                           st + L::kRows * kXStride + cw * 16 * w_stride<kFp8>() + w_off, sr, cur,
                            c == c0, c + 1 == c1, chain, acc);
     slot = slot + 1 == S ? 0 : slot + 1;
   }
