@@ -356,6 +356,7 @@ status=0
 skipped=()
 for c in $CASES; do
   IFS=: read -r name layers dtype tps <<<"$c"
+  tps=${tps:-1}
   bytes=${BYTES[$c]}
   if [ "$BUDGET" -gt 0 ] && [ "${EST[$c]}" -gt "$(left)" ]; then
     echo "== $c: SKIPPED (estimated ${EST[$c]} s, $(left) s of the budget left)"
