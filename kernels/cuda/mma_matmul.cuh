@@ -23,22 +23,27 @@
 // in its pass or group, or on the other rows: a tensor-core output element
 // depends on its own A row, B column and accumulator only, and the chunks,
 // steps, K split and additions are functions of K (and the scale blocks).
-// The token rows per pass (8, 16, 32 or 64) and the two kernel forms below
-// change which rows share an instruction and who computes a range, never a
-// row's bits.
+// The token rows per pass (8, 16, 32 or 64) and the three kernel forms
+// below change which rows share an instruction and who computes a range,
+// never a row's bits; a chain's first step taking +0.0 as its accumulator
+// (mma_bf16_from_zero) is the same as a chain started from zeroed
+// registers.
 //
-// Two kernels compute that sum:
+// Three kernels compute that sum:
 //   narrow (up to 16 rows a group): a block is 16 output columns and 4
 //     warps, warp r computing range r for every row, each warp streaming
 //     its chunks of weights and activations through its own cp.async ring
 //     in shared memory: the decode form, bound by the weight reads, which
 //     need many warps per column. With SwiGLU pairs (MmaOperands::pair) a
 //     block is 8 gate rows and their 8 up rows, and stores silu(gate) * up.
-//   wide (more rows): a block is 64 output columns, 4 warps of 16 each
-//     walking the 4 ranges in turn; each chunk's activations (up to 64
-//     rows) and the block's 64 weight rows go through a 4-stage cp.async
-//     ring in shared memory, so the activations are read once per 64
-//     columns instead of once per 16 and the loads run 3 chunks ahead.
+//   split (more rows, the default on sm_90): a block is 64 output columns
+//     and 16 warps, 4 per range; each range's warps stream that range's
+//     chunks of activations (a pass of up to 64 or 32 rows) and of the
+//     block's 64 weight rows through their own cp.async ring, and the 4
+//     range sums meet in shared memory at the end of the pass.
+//   wide (more rows, QTK_MMA_WIDE=4 or GPUs with less shared memory per
+//     block): a block is 64 output columns, 4 warps of 16 each walking the
+//     4 ranges in turn through one 4-stage ring.
 // So a row gets the same bits in a call of 1 row or of 5,000, in a group of
 // 1 or of 500 (tested: MmaMatmul.* in tests/cuda/test_warp_matmul.cpp,
 // MoeBlockTest.* in tests/cuda/test_moe.cpp).

@@ -205,7 +205,8 @@ inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
         return (col_blocks * ((rows + h - 1) / h) + sms - 1) / sms;
       };
       if (rows > 32 &&
-          static_cast<double>(waves(32)) * kPass32Cost < static_cast<double>(waves(64))) pass = 32;
+          static_cast<double>(waves(32)) * kPass32Cost < static_cast<double>(waves(64)))
+        pass = 32;
     }
   }
   const int bytes = pass == 32 ? (fp8 ? dev::SplitLayout<true, 4>::kBlockBytes
@@ -220,11 +221,13 @@ inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
 // pair: 0, or I = N / 2 for silu(gate) * up into y [rows, I] (the weight's
 // gate rows over its up rows), which only the narrow kernel computes.
 // note: with bf16 activations the tensor-core product (its narrow kernel
-// for groups of up to 16 rows, its wide one above: the same bits) takes
-// every operand whose rows it can read in 16-byte pieces of 16 k (K % 16 ==
-// 0, aligned rows) and whose scale blocks hold whole 64-k chunks; the
-// choice depends on the shapes, the buffers and QTK_MMA_MATMUL only, never
-// on the rows, so a row's bits stay independent of the batch.
+// for groups of up to 16 rows, the split or wide one above: the same bits)
+// takes every operand whose rows it can read in 16-byte pieces of 16 k
+// (K % 16 == 0, aligned rows) and whose scale blocks hold whole 64-k
+// chunks; whether it runs depends on the shapes, the buffers and
+// QTK_MMA_MATMUL only, never on the rows, so a row's bits stay independent
+// of the batch (which of its kernels runs depends on the rows, its sums do
+// not).
 template <class T, class Y>
 bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N, int64_t K, Y* y,
                        int64_t ldy, const dev::RowGroups& groups, int64_t groups_y, int64_t pair,
