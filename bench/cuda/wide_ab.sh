@@ -41,9 +41,11 @@ done
   "$BIN/synth" "$WORK/$tag.json" "$WORK/hf" "${flags[@]}" >/dev/null &&
     "$BIN/convert" "$WORK/hf" "$WORK/model.pack" --force >/dev/null || { echo "FAILED: $tag"; continue; }
   rm -rf "$WORK/hf"
-  # bf16 weights never reach the tensor-core product in a dense model: one run.
+  # bf16 weights reach the tensor-core product only as experts: a dense
+  # model's bf16 run is one run.
   forms=$FORMS
-  [ "$dtype" = bf16 ] && forms=0
+  moe=$(python3 -c "import json; c=json.load(open('$WORK/$tag.json')); c=c.get('text_config', c); print(1 if c.get('num_experts') else 0)")
+  [ "$dtype" = bf16 ] && [ "$moe" = 0 ] && forms=0
   for f in $forms; do
     QTK_MMA_WIDE=$f timeout 200 "$BIN/cuda_model_bench" --pack "$WORK/model.pack" \
       --batches "${WA_BATCHES:-1,32,128,512}" --json "$WORK/run.json" > /dev/null 2>&1 ||
