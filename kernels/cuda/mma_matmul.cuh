@@ -213,6 +213,15 @@ __device__ __forceinline__ void chunk_products(const uint32_t (&a)[4][4],
   for (int i = 0; i < NT; ++i) tile_steps(a, b[i], sum[i]);
 }
 
+// A pass's range sum and FP8 chain, from zero.
+template <int NT>
+__device__ __forceinline__ void zero_sums(float (&acc)[NT][4], float (&chain)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+}
+
 // Where a scale block or the range ends: acc = fmaf(chain, scale, acc)
 // (rows g: s_lo, g + 8: s_hi); with kReset the chain restarts from zeros
 // (without, the next chunk must start it: tile_steps<true>).
@@ -374,10 +383,7 @@ __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t*
     cp_async_commit();
   }
   float acc[NT][4], chain[NT][4];
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+  zero_sums(acc, chain);
   BlockCursor cur(c0, kFp8 ? o.bc : kMmaChunk);  // FP8: where the chains end
   int slot = 0;
   for (int c = c0; c < c1; ++c) {
@@ -691,10 +697,7 @@ __device__ __forceinline__ void wide_pass(const MmaOperands& o, const int32_t* r
   for (int r = 0; r < kMmaRanges; ++r) {
     int c0, c1;
     chunk_range(o.K, r, c0, c1);
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+    zero_sums(acc, chain);
     for (; c < c1; ++c) {
       cp_async_wait<kWideStages - 2>();
       __syncthreads();  // chunk c is in; every warp is done with chunk c - 1's slot
@@ -817,10 +820,7 @@ __device__ __forceinline__ void split_pass(const MmaOperands& o, const int32_t* 
     cp_async_commit();
   }
   float acc[NT][4], chain[NT][4];
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[i][q] = chain[i][q] = 0.0f;
+  zero_sums(acc, chain);
   BlockCursor cur(c0, kFp8 ? o.bc : kMmaChunk);  // FP8: where the chains end
   int slot = 0;
   for (int c = c0; c < c1; ++c) {
