@@ -9,7 +9,8 @@
 #
 # Environment: OUT (./wide-ab-out), WA_FORMS ("4 32 64 0"), WA_LAYERS (8),
 # WA_MODEL (qwen3-8b), WA_BATCHES (1,32,128,512), WA_WORK (/tmp/qtk-wide-ab),
-# WA_MICRO (1; 0 skips the products alone), WA_MODELS (1; 0 skips the models).
+# WA_MICRO (1; 0 skips the products alone), WA_MODELS (1; 0 skips the models),
+# WA_DTYPES ("bf16 fp8").
 # Writes $OUT/weight_matmul_<form>.txt, $OUT/gemm.txt, $OUT/model.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,7 @@ done
   2>&1 | grep -E "^BM_" > "$OUT/gemm.txt"
 
 : > "$OUT/model.jsonl"
-[ "${WA_MODELS:-1}" = 1 ] && for dtype in bf16 fp8; do
+[ "${WA_MODELS:-1}" = 1 ] && for dtype in ${WA_DTYPES:-bf16 fp8}; do
   tag=$MODEL-${LAYERS}l-$dtype
   python3 bench/cuda/cut_layers.py "tests/data/configs/$MODEL.json" "$LAYERS" "$WORK/$tag.json"
   flags=(--threads "$(nproc)")
