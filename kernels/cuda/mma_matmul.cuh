@@ -240,15 +240,23 @@ __device__ __forceinline__ void fold_chain(float (&chain)[NT][4], float (&acc)[N
   }
 }
 
+// A chunk's A fragments from the lane's raw pieces of weight rows g and g + 8.
+template <bool kFp8>
+__device__ __forceinline__ void weight_fragments(const RawPiece<kFp8>& plo,
+                                                 const RawPiece<kFp8>& phi, uint32_t (&a)[4][4]) {
+  uint32_t lo[8], hi[8];
+  piece_pairs<kFp8>(plo, lo);
+  piece_pairs<kFp8>(phi, hi);
+  chunk_fragments(lo, hi, a);
+}
+
 // One chunk on a warp: the weights' A fragments from rows g and g + 8, then
 // the products into sum (the FP8 block chain, or the dense range sum).
 template <int NT, bool kFp8>
 __device__ __forceinline__ void chunk_mma(const RawPiece<kFp8>& plo, const RawPiece<kFp8>& phi,
                                           const uint32_t (&b)[NT][8], float (&sum)[NT][4]) {
-  uint32_t lo[8], hi[8], a[4][4];
-  piece_pairs<kFp8>(plo, lo);
-  piece_pairs<kFp8>(phi, hi);
-  chunk_fragments(lo, hi, a);
+  uint32_t a[4][4];
+  weight_fragments<kFp8>(plo, phi, a);
   chunk_products<NT>(a, b, sum);
 }
 
@@ -649,10 +657,8 @@ __device__ __forceinline__ void staged_chunk(const unsigned char* xl, const unsi
     plo.v[v] = reinterpret_cast<const uint4*>(wl)[v];
     phi.v[v] = reinterpret_cast<const uint4*>(wl + 8 * kWs)[v];
   }
-  uint32_t lo[8], hi[8], a[4][4];
-  piece_pairs<kFp8>(plo, lo);
-  piece_pairs<kFp8>(phi, hi);
-  chunk_fragments(lo, hi, a);
+  uint32_t a[4][4];
+  weight_fragments<kFp8>(plo, phi, a);
   if constexpr (kFp8) {
     // A chain starts at the range's first chunk and at each scale block's.
     if (range_start || cur.left == cur.cpb)
@@ -789,6 +795,14 @@ struct SplitLayout {
   static_assert(kStages >= 2, "a ring needs two stages");
   static_assert(kSplitColWarps * kMaxNT * 4 * 32 * 4 <= kRing, "the reduction fits range 0's ring");
 };
+
+// The split kernel's dynamic shared memory for passes of pass_rows (32 or
+// 64) rows.
+constexpr int split_block_bytes(bool fp8, int pass_rows) {
+  return pass_rows == 32
+             ? (fp8 ? SplitLayout<true, 4>::kBlockBytes : SplitLayout<false, 4>::kBlockBytes)
+             : (fp8 ? SplitLayout<true, 8>::kBlockBytes : SplitLayout<false, 8>::kBlockBytes);
+}
 
 // Waits for the 128 threads of range group r (named barrier 1 + r; 0 is
 // __syncthreads').

@@ -209,11 +209,7 @@ inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
         pass = 32;
     }
   }
-  const int bytes = pass == 32 ? (fp8 ? dev::SplitLayout<true, 4>::kBlockBytes
-                                      : dev::SplitLayout<false, 4>::kBlockBytes)
-                               : (fp8 ? dev::SplitLayout<true, 8>::kBlockBytes
-                                      : dev::SplitLayout<false, 8>::kBlockBytes);
-  return bytes <= max_dynamic_smem() ? pass : 0;
+  return dev::split_block_bytes(fp8, pass) <= max_dynamic_smem() ? pass : 0;
 }
 
 // The tensor-core product (kernels/cuda/mma_matmul.cuh) over `groups`, if
@@ -274,11 +270,13 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       set_max_dynamic_smem(kernel, smem);
       launch_kernel(kernel, wide_grid, wide_block, smem, stream, o, y, ldy, groups);
     };
-    // The split form: without groups, each column block's passes side by
-    // side in grid x.
-    const auto split = [&](auto kernel, int smem, int per_pass) {
+    // The split form (passes of pass_rows rows): without groups, each
+    // column block's passes side by side in grid x.
+    const int pass_rows = rows > 16 ? wide_pass_rows(N, rows, groups.offsets != nullptr, fp8) : 0;
+    const auto split = [&](auto kernel) {
+      const int smem = dev::split_block_bytes(fp8, pass_rows);
       const int64_t split_passes =
-          groups.offsets == nullptr ? std::max<int64_t>(1, (rows + per_pass - 1) / per_pass) : 1;
+          groups.offsets == nullptr ? std::max<int64_t>(1, (rows + pass_rows - 1) / pass_rows) : 1;
       const dim3 grid(
           static_cast<unsigned>((N + dev::kSplitCols - 1) / dev::kSplitCols * split_passes),
           static_cast<unsigned>(groups_y));
@@ -286,7 +284,6 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       launch_kernel(kernel, grid, dim3(32 * dev::kSplitWarps), smem, stream, o, y, ldy, groups,
                     static_cast<int>(split_passes));
     };
-    const int pass_rows = rows > 16 ? wide_pass_rows(N, rows, groups.offsets != nullptr, fp8) : 0;
     if (rows <= 8 && fp8)
       narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
     else if (rows <= 8)
@@ -300,13 +297,13 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     else if (pass_rows == 0)
       wide(dev::mma_wide_kernel<Y, false>, dev::wide_smem<false>());
     else if (pass_rows == 32 && fp8)
-      split(dev::mma_split_kernel<Y, true, 4>, dev::SplitLayout<true, 4>::kBlockBytes, 32);
+      split(dev::mma_split_kernel<Y, true, 4>);
     else if (pass_rows == 32)
-      split(dev::mma_split_kernel<Y, false, 4>, dev::SplitLayout<false, 4>::kBlockBytes, 32);
+      split(dev::mma_split_kernel<Y, false, 4>);
     else if (fp8)
-      split(dev::mma_split_kernel<Y, true, 8>, dev::SplitLayout<true, 8>::kBlockBytes, 64);
+      split(dev::mma_split_kernel<Y, true, 8>);
     else
-      split(dev::mma_split_kernel<Y, false, 8>, dev::SplitLayout<false, 8>::kBlockBytes, 64);
+      split(dev::mma_split_kernel<Y, false, 8>);
     return true;
   }
 }
