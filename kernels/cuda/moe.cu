@@ -21,8 +21,12 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxTopK = 32;
-constexpr int kRankedExperts = 512;   // moe_route ranks up to this many experts at once
-constexpr int kCombineThreads = 256;  // moe_combine's columns per block
+constexpr int kWarpRouteExperts = 1024;    // one warp routes a token up to this many experts
+constexpr int kCombineThreads = 256;       // moe_combine's columns per block
+constexpr int kFrontMaxTokens = 16;        // moe_router_front in one launch up to this many tokens
+constexpr int kFrontExperts = 8;           // experts per block of the one-launch front
+constexpr int kLogitsWarps = 4;            // warps per block of moe_router_logits_kernel
+constexpr int kTiledLogitsMinTokens = 65;  // from here the logits take 4 x 8 warp tiles
 
 // (p, e) is ahead of (bp, be) in the top-k order: larger probability, ties
 // to the lower expert index. A total order, so any reduction tree picks the
@@ -31,8 +35,196 @@ __device__ __forceinline__ bool ahead(float p, int e, float bp, int be) {
   return p > bp || (p == bp && e < be);
 }
 
-// One block per token: the softmax over its E logits (fixed-order block
-// reductions), then its top k (ties to the lower expert).
+// Router logits of a warp tile: out[i][j] = the logit of router row i (i <
+// ne, rows w + i*H) for token j (j < nt, rows x + j*ldx), every lane.
+// note: one fixed order, whatever tile, kernel or batch computes a logit:
+// lane l takes the 16-byte pieces at l*V, l*V + 32V, ... (V elements of T)
+// in increasing order, each piece's elements in increasing order, into one
+// f32 fma chain per output, and the warp's xor butterfly adds the 32 lane
+// sums. U pieces are loaded before their fmas (the loads of a batch are in
+// flight together). Slots past ne / nt recompute row / token 0 and are
+// discarded. H % V == 0, rows 16-byte aligned.
+template <class T, int NE, int NT, int U>
+__device__ __forceinline__ void router_tile(const T* __restrict__ x, int64_t ldx, int nt,
+                                            const T* __restrict__ w, int ne, int H,
+                                            float (&out)[NE][NT]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  const int lane = threadIdx.x & 31;
+  float acc[NE][NT];
+#pragma unroll
+  for (int i = 0; i < NE; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[i][j] = 0.0f;
+  for (int base = lane * V; base < H; base += 32 * V * U) {
+    uint4 wv[U][NE], xv[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = base + 32 * V * u;
+      if (c < H) {
+#pragma unroll
+        for (int i = 0; i < NE; ++i)
+          wv[u][i] = __ldg(
+              reinterpret_cast<const uint4*>(w + static_cast<int64_t>(i < ne ? i : 0) * H + c));
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          xv[u][j] =
+              *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(j < nt ? j : 0) * ldx + c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (base + 32 * V * u >= H) break;
+#pragma unroll
+      for (int i = 0; i < NE; ++i) {
+        const T* wp = reinterpret_cast<const T*>(&wv[u][i]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const T* xp = reinterpret_cast<const T*>(&xv[u][j]);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[i][j] = fmaf(to_f(xp[v]), to_f(wp[v]), acc[i][j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NE; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) out[i][j] = warp_sum(acc[i][j]);
+}
+
+// Stores a warp tile's logits (lane 0): logits [*, E] from token t, expert e.
+template <int NE, int NT>
+__device__ __forceinline__ void store_logits(const float (&out)[NE][NT], float* logits, int E,
+                                             int t, int nt, int e, int ne) {
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int i = 0; i < NE; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      if (i < ne && j < nt) logits[static_cast<int64_t>(t + j) * E + e + i] = out[i][j];
+}
+
+// The logits of tokens t0 .. t0+ntok-1 by one warp per (expert, NT tokens)
+// item, items warp, warp + nw, ... of the experts e0 .. e0+ne-1; NT = 1
+// for a single token (the batch-1 decode step: more pieces in flight).
+template <class T>
+__device__ __forceinline__ void router_items(const T* h, int64_t ldh, const T* router, int ntok,
+                                             int e0, int ne, int E, int H, float* logits, int warp,
+                                             int nw) {
+  if (ntok == 1) {
+    for (int e = e0 + warp; e < e0 + ne; e += nw) {
+      float out[1][1];
+      router_tile<T, 1, 1, 8>(h, ldh, 1, router + static_cast<int64_t>(e) * H, 1, H, out);
+      store_logits(out, logits, E, 0, 1, e, 1);
+    }
+    return;
+  }
+  constexpr int NT = 4;
+  const int groups = (ntok + NT - 1) / NT;
+  for (int item = warp; item < ne * groups; item += nw) {
+    const int e = e0 + item % ne, t = (item / ne) * NT, nt = min(NT, ntok - t);
+    float out[1][NT];
+    router_tile<T, 1, NT, 2>(h + static_cast<int64_t>(t) * ldh, ldh, nt,
+                             router + static_cast<int64_t>(e) * H, 1, H, out);
+    store_logits(out, logits, E, t, nt, e, 1);
+  }
+}
+
+// One token's routing by one warp (E <= kWarpRouteExperts): the softmax of
+// its E logits, then its top k in k rounds of a warp arg-max (ties to the
+// lower expert), weights renormalised by their sum in choice order.
+// note: the order is fixed by E alone: lane l holds experts l, l + 32, ...;
+// the max and the sum of exponentials are each lane's in expert order, then
+// the xor butterfly. A NaN probability ranks as -1 so that every slot gets a
+// valid expert (NaN logits come only from NaN hidden states).
+template <int kPer>
+__device__ __forceinline__ void route_token_warp(const float* logits, int E, int k,
+                                                 bool renormalize, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  float p[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < E ? __ldcg(logits + e) : -INFINITY;
+    mx = fmaxf(mx, p[i]);
+  }
+  mx = warp_max(mx);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < E) {
+      p[i] = expf(p[i] - mx);
+      s += p[i];
+    }
+  s = warp_sum(s);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) p[i] = p[i] / s;
+  uint32_t taken = 0;
+  float sum = 0.0f, my_p = 0.0f;
+  int my_e = 0;
+  for (int j = 0; j < k; ++j) {
+    float bp = -2.0f;
+    int be = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      const float pe = isnan(p[i]) ? -1.0f : p[i];
+      if (e < E && !((taken >> i) & 1u) && ahead(pe, e, bp, be)) {
+        bp = pe;
+        be = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ahead(op, oe, bp, be)) {
+        bp = op;
+        be = oe;
+      }
+    }
+    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    sum += bp;
+    if (lane == j) {
+      my_p = bp;
+      my_e = be;
+    }
+  }
+  if (lane < k) {
+    ids[lane] = my_e;
+    weights[lane] = renormalize ? my_p / sum : my_p;
+  }
+}
+
+// route_token_warp with as few experts per lane as E needs (the same bits:
+// slots past E take no part).
+__device__ __forceinline__ void route_token(const float* logits, int E, int k, bool renormalize,
+                                            int32_t* ids, float* weights) {
+  if (E <= 128)
+    route_token_warp<4>(logits, E, k, renormalize, ids, weights);
+  else if (E <= 256)
+    route_token_warp<8>(logits, E, k, renormalize, ids, weights);
+  else if (E <= 512)
+    route_token_warp<16>(logits, E, k, renormalize, ids, weights);
+  else
+    route_token_warp<kWarpRouteExperts / 32>(logits, E, k, renormalize, ids, weights);
+}
+
+// One warp per token (E <= kWarpRouteExperts).
+__global__ void moe_route_warp_kernel(const float* __restrict__ logits, int64_t ld, int T, int E,
+                                      int k, bool renormalize, int32_t* __restrict__ ids,
+                                      float* __restrict__ weights) {
+  pdl_begin();
+  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  route_token(logits + static_cast<int64_t>(t) * ld, E, k, renormalize,
+              ids + static_cast<int64_t>(t) * k, weights + static_cast<int64_t>(t) * k);
+}
+
+// One block per token, for more experts than a warp routes: the softmax
+// (fixed-order block reductions), then the top k in k rounds of block-wide
+// arg-max (ties to the lower expert).
 __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, int E, int k,
                                  bool renormalize, int32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
@@ -57,63 +249,42 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, i
   s = block_sum(s, red);
   for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = p[e] / s;
   __syncthreads();
-  if (E <= kRankedExperts) {
-    // note: the top k by rank: an expert's rank is the number of experts
-    // ahead of it (a strict total order, so the ranks are 0 .. E-1 and the
-    // k chosen are those below k, in order), all experts at once instead of
-    // k rounds of block-wide arg-max with their barriers.
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-      // (a valid id and a weight in every slot, even if NaN logits leave a rank unused)
-      ids[static_cast<int64_t>(t) * k + j] = j;
-      chosen[j] = 0.0f;
-    }
-    __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int j = 0; j < k; ++j) {
+    float bp = -2.0f;
+    int be = INT_MAX;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      const float pe = p[e];
-      int rank = 0;
-      for (int f = 0; f < E; ++f) rank += ahead(p[f], f, pe, e) ? 1 : 0;
-      if (rank < k) {
-        ids[static_cast<int64_t>(t) * k + rank] = e;
-        chosen[rank] = pe;
+      const float pe = isnan(p[e]) ? -1.0f : p[e];
+      if (pe >= -1.0f && ahead(pe, e, bp, be)) {
+        bp = pe;
+        be = e;
       }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ahead(op, oe, bp, be)) {
+        bp = op;
+        be = oe;
+      }
+    }
+    if (lane == 0) {
+      red[warp] = bp;
+      red_e[warp] = be;
     }
     __syncthreads();
-  } else {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = 0; j < k; ++j) {
-      float bp = -2.0f;
-      int be = INT_MAX;
-      for (int e = threadIdx.x; e < E; e += blockDim.x)
-        if (ahead(p[e], e, bp, be)) {
-          bp = p[e];
-          be = e;
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < nw; ++w)
+        if (ahead(red[w], red_e[w], bp, be)) {
+          bp = red[w];
+          be = red_e[w];
         }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ahead(op, oe, bp, be)) {
-          bp = op;
-          be = oe;
-        }
-      }
-      if (lane == 0) {
-        red[warp] = bp;
-        red_e[warp] = be;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        for (int w = 1; w < nw; ++w)
-          if (ahead(red[w], red_e[w], bp, be)) {
-            bp = red[w];
-            be = red_e[w];
-          }
-        ids[static_cast<int64_t>(t) * k + j] = be;
-        chosen[j] = bp;
-        p[be] = -1.0f;
-      }
-      __syncthreads();
+      ids[static_cast<int64_t>(t) * k + j] = be;
+      chosen[j] = bp;
+      p[be] = -2.0f;  // below every candidate: chosen
     }
+    __syncthreads();
   }
   if (threadIdx.x == 0) {
     float sum = 0.0f;
@@ -123,21 +294,18 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, i
   }
 }
 
-// One block: per-expert counts (shared-memory atomics), their prefix sums and
-// the list of experts with rows (thread 0, in expert order), then each pair's
-// row in its expert's group.
-__global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, int E,
-                                 int32_t* __restrict__ offsets, int32_t* __restrict__ active,
-                                 int32_t* __restrict__ row_token, int32_t* __restrict__ row_expert,
-                                 int32_t* __restrict__ pair_row) {
-  pdl_begin();
-  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+// The n = T*k pairs of ids grouped by expert, by the whole block: per-expert
+// counts (shared-memory atomics), their prefix sums and the list of experts
+// with rows (warp 0, in expert order), then each pair's row in its
+// expert's group. counts: 2E ints of shared memory.
+__device__ __forceinline__ void group_pairs(const int32_t* ids, int n, int k, int E,
+                                            const MoeGroups& g, int32_t* counts) {
   int32_t* cursor = counts + E;
+  __shared__ int n_active;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&counts[ids[i]], 1);
   __syncthreads();
-  __shared__ int n_active;
   if (threadIdx.x < 32) {
     // Warp 0: the prefix sums and the active list, 32 experts a step.
     const int lane = threadIdx.x;
@@ -153,27 +321,97 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, 
       }
       const unsigned has = __ballot_sync(0xffffffffu, c > 0);
       if (e < E) {
-        offsets[e] = acc + incl - c;
+        g.offsets[e] = acc + incl - c;
         cursor[e] = acc + incl - c;
-        if (c > 0) active[na + __popc(has & ((1u << lane) - 1))] = e;
+        if (c > 0) g.active[na + __popc(has & ((1u << lane) - 1))] = e;
       }
       acc += __shfl_sync(0xffffffffu, incl, 31);
       na += __popc(has);
     }
     if (lane == 0) {
-      offsets[E] = acc;
+      g.offsets[E] = acc;
       n_active = na;
     }
   }
   __syncthreads();
-  for (int a = n_active + threadIdx.x; a < E; a += blockDim.x) active[a] = -1;
+  for (int a = n_active + threadIdx.x; a < E; a += blockDim.x) g.active[a] = -1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int e = ids[i];
     const int r = atomicAdd(&cursor[e], 1);
-    row_token[r] = i / k;
-    row_expert[r] = e;
-    pair_row[i] = r;
+    g.row_token[r] = i / k;
+    g.row_expert[r] = e;
+    g.pair_row[i] = r;
   }
+}
+
+__global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, int E,
+                                 MoeGroups g) {
+  pdl_begin();
+  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+  group_pairs(ids, n, k, E, g, counts);
+}
+
+// Router logits [T, E] (row stride E). Tiled (many tokens): block
+// (blockIdx.x: 8 tokens, blockIdx.y: 16 experts), a 4-expert x 8-token tile
+// per warp (the warps share the tokens' rows through L1). Otherwise block
+// (blockIdx.x: 4 tokens, blockIdx.y: kLogitsWarps experts), one item a warp.
+template <class T, bool kTiled>
+__global__ void moe_router_logits_kernel(const T* __restrict__ h, int64_t ldh,
+                                         const T* __restrict__ router, int ntok, int E, int H,
+                                         float* __restrict__ logits) {
+  pdl_begin();
+  const int warp = threadIdx.x >> 5;
+  if constexpr (kTiled) {
+    constexpr int NE = 4, NT = 8;
+    const int t = blockIdx.x * NT, e = (blockIdx.y * kLogitsWarps + warp) * NE;
+    if (e >= E) return;
+    const int nt = min(NT, ntok - t), ne = min(NE, E - e);
+    float out[NE][NT];
+    router_tile<T, NE, NT, 1>(h + static_cast<int64_t>(t) * ldh, ldh, nt,
+                              router + static_cast<int64_t>(e) * H, ne, H, out);
+    store_logits(out, logits, E, t, nt, e, ne);
+  } else {
+    constexpr int NT = 4;
+    const int t = blockIdx.x * NT, e = blockIdx.y * kLogitsWarps + warp;
+    if (e >= E) return;
+    const int nt = min(NT, ntok - t);
+    router_items(h + static_cast<int64_t>(t) * ldh, ldh, router, nt, e, 1, E, H,
+                 logits + static_cast<int64_t>(t) * E, 0, 1);
+  }
+}
+
+// The whole front for up to kFrontMaxTokens tokens in one launch: block b
+// computes the logits of experts b*kFrontExperts .. for every token (the
+// order of router_tile), and the last block to finish (a ticket counter,
+// left at zero for the next launch) routes every token (a warp each) and
+// groups the pairs.
+// note: the logits go through global memory between the blocks: each block
+// fences its stores before taking its ticket, and the last block reads them
+// with ld.cg (L2, never a stale L1 line).
+template <class T>
+__global__ void moe_router_front_kernel(const T* __restrict__ h, int64_t ldh,
+                                        const T* __restrict__ router, int ntok, int E, int H, int k,
+                                        bool renormalize, float* logits, int32_t* ids,
+                                        float* __restrict__ weights, MoeGroups g,
+                                        unsigned* ticket) {
+  pdl_begin();
+  extern __shared__ int32_t counts[];  // [2E] for group_pairs
+  __shared__ bool last;
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int e0 = blockIdx.x * kFrontExperts;
+  router_items(h, ldh, router, ntok, e0, min(kFrontExperts, E - e0), E, H, logits, warp, nw);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = warp; t < ntok; t += nw)
+    route_token(logits + static_cast<int64_t>(t) * E, E, k, renormalize,
+                ids + static_cast<int64_t>(t) * k, weights + static_cast<int64_t>(t) * k);
+  __syncthreads();
+  group_pairs(ids, ntok * k, k, E, g, counts);
+  if (threadIdx.x == 0) *ticket = 0u;
 }
 
 // Block (token blockIdx.x, columns blockIdx.y * kCombineThreads ..): the
@@ -258,6 +496,13 @@ void moe_route(const float* logits, int64_t ld, int64_t T, int64_t E, int64_t k,
                int32_t* ids, float* weights, cudaStream_t stream) {
   if (T == 0) return;
   check_sizes("moe_route", T, E, k);
+  if (E <= kWarpRouteExperts) {
+    constexpr int kWarps = 4;
+    launch_kernel(moe_route_warp_kernel, dim3(static_cast<unsigned>((T + kWarps - 1) / kWarps)),
+                  dim3(32 * kWarps), 0, stream, logits, ld, static_cast<int>(T),
+                  static_cast<int>(E), static_cast<int>(k), renormalize, ids, weights);
+    return;
+  }
   launch_kernel(moe_route_kernel, dim3(static_cast<unsigned>(T)), dim3(128),
                 static_cast<size_t>(E) * sizeof(float), stream, logits, ld, static_cast<int>(E),
                 static_cast<int>(k), renormalize, ids, weights);
@@ -268,8 +513,56 @@ void moe_group(const int32_t* ids, int64_t T, int64_t k, int64_t E, const MoeGro
   if (T == 0) return;
   check_sizes("moe_group", T, E, k);
   launch_kernel(moe_group_kernel, dim3(1), dim3(1024), static_cast<size_t>(2 * E) * sizeof(int32_t),
-                stream, ids, static_cast<int>(T * k), static_cast<int>(k), static_cast<int>(E),
-                g.offsets, g.active, g.row_token, g.row_expert, g.pair_row);
+                stream, ids, static_cast<int>(T * k), static_cast<int>(k), static_cast<int>(E), g);
+}
+
+bool moe_router_front_supported(const void* h, int64_t ldh, const void* router, int64_t E,
+                                int64_t H, int64_t elem_size) {
+  const int64_t V = 16 / elem_size;
+  return E >= 1 && E <= kWarpRouteExperts && H >= V && H % V == 0 && ldh % V == 0 &&
+         H <= INT32_MAX && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(router) % 16 == 0;
+}
+
+template <class T>
+void moe_router_logits(const T* h, int64_t ldh, const T* router, int64_t T_, int64_t E, int64_t H,
+                       float* logits, cudaStream_t stream) {
+  if (T_ == 0) return;
+  if (!moe_router_front_supported(h, ldh, router, E, H, sizeof(T)) || T_ > INT32_MAX)
+    fail_message("moe_router_logits: unsupported sizes or alignment: " + std::to_string(E) +
+                 " experts, hidden " + std::to_string(H));
+  const unsigned ny = static_cast<unsigned>((E + kLogitsWarps - 1) / kLogitsWarps);
+  if (T_ >= kTiledLogitsMinTokens)
+    launch_kernel(moe_router_logits_kernel<T, true>,
+                  dim3(static_cast<unsigned>((T_ + 7) / 8), (ny + 3) / 4), dim3(32 * kLogitsWarps),
+                  0, stream, h, ldh, router, static_cast<int>(T_), static_cast<int>(E),
+                  static_cast<int>(H), logits);
+  else
+    launch_kernel(moe_router_logits_kernel<T, false>, dim3(static_cast<unsigned>((T_ + 3) / 4), ny),
+                  dim3(32 * kLogitsWarps), 0, stream, h, ldh, router, static_cast<int>(T_),
+                  static_cast<int>(E), static_cast<int>(H), logits);
+}
+
+template <class T>
+void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t T_, int64_t E, int64_t H,
+                      int64_t k, bool renormalize, float* logits, int32_t* ids, float* weights,
+                      const MoeGroups& g, unsigned* ticket, cudaStream_t stream) {
+  if (T_ == 0) return;
+  check_sizes("moe_router_front", T_, E, k);
+  if (T_ > kFrontMaxTokens) {
+    moe_router_logits<T>(h, ldh, router, T_, E, H, logits, stream);
+    moe_route(logits, E, T_, E, k, renormalize, ids, weights, stream);
+    moe_group(ids, T_, k, E, g, stream);
+    return;
+  }
+  if (!moe_router_front_supported(h, ldh, router, E, H, sizeof(T)))
+    fail_message("moe_router_front: unsupported sizes or alignment: " + std::to_string(E) +
+                 " experts, hidden " + std::to_string(H));
+  launch_kernel(moe_router_front_kernel<T>,
+                dim3(static_cast<unsigned>((E + kFrontExperts - 1) / kFrontExperts)), dim3(256),
+                static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh, router,
+                static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
+                renormalize, logits, ids, weights, g, ticket);
 }
 
 template <class T, class Y>
@@ -314,6 +607,16 @@ QTK_INSTANTIATE(float, float)
 QTK_INSTANTIATE(bf16, bf16)
 QTK_INSTANTIATE(bf16, float)
 #undef QTK_INSTANTIATE
+template void moe_router_logits<float>(const float*, int64_t, const float*, int64_t, int64_t,
+                                       int64_t, float*, cudaStream_t);
+template void moe_router_logits<bf16>(const bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t,
+                                      float*, cudaStream_t);
+template void moe_router_front<float>(const float*, int64_t, const float*, int64_t, int64_t,
+                                      int64_t, int64_t, bool, float*, int32_t*, float*,
+                                      const MoeGroups&, unsigned*, cudaStream_t);
+template void moe_router_front<bf16>(const bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t,
+                                     int64_t, bool, float*, int32_t*, float*, const MoeGroups&,
+                                     unsigned*, cudaStream_t);
 template bool moe_expert_matmul_swiglu<float>(const float*, int64_t, bool, const WeightRef<float>&,
                                               int64_t, int64_t, float*, int64_t, int64_t,
                                               const MoeGroups&, int64_t, cudaStream_t);

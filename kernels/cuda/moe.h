@@ -27,6 +27,8 @@ namespace qtk::cuda {
 //     order, ties to the lower expert index
 //   renormalize: weights divided by their sum (summed in j order)
 // logits f32 [T, E] row stride ld (not modified). E <= 4096, k <= 32.
+// note: up to 1024 experts one warp routes a token, beyond that one block;
+// the choice depends on E only, so a token's bits never depend on T.
 void moe_route(const float* logits, int64_t ld, int64_t T, int64_t E, int64_t k, bool renormalize,
                int32_t* ids, float* weights, cudaStream_t stream);
 
@@ -46,6 +48,34 @@ struct MoeGroups {
 // token's sum are independent of it, see the top of this file).
 void moe_group(const int32_t* ids, int64_t T, int64_t k, int64_t E, const MoeGroups& g,
                cudaStream_t stream);
+
+// The router's logits in the project's own fixed order (moe.cu,
+// router_tile: one f32 fma chain per lane over 16-byte pieces, then the
+// warp's butterfly), the same bits for a token whatever the batch:
+//   logits[t, e] = sum_c h[t, c] * router[e, c]     t < T, e < E
+// h T [T, H] row stride ldh, router T [E, H] (row stride H), logits f32
+// [T, E]. T = float or bf16.
+template <class T>
+void moe_router_logits(const T* h, int64_t ldh, const T* router, int64_t tokens, int64_t E,
+                       int64_t H, float* logits, cudaStream_t stream);
+
+// True when moe_router_logits / moe_router_front take these operands: E <=
+// 1024, H and ldh multiples of 16 / elem_size, h and router 16-byte aligned.
+bool moe_router_front_supported(const void* h, int64_t ldh, const void* router, int64_t E,
+                                int64_t H, int64_t elem_size);
+
+// The block's front: moe_router_logits, moe_route and moe_group, with their
+// bits. Up to 16 tokens in one launch (each block computes 8 experts'
+// logits, the last block to finish routes and groups every token), more in
+// three. ticket: a device counter that is zero before the first call; each
+// call leaves it zero (calls on one stream may share it).
+// note: one launch instead of a cuBLASLt router product plus two: the
+// batch-1 decode step of Qwen3-30B-A3B ran 15.5 us of those three kernels
+// per layer (H100, each alone under ncu).
+template <class T>
+void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t tokens, int64_t E,
+                      int64_t H, int64_t k, bool renormalize, float* logits, int32_t* ids,
+                      float* weights, const MoeGroups& g, unsigned* ticket, cudaStream_t stream);
 
 // The experts' products over the grouped rows (kernels/cuda/warp_matmul.h:
 // one warp per row and column, fixed order): for r < rows,

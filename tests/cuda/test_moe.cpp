@@ -52,9 +52,9 @@ struct GroupBuffers {
 };
 
 TEST(MoeRoute, MatchesReferenceAndBreaksTiesToTheLowerExpert) {
-  // note: up to 512 experts are ranked all at once, more take k rounds of
-  // arg-max (kernels/cuda/moe.cu); 600 covers the rounds.
-  for (const int64_t E : {4, 60, 128, 512, 600})
+  // note: up to 1024 experts one warp routes a token, more take a block
+  // (kernels/cuda/moe.cu); 1100 covers the block.
+  for (const int64_t E : {4, 60, 128, 512, 1024, 1100})
     for (const int64_t k : {1, 2, 8}) {
       if (k > E) continue;
       const int64_t T = 37;
@@ -76,16 +76,11 @@ TEST(MoeRoute, MatchesReferenceAndBreaksTiesToTheLowerExpert) {
     }
 }
 
-TEST(MoeGroup, EveryPairOnceGroupedByExpert) {
-  const int64_t T = 300, k = 4, E = 33;
-  std::vector<int32_t> ids(T * k);
-  // Distinct experts per token (as routing gives), skewed towards low ids.
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j)
-      ids[t * k + j] = static_cast<int32_t>((t * 7 + j * j * 3) % (E - 3));
-  DeviceBuffer<int32_t> d(ids);
-  GroupBuffers g(T, k, E);
-  moe_group(d.get(), T, k, E, g.view(), nullptr);
+// `g` groups the T*k pairs of ids by expert: offsets are the prefix sums of
+// the counts, active lists the experts with rows in order, and every pair
+// has one row in its expert's range.
+void expect_groups(const std::vector<int32_t>& ids, int64_t T, int64_t k, int64_t E,
+                   GroupBuffers& g) {
   const auto off = g.offsets.download(), act = g.active.download();
   const auto tok = g.row_token.download(), ex = g.row_expert.download(), pr = g.pair_row.download();
   std::vector<int> count(E, 0);
@@ -100,14 +95,117 @@ TEST(MoeGroup, EveryPairOnceGroupedByExpert) {
   }
   EXPECT_EQ(off[E], T * k);
   for (int64_t a = na; a < E; ++a) EXPECT_EQ(act[a], -1);
+  std::vector<int> seen(T * k, 0);
   for (int64_t i = 0; i < T * k; ++i) {
     const int32_t r = pr[i];
     ASSERT_GE(r, 0);
     ASSERT_LT(r, T * k);
+    EXPECT_EQ(seen[r]++, 0) << "row " << r << " taken twice";
     EXPECT_EQ(tok[r], i / k);
     EXPECT_EQ(ex[r], ids[i]);
     EXPECT_GE(r, off[ids[i]]);
     EXPECT_LT(r, off[ids[i] + 1]);
+  }
+}
+
+TEST(MoeGroup, EveryPairOnceGroupedByExpert) {
+  const int64_t T = 300, k = 4, E = 33;
+  std::vector<int32_t> ids(T * k);
+  // Distinct experts per token (as routing gives), skewed towards low ids.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      ids[t * k + j] = static_cast<int32_t>((t * 7 + j * j * 3) % (E - 3));
+  DeviceBuffer<int32_t> d(ids);
+  GroupBuffers g(T, k, E);
+  moe_group(d.get(), T, k, E, g.view(), nullptr);
+  expect_groups(ids, T, k, E, g);
+}
+
+// The router front (moe_router_logits, then route and group; one launch up to
+// 16 tokens) of n tokens from row t0 of h [*, H] and router [E, H].
+struct FrontResult {
+  std::vector<float> logits, weights;
+  std::vector<int32_t> ids;
+};
+template <class T>
+FrontResult run_front(const std::vector<float>& h, const std::vector<float>& router, int64_t t0,
+                      int64_t n, int64_t E, int64_t H, int64_t k, bool renorm,
+                      DeviceBuffer<unsigned>& ticket, int calls = 1) {
+  DeviceBuffer<T> hd(
+      to_device_type<T>(std::vector<float>(h.begin() + t0 * H, h.begin() + (t0 + n) * H)));
+  DeviceBuffer<T> rd(to_device_type<T>(router));
+  DeviceBuffer<float> logits(n * E), w(n * k);
+  DeviceBuffer<int32_t> ids(n * k);
+  GroupBuffers g(n, k, E);
+  for (int c = 0; c < calls; ++c)
+    moe_router_front<T>(hd.get(), H, rd.get(), n, E, H, k, renorm, logits.get(), ids.get(), w.get(),
+                        g.view(), ticket.get(), nullptr);
+  FrontResult r{logits.download(), w.download(), ids.download()};
+  expect_groups(r.ids, n, k, E, g);
+  return r;
+}
+
+template <class T>
+class MoeRouterFrontTest : public ::testing::Test {};
+using FrontTypes = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(MoeRouterFrontTest, FrontTypes);
+
+// The logits against float64 dot products, the routing against route_ref on
+// those logits, on awkward widths (H of 9 or 33 16-byte pieces in bf16).
+TYPED_TEST(MoeRouterFrontTest, MatchesReference) {
+  using T = TypeParam;
+  struct Shape {
+    int64_t n, E, k, H;
+  };
+  DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
+  for (const Shape s : {Shape{1, 60, 4, 72}, Shape{7, 128, 8, 264}, Shape{16, 33, 3, 2048},
+                        Shape{45, 60, 4, 72}, Shape{70, 600, 8, 136}}) {
+    const uint32_t seed = static_cast<uint32_t>(s.n * 7 + s.E);
+    std::vector<float> h = random_floats(s.n * s.H, -1, 1, seed);
+    std::vector<float> router = random_floats(s.E * s.H, -0.5f, 0.5f, seed + 1);
+    for (float& f : h) f = to_float(from_float<T>(f));
+    for (float& f : router) f = to_float(from_float<T>(f));
+    const FrontResult r = run_front<T>(h, router, 0, s.n, s.E, s.H, s.k, true, ticket);
+    Vec ref(s.n * s.E);
+    for (int64_t t = 0; t < s.n; ++t)
+      for (int64_t e = 0; e < s.E; ++e) {
+        double d = 0;
+        for (int64_t c = 0; c < s.H; ++c) d += double(h[t * s.H + c]) * router[e * s.H + c];
+        ref[t * s.E + e] = d;
+      }
+    EXPECT_LT(rel_error(r.logits, ref), 1e-5) << s.n << " tokens, " << s.E << " experts";
+    std::vector<int32_t> rid;
+    Vec rw;
+    route_ref(r.logits, s.n, s.E, s.k, true, rid, rw);
+    EXPECT_EQ(r.ids, rid) << s.n << " tokens, " << s.E << " experts";
+    EXPECT_LT(rel_error(r.weights, rw), 1e-6) << s.n << " tokens, " << s.E << " experts";
+  }
+}
+
+// A token's logits, choices and weights are the same bits alone, among up
+// to 16 tokens (one launch) and among 50 (three launches); a launch leaves
+// the ticket ready for the next (three calls in a row give the same).
+TYPED_TEST(MoeRouterFrontTest, TokenBitsDoNotDependOnTheBatch) {
+  using T = TypeParam;
+  for (const bool renorm : {false, true}) {
+    const int64_t N = 50, E = 128, k = 8, H = 264;
+    const std::vector<float> h = random_floats(N * H, -1, 1, 21);
+    const std::vector<float> router = random_floats(E * H, -0.5f, 0.5f, 22);
+    DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
+    const FrontResult all = run_front<T>(h, router, 0, N, E, H, k, renorm, ticket);
+    struct Part {
+      int64_t t0, n;
+    };
+    for (const Part p : {Part{0, 1}, Part{49, 1}, Part{3, 5}, Part{30, 16}, Part{10, 17}}) {
+      const FrontResult part = run_front<T>(h, router, p.t0, p.n, E, H, k, renorm, ticket, 3);
+      EXPECT_TRUE(bitwise_equal(part.logits.data(), all.logits.data() + p.t0 * E, p.n * E))
+          << "tokens " << p.t0 << "+" << p.n;
+      EXPECT_TRUE(bitwise_equal(part.weights.data(), all.weights.data() + p.t0 * k, p.n * k))
+          << "tokens " << p.t0 << "+" << p.n;
+      EXPECT_TRUE(std::equal(part.ids.begin(), part.ids.end(), all.ids.begin() + p.t0 * k))
+          << "tokens " << p.t0 << "+" << p.n;
+    }
+    EXPECT_EQ(ticket.download(), std::vector<unsigned>{0u});
   }
 }
 

@@ -2,9 +2,9 @@
 // arithmetic of runtime/models/moe_weights.h with the kernels of
 // kernels/cuda/moe.h. Act = float (f32 precision) or bf16.
 //
-//   logits   = h router^T                    (f32 out)
-//   ids, w   = top-k of softmax(logits)      (moe_route)
-//   groups   = the T*k routed rows by expert (moe_group)
+//   logits   = h router^T                    (f32 out; moe_router_front does
+//   ids, w   = top-k of softmax(logits)       these three steps, in one
+//   groups   = the T*k routed rows by expert  launch up to 16 tokens)
 //   act      = swiglu(h[row] gate_up_e^T)     (moe_expert_matmul, swiglu)
 //   y        = act down_e^T                   (moe_expert_matmul, f32 out)
 //   shared   = shared_down(swiglu(h shared_gate_up^T))   (Qwen3.5-MoE)
@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe.h"
@@ -81,7 +82,12 @@ class CudaMoe {
         k_(c.moe.top_k),
         I_(c.moe.expert_intermediate_size),
         S_(c.moe.shared_expert_intermediate),
-        renormalize_(c.moe.norm_topk_prob) {}
+        renormalize_(c.moe.norm_topk_prob),
+        ticket_(sizeof(unsigned)) {
+    // moe_router_front's counter starts at zero (each launch leaves it so).
+    QTK_CUDA_CHECK(cudaMemset(ticket_.as(), 0, sizeof(unsigned)));
+    QTK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   // Scratch for up to T tokens a step; true when a buffer was reallocated
   // (captured graphs hold the old pointers).
@@ -113,12 +119,22 @@ class CudaMoe {
   void forward(const CudaMoeWeights& w, const Act* h, int64_t T, Act* out, Gemm& gemm,
                cudaStream_t stream) {
     const int64_t H = H_, E = E_, k = k_, I = I_, R = T * k_;
-    project<Act, float>(gemm, h, H, w.router, logits_.as<float>(), E, T, stream);
-    moe_route(logits_.as<float>(), E, T, E, k, renormalize_, ids_.as<int32_t>(),
-              weights_.as<float>(), stream);
     const MoeGroups g{offsets_.as<int32_t>(), active_.as<int32_t>(), row_token_.as<int32_t>(),
                       row_expert_.as<int32_t>(), pair_row_.as<int32_t>()};
-    moe_group(ids_.as<int32_t>(), T, k, E, g, stream);
+    // note: the router's logits take the own fixed order (moe_router_logits)
+    // wherever it applies, which depends on the weights and sizes, never on
+    // T: up to 16 tokens the logits, routing and grouping are one launch.
+    // An FP8 router (no release has one) goes through project().
+    if (!w.router.fp8 && moe_router_front_supported(h, H, w.router.data.as(), E, H, sizeof(Act))) {
+      moe_router_front<Act>(h, H, w.router.data.as<Act>(), T, E, H, k, renormalize_,
+                            logits_.as<float>(), ids_.as<int32_t>(), weights_.as<float>(), g,
+                            ticket_.as<unsigned>(), stream);
+    } else {
+      project<Act, float>(gemm, h, H, w.router, logits_.as<float>(), E, T, stream);
+      moe_route(logits_.as<float>(), E, T, E, k, renormalize_, ids_.as<int32_t>(),
+                weights_.as<float>(), stream);
+      moe_group(ids_.as<int32_t>(), T, k, E, g, stream);
+    }
     const int64_t max_active = std::min(E, R);
     // note: gate_up and SwiGLU in one launch where the tensor-core narrow
     // kernel computes the experts (kernels/cuda/moe.h), the same bits.
@@ -147,6 +163,7 @@ class CudaMoe {
  private:
   int64_t H_, E_, k_, I_, S_;
   bool renormalize_;
+  DeviceMemory ticket_;  // u32 moe_router_front's counter (zero between launches)
   // Scratch (T = tokens of the largest step, R = T * k routed rows).
   DeviceMemory logits_;                             // f32 [T, E] router logits
   DeviceMemory ids_;                                // i32 [T, k] chosen experts
