@@ -54,7 +54,7 @@ struct GroupBuffers {
 TEST(MoeRoute, MatchesReferenceAndBreaksTiesToTheLowerExpert) {
   // note: up to 1024 experts one warp routes a token, more take a block
   // (kernels/cuda/moe.cu); 1100 covers the block.
-  for (const int64_t E : {4, 60, 128, 512, 1024, 1100})
+  for (const int64_t E : {4, 60, 128, 256, 512, 1024, 1100})
     for (const int64_t k : {1, 2, 8}) {
       if (k > E) continue;
       const int64_t T = 37;
