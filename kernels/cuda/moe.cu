@@ -431,9 +431,8 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
                                    const T* __restrict__ gate_w, T* __restrict__ out, int64_t ldo) {
   pdl_begin();
   __shared__ float red[32];
-  __shared__ int order[kMaxTopK];
-  __shared__ int tid[kMaxTopK], trow[kMaxTopK];
-  __shared__ float tw[kMaxTopK];
+  __shared__ int tid[kMaxTopK], srow[kMaxTopK];
+  __shared__ float sw[kMaxTopK];
   const int64_t t = blockIdx.x;
   float gate = 0.0f;
   if (shared != nullptr) {
@@ -442,31 +441,31 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
       s = fmaf(to_f(h[t * ldh + c]), to_f(gate_w[c]), s);
     gate = sigmoid(block_sum(s, red));
   }
-  // The token's k choices, loaded together (not one dependent load per
-  // step of the sort below).
-  for (int j = threadIdx.x; j < k; j += blockDim.x) {
-    tid[j] = ids[t * k + j];
-    tw[j] = weights[t * k + j];
-    trow[j] = pair_row[t * k + j];
+  // The token's k choices, loaded together, then placed in increasing
+  // expert order: choice j goes to its rank among them (a stable order: an
+  // equal expert earlier in the list ranks first), all at once instead of
+  // one thread's insertion sort.
+  const int j = threadIdx.x;
+  int my_id = 0, my_row = 0;
+  float my_w = 0.0f;
+  if (j < k) {
+    my_id = ids[t * k + j];
+    my_w = weights[t * k + j];
+    my_row = pair_row[t * k + j];
+    tid[j] = my_id;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    // Insertion sort of the token's k choices by expert index.
-    for (int j = 0; j < k; ++j) {
-      int i = j;
-      while (i > 0 && tid[order[i - 1]] > tid[j]) {
-        order[i] = order[i - 1];
-        --i;
-      }
-      order[i] = j;
-    }
+  if (j < k) {
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += tid[i] < my_id || (tid[i] == my_id && i < j) ? 1 : 0;
+    srow[rank] = my_row;
+    sw[rank] = my_w;
   }
   __syncthreads();
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c < H) {
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j)
-      acc = fmaf(tw[order[j]], y[static_cast<int64_t>(trow[order[j]]) * ldy + c], acc);
+    for (int r = 0; r < k; ++r) acc = fmaf(sw[r], y[static_cast<int64_t>(srow[r]) * ldy + c], acc);
     if (shared != nullptr) acc = fmaf(gate, shared[t * lds + c], acc);
     out[t * ldo + c] = from_f<T>(acc);
   }

@@ -314,7 +314,8 @@ class MoeBlockTest : public ::testing::Test {};
 using ActTypes = ::testing::Types<float, bf16>;
 TYPED_TEST_SUITE(MoeBlockTest, ActTypes);
 
-// note: H 72 and I 40 take the vector path with a tail (72 = 64 + 8 in bf16,
+// note: H 520 spreads moe_combine over 3 column blocks, each recomputing
+// the shared expert's gate. H 72 and I 40 take the vector path with a tail (72 = 64 + 8 in bf16,
 // 2 x 32 + 8 in f32); H 36 and I 20 the scalar path. With bf16, H 128 / I 48
 // and H 64 / I 32 (K % 16 == 0) take the tensor-core product
 // (kernels/cuda/mma_matmul.cuh): 70 tokens x top 8 of 16 experts give groups
@@ -327,7 +328,8 @@ TYPED_TEST(MoeBlockTest, MatchesReference) {
   };
   for (const Shape s : {Shape{1, 8, 2, 72, 40, false}, Shape{19, 8, 2, 72, 40, true},
                         Shape{33, 60, 4, 36, 20, true}, Shape{70, 16, 8, 264, 24, false},
-                        Shape{70, 16, 8, 128, 48, true}, Shape{150, 4, 2, 64, 32, true}}) {
+                        Shape{70, 16, 8, 128, 48, true}, Shape{150, 4, 2, 64, 32, true},
+                        Shape{9, 16, 8, 520, 24, true}}) {
     const MoeCase<T> c(s.T, s.E, s.k, s.H, s.I, s.shared, static_cast<uint32_t>(s.T * 31 + s.E));
     EXPECT_LT(rel_error(c.run(0, s.T), c.reference()), 3 * tolerance<T>())
         << s.T << " tokens, " << s.E << " experts, top " << s.k << ", H " << s.H << ", I " << s.I;
