@@ -35,6 +35,25 @@ __device__ __forceinline__ bool ahead(float p, int e, float bp, int be) {
   return p > bp || (p == bp && e < be);
 }
 
+// The warp's first (p, e) in the top-k order (ahead): every lane ends with
+// it (a total order, so the butterfly's pairings cannot change the winner).
+__device__ __forceinline__ void warp_ahead_max(float& bp, int& be) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+    const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+    if (ahead(op, oe, bp, be)) {
+      bp = op;
+      be = oe;
+    }
+  }
+}
+
+// A probability as the top k ranks it: a NaN (from NaN hidden states only)
+// ranks as -1, below every probability, so that every slot still gets a
+// valid expert.
+__device__ __forceinline__ float rank_key(float p) { return isnan(p) ? -1.0f : p; }
+
 // Router logits of a warp tile: out[i][j] = the logit of router row i (i <
 // ne, rows w + i*H) for token j (j < nt, rows x + j*ldx), every lane.
 // note: one fixed order, whatever tile, kernel or batch computes a logit:
@@ -135,8 +154,7 @@ __device__ __forceinline__ void router_items(const T* h, int64_t ldh, const T* r
 // lower expert), weights renormalised by their sum in choice order.
 // note: the order is fixed by E alone: lane l holds experts l, l + 32, ...;
 // the max and the sum of exponentials are each lane's in expert order, then
-// the xor butterfly. A NaN probability ranks as -1 so that every slot gets a
-// valid expert (NaN logits come only from NaN hidden states).
+// the xor butterfly (rank_key for NaN probabilities).
 template <int kPer>
 __device__ __forceinline__ void route_token_warp(const float* logits, int E, int k,
                                                  bool renormalize, int32_t* ids, float* weights) {
@@ -169,21 +187,13 @@ __device__ __forceinline__ void route_token_warp(const float* logits, int E, int
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
-      const float pe = isnan(p[i]) ? -1.0f : p[i];
+      const float pe = rank_key(p[i]);
       if (e < E && !((taken >> i) & 1u) && ahead(pe, e, bp, be)) {
         bp = pe;
         be = e;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ahead(op, oe, bp, be)) {
-        bp = op;
-        be = oe;
-      }
-    }
+    warp_ahead_max(bp, be);
     if ((be & 31) == lane) taken |= 1u << (be >> 5);
     sum += bp;
     if (lane == j) {
@@ -254,21 +264,13 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t ld, i
     float bp = -2.0f;
     int be = INT_MAX;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      const float pe = isnan(p[e]) ? -1.0f : p[e];
+      const float pe = rank_key(p[e]);
       if (pe >= -1.0f && ahead(pe, e, bp, be)) {
         bp = pe;
         be = e;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ahead(op, oe, bp, be)) {
-        bp = op;
-        be = oe;
-      }
-    }
+    warp_ahead_max(bp, be);
     if (lane == 0) {
       red[warp] = bp;
       red_e[warp] = be;
