@@ -183,12 +183,13 @@ TYPED_TEST(MoeRouterFrontTest, MatchesReference) {
 }
 
 // A token's logits, choices and weights are the same bits alone, among up
-// to 16 tokens (one launch) and among 50 (three launches); a launch leaves
+// to 16 tokens (one launch), among 17 or 33 (three launches, 1 x 4 warp
+// items) and among 80 (three launches, 4 x 8 warp tiles); a launch leaves
 // the ticket ready for the next (three calls in a row give the same).
 TYPED_TEST(MoeRouterFrontTest, TokenBitsDoNotDependOnTheBatch) {
   using T = TypeParam;
   for (const bool renorm : {false, true}) {
-    const int64_t N = 50, E = 128, k = 8, H = 264;
+    const int64_t N = 80, E = 128, k = 8, H = 264;
     const std::vector<float> h = random_floats(N * H, -1, 1, 21);
     const std::vector<float> router = random_floats(E * H, -0.5f, 0.5f, 22);
     DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
@@ -196,7 +197,8 @@ TYPED_TEST(MoeRouterFrontTest, TokenBitsDoNotDependOnTheBatch) {
     struct Part {
       int64_t t0, n;
     };
-    for (const Part p : {Part{0, 1}, Part{49, 1}, Part{3, 5}, Part{30, 16}, Part{10, 17}}) {
+    for (const Part p :
+         {Part{0, 1}, Part{79, 1}, Part{3, 5}, Part{30, 16}, Part{10, 17}, Part{41, 33}}) {
       const FrontResult part = run_front<T>(h, router, p.t0, p.n, E, H, k, renorm, ticket, 3);
       EXPECT_TRUE(bitwise_equal(part.logits.data(), all.logits.data() + p.t0 * E, p.n * E))
           << "tokens " << p.t0 << "+" << p.n;
