@@ -27,6 +27,14 @@ constexpr int kFrontMaxTokens = 16;        // moe_router_front in one launch up 
 constexpr int kFrontExperts = 8;           // experts per block of the one-launch front
 constexpr int kLogitsWarps = 4;            // warps per block of moe_router_logits_kernel
 constexpr int kTiledLogitsMinTokens = 65;  // from here the logits take 4 x 8 warp tiles
+// note: the router's shapes. One launch up to 16 tokens: its last block
+// routes them with its 8 warps (2 tokens each at most), and a decode step
+// of up to 16 sequences pays one launch instead of three. 8 experts per
+// block of 8 warps: at batch 1 each warp takes one expert's row, and
+// E / 8 blocks (16 for 128 experts) read the router together. A lone token
+// keeps 8 of its lane's pieces in flight (a 2048-wide bf16 row in one
+// round trip); 4 tokens keep 2 (the registers of 4 rows). Past 64 tokens
+// 4 x 8 tiles read each router row once per 8 tokens instead of per 4.
 
 // (p, e) is ahead of (bp, be) in the top-k order: larger probability, ties
 // to the lower expert index. A total order, so any reduction tree picks the
