@@ -26,6 +26,9 @@ constexpr int kCombineThreads = 256;       // moe_combine's columns per block
 constexpr int kFrontMaxTokens = 16;        // moe_router_front in one launch up to this many tokens
 constexpr int kFrontExperts = 8;           // experts per block of the one-launch front
 constexpr int kLogitsWarps = 4;            // warps per block of moe_router_logits_kernel
+constexpr int kItemTokens = 4;             // tokens of a warp's item (1 expert x 4 tokens)
+constexpr int kTileExperts = 4;            // a warp tile past 64 tokens: 4 experts
+constexpr int kTileTokens = 8;             //   x 8 tokens
 constexpr int kTiledLogitsMinTokens = 65;  // from here the logits take 4 x 8 warp tiles
 // note: the router's shapes. One launch up to 16 tokens: its last block
 // routes them with its 8 warps (2 tokens each at most), and a decode step
@@ -146,7 +149,7 @@ __device__ __forceinline__ void router_items(const T* h, int64_t ldh, const T* r
     }
     return;
   }
-  constexpr int NT = 4;
+  constexpr int NT = kItemTokens;
   const int groups = (ntok + NT - 1) / NT;
   for (int item = warp; item < ne * groups; item += nw) {
     const int e = e0 + item % ne, t = (item / ne) * NT, nt = min(NT, ntok - t);
@@ -364,7 +367,8 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, 
 // Router logits [T, E] (row stride E). Tiled (many tokens): block
 // (blockIdx.x: 8 tokens, blockIdx.y: 16 experts), a 4-expert x 8-token tile
 // per warp (the warps share the tokens' rows through L1). Otherwise block
-// (blockIdx.x: 4 tokens, blockIdx.y: kLogitsWarps experts), one item a warp.
+// (blockIdx.x: kItemTokens tokens, blockIdx.y: kLogitsWarps experts), one
+// item a warp.
 template <class T, bool kTiled>
 __global__ void moe_router_logits_kernel(const T* __restrict__ h, int64_t ldh,
                                          const T* __restrict__ router, int ntok, int E, int H,
@@ -372,7 +376,7 @@ __global__ void moe_router_logits_kernel(const T* __restrict__ h, int64_t ldh,
   pdl_begin();
   const int warp = threadIdx.x >> 5;
   if constexpr (kTiled) {
-    constexpr int NE = 4, NT = 8;
+    constexpr int NE = kTileExperts, NT = kTileTokens;
     const int t = blockIdx.x * NT, e = (blockIdx.y * kLogitsWarps + warp) * NE;
     if (e >= E) return;
     const int nt = min(NT, ntok - t), ne = min(NE, E - e);
@@ -381,7 +385,7 @@ __global__ void moe_router_logits_kernel(const T* __restrict__ h, int64_t ldh,
                               router + static_cast<int64_t>(e) * H, ne, H, out);
     store_logits(out, logits, E, t, nt, e, ne);
   } else {
-    constexpr int NT = 4;
+    constexpr int NT = kItemTokens;
     const int t = blockIdx.x * NT, e = blockIdx.y * kLogitsWarps + warp;
     if (e >= E) return;
     const int nt = min(NT, ntok - t);
@@ -533,21 +537,36 @@ bool moe_router_front_supported(const void* h, int64_t ldh, const void* router, 
          reinterpret_cast<uintptr_t>(router) % 16 == 0;
 }
 
+namespace {
+
+// Fails with one message when the router's operands are not what
+// moe_router_logits / moe_router_front take.
+template <class T>
+void check_router_operands(const char* what, const T* h, int64_t ldh, const T* router, int64_t E,
+                           int64_t H) {
+  if (!moe_router_front_supported(h, ldh, router, E, H, sizeof(T)))
+    fail_message(std::string(what) + ": unsupported sizes or alignment: " + std::to_string(E) +
+                 " experts, hidden " + std::to_string(H));
+}
+
+unsigned blocks_of(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+}  // namespace
+
 template <class T>
 void moe_router_logits(const T* h, int64_t ldh, const T* router, int64_t T_, int64_t E, int64_t H,
                        float* logits, cudaStream_t stream) {
   if (T_ == 0) return;
-  if (!moe_router_front_supported(h, ldh, router, E, H, sizeof(T)) || T_ > INT32_MAX)
-    fail_message("moe_router_logits: unsupported sizes or alignment: " + std::to_string(E) +
-                 " experts, hidden " + std::to_string(H));
-  const unsigned ny = static_cast<unsigned>((E + kLogitsWarps - 1) / kLogitsWarps);
+  if (T_ > INT32_MAX) fail_message("moe_router_logits: unsupported sizes");
+  check_router_operands("moe_router_logits", h, ldh, router, E, H);
   if (T_ >= kTiledLogitsMinTokens)
     launch_kernel(moe_router_logits_kernel<T, true>,
-                  dim3(static_cast<unsigned>((T_ + 7) / 8), (ny + 3) / 4), dim3(32 * kLogitsWarps),
-                  0, stream, h, ldh, router, static_cast<int>(T_), static_cast<int>(E),
-                  static_cast<int>(H), logits);
+                  dim3(blocks_of(T_, kTileTokens), blocks_of(E, kLogitsWarps * kTileExperts)),
+                  dim3(32 * kLogitsWarps), 0, stream, h, ldh, router, static_cast<int>(T_),
+                  static_cast<int>(E), static_cast<int>(H), logits);
   else
-    launch_kernel(moe_router_logits_kernel<T, false>, dim3(static_cast<unsigned>((T_ + 3) / 4), ny),
+    launch_kernel(moe_router_logits_kernel<T, false>,
+                  dim3(blocks_of(T_, kItemTokens), blocks_of(E, kLogitsWarps)),
                   dim3(32 * kLogitsWarps), 0, stream, h, ldh, router, static_cast<int>(T_),
                   static_cast<int>(E), static_cast<int>(H), logits);
 }
@@ -564,11 +583,8 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t T_, int6
     moe_group(ids, T_, k, E, g, stream);
     return;
   }
-  if (!moe_router_front_supported(h, ldh, router, E, H, sizeof(T)))
-    fail_message("moe_router_front: unsupported sizes or alignment: " + std::to_string(E) +
-                 " experts, hidden " + std::to_string(H));
-  launch_kernel(moe_router_front_kernel<T>,
-                dim3(static_cast<unsigned>((E + kFrontExperts - 1) / kFrontExperts)), dim3(256),
+  check_router_operands("moe_router_front", h, ldh, router, E, H);
+  launch_kernel(moe_router_front_kernel<T>, dim3(blocks_of(E, kFrontExperts)), dim3(256),
                 static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh, router,
                 static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
                 renormalize, logits, ids, weights, g, ticket);
