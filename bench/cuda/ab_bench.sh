@@ -6,7 +6,8 @@
 #   bash bench/cuda/ab_bench.sh BASELINE.tar.gz [CONFIG_NAME...]
 #
 # BASELINE.tar.gz: `git archive --format=tar.gz REV -- . ':!tests/data' ':!samples'`.
-# CONFIG_NAME: configs under tests/data/configs (default qwen3-0.6b qwen3.5-0.8b).
+# CONFIG_NAME: configs under tests/data/configs (default qwen3-0.6b qwen3.5-0.8b),
+# NAME:LAYERS for the config cut to its first LAYERS layers (bench/cuda/cut_layers.py).
 # Environment: OUT (default ./gpu-out), AB_BATCHES (1,32,128), AB_ROUNDS (2),
 # AB_CPU=CONFIG_NAME: also the CPU end-to-end benchmark (bench/e2e/run.sh
 # --quick) of both builds on that config, on this host's CPU.
@@ -48,10 +49,18 @@ wait $p_new || { tail -30 /tmp/qtk-ab-new.log; echo "FAILED: build (this tree)";
 wait $p_old || { tail -30 /tmp/qtk-ab-old.log; echo "FAILED: build (baseline)"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
-for name in $MODELS; do
+for model in $MODELS; do
+  IFS=: read -r config layers <<< "$model"
+  name=$config${layers:+-${layers}l}
   work=/tmp/qtk-ab/$name
   mkdir -p "$work"
-  /tmp/qtk-ab-new/bin/synth "tests/data/configs/$name.json" "$work/hf" --dtype bf16 >/dev/null &&
+  cfg=tests/data/configs/$config.json
+  if [ -n "$layers" ]; then
+    python3 bench/cuda/cut_layers.py "$cfg" "$layers" "$work/config.json" || continue
+    cfg=$work/config.json
+  fi
+  # note: --threads draws the weights in parallel (a 30B-A3B cut takes minutes on one).
+  /tmp/qtk-ab-new/bin/synth "$cfg" "$work/hf" --dtype bf16 --threads "$(nproc)" >/dev/null &&
     /tmp/qtk-ab-new/bin/convert "$work/hf" "$work/model.pack" --force >/dev/null ||
     { echo "FAILED: synth/convert $name"; continue; }
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do

@@ -40,6 +40,14 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// The warp asks L2 for `bytes` from p (a 128-byte line a lane at a time):
+// for constants (weights) a kernel will read after its dependency wait.
+__device__ __forceinline__ void warp_prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = (threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 

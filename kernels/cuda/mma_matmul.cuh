@@ -488,9 +488,11 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
 // note: each warp requests its first stages of weights as soon as it knows
 // whose they are, before the loads that only the rows need: without groups
 // before the dependency wait (dev::pdl_begin; the weights do not depend on
-// the kernel before), overlapping the previous kernel's tail; with groups
-// (experts) right after reading the block's group, ahead of its row span
-// and the rows' sources.
+// the kernel before), overlapping the previous kernel's tail; with settled
+// groups (the experts' down_proj: the front wrote them two launches back)
+// also before the wait, after reading the block's group and rows through
+// L2; with other groups (gate_up, right behind the front) right after
+// reading the block's group, ahead of its row span and the rows' sources.
 template <class Y, bool kFp8, int kMaxNT>
 __global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
@@ -509,18 +511,28 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
     for (int s = 0; s < L::kDepth - 1; ++s)
       if (c0 + s < c1) nw.issue(o, c0 + s, base + s * L::kStage, lane);
   };
-  const bool grouped = rg.offsets != nullptr;
+  const bool grouped = rg.offsets != nullptr, early = grouped && rg.settled;
   NarrowWeights<kFp8, kMaxNT> nw(o, 0, n0, lane);
+  int grp = 0, r0 = 0, r1 = 0;
+  bool has_rows = true;
   if (!grouped && rg.rows > 0) request_weights(nw);
-  pdl_begin();
-  int grp;
-  if (!group_slot(rg, grp)) return;
-  if (grouped) {
-    nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
-    request_weights(nw);
+  if (early) {  // settled groups: the expert's weights before the wait too
+    has_rows = settled_group_rows(rg, grp, r0, r1);
+    if (has_rows) {
+      nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
+      request_weights(nw);
+    }
   }
-  int r0, r1;
-  group_span(rg, grp, r0, r1);
+  pdl_begin();
+  if (!early) {
+    if (!group_slot(rg, grp)) return;
+    if (grouped) {
+      nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
+      request_weights(nw);
+    }
+    group_span(rg, grp, r0, r1);
+  }
+  if (!has_rows) return;
   bool issued = true;
   for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {
     if (kMaxNT == 2 && r1 - rb > 8)

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/add_rmsnorm_row.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -30,6 +31,8 @@ constexpr int kItemTokens = 4;             // tokens of a warp's item (1 expert 
 constexpr int kTileExperts = 4;            // a warp tile past 64 tokens: 4 experts
 constexpr int kTileTokens = 8;             //   x 8 tokens
 constexpr int kTiledLogitsMinTokens = 65;  // from here the logits take 4 x 8 warp tiles
+constexpr int kFrontNormCached = 16;       // the fused add + norm's columns a thread (H <= 4096)
+static_assert(kFrontExperts * 32 == kRowThreads, "the front's blocks run add_rmsnorm's rows");
 // note: the router's shapes. One launch up to 16 tokens: its last block
 // routes them with its 8 warps (2 tokens each at most), and a decode step
 // of up to 16 sequences pays one launch instead of three. 8 experts per
@@ -394,26 +397,68 @@ __global__ void moe_router_logits_kernel(const T* __restrict__ h, int64_t ldh,
   }
 }
 
+// One element through L2 (ld.cg): for activations read before the
+// dependency wait (never a stale L1 line).
+__device__ __forceinline__ float ldcg_elem(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ bf16 ldcg_elem(const bf16* p) {
+  const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  return __ushort_as_bfloat16(u);
+}
+
+// The normed row's place in moe_router_front_kernel's dynamic shared
+// memory: after the 2E counts, 16-byte aligned.
+__host__ __device__ constexpr int64_t front_row_offset(int64_t E) {
+  return (2 * E * static_cast<int64_t>(sizeof(int32_t)) + 15) / 16 * 16;
+}
+
 // The whole front for up to kFrontMaxTokens tokens in one launch: block b
 // computes the logits of experts b*kFrontExperts .. for every token (the
 // order of router_tile), and the last block to finish (a ticket counter,
 // left at zero for the next launch) routes every token (a warp each) and
 // groups the pairs.
+// kAddNorm (one token): h is first computed from an (add_rmsnorm's
+// arithmetic, dev::AddRmsNormRow) by every block into shared memory; block
+// 0 also stores the new residual and h.
 // note: the logits go through global memory between the blocks: each block
 // fences its stores before taking its ticket, and the last block reads them
 // with ld.cg (L2, never a stale L1 line).
-template <class T>
-__global__ void moe_router_front_kernel(const T* __restrict__ h, int64_t ldh,
-                                        const T* __restrict__ router, int ntok, int E, int H, int k,
-                                        bool renormalize, float* logits, int32_t* ids,
-                                        float* __restrict__ weights, MoeGroups g,
-                                        unsigned* ticket) {
-  pdl_begin();
-  extern __shared__ int32_t counts[];  // [2E] for group_pairs
+// note: with kAddNorm the launch replaces add_rmsnorm's: its router rows
+// (constants) are asked of L2 before the dependency wait, and the norm's
+// 2H loads are one round trip, as in add_rmsnorm.
+template <class T, bool kAddNorm>
+__global__ void __launch_bounds__(kRowThreads)
+    moe_router_front_kernel(const T* h, int64_t ldh, const T* __restrict__ router, int ntok, int E,
+                            int H, int k, bool renormalize, float* logits, int32_t* ids,
+                            float* __restrict__ weights, MoeGroups g, unsigned* ticket,
+                            MoeAddNorm<T> an) {
+  extern __shared__ __align__(16) int32_t counts[];  // [2E] for group_pairs; then T [H] (kAddNorm)
   __shared__ bool last;
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int e0 = blockIdx.x * kFrontExperts;
-  router_items(h, ldh, router, ntok, e0, min(kFrontExperts, E - e0), E, H, logits, warp, nw);
+  const int e0 = blockIdx.x * kFrontExperts, ne = min(kFrontExperts, E - e0);
+  if constexpr (kAddNorm)
+    for (int e = e0 + warp; e < e0 + ne; e += nw)
+      warp_prefetch_l2(router + static_cast<int64_t>(e) * H, static_cast<int64_t>(H) * sizeof(T));
+  pdl_begin();
+  if constexpr (kAddNorm) {
+    __shared__ float red[32];
+    T* hs = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(counts) + front_row_offset(E));
+    AddRmsNormRow<T, kFrontNormCached> row;
+    row.run(an.residual, an.delta, an.weight, H, an.eps,
+            blockIdx.x == 0 ? an.residual_out : nullptr, red);
+#pragma unroll
+    for (int i = 0; i < kFrontNormCached; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kRowThreads;
+      if (c < H) {
+        const T v = row.normed(i);
+        hs[c] = v;
+        if (blockIdx.x == 0) an.h[c] = v;
+      }
+    }
+    __syncthreads();
+    h = hs;
+    ldh = H;
+  }
+  router_items(h, ldh, router, ntok, e0, ne, E, H, logits, warp, nw);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
@@ -435,6 +480,10 @@ __global__ void moe_router_front_kernel(const T* __restrict__ h, int64_t ldh,
 // note: one column per thread: a thread's k loads are independent and go
 // out together (a block per token walking H in steps of 256 waited on one
 // L2 round trip per step: 10 us at batch 1).
+// note: the choices, their rows and h come from launches two or more back
+// (moe.h), so they are read (through L2) and the gate computed before the
+// dependency wait, which then guards only y and shared: the wait's release
+// is followed by one round trip, the y loads.
 template <class T>
 __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
                                    const int32_t* __restrict__ ids,
@@ -443,18 +492,10 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
                                    const float* __restrict__ shared, int64_t lds,
                                    const T* __restrict__ h, int64_t ldh,
                                    const T* __restrict__ gate_w, T* __restrict__ out, int64_t ldo) {
-  pdl_begin();
   __shared__ float red[32];
   __shared__ int tid[kMaxTopK], srow[kMaxTopK];
   __shared__ float sw[kMaxTopK];
   const int64_t t = blockIdx.x;
-  float gate = 0.0f;
-  if (shared != nullptr) {
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < H; c += blockDim.x)
-      s = fmaf(to_f(h[t * ldh + c]), to_f(gate_w[c]), s);
-    gate = sigmoid(block_sum(s, red));
-  }
   // The token's k choices, loaded together, then placed in increasing
   // expert order: choice j goes to its rank among them (a stable order: an
   // equal expert earlier in the list ranks first), all at once instead of
@@ -463,10 +504,17 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
   int my_id = 0, my_row = 0;
   float my_w = 0.0f;
   if (j < k) {
-    my_id = ids[t * k + j];
-    my_w = weights[t * k + j];
-    my_row = pair_row[t * k + j];
+    my_id = __ldcg(ids + t * k + j);
+    my_w = __ldcg(weights + t * k + j);
+    my_row = __ldcg(pair_row + t * k + j);
     tid[j] = my_id;
+  }
+  float gate = 0.0f;
+  if (shared != nullptr) {
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < H; c += blockDim.x)
+      s = fmaf(to_f(ldcg_elem(h + t * ldh + c)), to_f(gate_w[c]), s);
+    gate = sigmoid(block_sum(s, red));
   }
   __syncthreads();
   if (j < k) {
@@ -476,6 +524,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
     sw[rank] = my_w;
   }
   __syncthreads();
+  pdl_begin();
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c < H) {
     float acc = 0.0f;
@@ -487,12 +536,13 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, int64_t ldy,
 
 // The experts' row groups of a grouped product: x rows gathered through
 // row_token (gather) or already grouped.
-dev::RowGroups expert_groups(const MoeGroups& g, bool gather, int64_t rows) {
+dev::RowGroups expert_groups(const MoeGroups& g, bool gather, int64_t rows, bool settled) {
   dev::RowGroups groups;
   groups.offsets = g.offsets;
   groups.active = g.active;
   groups.row_source = gather ? g.row_token : nullptr;
   groups.rows = static_cast<int>(rows);  // all groups' rows together (a bound)
+  groups.settled = settled;
   return groups;
 }
 
@@ -584,19 +634,43 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t T_, int6
     return;
   }
   check_router_operands("moe_router_front", h, ldh, router, E, H);
-  launch_kernel(moe_router_front_kernel<T>, dim3(blocks_of(E, kFrontExperts)), dim3(256),
-                static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh, router,
-                static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
-                renormalize, logits, ids, weights, g, ticket);
+  launch_kernel(moe_router_front_kernel<T, false>, dim3(blocks_of(E, kFrontExperts)),
+                dim3(kRowThreads), static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh,
+                router, static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H),
+                static_cast<int>(k), renormalize, logits, ids, weights, g, ticket, MoeAddNorm<T>{});
+}
+
+template <class T>
+bool moe_router_front_add_norm_supported(const MoeAddNorm<T>& an, const T* router, int64_t E,
+                                         int64_t H) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return H <= int64_t{kFrontNormCached} * kRowThreads && aligned(an.h) &&
+         moe_router_front_supported(an.h, H, router, E, H, sizeof(T)) &&
+         an.residual_out != an.residual;
+}
+
+template <class T>
+void moe_router_front_add_norm(const MoeAddNorm<T>& an, const T* router, int64_t E, int64_t H,
+                               int64_t k, bool renormalize, float* logits, int32_t* ids,
+                               float* weights, const MoeGroups& g, unsigned* ticket,
+                               cudaStream_t stream) {
+  check_sizes("moe_router_front_add_norm", 1, E, k);
+  if (!moe_router_front_add_norm_supported(an, router, E, H))
+    fail_message("moe_router_front_add_norm: unsupported sizes or alignment: " + std::to_string(E) +
+                 " experts, hidden " + std::to_string(H));
+  launch_kernel(moe_router_front_kernel<T, true>, dim3(blocks_of(E, kFrontExperts)),
+                dim3(kRowThreads), static_cast<size_t>(front_row_offset(E) + H * sizeof(T)), stream,
+                an.h, H, router, 1, static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
+                renormalize, logits, ids, weights, g, ticket, an);
 }
 
 template <class T, class Y>
 void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w, int64_t N,
                        int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
-                       int64_t max_active, cudaStream_t stream) {
+                       int64_t max_active, bool settled, cudaStream_t stream) {
   if (rows == 0 || N == 0) return;
   launch_warp_matmul<T, Y>("moe_expert_matmul", x, ldx, w, N, K, y, ldy,
-                           expert_groups(g, gather, rows), max_active, stream);
+                           expert_groups(g, gather, rows, settled), max_active, stream);
 }
 
 template <class T>
@@ -605,8 +679,8 @@ bool moe_expert_matmul_swiglu(const T* x, int64_t ldx, bool gather, const Weight
                               const MoeGroups& g, int64_t max_active, cudaStream_t stream) {
   if (rows == 0 || I == 0) return true;
   check_weight_operands("moe_expert_matmul_swiglu", w, 2 * I, K, max_active);
-  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda, expert_groups(g, gather, rows),
-                                 max_active, I, stream);
+  return launch_mma_matmul<T, T>(x, ldx, w, 2 * I, K, act, lda,
+                                 expert_groups(g, gather, rows, false), max_active, I, stream);
 }
 
 template <class T>
@@ -627,7 +701,7 @@ void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* w
 #define QTK_INSTANTIATE(T, Y)                                                                     \
   template void moe_expert_matmul<T, Y>(const T*, int64_t, bool, const WeightRef<T>&, int64_t,    \
                                         int64_t, Y*, int64_t, int64_t, const MoeGroups&, int64_t, \
-                                        cudaStream_t);
+                                        bool, cudaStream_t);
 QTK_INSTANTIATE(float, float)
 QTK_INSTANTIATE(bf16, bf16)
 QTK_INSTANTIATE(bf16, float)
@@ -642,6 +716,15 @@ template void moe_router_front<float>(const float*, int64_t, const float*, int64
 template void moe_router_front<bf16>(const bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t,
                                      int64_t, bool, float*, int32_t*, float*, const MoeGroups&,
                                      unsigned*, cudaStream_t);
+#define QTK_INSTANTIATE(T)                                                                      \
+  template bool moe_router_front_add_norm_supported<T>(const MoeAddNorm<T>&, const T*, int64_t, \
+                                                       int64_t);                                \
+  template void moe_router_front_add_norm<T>(const MoeAddNorm<T>&, const T*, int64_t, int64_t,  \
+                                             int64_t, bool, float*, int32_t*, float*,           \
+                                             const MoeGroups&, unsigned*, cudaStream_t);
+QTK_INSTANTIATE(float)
+QTK_INSTANTIATE(bf16)
+#undef QTK_INSTANTIATE
 template bool moe_expert_matmul_swiglu<float>(const float*, int64_t, bool, const WeightRef<float>&,
                                               int64_t, int64_t, float*, int64_t, int64_t,
                                               const MoeGroups&, int64_t, cudaStream_t);

@@ -77,6 +77,40 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t tokens, 
                       int64_t H, int64_t k, bool renormalize, float* logits, int32_t* ids,
                       float* weights, const MoeGroups& g, unsigned* ticket, cudaStream_t stream);
 
+// The add + RMSNorm in front of a token's MoE block, add_rmsnorm's
+// (kernels/cuda/cuda_kernels.h) for one row of H:
+//   residual_out = residual + delta (rounded to T)
+//   h = rmsnorm(residual_out) * weight
+template <class T>
+struct MoeAddNorm {
+  const T* residual = nullptr;    // T [H] (not modified)
+  const T* delta = nullptr;       // T [H]
+  const float* weight = nullptr;  // f32 [H]
+  float eps = 0.0f;
+  T* residual_out = nullptr;  // T [H], not the residual (the blocks read it while block 0 writes)
+  T* h = nullptr;             // T [H], 16-byte aligned
+};
+
+// True when moe_router_front_add_norm takes these operands: those of
+// moe_router_front for h, H <= 4096, residual_out not the residual.
+template <class T>
+bool moe_router_front_add_norm_supported(const MoeAddNorm<T>& an, const T* router, int64_t E,
+                                         int64_t H);
+
+// One token's add + RMSNorm (an) and then moe_router_front on its h, in one
+// launch, with the bits of add_rmsnorm followed by moe_router_front: every
+// block computes the normed row into shared memory with add_rmsnorm's
+// arithmetic (kernels/cuda/add_rmsnorm_row.cuh), block 0 also stores the
+// new residual and h (which the experts read).
+// note: the batch-1 decode step's post-attention add_rmsnorm launch folds
+// into the front this way, as the pre-attention one folds into the qkv
+// GEMV (gemv_mma.h).
+template <class T>
+void moe_router_front_add_norm(const MoeAddNorm<T>& an, const T* router, int64_t E, int64_t H,
+                               int64_t k, bool renormalize, float* logits, int32_t* ids,
+                               float* weights, const MoeGroups& g, unsigned* ticket,
+                               cudaStream_t stream);
+
 // The experts' products over the grouped rows (kernels/cuda/warp_matmul.h:
 // one warp per row and column, fixed order): for r < rows,
 //   y[r, n] = sum_k x[src(r), k] * w[e(r), n, k]      n < N, k < K
@@ -84,11 +118,14 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t tokens, 
 // already grouped). w: stacked experts [E, N, K] (HF layout per expert),
 // dense T or block-FP8; T = float or bf16, Y = float or bf16; f32
 // accumulation. max_active: an upper bound of the experts with rows
-// (min(E, rows)).
+// (min(E, rows)). settled: g was written two or more launches before this
+// one on the stream, not by the launch right before it (down_proj behind
+// gate_up), so the blocks may read their groups and request their experts'
+// weights before their dependency wait (dev::RowGroups::settled).
 template <class T, class Y>
 void moe_expert_matmul(const T* x, int64_t ldx, bool gather, const WeightRef<T>& w, int64_t N,
                        int64_t K, Y* y, int64_t ldy, int64_t rows, const MoeGroups& g,
-                       int64_t max_active, cudaStream_t stream);
+                       int64_t max_active, bool settled, cudaStream_t stream);
 
 // The experts' gate_up products (w [E, 2I, K], gate rows over up rows) and
 // their SwiGLU in one launch: act[r, j] = silu(g) * u of y[r, j] and
@@ -106,6 +143,11 @@ bool moe_expert_matmul_swiglu(const T* x, int64_t ldx, bool gather, const Weight
 // plus, when shared != nullptr (Qwen3.5-MoE's shared expert),
 //   sigmoid(h[t, :] . gate_w) * shared[t, c]
 // y f32 [T*k, H] stride ldy; shared f32 [T, H] stride lds; h, gate_w, out T.
+// ids, weights, pair_row and h must have been written two or more launches
+// before this one on the stream (the front's, behind the experts'
+// products): the kernel reads them before its dependency wait
+// (dev::RowGroups::settled says why that is safe); y and shared may come
+// from the launch right before.
 template <class T>
 void moe_combine(const float* y, int64_t ldy, const int32_t* ids, const float* weights,
                  const int32_t* pair_row, int64_t tokens, int64_t k, int64_t H, const float* shared,

@@ -13,6 +13,13 @@ struct RowGroups {
   const int32_t* active = nullptr;      // [gridDim.y] the group of each block row; -1: none
   const int32_t* row_source = nullptr;  // x row of each row; nullptr: the row itself
   int rows = 0;                         // the rows (without offsets); with them, all groups' rows
+  // The groups were written two or more launches before this one on the
+  // stream, not by the launch right before it: a block may read them (L2,
+  // ld.cg) before its dependency wait. note: with PDL a launch starts only
+  // once every block of the one before has passed its own wait, which
+  // returns once the launch before that one has completed and its memory
+  // is visible (kernels/cuda/launch.cuh).
+  bool settled = false;
 };
 
 // The group of block row blockIdx.y (without offsets: group 0); false when
@@ -26,6 +33,17 @@ __device__ __forceinline__ bool group_slot(const RowGroups& rg, int& grp) {
 __device__ __forceinline__ void group_span(const RowGroups& rg, int grp, int& r0, int& r1) {
   r0 = rg.offsets == nullptr ? 0 : rg.offsets[grp];
   r1 = rg.offsets == nullptr ? rg.rows : rg.offsets[grp + 1];
+}
+
+// group_slot and group_span through L2 (ld.cg), for settled groups read
+// before the dependency wait.
+__device__ __forceinline__ bool settled_group_rows(const RowGroups& rg, int& grp, int& r0,
+                                                   int& r1) {
+  grp = __ldcg(rg.active + blockIdx.y);
+  if (grp < 0) return false;
+  r0 = __ldcg(rg.offsets + grp);
+  r1 = __ldcg(rg.offsets + grp + 1);
+  return true;
 }
 
 // Both: the slot's group and its rows; false when the slot has no group.
