@@ -9,6 +9,8 @@
 # CONFIG_NAME: configs under tests/data/configs (default qwen3-0.6b qwen3.5-0.8b),
 # NAME:LAYERS for the config cut to its first LAYERS layers (bench/cuda/cut_layers.py).
 # Environment: OUT (default ./gpu-out), AB_BATCHES (1,32,128), AB_ROUNDS (2),
+# AB_GEN (generated tokens per sequence, cuda_model_bench's --gen: 64), AB_KEEP=1:
+# keep each model's pack (/tmp/qtk-ab/NAME/model.pack) for later runs,
 # AB_CPU=CONFIG_NAME: also the CPU end-to-end benchmark (bench/e2e/run.sh
 # --quick) of both builds on that config, on this host's CPU.
 # Writes every run's JSON to $OUT/ab_runs.jsonl and a table of decode tok/s
@@ -67,11 +69,11 @@ for model in $MODELS; do
     for side in old new; do
       echo "-- $name $side round $round"
       timeout 200 /tmp/qtk-ab-$side/bin/cuda_model_bench --pack "$work/model.pack" \
-        --batches "${AB_BATCHES:-1,32,128}" --json "$RUNS/gpu.$name.$side.$round.json" >/dev/null 2>&1 ||
+        --batches "${AB_BATCHES:-1,32,128}" --gen "${AB_GEN:-64}" --json "$RUNS/gpu.$name.$side.$round.json" >/dev/null 2>&1 ||
         echo "FAILED: $name $side round $round"
     done
   done
-  rm -rf "$work"
+  if [ "${AB_KEEP:-0}" = 1 ]; then rm -rf "$work/hf"; else rm -rf "$work"; fi
 done
 
 if [ -n "${AB_CPU:-}" ]; then
