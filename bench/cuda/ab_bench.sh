@@ -10,7 +10,10 @@
 # NAME:LAYERS for the config cut to its first LAYERS layers (bench/cuda/cut_layers.py).
 # Environment: OUT (default ./gpu-out), AB_BATCHES (1,32,128), AB_ROUNDS (2),
 # AB_GEN (generated tokens per sequence, cuda_model_bench's --gen: 64), AB_KEEP=1:
-# keep each model's pack (/tmp/qtk-ab/NAME/model.pack) for later runs,
+# keep each model's pack (/tmp/qtk-ab/NAME/model.pack) for later runs, AB_PLAN_CACHE=1:
+# every run of a model reads (the first one writes) one GEMM plan cache
+# (cuda_model_bench --plan-cache), so both sides run the same GEMM algorithms
+# rather than each process its own timing's pick (the baseline must have the flag),
 # AB_CPU=CONFIG_NAME: also the CPU end-to-end benchmark (bench/e2e/run.sh
 # --quick) of both builds on that config, on this host's CPU.
 # Writes every run's JSON to $OUT/ab_runs.jsonl and a table of decode tok/s
@@ -65,11 +68,13 @@ for model in $MODELS; do
   /tmp/qtk-ab-new/bin/synth "$cfg" "$work/hf" --dtype bf16 --threads "$(nproc)" >/dev/null &&
     /tmp/qtk-ab-new/bin/convert "$work/hf" "$work/model.pack" --force >/dev/null ||
     { echo "FAILED: synth/convert $name"; continue; }
+  plans=()
+  [ "${AB_PLAN_CACHE:-0}" = 1 ] && plans=(--plan-cache "$work/plans.json")
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for side in old new; do
       echo "-- $name $side round $round"
       timeout 200 /tmp/qtk-ab-$side/bin/cuda_model_bench --pack "$work/model.pack" \
-        --batches "${AB_BATCHES:-1,32,128}" --gen "${AB_GEN:-64}" --json "$RUNS/gpu.$name.$side.$round.json" >/dev/null 2>&1 ||
+        --batches "${AB_BATCHES:-1,32,128}" --gen "${AB_GEN:-64}" "${plans[@]}" --json "$RUNS/gpu.$name.$side.$round.json" >/dev/null 2>&1 ||
         echo "FAILED: $name $side round $round"
     done
   done

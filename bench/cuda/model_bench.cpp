@@ -4,8 +4,12 @@
 //
 //   cuda_model_bench --pack X.pack [--precision bf16|f32] [--batches 1,32,128]
 //                    [--prompt 128] [--gen 64] [--prefill 512] [--json out.json]
-//                    [--host-logits]
+//                    [--host-logits] [--plan-cache FILE|off]
 //
+// --plan-cache: the GEMM plans read from and saved to FILE (generate's plan
+// cache, runtime/backend/cuda/cuda_startup.h; default off: tuned in the
+// run). Same-run A/B comparisons share one file, so that both sides run the
+// same GEMM algorithms rather than each its own timing's pick.
 // note: steps are driven here directly (all prompts in prefill steps of at
 // most --max-step-tokens tokens, then one decode token per sequence per step),
 // not through the scheduler, so the figures are the model's. Every forward
@@ -32,7 +36,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string pack, precision = "bf16", json;
+  std::string pack, precision = "bf16", json, plan_cache = "off";
   std::vector<int64_t> batches = {1, 32, 128};
   int64_t prompt = 128, gen = 64, prefill = 512, max_step_tokens = 8192, block_size = 16;
   bool host_logits = false;  // logits to the host + host argmax (what the scheduler does now)
@@ -159,6 +163,8 @@ int run(int argc, char** argv) {
       o.json = next();
     else if (a == "--host-logits")
       o.host_logits = true;
+    else if (a == "--plan-cache")
+      o.plan_cache = next();
     else
       qtk::fail("cuda_model_bench: unknown argument '{}'", a);
   }
@@ -179,8 +185,11 @@ int run(int argc, char** argv) {
   // Warm-up: modules, GEMM plans. note: Gemm tunes each M range when a call
   // first needs it; every range is tuned here so that none is tuned inside
   // a timed run.
+  qtk::CudaStartup startup(*model, *pack, o.precision, o.plan_cache);
   run_batch(*model, 1, 16, 4, o.max_step_tokens, o.block_size, 7, o.host_logits);
   qtk::tune_remaining_gemm_ranges(*model);
+  startup.save();
+  out["gemm_plan"] = startup.plan_meta();
   for (int64_t B : o.batches) {
     const Timing t =
         run_batch(*model, B, o.prompt, o.gen, o.max_step_tokens, o.block_size, 1, o.host_logits);
