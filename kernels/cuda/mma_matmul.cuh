@@ -517,10 +517,12 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
   bool has_rows = true;
   if (!grouped && rg.rows > 0) request_weights(nw);
   if (early) {  // settled groups: the expert's weights before the wait too
-    has_rows = settled_group_rows(rg, grp, r0, r1);
+    grp = __ldcg(rg.active + blockIdx.y);
+    has_rows = grp >= 0;
     if (has_rows) {
       nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
       request_weights(nw);
+      settled_group_span(rg, grp, r0, r1);  // (after the weights: one round trip before them)
     }
   }
   pdl_begin();

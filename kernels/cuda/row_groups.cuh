@@ -35,15 +35,11 @@ __device__ __forceinline__ void group_span(const RowGroups& rg, int grp, int& r0
   r1 = rg.offsets == nullptr ? rg.rows : rg.offsets[grp + 1];
 }
 
-// group_slot and group_span through L2 (ld.cg), for settled groups read
-// before the dependency wait.
-__device__ __forceinline__ bool settled_group_rows(const RowGroups& rg, int& grp, int& r0,
-                                                   int& r1) {
-  grp = __ldcg(rg.active + blockIdx.y);
-  if (grp < 0) return false;
+// group_span through L2 (ld.cg), for settled groups read before the
+// dependency wait.
+__device__ __forceinline__ void settled_group_span(const RowGroups& rg, int grp, int& r0, int& r1) {
   r0 = __ldcg(rg.offsets + grp);
   r1 = __ldcg(rg.offsets + grp + 1);
-  return true;
 }
 
 // Both: the slot's group and its rows; false when the slot has no group.
