@@ -449,7 +449,13 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
                            const int32_t* __restrict__ block_table, int64_t max_blocks,
                            int block_size, int hkv, int group, int max_tiles, float scale_log2,
                            FusedInput fi) {
-  pdl_begin();
+  // note: the fused form computes the step's new key itself, and every other
+  // key of the context was stored by an earlier step; the step's arrays
+  // (q_start, seq_len, the block table) are uploaded before its first
+  // kernel. So it reads them, and issues its K and V tile copies, before the
+  // dependency wait, while the qkv projection still runs; only the rows
+  // that projection writes (q, the new key and value) wait.
+  if constexpr (!kFused) pdl_begin();
   constexpr int kW = split_warps<D>();
   constexpr int kWarpKeys = kKeys / kW;  // scores per warp
   constexpr int kWarpCols = D / kW;      // output columns per warp
@@ -466,7 +472,10 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   const int s = blockIdx.x / max_tiles, kt = blockIdx.x % max_tiles, kvh = blockIdx.y;
   __shared__ int64_t key_off[kKeys];  // each key's row offset in the cache, -1 past the context
   const int n_keys = seq_len[s];
-  if (kt * kKeys >= n_keys) return;
+  if (kt * kKeys >= n_keys) {
+    if constexpr (kFused) pdl_begin();
+    return;
+  }
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;
   // fused: the last tile's block owns the step's new key (tile row new_key).
   const bool new_here = kFused && kt == n_tiles - 1;
@@ -514,6 +523,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   load(vs, v_cache);
   cp_async_commit();
   if constexpr (kFused) {
+    pdl_begin();
     // While the tiles load: the group's query rows (q_norm + RoPE), and in
     // the last tile's block the new key (k_norm + RoPE) and value, each
     // into shared memory and (key, value) into the cache slot. One warp per

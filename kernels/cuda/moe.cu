@@ -7,7 +7,6 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/cuda/add_rmsnorm_row.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -31,8 +30,6 @@ constexpr int kItemTokens = 4;             // tokens of a warp's item (1 expert 
 constexpr int kTileExperts = 4;            // a warp tile past 64 tokens: 4 experts
 constexpr int kTileTokens = 8;             //   x 8 tokens
 constexpr int kTiledLogitsMinTokens = 65;  // from here the logits take 4 x 8 warp tiles
-constexpr int kFrontNormCached = 16;       // the fused add + norm's columns a thread (H <= 4096)
-static_assert(kFrontExperts * 32 == kRowThreads, "the front's blocks run add_rmsnorm's rows");
 // note: the router's shapes. One launch up to 16 tokens: its last block
 // routes them with its 8 warps (2 tokens each at most), and a decode step
 // of up to 16 sequences pays one launch instead of three. 8 experts per
@@ -405,59 +402,30 @@ __device__ __forceinline__ bf16 ldcg_elem(const bf16* p) {
   return __ushort_as_bfloat16(u);
 }
 
-// The normed row's place in moe_router_front_kernel's dynamic shared
-// memory: after the 2E counts, 16-byte aligned.
-__host__ __device__ constexpr int64_t front_row_offset(int64_t E) {
-  return (2 * E * static_cast<int64_t>(sizeof(int32_t)) + 15) / 16 * 16;
-}
-
 // The whole front for up to kFrontMaxTokens tokens in one launch: block b
 // computes the logits of experts b*kFrontExperts .. for every token (the
 // order of router_tile), and the last block to finish (a ticket counter,
 // left at zero for the next launch) routes every token (a warp each) and
 // groups the pairs.
-// kAddNorm (one token): h is first computed from an (add_rmsnorm's
-// arithmetic, dev::AddRmsNormRow) by every block into shared memory; block
-// 0 also stores the new residual and h.
 // note: the logits go through global memory between the blocks: each block
 // fences its stores before taking its ticket, and the last block reads them
 // with ld.cg (L2, never a stale L1 line).
-// note: with kAddNorm the launch replaces add_rmsnorm's: its router rows
-// (constants) are asked of L2 before the dependency wait, and the norm's
-// 2H loads are one round trip, as in add_rmsnorm.
-template <class T, bool kAddNorm>
-__global__ void __launch_bounds__(kRowThreads)
-    moe_router_front_kernel(const T* h, int64_t ldh, const T* __restrict__ router, int ntok, int E,
-                            int H, int k, bool renormalize, float* logits, int32_t* ids,
-                            float* __restrict__ weights, MoeGroups g, unsigned* ticket,
-                            MoeAddNorm<T> an) {
-  extern __shared__ __align__(16) int32_t counts[];  // [2E] for group_pairs; then T [H] (kAddNorm)
+// note: the router rows are constants: each warp asks L2 for its experts'
+// rows before the dependency wait, while the kernel before (add_rmsnorm)
+// runs, so the loads behind the wait find them there.
+template <class T>
+__global__ void moe_router_front_kernel(const T* __restrict__ h, int64_t ldh,
+                                        const T* __restrict__ router, int ntok, int E, int H, int k,
+                                        bool renormalize, float* logits, int32_t* ids,
+                                        float* __restrict__ weights, MoeGroups g,
+                                        unsigned* ticket) {
+  extern __shared__ int32_t counts[];  // [2E] for group_pairs
   __shared__ bool last;
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int e0 = blockIdx.x * kFrontExperts, ne = min(kFrontExperts, E - e0);
-  if constexpr (kAddNorm)
-    for (int e = e0 + warp; e < e0 + ne; e += nw)
-      warp_prefetch_l2(router + static_cast<int64_t>(e) * H, static_cast<int64_t>(H) * sizeof(T));
+  for (int e = e0 + warp; e < e0 + ne; e += nw)
+    warp_prefetch_l2(router + static_cast<int64_t>(e) * H, static_cast<int64_t>(H) * sizeof(T));
   pdl_begin();
-  if constexpr (kAddNorm) {
-    __shared__ float red[32];
-    T* hs = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(counts) + front_row_offset(E));
-    AddRmsNormRow<T, kFrontNormCached> row;
-    row.run(an.residual, an.delta, an.weight, H, an.eps,
-            blockIdx.x == 0 ? an.residual_out : nullptr, red);
-#pragma unroll
-    for (int i = 0; i < kFrontNormCached; ++i) {
-      const int c = static_cast<int>(threadIdx.x) + i * kRowThreads;
-      if (c < H) {
-        const T v = row.normed(i);
-        hs[c] = v;
-        if (blockIdx.x == 0) an.h[c] = v;
-      }
-    }
-    __syncthreads();
-    h = hs;
-    ldh = H;
-  }
   router_items(h, ldh, router, ntok, e0, ne, E, H, logits, warp, nw);
   __threadfence();
   __syncthreads();
@@ -634,34 +602,10 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t T_, int6
     return;
   }
   check_router_operands("moe_router_front", h, ldh, router, E, H);
-  launch_kernel(moe_router_front_kernel<T, false>, dim3(blocks_of(E, kFrontExperts)),
-                dim3(kRowThreads), static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh,
-                router, static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H),
-                static_cast<int>(k), renormalize, logits, ids, weights, g, ticket, MoeAddNorm<T>{});
-}
-
-template <class T>
-bool moe_router_front_add_norm_supported(const MoeAddNorm<T>& an, const T* router, int64_t E,
-                                         int64_t H) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return H <= int64_t{kFrontNormCached} * kRowThreads && aligned(an.h) &&
-         moe_router_front_supported(an.h, H, router, E, H, sizeof(T)) &&
-         an.residual_out != an.residual;
-}
-
-template <class T>
-void moe_router_front_add_norm(const MoeAddNorm<T>& an, const T* router, int64_t E, int64_t H,
-                               int64_t k, bool renormalize, float* logits, int32_t* ids,
-                               float* weights, const MoeGroups& g, unsigned* ticket,
-                               cudaStream_t stream) {
-  check_sizes("moe_router_front_add_norm", 1, E, k);
-  if (!moe_router_front_add_norm_supported(an, router, E, H))
-    fail_message("moe_router_front_add_norm: unsupported sizes or alignment: " + std::to_string(E) +
-                 " experts, hidden " + std::to_string(H));
-  launch_kernel(moe_router_front_kernel<T, true>, dim3(blocks_of(E, kFrontExperts)),
-                dim3(kRowThreads), static_cast<size_t>(front_row_offset(E) + H * sizeof(T)), stream,
-                an.h, H, router, 1, static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
-                renormalize, logits, ids, weights, g, ticket, an);
+  launch_kernel(moe_router_front_kernel<T>, dim3(blocks_of(E, kFrontExperts)), dim3(256),
+                static_cast<size_t>(2 * E) * sizeof(int32_t), stream, h, ldh, router,
+                static_cast<int>(T_), static_cast<int>(E), static_cast<int>(H), static_cast<int>(k),
+                renormalize, logits, ids, weights, g, ticket);
 }
 
 template <class T, class Y>
@@ -716,15 +660,6 @@ template void moe_router_front<float>(const float*, int64_t, const float*, int64
 template void moe_router_front<bf16>(const bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t,
                                      int64_t, bool, float*, int32_t*, float*, const MoeGroups&,
                                      unsigned*, cudaStream_t);
-#define QTK_INSTANTIATE(T)                                                                      \
-  template bool moe_router_front_add_norm_supported<T>(const MoeAddNorm<T>&, const T*, int64_t, \
-                                                       int64_t);                                \
-  template void moe_router_front_add_norm<T>(const MoeAddNorm<T>&, const T*, int64_t, int64_t,  \
-                                             int64_t, bool, float*, int32_t*, float*,           \
-                                             const MoeGroups&, unsigned*, cudaStream_t);
-QTK_INSTANTIATE(float)
-QTK_INSTANTIATE(bf16)
-#undef QTK_INSTANTIATE
 template bool moe_expert_matmul_swiglu<float>(const float*, int64_t, bool, const WeightRef<float>&,
                                               int64_t, int64_t, float*, int64_t, int64_t,
                                               const MoeGroups&, int64_t, cudaStream_t);

@@ -77,40 +77,6 @@ void moe_router_front(const T* h, int64_t ldh, const T* router, int64_t tokens, 
                       int64_t H, int64_t k, bool renormalize, float* logits, int32_t* ids,
                       float* weights, const MoeGroups& g, unsigned* ticket, cudaStream_t stream);
 
-// The add + RMSNorm in front of a token's MoE block, add_rmsnorm's
-// (kernels/cuda/cuda_kernels.h) for one row of H:
-//   residual_out = residual + delta (rounded to T)
-//   h = rmsnorm(residual_out) * weight
-template <class T>
-struct MoeAddNorm {
-  const T* residual = nullptr;    // T [H] (not modified)
-  const T* delta = nullptr;       // T [H]
-  const float* weight = nullptr;  // f32 [H]
-  float eps = 0.0f;
-  T* residual_out = nullptr;  // T [H], not the residual (the blocks read it while block 0 writes)
-  T* h = nullptr;             // T [H], 16-byte aligned
-};
-
-// True when moe_router_front_add_norm takes these operands: those of
-// moe_router_front for h, H <= 4096, residual_out not the residual.
-template <class T>
-bool moe_router_front_add_norm_supported(const MoeAddNorm<T>& an, const T* router, int64_t E,
-                                         int64_t H);
-
-// One token's add + RMSNorm (an) and then moe_router_front on its h, in one
-// launch, with the bits of add_rmsnorm followed by moe_router_front: every
-// block computes the normed row into shared memory with add_rmsnorm's
-// arithmetic (kernels/cuda/add_rmsnorm_row.cuh), block 0 also stores the
-// new residual and h (which the experts read).
-// note: the batch-1 decode step's post-attention add_rmsnorm launch folds
-// into the front this way, as the pre-attention one folds into the qkv
-// GEMV (gemv_mma.h).
-template <class T>
-void moe_router_front_add_norm(const MoeAddNorm<T>& an, const T* router, int64_t E, int64_t H,
-                               int64_t k, bool renormalize, float* logits, int32_t* ids,
-                               float* weights, const MoeGroups& g, unsigned* ticket,
-                               cudaStream_t stream);
-
 // The experts' products over the grouped rows (kernels/cuda/warp_matmul.h:
 // one warp per row and column, fixed order): for r < rows,
 //   y[r, n] = sum_k x[src(r), k] * w[e(r), n, k]      n < N, k < K

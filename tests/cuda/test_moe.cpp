@@ -5,7 +5,6 @@
 #include <cmath>
 #include <initializer_list>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -210,77 +209,6 @@ TYPED_TEST(MoeRouterFrontTest, TokenBitsDoNotDependOnTheBatch) {
     }
     EXPECT_EQ(ticket.download(), std::vector<unsigned>{0u});
   }
-}
-
-// The front behind its add + RMSNorm in one launch (moe_router_front_add_norm)
-// gives the bits of its two steps, add_rmsnorm (in place on a copy of the
-// residual) then moe_router_front: the new residual, h, logits, choices,
-// weights and groups; the residual is left as it was. Widths of 9 to 520
-// pieces of 16 bytes, the largest the fused launch takes (4096), 33 to 600
-// experts; two calls in a row (the ticket is left at zero).
-TYPED_TEST(MoeRouterFrontTest, AddNormInTheLaunchChangesNoBits) {
-  using T = TypeParam;
-  struct Shape {
-    int64_t E, k, H;
-  };
-  for (const Shape s : {Shape{60, 4, 72}, Shape{128, 8, 2048}, Shape{33, 3, 4096},
-                        Shape{600, 8, 4160 / static_cast<int64_t>(sizeof(T))}}) {
-    const int64_t E = s.E, k = s.k, H = s.H;
-    const uint32_t seed = static_cast<uint32_t>(E * 31 + H);
-    DeviceBuffer<T> res(to_device_type<T>(random_floats(H, -2, 2, seed)));
-    DeviceBuffer<T> delta(to_device_type<T>(random_floats(H, -1, 1, seed + 1)));
-    DeviceBuffer<float> norm_w(random_floats(H, 0.5f, 1.5f, seed + 2));
-    DeviceBuffer<T> router(to_device_type<T>(random_floats(E * H, -0.5f, 0.5f, seed + 3)));
-    const float eps = 1e-6f;
-    // The two steps.
-    DeviceBuffer<T> res_two(res.download()), h_two(H);
-    add_rmsnorm<T>(res_two.get(), H, delta.get(), H, norm_w.get(), h_two.get(), H, 1, H, eps,
-                   nullptr);
-    DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
-    DeviceBuffer<float> lg_two(E), w_two(k);
-    DeviceBuffer<int32_t> ids_two(k);
-    GroupBuffers g_two(1, k, E);
-    moe_router_front<T>(h_two.get(), H, router.get(), 1, E, H, k, true, lg_two.get(), ids_two.get(),
-                        w_two.get(), g_two.view(), ticket.get(), nullptr);
-    // One launch, twice.
-    DeviceBuffer<T> res_out(H), h_one(H);
-    DeviceBuffer<float> lg_one(E), w_one(k);
-    DeviceBuffer<int32_t> ids_one(k);
-    GroupBuffers g_one(1, k, E);
-    const MoeAddNorm<T> an{res.get(), delta.get(), norm_w.get(), eps, res_out.get(), h_one.get()};
-    ASSERT_TRUE(moe_router_front_add_norm_supported<T>(an, router.get(), E, H)) << H;
-    for (int c = 0; c < 2; ++c)
-      moe_router_front_add_norm<T>(an, router.get(), E, H, k, true, lg_one.get(), ids_one.get(),
-                                   w_one.get(), g_one.view(), ticket.get(), nullptr);
-    const std::string what = std::to_string(E) + " experts, hidden " + std::to_string(H);
-    const std::vector<T> r1 = res_out.download(), r2 = res_two.download();
-    const std::vector<T> h1 = h_one.download(), h2 = h_two.download();
-    EXPECT_TRUE(bitwise_equal(r1.data(), r2.data(), H)) << what;
-    EXPECT_TRUE(bitwise_equal(h1.data(), h2.data(), H)) << what;
-    const std::vector<T> r0 = res.download(),
-                         r_in = to_device_type<T>(random_floats(H, -2, 2, seed));
-    EXPECT_TRUE(bitwise_equal(r0.data(), r_in.data(), H)) << what << ": the residual changed";
-    const std::vector<float> l1 = lg_one.download(), l2 = lg_two.download();
-    EXPECT_TRUE(bitwise_equal(l1.data(), l2.data(), E)) << what;
-    const std::vector<float> w1 = w_one.download(), w2 = w_two.download();
-    EXPECT_TRUE(bitwise_equal(w1.data(), w2.data(), k)) << what;
-    const std::vector<int32_t> ids = ids_one.download();
-    EXPECT_EQ(ids, ids_two.download()) << what;
-    expect_groups(ids, 1, k, E, g_one);
-    EXPECT_EQ(ticket.download(), std::vector<unsigned>{0u});
-  }
-}
-
-// The fused launch refuses what it cannot take: a row wider than 4096, the
-// residual as its own output.
-TEST(MoeRouterFrontAddNorm, RefusesWhatItCannotTake) {
-  DeviceBuffer<bf16> a(8192), b(8192), out(8192), h(8192), router(8 * 8192);
-  DeviceBuffer<float> w(8192);
-  const MoeAddNorm<bf16> ok{a.get(), b.get(), w.get(), 1e-6f, out.get(), h.get()};
-  EXPECT_TRUE(moe_router_front_add_norm_supported<bf16>(ok, router.get(), 8, 4096));
-  EXPECT_FALSE(moe_router_front_add_norm_supported<bf16>(ok, router.get(), 8, 4104));
-  const MoeAddNorm<bf16> in_place{a.get(), b.get(), w.get(), 1e-6f, a.get(), h.get()};
-  EXPECT_FALSE(moe_router_front_add_norm_supported<bf16>(in_place, router.get(), 8, 4096));
 }
 
 // A whole expert block on the device: route, group, gate_up, SwiGLU, down,

@@ -552,9 +552,10 @@ class CudaBackend final : public CudaModel, private Blocks {
   // post-attention norm of x through the experts.
   void norm_moe(Vector norm, Experts e) override {
     if (!pending_) fail("CUDA backend: norm_moe without a pending sublayer output");
-    const int64_t T = step_b_->num_tokens;
-    moe_->add_norm_forward(weights_.experts(e), rs_, mix_.as<Act>(), vec(norm), eps(), h_.as<Act>(),
-                           T, mix_.as<Act>(), gemm_, stream_);
+    const int64_t T = step_b_->num_tokens, H = cfg_.hidden_size;
+    Act* h = h_.as<Act>();
+    cuda::add_rmsnorm<Act>(rs_.x, H, mix_.as<Act>(), H, vec(norm), h, H, T, H, eps(), stream_);
+    moe_->forward(weights_.experts(e), h, T, mix_.as<Act>(), gemm_, stream_);
     reduce_pending();
     pending_ = true;
   }

@@ -2,10 +2,9 @@
 // arithmetic of runtime/models/moe_weights.h with the kernels of
 // kernels/cuda/moe.h. Act = float (f32 precision) or bf16.
 //
-//   x, h     = x + delta, rmsnorm(x) * norm   (add_rmsnorm; at one token in
-//   logits   = h router^T                    the front's launch) (f32 out;
-//   ids, w   = top-k of softmax(logits)       moe_router_front does these
-//   groups   = the T*k routed rows by expert  three steps, in one launch up to 16 tokens)
+//   logits   = h router^T                    (f32 out; moe_router_front does
+//   ids, w   = top-k of softmax(logits)       these three steps, in one
+//   groups   = the T*k routed rows by expert  launch up to 16 tokens)
 //   act      = swiglu(h[row] gate_up_e^T)     (moe_expert_matmul, swiglu)
 //   y        = act down_e^T                   (moe_expert_matmul, f32 out)
 //   shared   = shared_down(swiglu(h shared_gate_up^T))   (Qwen3.5-MoE)
@@ -24,10 +23,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "core/tuning.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gemm.h"
@@ -36,7 +33,6 @@
 #include "pack/pack.h"
 #include "runtime/backend/cuda/device_upload.h"
 #include "runtime/backend/cuda/device_weight.h"
-#include "runtime/backend/cuda/fused_steps.h"
 #include "runtime/models/moe_weights.h"
 
 namespace qtk::cuda {
@@ -87,7 +83,6 @@ class CudaMoe {
         I_(c.moe.expert_intermediate_size),
         S_(c.moe.shared_expert_intermediate),
         renormalize_(c.moe.norm_topk_prob),
-        fused_front_(tuning().fused_max_m >= 1),
         ticket_(sizeof(unsigned)) {
     // moe_router_front's counter starts at zero (each launch leaves it so).
     QTK_CUDA_CHECK(cudaMemset(ticket_.as(), 0, sizeof(unsigned)));
@@ -123,62 +118,23 @@ class CudaMoe {
   // stride hidden), out not aliasing h.
   void forward(const CudaMoeWeights& w, const Act* h, int64_t T, Act* out, Gemm& gemm,
                cudaStream_t stream) {
-    const MoeGroups g = groups();
+    const int64_t H = H_, E = E_, k = k_, I = I_, R = T * k_;
+    const MoeGroups g{offsets_.as<int32_t>(), active_.as<int32_t>(), row_token_.as<int32_t>(),
+                      row_expert_.as<int32_t>(), pair_row_.as<int32_t>()};
     // note: the router's logits take the own fixed order (moe_router_logits)
     // wherever it applies, which depends on the weights and sizes, never on
     // T: up to 16 tokens the logits, routing and grouping are one launch.
     // An FP8 router (no release has one) goes through project().
-    if (!w.router.fp8 &&
-        moe_router_front_supported(h, H_, w.router.data.as(), E_, H_, sizeof(Act))) {
-      moe_router_front<Act>(h, H_, w.router.data.as<Act>(), T, E_, H_, k_, renormalize_,
+    if (!w.router.fp8 && moe_router_front_supported(h, H, w.router.data.as(), E, H, sizeof(Act))) {
+      moe_router_front<Act>(h, H, w.router.data.as<Act>(), T, E, H, k, renormalize_,
                             logits_.as<float>(), ids_.as<int32_t>(), weights_.as<float>(), g,
                             ticket_.as<unsigned>(), stream);
     } else {
-      project<Act, float>(gemm, h, H_, w.router, logits_.as<float>(), E_, T, stream);
-      moe_route(logits_.as<float>(), E_, T, E_, k_, renormalize_, ids_.as<int32_t>(),
+      project<Act, float>(gemm, h, H, w.router, logits_.as<float>(), E, T, stream);
+      moe_route(logits_.as<float>(), E, T, E, k, renormalize_, ids_.as<int32_t>(),
                 weights_.as<float>(), stream);
-      moe_group(ids_.as<int32_t>(), T, k_, E_, g, stream);
+      moe_group(ids_.as<int32_t>(), T, k, E, g, stream);
     }
-    experts(w, h, T, out, gemm, stream);
-  }
-
-  // The block behind its add + RMSNorm: x += delta (rounded to Act); h =
-  // rmsnorm(x) * norm_w; out = the block's output for h (rs: the residual
-  // stream, fused_steps.h). Exactly add_rmsnorm followed by forward().
-  // note: for one token, where QTK_FUSED_MAX_M allows the fusions (M = 1)
-  // and the front takes its operands, the add + norm run in the front's
-  // launch (moe_router_front_add_norm): one launch fewer per layer of the
-  // batch-1 decode step. The new residual then lands in rs.spare and the
-  // two buffers swap, as behind the fused qkv GEMV.
-  void add_norm_forward(const CudaMoeWeights& w, ResidualStream<Act>& rs, const Act* delta,
-                        const float* norm_w, float eps, Act* h, int64_t T, Act* out, Gemm& gemm,
-                        cudaStream_t stream) {
-    const MoeAddNorm<Act> an{rs.x, delta, norm_w, eps, rs.spare, h};
-    if (T == 1 && fused_front_ && !w.router.fp8 &&
-        moe_router_front_add_norm_supported(an, w.router.data.as<Act>(), E_, H_)) {
-      moe_router_front_add_norm<Act>(an, w.router.data.as<Act>(), E_, H_, k_, renormalize_,
-                                     logits_.as<float>(), ids_.as<int32_t>(), weights_.as<float>(),
-                                     groups(), ticket_.as<unsigned>(), stream);
-      std::swap(rs.x, rs.spare);
-      experts(w, h, T, out, gemm, stream);
-      return;
-    }
-    add_rmsnorm<Act>(rs.x, H_, delta, H_, norm_w, h, H_, T, H_, eps, stream);
-    forward(w, h, T, out, gemm, stream);
-  }
-
- private:
-  MoeGroups groups() {
-    return MoeGroups{offsets_.as<int32_t>(), active_.as<int32_t>(), row_token_.as<int32_t>(),
-                     row_expert_.as<int32_t>(), pair_row_.as<int32_t>()};
-  }
-
-  // The block past its front (ids, weights and groups in place): the
-  // experts, the shared expert, the combination.
-  void experts(const CudaMoeWeights& w, const Act* h, int64_t T, Act* out, Gemm& gemm,
-               cudaStream_t stream) {
-    const int64_t H = H_, E = E_, k = k_, I = I_, R = T * k_;
-    const MoeGroups g = groups();
     const int64_t max_active = std::min(E, R);
     // note: gate_up and SwiGLU in one launch where the tensor-core narrow
     // kernel computes the experts (kernels/cuda/moe.h), the same bits.
@@ -205,9 +161,9 @@ class CudaMoe {
                      w.has_shared ? w.shared_gate.as<Act>() : nullptr, out, H, stream);
   }
 
+ private:
   int64_t H_, E_, k_, I_, S_;
   bool renormalize_;
-  bool fused_front_;     // QTK_FUSED_MAX_M >= 1: the add + norm in the front's launch at one token
   DeviceMemory ticket_;  // u32 moe_router_front's counter (zero between launches)
   // Scratch (T = tokens of the largest step, R = T * k routed rows).
   DeviceMemory logits_;                             // f32 [T, E] router logits
