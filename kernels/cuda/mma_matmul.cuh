@@ -490,9 +490,10 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
 // before the dependency wait (dev::pdl_begin; the weights do not depend on
 // the kernel before), overlapping the previous kernel's tail; with settled
 // groups (the experts' down_proj: the front wrote them two launches back)
-// also before the wait, after reading the block's group and rows through
-// L2; with other groups (gate_up, right behind the front) right after
-// reading the block's group, ahead of its row span and the rows' sources.
+// also before the wait, right after reading the block's group through L2
+// (its row span behind the requests); with other groups (gate_up, right
+// behind the front) right after reading the block's group, ahead of its
+// row span and the rows' sources.
 template <class Y, bool kFp8, int kMaxNT>
 __global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
