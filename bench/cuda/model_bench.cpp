@@ -35,6 +35,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr const char* kUsage =
+    "usage: cuda_model_bench --pack X.pack [--precision bf16|f32] [--batches 1,32,128]\n"
+    "                        [--prompt 128] [--gen 64] [--prefill 512] [--max-step-tokens 8192]\n"
+    "                        [--json out.json] [--host-logits] [--plan-cache FILE|off]\n"
+    "B prompts of --prompt random tokens per batch size, --gen greedy tokens each (decode\n"
+    "tok/s), then the best of 3 prefills of one --prefill-token prompt (0: none).\n"
+    "--plan-cache FILE: GEMM plans read from and saved to FILE (default off: tuned here).\n";
+
 struct Options {
   std::string pack, precision = "bf16", json, plan_cache = "off";
   std::vector<int64_t> batches = {1, 32, 128};
@@ -145,6 +153,10 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) qtk::fail("cuda_model_bench: {} needs a value", a);
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
     if (a == "--pack")
       o.pack = next();
     else if (a == "--precision")
@@ -228,7 +240,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "cuda_model_bench: %s\n", e.what());
+    // (messages of this file's own checks already start with the tool's name)
+    const std::string m = e.what();
+    std::fprintf(stderr, "%s%s\n",
+                 m.rfind("cuda_model_bench:", 0) == 0 ? "" : "cuda_model_bench: ", m.c_str());
     return 1;
   }
 }
