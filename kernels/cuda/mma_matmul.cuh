@@ -512,29 +512,25 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
     for (int s = 0; s < L::kDepth - 1; ++s)
       if (c0 + s < c1) nw.issue(o, c0 + s, base + s * L::kStage, lane);
   };
-  const bool grouped = rg.offsets != nullptr, early = grouped && rg.settled;
+  const bool grouped = rg.offsets != nullptr;
   NarrowWeights<kFp8, kMaxNT> nw(o, 0, n0, lane);
   int grp = 0, r0 = 0, r1 = 0;
-  bool has_rows = true;
-  if (!grouped && rg.rows > 0) request_weights(nw);
-  if (early) {  // settled groups: the expert's weights before the wait too
-    grp = __ldcg(rg.active + blockIdx.y);
-    has_rows = grp >= 0;
-    if (has_rows) {
-      nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
-      request_weights(nw);
-      settled_group_span(rg, grp, r0, r1);  // (after the weights: one round trip before them)
-    }
-  }
-  pdl_begin();
-  if (!early) {
-    if (!group_slot(rg, grp)) return;
+  // The block's group, its expert's weights requested, then its row span
+  // (behind the requests: one round trip before them); false: no rows.
+  const auto take_group = [&] {
+    if (!group_slot(rg, grp)) return false;
     if (grouped) {
       nw = NarrowWeights<kFp8, kMaxNT>(o, grp, n0, lane);
       request_weights(nw);
     }
     group_span(rg, grp, r0, r1);
-  }
+    return true;
+  };
+  if (!grouped && rg.rows > 0) request_weights(nw);
+  const bool early = grouped && rg.settled;  // settled groups: all of it before the wait
+  bool has_rows = early ? take_group() : true;
+  pdl_begin();
+  if (!early) has_rows = take_group();
   if (!has_rows) return;
   bool issued = true;
   for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {

@@ -23,23 +23,18 @@ struct RowGroups {
 };
 
 // The group of block row blockIdx.y (without offsets: group 0); false when
-// the slot has no group.
+// the slot has no group. note: the group arrays are read through L2
+// (ld.cg), never a stale L1 line, so that a block may read settled groups
+// before its dependency wait.
 __device__ __forceinline__ bool group_slot(const RowGroups& rg, int& grp) {
-  grp = rg.offsets == nullptr ? 0 : rg.active[blockIdx.y];
+  grp = rg.offsets == nullptr ? 0 : __ldcg(rg.active + blockIdx.y);
   return grp >= 0;
 }
 
 // Group grp's rows r0 .. r1-1 (without offsets: 0 .. rows-1).
 __device__ __forceinline__ void group_span(const RowGroups& rg, int grp, int& r0, int& r1) {
-  r0 = rg.offsets == nullptr ? 0 : rg.offsets[grp];
-  r1 = rg.offsets == nullptr ? rg.rows : rg.offsets[grp + 1];
-}
-
-// group_span through L2 (ld.cg), for settled groups read before the
-// dependency wait.
-__device__ __forceinline__ void settled_group_span(const RowGroups& rg, int grp, int& r0, int& r1) {
-  r0 = __ldcg(rg.offsets + grp);
-  r1 = __ldcg(rg.offsets + grp + 1);
+  r0 = rg.offsets == nullptr ? 0 : __ldcg(rg.offsets + grp);
+  r1 = rg.offsets == nullptr ? rg.rows : __ldcg(rg.offsets + grp + 1);
 }
 
 // Both: the slot's group and its rows; false when the slot has no group.
