@@ -64,13 +64,13 @@ template <typename Text>
   fail("QTK_GDN_STATE_COLUMNS: expected 16, 32 or 0 (chosen per batch), found '{}'", found);
 }
 
-bool mma_wide_ok(int64_t x) { return x == 0 || x == 4 || x == 32 || x == 64; }
+bool mma_wide_ok(int64_t x) { return x == 0 || x == 4 || x == 32 || x == 64 || x == 90; }
 
 template <typename Text>
 [[noreturn]] void bad_mma_wide(const Text& found) {
   fail(
       "QTK_MMA_WIDE: expected 0 (chosen per shape), 4 (the 4-warp kernel), 32 or 64 (rows "
-      "per pass of the split kernel), found '{}'",
+      "per pass of the split kernel), 90 (the sm_90 warpgroup kernel), found '{}'",
       found);
 }
 

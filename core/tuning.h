@@ -74,11 +74,13 @@ struct Tuning {
   // is batch-invariant; their reduction orders differ, so it changes results.
   bool mma_matmul = true;
 
-  // QTK_MMA_WIDE: 0 | 4 | 32 | 64, default 0: the tensor-core product's
-  // form for more than 16 rows a group (kernels/cuda/mma_matmul.cuh): 0 =
-  // the split kernel (its 4 K ranges side by side, 16 warps a block) with
-  // passes of 64 or 32 rows chosen per shape, 32 or 64 = that pass height,
-  // 4 = the 4-warp wide kernel. The same sums: speed only.
+  // QTK_MMA_WIDE: 0 | 4 | 32 | 64 | 90, default 0: the tensor-core
+  // product's form for more than 16 rows a group (kernels/cuda/
+  // mma_matmul.cuh, mma_wgmma.cuh): 0 = chosen per shape, 32 or 64 = the
+  // split kernel (its 4 K ranges side by side, 16 warps a block) with that
+  // pass height, 4 = the 4-warp wide kernel, 90 = the warpgroup (wgmma)
+  // kernel of compute capability 9.0 (elsewhere the per-shape choice). The
+  // same sums: speed only.
   int mma_wide = 0;
 
   // QTK_GDN_CHUNKED: 0 | 1, default 1: Qwen3.5 prompts on CUDA through the

@@ -40,4 +40,9 @@ int max_dynamic_smem() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBl
 
 int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
+bool wgmma_device() {
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9 &&
+         device_attribute<cudaDevAttrComputeCapabilityMinor>() == 0;
+}
+
 }  // namespace qtk::cuda

@@ -44,6 +44,11 @@ int max_dynamic_smem();
 // The current device's multiprocessors.
 int sm_count();
 
+// True when the current device is compute capability 9.0, whose sm_90a
+// machine code has the warpgroup (wgmma) kernels; the compute_80 PTX that
+// other GPUs run compiles them empty.
+bool wgmma_device();
+
 // Lets `kernel` use up to `bytes` of dynamic shared memory on the current
 // device (cudaFuncAttributeMaxDynamicSharedMemorySize). note: the attribute
 // belongs to the device it was set on, so it is set once per device, not

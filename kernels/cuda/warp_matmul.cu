@@ -18,6 +18,10 @@ dev::RowGroups whole_rows(const char* what, int64_t M) {
 
 }  // namespace
 
+int mma_wide_form(int64_t N, int64_t rows, bool grouped, bool fp8) {
+  return wide_form(N, rows, grouped, fp8);
+}
+
 template <class T, class Y>
 void warp_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, Y* y, int64_t ldy, int64_t M,
                  int64_t N, int64_t K, cudaStream_t stream) {

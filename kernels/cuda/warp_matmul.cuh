@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_matmul.cuh"
+#include "kernels/cuda/mma_wgmma.cuh"
 #include "kernels/cuda/row_groups.cuh"
 #include "kernels/cuda/warp_matmul.h"
 
@@ -181,21 +182,29 @@ void check_weight_operands(const char* what, const WeightRef<T>& w, int64_t N, i
 
 inline bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// QTK_MMA_WIDE's value for the warpgroup kernel (kernels/cuda/mma_wgmma.cuh),
+// and the form wide_form returns for it.
+constexpr int kWgmmaForm = 90;
+
 // The form of the tensor-core product above 16 rows a group (QTK_MMA_WIDE):
-// the split kernel's rows per pass (64 or 32), or 0 for the 4-warp wide
-// kernel. N: the output columns; rows: M, or the rows per group on average.
+// kWgmmaForm, the split kernel's rows per pass (64 or 32), or 0 for the
+// 4-warp wide kernel. N: the output columns; rows: M, or the rows per group
+// on average.
 // note: without groups and above 32 rows, 32-row passes double the blocks;
 // they are chosen where the waves of blocks (one block per SM) then take
 // less time, a 32-row block taking kPass32Cost of a 64-row one's (0.66 to
 // 0.76 on the Qwen3-8B and Qwen3-30B-A3B shapes, H200, bench/cuda/
 // wide_ab.sh). At 32 rows or fewer both grids are the same and the 64-row
-// form was as fast or faster. The split kernel needs sm_90's shared memory per
-// block; elsewhere the 4-warp kernel computes the same sums. The choice
-// changes which threads compute a sum, never the sum.
-inline int wide_pass_rows(int64_t N, int64_t rows, bool grouped, bool fp8) {
+// form was as fast or faster. The split and warpgroup kernels need sm_90's
+// shared memory per block (the warpgroup kernel also its wgmma); elsewhere
+// the 4-warp kernel computes the same sums. The choice changes which
+// threads compute a sum, never the sum.
+inline int wide_form(int64_t N, int64_t rows, bool grouped, bool fp8) {
   const int form = tuning().mma_wide;
   if (form == 4) return 0;
-  int pass = form;
+  const int wg_bytes = fp8 ? dev::WgLayout<true>::kBlockBytes : dev::WgLayout<false>::kBlockBytes;
+  if (form == kWgmmaForm && wgmma_device() && wg_bytes <= max_dynamic_smem()) return kWgmmaForm;
+  int pass = form == 32 || form == 64 ? form : 0;
   if (pass == 0) {
     pass = 64;
     if (!grouped) {
@@ -272,7 +281,8 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     };
     // The split form (passes of pass_rows rows): without groups, each
     // column block's passes side by side in grid x.
-    const int pass_rows = rows > 16 ? wide_pass_rows(N, rows, groups.offsets != nullptr, fp8) : 0;
+    const int form = rows > 16 ? wide_form(N, rows, groups.offsets != nullptr, fp8) : 0;
+    const int pass_rows = form == kWgmmaForm ? 0 : form;
     const auto split = [&](auto kernel) {
       const int smem = dev::split_block_bytes(fp8, pass_rows);
       const int64_t split_passes =
@@ -284,7 +294,22 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       launch_kernel(kernel, grid, dim3(32 * dev::kSplitWarps), smem, stream, o, y, ldy, groups,
                     static_cast<int>(split_passes));
     };
-    if (rows <= 8 && fp8)
+    // The warpgroup form: without groups, each column block's 64-row
+    // passes side by side in grid x.
+    const auto warpgroup = [&](auto kernel, int smem) {
+      const int64_t wg_passes =
+          groups.offsets == nullptr ? (rows + dev::kWgRows - 1) / dev::kWgRows : 1;
+      const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes),
+                      static_cast<unsigned>(groups_y));
+      set_max_dynamic_smem(kernel, smem);
+      launch_kernel(kernel, grid, dim3(128 * dev::kMmaRanges), smem, stream, o, y, ldy, groups,
+                    static_cast<int>(wg_passes));
+    };
+    if (rows > 16 && form == kWgmmaForm && fp8)
+      warpgroup(dev::mma_wgmma_kernel<Y, true>, dev::WgLayout<true>::kBlockBytes);
+    else if (rows > 16 && form == kWgmmaForm)
+      warpgroup(dev::mma_wgmma_kernel<Y, false>, dev::WgLayout<false>::kBlockBytes);
+    else if (rows <= 8 && fp8)
       narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
     else if (rows <= 8)
       narrow(dev::mma_narrow_kernel<Y, false, 1>, dev::NarrowLayout<false, 1>::kBlockBytes);

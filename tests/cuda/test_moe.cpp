@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/tuning.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/moe.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -364,6 +365,21 @@ TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatch) {
 // (groups of ~75 rows in 64-row passes, the wide kernel).
 TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInWideGroups) {
   expect_token_bits(MoeCase<TypeParam>(150, 4, 2, 64, 32, true, 9), 150, {0, 77, 149}, 20, 9);
+}
+
+// The same wide groups on each form of the tensor-core product above 16
+// rows (QTK_MMA_WIDE: the 4-warp kernel, the split kernel, the warpgroup
+// kernel where the GPU has it).
+TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInEachWideForm) {
+  const Tuning saved = tuning();
+  for (const int wide : {4, 64, 90}) {
+    Tuning t = saved;
+    t.mma_wide = wide;
+    set_tuning(t);
+    SCOPED_TRACE(testing::Message() << "QTK_MMA_WIDE " << wide);
+    expect_token_bits(MoeCase<TypeParam>(150, 4, 2, 64, 32, true, 9), 150, {0, 77, 149}, 20, 9);
+  }
+  set_tuning(saved);
 }
 
 // The experts' gate_up and SwiGLU in one launch (the tensor-core narrow

@@ -165,6 +165,13 @@ constexpr MmaShape kMmaShapes[] = {
     {9, 64, 1024, 0, 0, false},    {130, 7, 48, 0, 0, false},      {17, 129, 2048, 0, 0, false},
 };
 
+bool compute_capability_90() {
+  int device = 0;
+  cudaDeviceProp p{};
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaGetDeviceProperties(&p, device) == cudaSuccess && p.major == 9 && p.minor == 0;
+}
+
 // Sets QTK_MMA_MATMUL (and QTK_MMA_WIDE, the form of more than 16 rows) for
 // the scope (process-wide switches, core/tuning.h).
 class MmaSwitch {
@@ -220,15 +227,26 @@ TEST(MmaMatmul, IsTheKernelThatRuns) {
 
 // A row's bits alone (the narrow kernel) and among 150 (each form of more
 // than 16 rows, QTK_MMA_WIDE: the 4-warp wide kernel, the split kernel's
-// 32- and 64-row passes, the per-shape choice), for N past a whole 64-column block and K with a
-// partial scale block and chunk ranges of 4 and 5 chunks.
+// 32- and 64-row passes, the warpgroup kernel, the per-shape choice), for N
+// past a whole 64-column block and K with a partial scale block and chunk
+// ranges of 4 and 5 chunks.
 TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
   for (const bool fp8 : {false, true})
-    for (const int wide : {4, 32, 64, 0}) {
+    for (const int wide : {4, 32, 64, 90, 0}) {
       const MmaSwitch on(true, wide);
       const int64_t M = 150, N = 70, K = 1088;
+      // The forced form is the one that runs (90 where the GPU has wgmma,
+      // compute capability 9.0; the per-shape choice elsewhere).
+      const int form = mma_wide_form(N, M, false, fp8);
+      if (wide == 90 && !compute_capability_90()) {
+        EXPECT_NE(form, 90);
+      } else if (wide != 0) {
+        EXPECT_EQ(form, wide == 4 ? 0 : wide);
+      }
       const Operands<bf16> op(M, N, K, fp8, 128, 128, 23);
       const std::vector<bf16> all = op.run<bf16>(0, M);
+      EXPECT_LT(rel_error(all, op.reference()), tolerance<bf16>())
+          << "fp8 " << fp8 << " wide " << wide;
       for (const int64_t m : {0, 7, 63, 64, 149}) {
         const std::vector<bf16> one = op.run<bf16>(m, 1);
         EXPECT_TRUE(bitwise_equal(one.data(), all.data() + m * N, N))

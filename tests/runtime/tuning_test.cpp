@@ -83,6 +83,7 @@ TEST(Tuning, ReadsEverySwitch) {
   EXPECT_EQ(parse({{"QTK_GDN_STATE_COLUMNS", "16"}}).gdn_state_columns, 16);
   EXPECT_EQ(parse({{"QTK_MMA_WIDE", "4"}}).mma_wide, 4);
   EXPECT_EQ(parse({{"QTK_MMA_WIDE", "64"}}).mma_wide, 64);
+  EXPECT_EQ(parse({{"QTK_MMA_WIDE", "90"}}).mma_wide, 90);
   EXPECT_EQ(parse({}).mma_wide, 0);
   EXPECT_TRUE(parse({{"QTK_PDL", "1"}}).pdl);
 }
@@ -104,7 +105,7 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_CPU_PATH", "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'abc'"},
       {"QTK_MMA_WIDE",
        "QTK_MMA_WIDE: expected 0 (chosen per shape), 4 (the 4-warp kernel), 32 or 64 (rows "
-       "per pass of the split kernel), found 'abc'"},
+       "per pass of the split kernel), 90 (the sm_90 warpgroup kernel), found 'abc'"},
       {"QTK_TILED", "QTK_TILED: expected 0 or 1, found 'abc'"},
       {"QTK_HUGEPAGES", "QTK_HUGEPAGES: expected 0 or 1, found 'abc'"},
       {"QTK_GEMM_ALTS", "QTK_GEMM_ALTS: expected 0 or 1, found 'abc'"},
@@ -123,7 +124,8 @@ TEST(Tuning, OutOfRangeAndMalformedNumbersAreRefused) {
   EXPECT_EQ(parse_error("QTK_AMX_PREFETCH", "5"),
             "QTK_AMX_PREFETCH: expected an integer 0..4, found '5'");
   for (const char* v : {"8", "64", "1"}) EXPECT_NE(parse_error("QTK_GDN_STATE_COLUMNS", v), "");
-  for (const char* v : {"16", "128", "1", "-1"}) EXPECT_NE(parse_error("QTK_MMA_WIDE", v), "") << v;
+  for (const char* v : {"16", "128", "1", "-1", "9"})
+    EXPECT_NE(parse_error("QTK_MMA_WIDE", v), "") << v;
   for (const char* v : {"yes", "true", "2", "00"}) EXPECT_NE(parse_error("QTK_PDL", v), "") << v;
   EXPECT_EQ(parse_error("QTK_CPU_PATH", "AVX2"),
             "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'AVX2'");
