@@ -645,7 +645,7 @@ bool Pack::anonymous_copy_fits() const {
   return static_cast<unsigned long long>(file_.size()) <= kib * 1024ULL / 4 * 3;
 }
 
-size_t Pack::verify() const {
+size_t Pack::verify(bool release_pages) const {
   // note: the tensors are hashed on up to 16 threads, each taking the next
   // tensor from a shared index: one thread (the hash plus the page faults of
   // the mapping) made the load of a 100 GB pack wait tens of seconds. The
@@ -658,6 +658,9 @@ size_t Pack::verify() const {
     for (size_t i; (i = next.fetch_add(1)) < n;) {
       const auto& t = tensors_[i];
       got[i] = xxh64(t.view.data, static_cast<size_t>(t.view.nbytes()));
+      // note: whole pages inside the tensor only, so a page shared with a
+      // neighbour another thread may be hashing stays mapped.
+      if (release_pages) release_range(t.view.data, static_cast<size_t>(t.view.nbytes()));
     }
   };
   const size_t threads = std::min<size_t>(

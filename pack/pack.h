@@ -81,8 +81,12 @@ class Pack {
 
   // Recomputes every entry's checksum (tensors and the files the manifest
   // lists); throws qtk::Error naming the first entry that does not match.
-  // Returns the number of entries checked.
-  size_t verify() const;
+  // Returns the number of entries checked. With release_pages each tensor's
+  // pages go back to the kernel once hashed (release_range): for a caller
+  // that reads the weights once more to copy them elsewhere (a CUDA upload),
+  // so that hashing the whole pack does not keep all of it in the process's
+  // RSS until then.
+  size_t verify(bool release_pages = false) const;
 
   // Reads the whole mapping in and maps its pages now (best effort, errors
   // ignored), so that the first forward pass does not pay the disk reads

@@ -73,5 +73,38 @@ TEST(PackHugepages, ReleasedRangesReadBackUnchanged) {
   }
 }
 
+// The process's resident file-backed pages (RssFile of /proc/self/status),
+// in bytes; -1 when the kernel does not report it.
+int64_t rss_file_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "RssFile: %lld kB", &kib) == 1) return kib * 1024;
+  }
+  return -1;
+}
+
+// verify(true) hands each tensor's pages back once hashed (what a CUDA run
+// asks for: it uploads the weights and never computes from the mapping), so
+// checking a pack does not leave it in the process's RSS; verify() keeps
+// them. Both check every entry.
+TEST(PackPages, VerifyHandsTheHashedPagesBackWhenAsked) {
+  auto pack = Pack::open(rt_test::pack_of("samples/qwen3-sample"));
+  int64_t tensor_bytes = 0;
+  for (const PackTensorInfo& t : pack->tensors()) tensor_bytes += t.view.nbytes();
+  ASSERT_GT(tensor_bytes, int64_t{8} << 20);
+  const int64_t before = rss_file_bytes();
+  if (before < 0) GTEST_SKIP() << "this kernel reports no RssFile in /proc/self/status";
+  const size_t checked = pack->verify(/*release_pages=*/true);
+  const int64_t released = rss_file_bytes();
+  EXPECT_EQ(pack->verify(), checked);
+  const int64_t kept = rss_file_bytes();
+  EXPECT_LT(released - before, tensor_bytes / 4)
+      << "released " << released - before << " of " << tensor_bytes;
+  EXPECT_GT(kept - released, tensor_bytes / 2)
+      << "kept " << kept - released << " of " << tensor_bytes;
+}
+
 }  // namespace
 }  // namespace qtk

@@ -110,6 +110,9 @@ inline void upload_pack_bytes(const Pack& pack, void* dst, const void* src, size
   int k = 0;
   for (size_t off = 0; off < bytes; off += kUploadChunkBytes, k ^= 1) {
     const size_t len = std::min(kUploadChunkBytes, bytes - off);
+    // note: the chunk's pages are mapped in one call first (they are usually
+    // in the page cache but not in this process: verify() handed them back).
+    pack.prefault_range(s + off, len);
     QTK_CUDA_CHECK(cudaEventSynchronize(st.copied[k]));  // the buffer's last DMA is done
     std::memcpy(st.buf[k], s + off, len);
     pack.release_range(s + off, len);
