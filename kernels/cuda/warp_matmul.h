@@ -55,7 +55,7 @@ bool warp_matmul_swiglu(const T* x, int64_t ldx, const WeightRef<T>& w, T* act, 
 // The form warp_matmul's tensor-core product takes above 16 rows a group
 // (kernels/cuda/warp_matmul.cuh, wide_form): 90 the warpgroup kernel, 64 or
 // 32 the split kernel's rows per pass, 0 the 4-warp kernel. N: the output
-// columns; rows: M, or the rows per group on average. For tests and benches.
+// columns; rows: M, or the rows per group on average. For tests.
 int mma_wide_form(int64_t N, int64_t rows, bool grouped, bool fp8);
 
 }  // namespace qtk::cuda
