@@ -64,6 +64,13 @@ template <typename Text>
   fail("QTK_GDN_STATE_COLUMNS: expected 16, 32 or 0 (chosen per batch), found '{}'", found);
 }
 
+bool gemm_slices_ok(int64_t x) { return x == 1 || x == 4; }
+
+template <typename Text>
+[[noreturn]] void bad_gemm_slices(const Text& found) {
+  fail("QTK_GEMM_SLICES: expected 1 (one chain over K) or 4 (four K slices), found '{}'", found);
+}
+
 bool mma_wide_ok(int64_t x) { return x == 0 || x == 4 || x == 32 || x == 64 || x == 90; }
 
 template <typename Text>
@@ -95,6 +102,11 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   flag("QTK_GEMM_ALTS", t.gemm_alternates);
   number("QTK_GEMM_REF_M", t.gemm_ref_m, 1, kGemmRefMMax);
   number("QTK_FUSED_MAX_M", t.fused_max_m, 0, kFusedMaxMMax);
+  if (auto v = text_of(getenv, "QTK_GEMM_SLICES")) {
+    const std::optional<int64_t> x = to_int(*v);
+    if (!x || !gemm_slices_ok(*x)) bad_gemm_slices(*v);
+    t.gemm_slices = static_cast<int>(*x);
+  }
   flag("QTK_MMA_MATMUL", t.mma_matmul);
   if (auto v = text_of(getenv, "QTK_MMA_WIDE")) {
     const std::optional<int64_t> x = to_int(*v);
@@ -120,6 +132,7 @@ void Tuning::validate() const {
   check_range("QTK_FUSED_MAX_M", fused_max_m, 0, kFusedMaxMMax);
   if (!state_columns_ok(gdn_state_columns)) bad_state_columns(gdn_state_columns);
   if (!mma_wide_ok(mma_wide)) bad_mma_wide(mma_wide);
+  if (!gemm_slices_ok(gemm_slices)) bad_gemm_slices(gemm_slices);
 }
 
 std::vector<TuningEntry> Tuning::entries() const {
@@ -134,6 +147,7 @@ std::vector<TuningEntry> Tuning::entries() const {
   //    product; their bit-equality with the plan algorithm is checked on
   //    the real weights with sample inputs, not given by construction, so
   //    they count as result-changing (conservative).
+  //  - QTK_GEMM_SLICES: one chain over K or four slices summed in order.
   //  - QTK_MMA_MATMUL: the tensor-core and the warp product sum in
   //    different orders.
   //  - QTK_GDN_CHUNKED: the chunked and the recurrent gated delta rule sum
@@ -153,6 +167,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_GEMM_ALTS", b(gemm_alternates), E::kCudaResults},
       {"QTK_GEMM_REF_M", gemm_ref_m, E::kCudaResults},
       {"QTK_FUSED_MAX_M", fused_max_m, E::kCudaResults},
+      {"QTK_GEMM_SLICES", int64_t{gemm_slices}, E::kCudaResults},
       {"QTK_MMA_MATMUL", b(mma_matmul), E::kCudaResults},
       {"QTK_MMA_WIDE", int64_t{mma_wide}, E::kNone},
       {"QTK_GDN_CHUNKED", b(gdn_chunked), E::kCudaResults},
@@ -173,6 +188,7 @@ std::string tuning_help() {
   QTK_GEMM_ALTS          0|1                           1        yes (cuda)
   QTK_GEMM_REF_M         1..65536                      128      yes (cuda)
   QTK_FUSED_MAX_M        0..16                         1        yes (cuda)
+  QTK_GEMM_SLICES        1|4                           4        yes (cuda)
   QTK_MMA_MATMUL         0|1                           1        yes (cuda)
   QTK_MMA_WIDE           0 (per shape)|4|32|64         0        no
   QTK_GDN_CHUNKED        0|1                           1        yes (cuda)

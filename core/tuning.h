@@ -64,6 +64,13 @@ struct Tuning {
   // picks each shape's plan algorithm, the one that fixes the bits.
   int64_t gemm_ref_m = 128;
 
+  // QTK_GEMM_SLICES: 1 | 4, default 4: the K slices of the bf16 -> bf16
+  // products with K >= 2048 (kernels/cuda/gemm.h): 4 = each output is the
+  // sum, in slice order, of 4 chains over K / 4, for every M; 1 = one chain
+  // over K. Changes the CUDA bf16 results (another fixed order), never
+  // their batch invariance.
+  int gemm_slices = 4;
+
   // QTK_FUSED_MAX_M: 0..16, default 1: the largest M whose decode-step
   // residual add + RMSNorm runs as the next projection's prologue (0 = never).
   int64_t fused_max_m = 1;

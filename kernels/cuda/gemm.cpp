@@ -46,6 +46,16 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
+// A layout of `batch` matrices, matrix b at offset b * offset elements.
+// note: the inputs' batches may overlap (an operand's K slices are column
+// ranges of one row-major matrix: offset K / slices).
+void set_batches(cublasLtMatrixLayout_t l, int32_t batch, int64_t offset) {
+  QTK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                    sizeof(batch)));
+  QTK_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &offset, sizeof(offset)));
+}
+
 // A preference for algorithms that need no workspace.
 // note: views into activation buffers are only guaranteed 16-byte aligned.
 cublasLtMatmulPreference_t no_workspace_preference() {
@@ -115,11 +125,16 @@ struct Gemm::PlanAlt {
 // Column-major view of the row-major product: C[N, M] = op(A) B with
 // A = w as col-major [K, N] (ld ldw), op = transpose; B = x as col-major
 // [K, M] (ld ldx); C = y as col-major [N, M] (ld ldy).
+// Sliced (slices > 1): the product of each K slice s, x[:, s klen ..] and
+// w[:, s klen ..], is matrix s of one strided-batched call into f32 [slices]
+// [M, N] (Gemm's workspace), and slice_sum adds them in slice order into y.
 struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr;
   cudaDataType_t in_t{}, out_t{};
   int64_t k = 0, ldx = 0, ldw = 0, ldy = 0, n = 0;
+  int slices = 1;
+  int64_t klen = 0;  // k / slices
   cublasLtMatmulAlgo_t algo{};
   int algo_id = -1, tile = -1, stages = -1;
   int64_t probe_m = 0;  // the M whose heuristic offered the algorithm
@@ -146,10 +161,17 @@ struct Gemm::Plan {
   }
   const std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>& layouts(int64_t m) {
     auto it = bc.find(m);
-    if (it == bc.end())
-      it =
-          bc.emplace(m, std::make_pair(make_layout(in_t, k, m, ldx), make_layout(out_t, n, m, ldy)))
-              .first;
+    if (it == bc.end()) {
+      std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t> l;
+      if (slices == 1) {
+        l = {make_layout(in_t, k, m, ldx), make_layout(out_t, n, m, ldy)};
+      } else {
+        l = {make_layout(in_t, klen, m, ldx), make_layout(CUDA_R_32F, n, m, n)};
+        set_batches(l.first, slices, klen);
+        set_batches(l.second, slices, n * m);
+      }
+      it = bc.emplace(m, l).first;
+    }
     return it->second;
   }
 };
@@ -169,28 +191,77 @@ static_assert(Tuning::kFusedMaxMMax == kGemvMaxM,
 // batch 16 3.83 / 1.81), while at M = 1 the fused launch saves a launch.
 // The own skinny kernel (gemv_mma.h) on bf16 x and w, y in `out`.
 void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
-              int64_t m, int64_t n, int64_t k, DType out, cudaStream_t stream) {
+              int64_t m, int64_t n, int64_t k, DType out, int slices, cudaStream_t stream) {
   const auto* xb = static_cast<const bf16*>(x);
   const auto* wb = static_cast<const bf16*>(w);
   if (out == DType::F32)
-    gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+    gemv_bf16<float>(xb, ldx, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream, 0, slices);
   else
-    gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+    gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream, 0, slices);
 }
+
+// note: the sliced products' f32 slice products live in one workspace of
+// the Gemm (allocated up front: a decode graph may capture the first call);
+// an M-row call runs in row blocks that fit it.
+constexpr size_t kSliceWorkBytes = size_t{64} << 20;
 }  // namespace
 
-Gemm::Gemm(int64_t ref_m)
+Gemm::Gemm(int64_t ref_m, int slices)
     : ref_m_(ref_m > 0 ? ref_m : tuning().gemm_ref_m),
+      slices_(slices > 0 ? slices : tuning().gemm_slices),
       alternates_(tuning().gemm_alternates),
       fused_max_m_(tuning().fused_max_m) {
+  if (slices_ != 1 && slices_ != kGemvSlices)
+    fail("Gemm: {} K slices (expected 1 or {})", slices_, kGemvSlices);
   cublasLtHandle_t h = nullptr;
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
+  if (slices_ > 1) QTK_CUDA_CHECK(cudaMalloc(&work_, kSliceWorkBytes));
 }
 
 Gemm::~Gemm() {
   plans_.clear();
+  if (work_ != nullptr) cudaFree(work_);
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+int Gemm::slices_for(int64_t k, DType in, DType out) const {
+  return slices_ > 1 && in == DType::BF16 && out == DType::BF16 && k >= kSliceMinK &&
+                 gemv_slices_supported(k, slices_)
+             ? slices_
+             : 1;
+}
+
+bool Gemm::lt_run(Plan& p, const void* algo_ptr, const void* x, const void* w, void* y, int64_t m,
+                  cudaStream_t stream) {
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  const auto* algo = static_cast<const cublasLtMatmulAlgo_t*>(algo_ptr);
+  const float alpha = 1.0f, beta = 0.0f;
+  if (p.slices == 1) {
+    const auto& l = p.layouts(m);
+    return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, x, l.first, &beta, y, l.second, y, l.second,
+                          algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
+  }
+  const int64_t es = p.out_t == CUDA_R_32F ? 4 : 2;
+  const int64_t block = std::max<int64_t>(
+      1, static_cast<int64_t>(kSliceWorkBytes / (sizeof(float) * p.slices * p.n)));
+  for (int64_t r0 = 0; r0 < m; r0 += block) {
+    const int64_t rows = std::min(block, m - r0);
+    const auto& l = p.layouts(rows);
+    if (cublasLtMatmul(lt, p.desc, &alpha, w, p.a, static_cast<const char*>(x) + r0 * p.ldx * 2,
+                       l.first, &beta, work_, l.second, work_, l.second, algo, nullptr, 0,
+                       stream) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    auto* yr = static_cast<char*>(y) + r0 * p.ldy * es;
+    const auto* parts = static_cast<const float*>(work_);
+    if (p.out_t == CUDA_R_32F)
+      slice_sum<float>(parts, p.slices, rows * p.n, reinterpret_cast<float*>(yr), p.ldy, rows, p.n,
+                       stream);
+    else
+      slice_sum<bf16>(parts, p.slices, rows * p.n, reinterpret_cast<bf16*>(yr), p.ldy, rows, p.n,
+                      stream);
+  }
+  return true;
 }
 
 Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldy, DType in,
@@ -210,13 +281,16 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   p->ldx = ldx;
   p->ldw = ldw;
   p->ldy = ldy;
+  p->slices = slices_for(k, in, out);
+  p->klen = k / p->slices;
   QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   QTK_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   QTK_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  p->a = make_layout(p->in_t, k, n, ldw);
+  p->a = make_layout(p->in_t, p->klen, n, ldw);
+  if (p->slices > 1) set_batches(p->a, p->slices, p->klen);
 
   cublasLtMatmulPreference_t pref = no_workspace_preference();
 
@@ -540,7 +614,6 @@ void Gemm::verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t strea
   // note: each candidate is timed over kTimedRuns back-to-back calls at the
   // range's probe M (5 runs picked a slower kernel now and then).
   constexpr int kTimedRuns = 20;
-  auto lt = static_cast<cublasLtHandle_t>(handle_);
   const size_t in_es = p.in_t == CUDA_R_16BF ? 2 : 4, out_es = p.out_t == CUDA_R_16BF ? 2 : 4;
   constexpr size_t kFlushBytes = size_t{64} << 20;
   if (alt.candidates.empty()) return;  // status says why
@@ -571,12 +644,9 @@ void Gemm::verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t strea
   cudaEvent_t e0, e1;
   QTK_CUDA_CHECK(cudaEventCreate(&e0));
   QTK_CUDA_CHECK(cudaEventCreate(&e1));
-  const float alpha = 1.0f, beta = 0.0f;
   // note: a candidate that does not run is just not used (no throw).
   auto mm = [&](const cublasLtMatmulAlgo_t* algo, int64_t m, void* y) {
-    const auto& l = p.layouts(m);
-    return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, xd, l.first, &beta, y, l.second, y, l.second,
-                          algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
+    return lt_run(p, algo, xd, w, y, m, stream);
   };
   // note: the decode ranges (M < kLargeMinM: a decode step's products) are
   // timed with the weights out of L2, as in a step, where each layer's
@@ -653,7 +723,7 @@ void Gemm::verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t strea
       gemv_bf16_supported(xd, p.ldx, w, p.ldw, alt.verify_m, p.k)) {
     const DType out = p.out_t == CUDA_R_32F ? DType::F32 : DType::BF16;
     auto own = [&](int64_t m, void* y) {
-      own_gemv(xd, p.ldx, w, p.ldw, y, p.ldy, m, p.n, p.k, out, stream);
+      own_gemv(xd, p.ldx, w, p.ldw, y, p.ldy, m, p.n, p.k, out, p.slices, stream);
     };
     bool same = true;
     for (const int64_t m : {std::min<int64_t>(8, alt.verify_m), alt.verify_m}) {
@@ -723,7 +793,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
         own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
         own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * wes, ldw,
                       ldy, out, stream)) {
-      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
+      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices_for(k, in, out), stream);
       return;
     }
     for (int64_t off = 0; off < n; off += kChunkN)
@@ -737,16 +807,14 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   if (Plan::Alt* alt = p.alt_for(m)) {
     if (!alt->checked) tune_range(p, *alt, w, stream);
     if (alt->own && gemv_bf16_supported(x, ldx, w, ldw, m, k)) {
-      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
+      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, p.slices, stream);
       return;
     }
     if (alt->usable) algo = &alt->algo;
   }
-  const auto& l = p.layouts(m);
-  const float alpha = 1.0f, beta = 0.0f;
-  QTK_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x,
-                                  l.first, &beta, y, l.second, y, l.second, algo, nullptr, 0,
-                                  stream));
+  if (!lt_run(p, algo, x, w, y, m, stream))
+    fail("Gemm: cuBLASLt refused the product M {} N {} K {} ({} -> {}, {} K slices)", m, n, k,
+         dtype_name(in), dtype_name(out), p.slices);
 }
 
 bool Gemm::own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
@@ -769,10 +837,11 @@ bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;
   const auto* wb = static_cast<const bf16*>(w);
+  const int slices = slices_for(k, DType::BF16, out);
   if (out == DType::F32)
-    add_rmsnorm_gemv_bf16<float>(an, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream);
+    add_rmsnorm_gemv_bf16<float>(an, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream, slices);
   else
-    add_rmsnorm_gemv_bf16<bf16>(an, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream);
+    add_rmsnorm_gemv_bf16<bf16>(an, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream, slices);
   return true;
 }
 
@@ -781,14 +850,16 @@ bool Gemm::run_own(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   if (!own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
       !gemv_bf16_supported(x, ldx, w, ldw, m, k))
     return false;
-  own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, stream);
+  own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices_for(k, DType::BF16, out), stream);
   return true;
 }
 
 bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw, void* act,
                           int64_t ldact, int64_t m, int64_t inter, int64_t k, int64_t ld_gate_up,
                           cudaStream_t stream) {
-  if (!own_bit_equal(m, 2 * inter, k, ldx, w, ldw, ld_gate_up, DType::BF16, stream) ||
+  // (the SwiGLU epilogue has no sliced form)
+  if (slices_for(k, DType::BF16, DType::BF16) > 1 ||
+      !own_bit_equal(m, 2 * inter, k, ldx, w, ldw, ld_gate_up, DType::BF16, stream) ||
       !gemv_bf16_supported(x, ldx, w, ldw, m, k))
     return false;
   gemv_swiglu_out_bf16(static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), ldw,
@@ -799,7 +870,7 @@ bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw
 bool Gemm::run_add_rmsnorm_swiglu_out(const AddRmsNormInput& an, const void* w, int64_t ldw,
                                       void* act, int64_t ldact, int64_t m, int64_t inter, int64_t k,
                                       int64_t ld_gate_up, cudaStream_t stream) {
-  if (m > fused_max_m_ ||
+  if (m > fused_max_m_ || slices_for(k, DType::BF16, DType::BF16) > 1 ||
       !own_bit_equal(m, 2 * inter, k, an.ldd, w, ldw, ld_gate_up, DType::BF16, stream) ||
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;
@@ -814,6 +885,7 @@ std::string Gemm::describe(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64
   if (!p.ok) return fmt::format("column blocks of 16384 ({})", p.why.substr(0, 120));
   std::string d = fmt::format("algo {} tile {} stages {} (heuristic of M {})", p.algo_id, p.tile,
                               p.stages, p.probe_m);
+  if (p.slices > 1) d += fmt::format(", K in {} slices of {}", p.slices, p.klen);
   for (const auto& a : p.alts) {
     const std::string range =
         fmt::format("M {}..{}", a.lo, a.hi == INT64_MAX ? std::string("") : std::to_string(a.hi));

@@ -37,7 +37,15 @@ class Gemm {
   // 2048.., each used only after it gave the plan algorithm's output bit for
   // bit on this GPU (gemm.cpp, verify_alternates). QTK_GEMM_ALTS=0 turns
   // them off.
-  explicit Gemm(int64_t ref_m = 0);
+  // note: K slices. slices = 4 (0: tuning().gemm_slices, QTK_GEMM_SLICES)
+  // fixes another order for the bf16 -> bf16 products with K >= kSliceMinK
+  // (K a multiple of 512): each output is the sum, in slice order, of 4
+  // chains over the K / 4 slices, for every M (cuBLASLt's plan algorithm on
+  // the slices as one strided-batched call, then slice_sum; the own skinny
+  // kernel with one warp per slice: gemv_mma.h). At decode the K chain, not
+  // the weight bytes, bounds o_proj and down_proj at M = 1 (gemv_mma.cu);
+  // slices cut the chain 4 times and put 4 times the warps on the product.
+  explicit Gemm(int64_t ref_m = 0, int slices = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -105,6 +113,10 @@ class Gemm {
   const GemmTuneStats& stats() const { return stats_; }
   bool alternates() const { return alternates_; }  // false under QTK_GEMM_ALTS=0
   int64_t ref_m() const { return ref_m_; }
+  int slices() const { return slices_; }
+  // The K slices of a shape class's products (1 or slices()).
+  int slices_for(int64_t k, DType in, DType out) const;
+  static constexpr int64_t kSliceMinK = 2048;
 
  private:
   struct Plan;
@@ -120,6 +132,10 @@ class Gemm {
   void apply_record(Plan& p, const GemmPlanRecord& r);
   // algo: a cublasLtMatmulAlgo_t (cuBLASLt's header stays out of this one).
   bool runs_over_range(Plan& p, const PlanAlt& alt, const void* algo);
+  // y = the product of m rows on cuBLASLt algorithm `algo` (sliced plans:
+  // the batched call into work_, then slice_sum); false if cuBLASLt refused.
+  bool lt_run(Plan& p, const void* algo, const void* x, const void* w, void* y, int64_t m,
+              cudaStream_t stream);
   // True when the own skinny kernel gave the plan algorithm's bits for the
   // small-M range holding m of this bf16 shape class (verifying it first).
   bool own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
@@ -130,6 +146,8 @@ class Gemm {
   static constexpr int64_t kHugeMinM = 2048;  // 2048..
 
   int64_t ref_m_;
+  int slices_;
+  void* work_ = nullptr;  // f32 slice products of sliced plans (kSliceWorkBytes, gemm.cpp)
   bool alternates_;
   int64_t fused_max_m_;     // QTK_FUSED_MAX_M: the fused add + RMSNorm launches only up to this M
   void* handle_ = nullptr;  // cublasLtHandle_t

@@ -21,6 +21,14 @@ constexpr int kLd = kKT + 8;         // bf16 per shared row: ldmatrix rows hit d
 constexpr int kVec = 8;              // bf16 per 16-byte copy
 constexpr int kChunks = kKT / kVec;  // 16-byte copies per row and stage
 constexpr int kStages = 8;
+// note: a sliced product (kS > 1 slices of K, below) runs each warp's chain
+// over K / kS only, so a slice needs few stages (K 4096 in 4 slices: 8
+// stages of 128), and with 4 instead of 8 up to 3 blocks fit on an SM.
+constexpr int kSlicedStages = 4;
+template <int kS>
+constexpr int stage_count() {
+  return kS > 1 ? kSlicedStages : kStages;
+}
 
 // note: the work split. The accumulation of one output is a single chain of
 // K/16 mma steps (that order is what makes the kernel bit-equal to
@@ -38,16 +46,24 @@ constexpr int kStages = 8;
 // from the add + RMSNorm in front (kAddRmsNorm).
 constexpr int kStreamX = 0, kAddRmsNorm = 1;
 
-template <int WB, int MT, int kPro>
+// note: K slices. With kS = 1 each output is one chain over the whole K
+// (above). With kS > 1 (kS = WB) the block's kS warps take the kS equal
+// slices of K of the same 8 outputs: warp s runs the chain over slice s
+// from zero, and the block adds the slice sums in slice order,
+// ((s0 + s1) + s2) + s3, before rounding: the order of slice_sum (below)
+// over cuBLASLt's strided-batched product of the same slices (gemm.cpp).
+// Each chain is kS times shorter and there are kS times as many warps.
+template <int WB, int MT, int kPro, int kS = 1>
 constexpr int stage_rows() {
-  return WB * 8 + (kPro != kStreamX ? 0 : MT);  // weight rows first, then token rows
+  return WB * 8 + (kPro != kStreamX ? 0 : kS * MT);  // weight rows first, then token rows
 }
 // The token rows of the fused variants stay in shared memory for the whole
 // K (computed once, before the loop; zero from k to the stage width).
 __host__ __device__ inline int64_t resident_ld(int64_t k) { return (k + kKT - 1) / kKT * kKT + 8; }
-template <int WB, int MT, int kPro>
+template <int WB, int MT, int kPro, int kS = 1>
 size_t smem_bytes(int64_t k) {
-  const size_t stages = static_cast<size_t>(kStages) * stage_rows<WB, MT, kPro>() * kLd;
+  const size_t stages =
+      static_cast<size_t>(stage_count<kS>()) * stage_rows<WB, MT, kPro, kS>() * kLd;
   return (stages + (kPro != kStreamX ? static_cast<size_t>(MT * resident_ld(k)) : 0)) *
          sizeof(bf16);
 }
@@ -153,27 +169,33 @@ constexpr int kStore = 0, kSwigluOut = 1;
 // sums; each sum is rounded to bf16 as the gate_up buffer would store it,
 // then swiglu's formula: the bits of gemv_bf16<bf16> into gate_up followed
 // by swiglu (elementwise.cu), in one launch and without the gate_up buffer.
-template <int WB, int MT, int kPro, class OUT, int kEpi = kStore>
+template <int WB, int MT, int kPro, class OUT, int kEpi = kStore, int kS = 1>
 __global__ void __launch_bounds__(WB * 32)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 OUT* __restrict__ y, int64_t ldy, int m, int n, int k, AddRmsNormInput an) {
   static_assert(kEpi == kStore || std::is_same_v<OUT, bf16>, "SwiGLU activations are bf16");
+  static_assert(kS == 1 || (kS == WB && kEpi == kStore), "K slices: one warp per slice, stored");
   constexpr int kThreads = WB * 32;
-  constexpr int kRows = stage_rows<WB, MT, kPro>();
+  constexpr int kStagesHere = stage_count<kS>();
+  constexpr int kRows = stage_rows<WB, MT, kPro, kS>();
   constexpr int kWCopies = WB * 8 * kChunks / kThreads;  // = 4: weight copies per thread
-  constexpr int kXCopies = kPro != kStreamX ? 0 : MT * kChunks / kThreads;  // token-row copies
+  constexpr int kXCopies = kPro != kStreamX ? 0 : kS * MT * kChunks / kThreads;  // token-row copies
   static_assert(kWCopies * kThreads == WB * 8 * kChunks, "weight copies split evenly");
-  static_assert(kPro != kStreamX || kXCopies * kThreads == MT * kChunks,
+  static_assert(kPro != kStreamX || kXCopies * kThreads == kS * MT * kChunks,
                 "token copies split evenly");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sm = reinterpret_cast<bf16*>(smem_raw);  // bf16 [kStages][kRows][kLd]
-  bf16* xres = sm + kStages * kRows * kLd;       // resident rows: bf16 [MT][resident_ld(k)]
+  bf16* sm = reinterpret_cast<bf16*>(smem_raw);  // bf16 [kStagesHere][kRows][kLd]
+  bf16* xres = sm + kStagesHere * kRows * kLd;   // resident rows: bf16 [MT][resident_ld(k)]
   const int ldres = static_cast<int>(resident_ld(k));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // kStore: output n0 + t is weight row n0 + t of the block's WB * 8;
+  // kStore: output n0 + t is weight row n0 + t of the block's WB * 8 (kS >
+  // 1: of its 8, each warp's stage rows the same 8 rows in its slice);
   // kSwigluOut: the block's WB * 4 activation columns from a0.
-  const int n0 = blockIdx.x * (WB * 8), a0 = blockIdx.x * (WB * 4);
-  const int tiles = (k + kKT - 1) / kKT;
+  const int n0 = blockIdx.x * (WB * 8 / kS), a0 = blockIdx.x * (WB * 4);
+  // kS > 1: k is a multiple of kS * kKT (gemv_slices_supported); slice s is
+  // k columns [s * klen, (s + 1) * klen).
+  const int klen = k / kS;
+  const int tiles = (klen + kKT - 1) / kKT;
 
   // This thread's copies: copy j of a stage is row (tid + j * kThreads) /
   // kChunks, 16-byte column (tid % kChunks) (kThreads is a multiple of 16).
@@ -183,7 +205,7 @@ __global__ void __launch_bounds__(WB * 32)
 #pragma unroll
   for (int j = 0; j < kWCopies; ++j) {
     const int r = (tid + j * kThreads) / kChunks;
-    int64_t row = n0 + r;
+    int64_t row = n0 + (kS > 1 ? r % 8 : r);
     if constexpr (kEpi == kSwigluOut) {
       const int col = a0 + r / 8 * 4 + r % 4;  // warp r / 8, its tile row r % 8
       wok[j] = col < n;
@@ -191,25 +213,29 @@ __global__ void __launch_bounds__(WB * 32)
     } else {
       wok[j] = row < n;
     }
-    wsrc[j] = w + (wok[j] ? row * ldw : 0) + cv * kVec;
+    const int64_t slice0 = kS > 1 ? static_cast<int64_t>(r / 8) * klen : 0;
+    wsrc[j] = w + (wok[j] ? row * ldw + slice0 : 0) + cv * kVec;
   }
   auto issue_w = [&](int kt) {
-    bf16* st = sm + (kt % kStages) * kRows * kLd;
+    bf16* st = sm + (kt % kStagesHere) * kRows * kLd;
     const int kk = kt * kKT + cv * kVec;
 #pragma unroll
     for (int j = 0; j < kWCopies; ++j) {
       const int r = (tid + j * kThreads) / kChunks;
-      cp_async_16(smem_addr(st + r * kLd + cv * kVec), wsrc[j] + kt * kKT, wok[j] && kk < k);
+      cp_async_16(smem_addr(st + r * kLd + cv * kVec), wsrc[j] + kt * kKT, wok[j] && kk < klen);
     }
   };
+  // kS > 1: the stage's token rows are kS groups of MT, group s slice s.
   auto issue_x = [&](int kt) {
-    bf16* st = sm + (kt % kStages) * kRows * kLd + WB * 8 * kLd;
+    bf16* st = sm + (kt % kStagesHere) * kRows * kLd + WB * 8 * kLd;
     const int kk = kt * kKT + cv * kVec;
 #pragma unroll
     for (int j = 0; j < kXCopies; ++j) {
       const int r = (tid + j * kThreads) / kChunks;
-      const bool ok = r < m && kk < k;
-      cp_async_16(smem_addr(st + r * kLd + cv * kVec), x + (ok ? r * ldx + kk : 0), ok);
+      const int t = r % MT, s = r / MT;
+      const bool ok = t < m && kk < klen;
+      cp_async_16(smem_addr(st + r * kLd + cv * kVec),
+                  x + (ok ? t * ldx + static_cast<int64_t>(s) * klen + kk : 0), ok);
     }
   };
 
@@ -221,7 +247,7 @@ __global__ void __launch_bounds__(WB * 32)
   // DRAM (H100, BM_Gemv: N 24576 K 4096 70 -> 98 us, N 6144 K 1024 5.1 ->
   // 6.1 us) and the Qwen3-0.6B batch-1 step 1.15 -> 1.26 ms.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s)
+  for (int s = 0; s < kStagesHere - 1; ++s)
     if (s < tiles) issue_w(s);
   float nw[kMaxPer];  // kAddRmsNorm: this thread's norm weights
   if constexpr (kPro == kAddRmsNorm) {
@@ -238,7 +264,7 @@ __global__ void __launch_bounds__(WB * 32)
     // Commit groups: group 0 holds the weight stages above and x stage 0;
     // group s holds x stage s; then each group one whole stage.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStagesHere - 1; ++s) {
     if constexpr (kPro == kStreamX)
       if (s < tiles) issue_x(s);
     cp_async_commit();
@@ -246,17 +272,19 @@ __global__ void __launch_bounds__(WB * 32)
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int kt = 0; kt < tiles; ++kt) {
-    cp_async_wait<kStages - 2>();  // stage kt landed (this thread's copies)
-    __syncthreads();               // ... and every thread's; stage kt - 1 is free
-    if (kt + kStages - 1 < tiles) {
-      issue_w(kt + kStages - 1);
-      if constexpr (kPro == kStreamX) issue_x(kt + kStages - 1);
+    cp_async_wait<kStagesHere - 2>();  // stage kt landed (this thread's copies)
+    __syncthreads();                   // ... and every thread's; stage kt - 1 is free
+    if (kt + kStagesHere - 1 < tiles) {
+      issue_w(kt + kStagesHere - 1);
+      if constexpr (kPro == kStreamX) issue_x(kt + kStagesHere - 1);
     }
     cp_async_commit();
-    const bf16* ws = sm + (kt % kStages) * kRows * kLd + warp * 8 * kLd;
-    // The token rows of this stage: row r at xs + r * ldxs.
-    const bf16* xs =
-        kPro != kStreamX ? xres + kt * kKT : sm + (kt % kStages) * kRows * kLd + WB * 8 * kLd;
+    const bf16* ws = sm + (kt % kStagesHere) * kRows * kLd + warp * 8 * kLd;
+    // The token rows of this stage (kS > 1: of this warp's slice): row r at
+    // xs + r * ldxs.
+    const bf16* xs = kPro != kStreamX ? xres + (kS > 1 ? warp * klen : 0) + kt * kKT
+                                      : sm + (kt % kStagesHere) * kRows * kLd +
+                                            (WB * 8 + (kS > 1 ? warp * MT : 0)) * kLd;
     const int ldxs = kPro != kStreamX ? ldres : kLd;
     // note: zero-filled k past the end add +0 products, as any kernel's
     // zero-padded K tail does.
@@ -282,9 +310,24 @@ __global__ void __launch_bounds__(WB * 32)
     for (int kk = 0; kk < kKT / 16; ++kk) mma_bf16(acc, a[kk], b[kk][0], b[kk][1]);
   }
   cp_async_wait<0>();
+  if constexpr (kS > 1) {
+    // The slice sums in slice order, by warp 0.
+    __shared__ float4 part[kS][32];
+    part[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int s = 1; s < kS; ++s) {
+      const float4 p = part[s][lane];
+      acc[0] = __fadd_rn(acc[0], p.x);
+      acc[1] = __fadd_rn(acc[1], p.y);
+      acc[2] = __fadd_rn(acc[2], p.z);
+      acc[3] = __fadd_rn(acc[3], p.w);
+    }
+  }
   // C fragment: d0 (token g, output 2c), d1 (g, 2c+1), d2 (g+8, 2c), d3 (g+8, 2c+1).
   const int g = lane >> 2, c = lane & 3;
-  const int col = n0 + warp * 8 + 2 * c;
+  const int col = n0 + (kS > 1 ? 0 : warp * 8) + 2 * c;
   auto put = [&](int row, int cc, float v) {
     if (row < m && cc < n) {
       if constexpr (std::is_same_v<OUT, float>)
@@ -320,24 +363,38 @@ __global__ void __launch_bounds__(WB * 32)
   }
 }
 
-template <int WB, int MT, int kPro, class OUT, int kEpi = kStore>
+template <int WB, int MT, int kPro, class OUT, int kEpi = kStore, int kS = 1>
 void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy, int64_t m,
             int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream) {
-  set_max_dynamic_smem(gemv_kernel<WB, MT, kPro, OUT, kEpi>, static_cast<int>(kMaxSmem));
-  const int per_block = kEpi == kSwigluOut ? WB * 4 : WB * 8;  // outputs per block
+  set_max_dynamic_smem(gemv_kernel<WB, MT, kPro, OUT, kEpi, kS>, static_cast<int>(kMaxSmem));
+  const int per_block = kEpi == kSwigluOut ? WB * 4 : WB * 8 / kS;  // outputs per block
   const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
-  launch_kernel(gemv_kernel<WB, MT, kPro, OUT, kEpi>, blocks, WB * 32, smem_bytes<WB, MT, kPro>(k),
-                stream, x, ldx, w, ldw, y, ldy, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), an);
+  launch_kernel(gemv_kernel<WB, MT, kPro, OUT, kEpi, kS>, blocks, WB * 32,
+                smem_bytes<WB, MT, kPro, kS>(k), stream, x, ldx, w, ldw, y, ldy,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), an);
 }
 
 template <int kPro, class OUT, int kEpi = kStore>
 void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy,
               int64_t m, int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream,
-              int warps) {
+              int warps, int slices = 1) {
   if (warps != 0 && warps != 1 && warps != 2 && warps != 4)
     fail_message("gemv_bf16: warps per block " + std::to_string(warps) +
                  " (expected 0, 1, 2 or 4)");
+  if (slices != 1 && (slices != kGemvSlices || kEpi != kStore || k % (slices * kKT) != 0))
+    fail_message("gemv_bf16: " + std::to_string(slices) + " K slices for k " + std::to_string(k) +
+                 " (expected 1, or " + std::to_string(kGemvSlices) + " with k a multiple of " +
+                 std::to_string(kGemvSlices * kKT) + ")");
+  if constexpr (kEpi == kStore) {
+    if (slices == kGemvSlices) {
+      // (one warp per slice: kGemvSlices warps per block)
+      if (m <= 8)
+        return launch<kGemvSlices, 8, kPro, OUT, kEpi, kGemvSlices>(x, ldx, w, ldw, y, ldy, m, n, k,
+                                                                    an, stream);
+      return launch<kGemvSlices, 16, kPro, OUT, kEpi, kGemvSlices>(x, ldx, w, ldw, y, ldy, m, n, k,
+                                                                   an, stream);
+    }
+  }
   // note: 4 warps per block was the fastest or within 4 % of it on every
   // Qwen3-0.6B decode shape but one on the H100 (BM_Gemv 1 / 2 / 4
   // warps: N 1024 K 3072 6.38 / 7.73 / 6.39 us; N 16384 K 1024 14.0 / 13.5
@@ -374,14 +431,19 @@ bool gemv_bf16_supported(const void* x, int64_t ldx, const void* w, int64_t ldw,
          aligned(x) && aligned(w) && k < (int64_t{1} << 30);
 }
 
+bool gemv_slices_supported(int64_t k, int slices) {
+  return slices == 1 || (slices == kGemvSlices && k % (slices * kKT) == 0);
+}
+
 template <class OUT>
 void gemv_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy,
-               int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps) {
+               int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps, int slices) {
   if (m <= 0 || n <= 0) return;
   if (!gemv_bf16_supported(x, ldx, w, ldw, m, k))
     fail_message("gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
                  std::to_string(k) + "; m <= 16, k and strides multiples of 8, aligned pointers)");
-  dispatch<kStreamX, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, warps);
+  dispatch<kStreamX, OUT>(x, ldx, w, ldw, y, ldy, m, n, k, AddRmsNormInput{}, stream, warps,
+                          slices);
 }
 
 bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_t ldw, int64_t m,
@@ -399,14 +461,15 @@ bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_
 
 template <class OUT>
 void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const bf16* w, int64_t ldw, OUT* y,
-                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                           int slices) {
   if (m <= 0 || n <= 0) return;
   if (!add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     fail_message("add_rmsnorm_gemv_bf16: unsupported call (m " + std::to_string(m) + ", k " +
                  std::to_string(k) +
                  "; m <= 16, k <= 4096, k and strides multiples of 8, aligned pointers, "
                  "residual_out apart from residual)");
-  dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, 0);
+  dispatch<kAddRmsNorm, OUT>(nullptr, 0, w, ldw, y, ldy, m, n, k, an, stream, 0, slices);
 }
 
 void gemv_swiglu_out_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, bf16* act,
@@ -432,13 +495,71 @@ void add_rmsnorm_gemv_swiglu_out_bf16(const AddRmsNormInput& an, const bf16* w, 
                                           0);
 }
 
+namespace {
+// note: 4 outputs per thread (float4 loads of each slice) where n and the
+// slice stride allow it; each output the slices added in slice order.
+template <class OUT, int kV>
+__global__ void slice_sum_kernel(const float* __restrict__ parts, int slices, int64_t stride,
+                                 OUT* __restrict__ y, int64_t ldy, int64_t m, int64_t n) {
+  pdl_begin();
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (i >= m * n) return;
+  const int64_t row = i / n, col = i % n;
+  const float* p = parts + i;
+  float v[kV];
+  if constexpr (kV == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else {
+    v[0] = p[0];
+  }
+  for (int s = 1; s < slices; ++s) {
+    if constexpr (kV == 4) {
+      const float4 a = *reinterpret_cast<const float4*>(p + s * stride);
+      v[0] = __fadd_rn(v[0], a.x), v[1] = __fadd_rn(v[1], a.y);
+      v[2] = __fadd_rn(v[2], a.z), v[3] = __fadd_rn(v[3], a.w);
+    } else {
+      v[0] = __fadd_rn(v[0], p[s * stride]);
+    }
+  }
+  OUT* out = y + row * ldy + col;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if constexpr (std::is_same_v<OUT, float>)
+      out[j] = v[j];
+    else
+      out[j] = __float2bfloat16_rn(v[j]);
+  }
+}
+}  // namespace
+
+template <class OUT>
+void slice_sum(const float* parts, int slices, int64_t stride, OUT* y, int64_t ldy, int64_t m,
+               int64_t n, cudaStream_t stream) {
+  if (m <= 0 || n <= 0) return;
+  const bool vec =
+      n % 4 == 0 && stride % 4 == 0 && ldy % 4 == 0 && reinterpret_cast<uintptr_t>(parts) % 16 == 0;
+  const int64_t threads = vec ? m * n / 4 : m * n;
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  if (vec)
+    launch_kernel(slice_sum_kernel<OUT, 4>, blocks, 256, 0, stream, parts, slices, stride, y, ldy,
+                  m, n);
+  else
+    launch_kernel(slice_sum_kernel<OUT, 1>, blocks, 256, 0, stream, parts, slices, stride, y, ldy,
+                  m, n);
+}
+
 template void gemv_bf16<float>(const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, int64_t,
-                               int64_t, int64_t, cudaStream_t, int);
+                               int64_t, int64_t, cudaStream_t, int, int);
 template void gemv_bf16<bf16>(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t, int64_t,
-                              int64_t, int64_t, cudaStream_t, int);
+                              int64_t, int64_t, cudaStream_t, int, int);
 template void add_rmsnorm_gemv_bf16<float>(const AddRmsNormInput&, const bf16*, int64_t, float*,
-                                           int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                           int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
 template void add_rmsnorm_gemv_bf16<bf16>(const AddRmsNormInput&, const bf16*, int64_t, bf16*,
-                                          int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+                                          int64_t, int64_t, int64_t, int64_t, cudaStream_t, int);
+template void slice_sum<float>(const float*, int, int64_t, float*, int64_t, int64_t, int64_t,
+                               cudaStream_t);
+template void slice_sum<bf16>(const float*, int, int64_t, bf16*, int64_t, int64_t, int64_t,
+                              cudaStream_t);
 
 }  // namespace qtk::cuda

@@ -53,7 +53,8 @@ bool add_rmsnorm_gemv_supported(const AddRmsNormInput& an, const void* w, int64_
 
 template <class OUT>
 void add_rmsnorm_gemv_bf16(const AddRmsNormInput& an, const __nv_bfloat16* w, int64_t ldw, OUT* y,
-                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+                           int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                           int slices = 1);
 
 // The MLP's gate_up product with the SwiGLU as its epilogue: act[i, j] =
 // bf16(silu(g) * u) for j < inter, g and u the bf16-rounded sums of x row i
@@ -70,8 +71,27 @@ void add_rmsnorm_gemv_swiglu_out_bf16(const AddRmsNormInput& an, const __nv_bflo
                                       int64_t ldw, __nv_bfloat16* act, int64_t ldact, int64_t m,
                                       int64_t inter, int64_t k, cudaStream_t stream);
 
+// K slices (slices = kGemvSlices in gemv_bf16 and add_rmsnorm_gemv_bf16):
+// K is cut into `slices` equal slices, each output's slice sums are each a
+// chain from zero as above, added in slice order ((s0 + s1) + s2) + s3 in
+// f32, then rounded. That is slice_sum (below) over a strided-batched
+// product of the slices, which is how Gemm computes the same sums for any M
+// (gemm.cpp). Shorter chains, more warps: the decode-step products whose K
+// bounds their time (o_proj, down_proj) run on K / slices dependent steps.
+// The SwiGLU epilogue has no sliced form.
+constexpr int kGemvSlices = 4;
+bool gemv_slices_supported(int64_t k, int slices);
+
 template <class OUT>
 void gemv_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, OUT* y,
-               int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps = 0);
+               int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps = 0,
+               int slices = 1);
+
+// y[i, j] = ((p[0][i][j] + p[1][i][j]) + ...) + p[slices-1][i][j], added
+// in f32 in slice order, then stored as OUT (bf16: rounded to nearest
+// even); p[s] = parts + s * stride, f32 [m, n] (row stride n). PDL-launched.
+template <class OUT>
+void slice_sum(const float* parts, int slices, int64_t stride, OUT* y, int64_t ldy, int64_t m,
+               int64_t n, cudaStream_t stream);
 
 }  // namespace qtk::cuda

@@ -182,6 +182,106 @@ TEST(Gemv, SwigluEpilogueEqualsProductThenSwiglu) {
     check_swiglu_out(inter, k);
 }
 
+// K slices: the sliced product against its definition, the f32 products of
+// each K slice (one chain each, the unsliced kernel on the slice) added in
+// slice order by slice_sum; rows alone vs in m-row calls; the float64
+// reference; and the fused add + RMSNorm in front against its two steps.
+template <class Out>
+void check_sliced(int64_t n, int64_t k) {
+  constexpr int S = kGemvSlices;
+  ASSERT_TRUE(gemv_slices_supported(k, S)) << k;
+  const int64_t ld = k + 8, ldw = k + 16, ldy = n + 3, max_m = kGemvMaxM, klen = k / S;
+  const float eps = 1e-6f;
+  const auto xh = to_device_type<bf16>(random_floats(max_m * ld, -1, 1, 81));
+  const auto wh = to_device_type<bf16>(random_floats(n * ldw, -1, 1, 82));
+  const auto delta_h = to_device_type<bf16>(random_floats(max_m * ld, -2, 2, 83));
+  DeviceBuffer<bf16> x(xh), w(wh), delta(delta_h);
+  DeviceBuffer<float> norm_w(random_floats(k, 0.5f, 1.5f, 84));
+  DeviceBuffer<Out> single(max_m * ldy);
+  for (int64_t r = 0; r < max_m; ++r)
+    gemv_bf16<Out>(x.get() + r * ld, ld, w.get(), ldw, single.get() + r * ldy, ldy, 1, n, k,
+                   nullptr, 0, S);
+  const auto one = single.download();
+  Vec xd, wd;
+  for (int64_t r = 0; r < max_m; ++r)
+    for (int64_t c = 0; c < k; ++c) xd.push_back(to_float(xh[r * ld + c]));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) wd.push_back(to_float(wh[r * ldw + c]));
+  for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, max_m}) {
+    DeviceBuffer<Out> y(m * ldy), want(m * ldy);
+    gemv_bf16<Out>(x.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, 0, S);
+    DeviceBuffer<float> parts(S * m * n);
+    for (int s = 0; s < S; ++s)
+      gemv_bf16<float>(x.get() + s * klen, ld, w.get() + s * klen, ldw, parts.get() + s * m * n, n,
+                       m, n, klen, nullptr);
+    slice_sum<Out>(parts.get(), S, m * n, want.get(), ldy, m, n, nullptr);
+    const auto got = y.download(), def = want.download();
+    std::vector<Out> dense;
+    for (int64_t r = 0; r < m; ++r) {
+      ASSERT_TRUE(bitwise_equal(&got[r * ldy], &def[r * ldy], n))
+          << "vs the slice sums: n " << n << " k " << k << " m " << m << " row " << r;
+      ASSERT_TRUE(bitwise_equal(&got[r * ldy], &one[r * ldy], n))
+          << "vs the row alone: n " << n << " k " << k << " m " << m << " row " << r;
+      dense.insert(dense.end(), got.begin() + r * ldy, got.begin() + r * ldy + n);
+    }
+    const Vec ref = matmul_ref(Vec(xd.begin(), xd.begin() + m * k), wd, m, n, k);
+    EXPECT_LT(rel_error(dense, ref), (std::is_same_v<Out, bf16> ? 1e-2 : 1e-5))
+        << "n " << n << " k " << k << " m " << m;
+    // The fused add + RMSNorm in front (x as the residual).
+    DeviceBuffer<bf16> res_two(xh), normed(m * ld), res_out(max_m * ld);
+    add_rmsnorm<bf16>(res_two.get(), ld, delta.get(), ld, norm_w.get(), normed.get(), ld, m, k, eps,
+                      nullptr);
+    gemv_bf16<Out>(normed.get(), ld, w.get(), ldw, want.get(), ldy, m, n, k, nullptr, 0, S);
+    const AddRmsNormInput an =
+        rmsnorm_input(x.get(), delta.get(), norm_w.get(), eps, res_out.get(), ld);
+    ASSERT_TRUE(add_rmsnorm_gemv_supported(an, w.get(), ldw, m, k));
+    add_rmsnorm_gemv_bf16<Out>(an, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, S);
+    const auto fused = y.download(), two = want.download();
+    for (int64_t r = 0; r < m; ++r)
+      ASSERT_TRUE(bitwise_equal(&fused[r * ldy], &two[r * ldy], n))
+          << "fused: n " << n << " k " << k << " m " << m << " row " << r;
+  }
+}
+
+TEST(Gemv, KSlicesAreTheSliceSumsInOrder) {
+  check_sliced<bf16>(1024, 3072);
+  check_sliced<bf16>(45, 2048);
+  check_sliced<float>(301, 512);
+  EXPECT_FALSE(gemv_slices_supported(1000, kGemvSlices));  // not a multiple of 512
+  EXPECT_FALSE(gemv_slices_supported(2048, 2));
+  EXPECT_TRUE(gemv_slices_supported(1000, 1));
+  DeviceBuffer<bf16> a(4096);
+  EXPECT_THROW(
+      gemv_bf16<float>(a.get(), 64, a.get(), 64, nullptr, 64, 1, 8, 64, nullptr, 0, kGemvSlices),
+      std::exception);  // k 64: no 4 slices of whole stages
+}
+
+// slice_sum alone: the slices added in order, as f32 and rounded to bf16,
+// on an odd width (the one-column form) and a multiple of 4 (float4).
+TEST(Gemv, SliceSumAddsInSliceOrder) {
+  for (const int64_t n : {int64_t{37}, int64_t{64}}) {
+    const int64_t m = 5, ldy = n + 1;
+    const int S = 4;
+    const auto ph = random_floats(S * m * n, -1e3f, 1e3f, 85);
+    DeviceBuffer<float> parts(ph), yf(m * ldy);
+    DeviceBuffer<bf16> yb(m * ldy);
+    slice_sum<float>(parts.get(), S, m * n, yf.get(), ldy, m, n, nullptr);
+    slice_sum<bf16>(parts.get(), S, m * n, yb.get(), ldy, m, n, nullptr);
+    const auto gf = yf.download();
+    const auto gb = yb.download();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        float v = ph[r * n + c];
+        for (int s = 1; s < S; ++s) v = v + ph[s * m * n + r * n + c];
+        ASSERT_TRUE(bitwise_equal(&gf[r * ldy + c], &v, 1))
+            << "n " << n << " r " << r << " c " << c;
+        const bf16 vb = to_device_type<bf16>(std::vector<float>{v})[0];
+        ASSERT_TRUE(bitwise_equal(&gb[r * ldy + c], &vb, 1))
+            << "n " << n << " r " << r << " c " << c;
+      }
+  }
+}
+
 TEST(Gemv, AddRmsNormNeedsADistinctResidualOut) {
   DeviceBuffer<bf16> a(4096), w(4096);
   DeviceBuffer<float> nw(64);

@@ -174,18 +174,41 @@ std::string make_prompts(int64_t vocab, bool mrope, bool long_prompts, int64_t* 
 }
 
 struct InvarianceCase {
-  const char* dir;
+  const char* dir;  // a model directory, or (synthesized) a config file
   bool mrope;
   bool long_prompts = false;
+  bool synthesized = false;
 };
+
+// note: the fixtures and samples are too narrow for the K-sliced products
+// (Gemm: K >= 2048), so two random-weight models of such widths are
+// synthesized from configs in tests/cuda/data (o_proj, down_proj and, in
+// Qwen3.5, the GDN out_proj at K 2048).
+std::string synthesized_pack(const std::string& config_rel) {
+#ifdef QTK_SYNTH_BIN
+  const std::string name = name_of(config_rel);
+  const std::string hf = fmt::format("{}/{}.hf", work_dir(), name);
+  const std::string pack = fmt::format("{}/{}.pack", work_dir(), name);
+  RunResult r = run(fmt::format("rm -rf {} && {} {} {} && {} {} {} --force", hf, QTK_SYNTH_BIN,
+                                src(config_rel), hf, QTK_CONVERT_BIN, hf, pack));
+  if (r.status != 0) {
+    ADD_FAILURE() << "synth/convert " << config_rel << " failed: " << r.err;
+    return {};
+  }
+  return pack;
+#else
+  ADD_FAILURE() << "built without synth (QTK_BENCH=OFF): " << config_rel;
+  return {};
+#endif
+}
 
 class CudaInvariance : public ::testing::TestWithParam<InvarianceCase> {};
 
 TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
   const std::string dir = GetParam().dir;
-  const std::string pack = pack_of(dir);
+  const std::string pack = GetParam().synthesized ? synthesized_pack(dir) : pack_of(dir);
   ASSERT_FALSE(pack.empty());
-  const auto config = load_json(src(dir + "/config.json"));
+  const auto config = load_json(src(GetParam().synthesized ? dir : dir + "/config.json"));
   const int64_t vocab = config.contains("text_config")
                             ? config["text_config"]["vocab_size"].get<int64_t>()
                             : config["vocab_size"].get<int64_t>();
@@ -237,7 +260,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // runs full chunks through the chunked GDN kernel
                       // (mbt7 and preempt then split them only at 64s).
                       InvarianceCase{"tests/data/models/qwen3.5-tiny", true, true},
-                      InvarianceCase{"samples/qwen3.5-sample", false, true}),
+                      InvarianceCase{"samples/qwen3.5-sample", false, true},
+                      InvarianceCase{"tests/cuda/data/qwen3-sliced.json", false, false, true},
+                      InvarianceCase{"tests/cuda/data/qwen3.5-sliced.json", true, true, true}),
     [](const auto& info) {
       return name_of(info.param.dir) + (info.param.long_prompts ? "_long" : "");
     });

@@ -62,6 +62,7 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_GEMM_ALTS", "0"},
                           {"QTK_GEMM_REF_M", "65536"},
                           {"QTK_FUSED_MAX_M", "0"},
+                          {"QTK_GEMM_SLICES", "1"},
                           {"QTK_MMA_MATMUL", "0"},
                           {"QTK_MMA_WIDE", "32"},
                           {"QTK_GDN_CHUNKED", "0"},
@@ -75,6 +76,9 @@ TEST(Tuning, ReadsEverySwitch) {
                t.pdl || t.cuda_graphs);
   EXPECT_EQ(t.gemm_ref_m, 65536);
   EXPECT_EQ(t.fused_max_m, 0);
+  EXPECT_EQ(t.gemm_slices, 1);
+  EXPECT_EQ(parse({}).gemm_slices, 4);
+  EXPECT_EQ(parse({{"QTK_GEMM_SLICES", "4"}}).gemm_slices, 4);
   EXPECT_EQ(t.gdn_state_columns, 32);
   EXPECT_EQ(t.mma_wide, 32);
   EXPECT_EQ(t.plan_cache, "off");
@@ -106,6 +110,8 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_MMA_WIDE",
        "QTK_MMA_WIDE: expected 0 (chosen per shape), 4 (the 4-warp kernel), 32 or 64 (rows "
        "per pass of the split kernel), 90 (the sm_90 warpgroup kernel), found 'abc'"},
+      {"QTK_GEMM_SLICES",
+       "QTK_GEMM_SLICES: expected 1 (one chain over K) or 4 (four K slices), found 'abc'"},
       {"QTK_TILED", "QTK_TILED: expected 0 or 1, found 'abc'"},
       {"QTK_HUGEPAGES", "QTK_HUGEPAGES: expected 0 or 1, found 'abc'"},
       {"QTK_GEMM_ALTS", "QTK_GEMM_ALTS: expected 0 or 1, found 'abc'"},
@@ -126,6 +132,8 @@ TEST(Tuning, OutOfRangeAndMalformedNumbersAreRefused) {
   for (const char* v : {"8", "64", "1"}) EXPECT_NE(parse_error("QTK_GDN_STATE_COLUMNS", v), "");
   for (const char* v : {"16", "128", "1", "-1", "9"})
     EXPECT_NE(parse_error("QTK_MMA_WIDE", v), "") << v;
+  for (const char* v : {"0", "2", "3", "8", "-4"})
+    EXPECT_NE(parse_error("QTK_GEMM_SLICES", v), "") << v;
   for (const char* v : {"yes", "true", "2", "00"}) EXPECT_NE(parse_error("QTK_PDL", v), "") << v;
   EXPECT_EQ(parse_error("QTK_CPU_PATH", "AVX2"),
             "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'AVX2'");
@@ -139,6 +147,9 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
   t = Tuning{};
   t.gdn_state_columns = 8;
   EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_GDN_STATE_COLUMNS"), std::string::npos);
+  t = Tuning{};
+  t.gemm_slices = 2;
+  EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_GEMM_SLICES"), std::string::npos);
   t = Tuning{};
   t.mma_wide = 48;
   EXPECT_NE(error_of([&] { set_tuning(t); }).find("QTK_MMA_WIDE"), std::string::npos);
@@ -156,7 +167,7 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
 TEST(Tuning, HeaderRecordsEverySwitchAndThePathUsed) {
   const nlohmann::json h = tuning_header(Tuning{});
   EXPECT_EQ(h.size(), Tuning{}.entries().size());
-  EXPECT_EQ(h.size(), 14u);
+  EXPECT_EQ(h.size(), 15u);
   EXPECT_EQ(h["QTK_CPU_PATH"], std::string(cpu_path_name(supported_cpu_paths().back())));
   EXPECT_EQ(h["QTK_GEMM_REF_M"], 128);
   EXPECT_EQ(h["QTK_PDL"], 1);
@@ -278,7 +289,7 @@ TEST(TuningGenerate, RunHeaderRecordsTheSwitches) {
                       QTK_GENERATE_BIN, pack, in, out));
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json t = load_json(out + ".meta.json")["tuning"];
-  EXPECT_EQ(t.size(), 14u) << t.dump();
+  EXPECT_EQ(t.size(), 15u) << t.dump();
   EXPECT_EQ(t["QTK_MMA_MATMUL"], 1);
   EXPECT_EQ(t["QTK_AMX_PREFETCH"], 3);
   EXPECT_EQ(t["QTK_HUGEPAGES"], 0);

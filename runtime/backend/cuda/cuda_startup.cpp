@@ -62,8 +62,10 @@ PlanCacheKey current_key(const cuda::Gemm& gemm, const ModelConfig& c,
   // note: the digest covers the sources of the GEMM wrapper and of the own
   // skinny kernel (runtime/backend/cuda/CMakeLists.txt): an edit there may change
   // which kernels are bit-equal or how a range is decided. The toolkit the
-  // kernel was compiled with is part of it too.
-  k.kernels = fmt::format("{} cuda {}", QTK_GEMM_SOURCES_DIGEST, CUDART_VERSION);
+  // kernel was compiled with is part of it too, and so is the number of K
+  // slices (QTK_GEMM_SLICES: another plan algorithm and own-kernel form).
+  k.kernels = fmt::format("{} cuda {}{}", QTK_GEMM_SOURCES_DIGEST, CUDART_VERSION,
+                          gemm.slices() > 1 ? fmt::format(" slices {}", gemm.slices()) : "");
   k.ref_m = gemm.ref_m();
   k.model = model_shapes(c, precision);
   return k;
