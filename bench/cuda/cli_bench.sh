@@ -39,12 +39,18 @@ BIN=$BUILD/bin
 mkdir -p "$OUT" "$WORK"
 RECORDS=$OUT/cli_bench.jsonl
 : >"$RECORDS"
+# (generate refuses to overwrite a results file: a rerun into the same OUT starts afresh)
+rm -rf "$OUT/runs"
 for p in generate convert synth; do
   [ -x "$BIN/$p" ] || { echo "cli_bench: $BIN/$p is missing (build it first)"; exit 1; }
 done
 GENERATE=${CLI_BENCH_GENERATE:-$BIN/generate}
 PLAN_FLAGS=1
-if ! "$GENERATE" --help | grep -q -- --plan-cache; then
+# note: the help text is read whole first: under pipefail, `generate --help |
+# grep -q` fails whenever grep exits before generate has written its last
+# line (SIGPIPE), and the benchmark then silently ran without the plan cache.
+help_text=$("$GENERATE" --help 2>&1)
+if ! grep -q -- --plan-cache <<<"$help_text"; then
   echo "cli_bench: $GENERATE has no --plan-cache: cold phase only, no plan cache flags"
   PLAN_FLAGS=0
   PHASES=cold

@@ -83,7 +83,8 @@ START=$(date +%s)
 for p in generate convert synth; do
   [ -x "$BIN/$p" ] || { echo "full_depth: $BIN/$p is missing (build it first)"; exit 1; }
 done
-"$BIN/synth" --help | grep -q -- --experts ||
+# (the help read whole: under pipefail an early-exiting grep -q can fail the pipe)
+grep -q -- --experts <<<"$("$BIN/synth" --help 2>&1)" ||
   { echo "full_depth: $BIN/synth has no --experts/--threads (rebuild synth)"; exit 1; }
 command -v python3 >/dev/null || { echo "full_depth: python3 is needed"; exit 1; }
 TIME=()
