@@ -4,6 +4,8 @@
 # the sum exceeds the phase's wall time when launches overlap (PDL).
 #   bash bench/cuda/ncu_breakdown.sh PACK BATCH step     # the last full decode step
 #   bash bench/cuda/ncu_breakdown.sh PACK BATCH prefill  # the B prompts' prefill
+# NCU_PLAN_CACHE=FILE: the GEMM plans from FILE (cuda_model_bench --plan-cache;
+# written by an earlier run): the tuning's own launches are then not profiled.
 # Runs build-gpu/bin/cuda_model_bench (QTK_GPU_BUILD_DIR to override), writes
 # the raw CSV to $OUT/ncu_<phase>_<batch>.csv and prints the 16 largest kernels.
 # note: the bench first runs a 4-step warm-up (one argmax per step); with
@@ -17,9 +19,11 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 csv=$OUT/ncu_${phase}_${batch}.csv
+plan=()
+[ -n "${NCU_PLAN_CACHE:-}" ] && plan=(--plan-cache "$NCU_PLAN_CACHE")
 "$NCU" --metrics gpu__time_duration.sum --clock-control none --cache-control none --csv \
   --print-units base "$BUILD/bin/cuda_model_bench" --pack "$pack" --batches "$batch" --gen 3 \
-  --prefill 0 >"$csv" 2>"$csv.err" || { tail -5 "$csv.err"; exit 1; }
+  --prefill 0 "${plan[@]}" >"$csv" 2>"$csv.err" || { tail -5 "$csv.err"; exit 1; }
 python3 - "$csv" "$batch" "$phase" <<'PY'
 import collections, csv, sys
 rows = []

@@ -21,14 +21,6 @@ constexpr int kLd = kKT + 8;         // bf16 per shared row: ldmatrix rows hit d
 constexpr int kVec = 8;              // bf16 per 16-byte copy
 constexpr int kChunks = kKT / kVec;  // 16-byte copies per row and stage
 constexpr int kStages = 8;
-// note: a sliced product (kS > 1 slices of K, below) runs each warp's chain
-// over K / kS only, so a slice needs few stages (K 4096 in 4 slices: 8
-// stages of 128), and with 4 instead of 8 up to 3 blocks fit on an SM.
-constexpr int kSlicedStages = 4;
-template <int kS>
-constexpr int stage_count() {
-  return kS > 1 ? kSlicedStages : kStages;
-}
 
 // note: the work split. The accumulation of one output is a single chain of
 // K/16 mma steps (that order is what makes the kernel bit-equal to
@@ -45,6 +37,16 @@ constexpr int stage_count() {
 // weights (kStreamX), or computed once into shared memory before the loop
 // from the add + RMSNorm in front (kAddRmsNorm).
 constexpr int kStreamX = 0, kAddRmsNorm = 1;
+
+// note: a sliced product (kS > 1 slices of K, below) runs each warp's chain
+// over K / kS only, so a slice needs fewer stages (K 4096 in 4 slices: 8
+// stages of 128), and fewer stages fit more blocks on an SM: 6 when the
+// token rows stream with the weights (2 blocks of 104 KB per SM), 4 behind
+// the fused add + RMSNorm, whose resident rows take shared memory too.
+template <int kS, int kPro>
+constexpr int stage_count() {
+  return kS == 1 ? kStages : kPro == kStreamX ? 6 : 4;
+}
 
 // note: K slices. With kS = 1 each output is one chain over the whole K
 // (above). With kS > 1 (kS = WB) the block's kS warps take the kS equal
@@ -63,7 +65,7 @@ __host__ __device__ inline int64_t resident_ld(int64_t k) { return (k + kKT - 1)
 template <int WB, int MT, int kPro, int kS = 1>
 size_t smem_bytes(int64_t k) {
   const size_t stages =
-      static_cast<size_t>(stage_count<kS>()) * stage_rows<WB, MT, kPro, kS>() * kLd;
+      static_cast<size_t>(stage_count<kS, kPro>()) * stage_rows<WB, MT, kPro, kS>() * kLd;
   return (stages + (kPro != kStreamX ? static_cast<size_t>(MT * resident_ld(k)) : 0)) *
          sizeof(bf16);
 }
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(WB * 32)
   static_assert(kEpi == kStore || std::is_same_v<OUT, bf16>, "SwiGLU activations are bf16");
   static_assert(kS == 1 || (kS == WB && kEpi == kStore), "K slices: one warp per slice, stored");
   constexpr int kThreads = WB * 32;
-  constexpr int kStagesHere = stage_count<kS>();
+  constexpr int kStagesHere = stage_count<kS, kPro>();
   constexpr int kRows = stage_rows<WB, MT, kPro, kS>();
   constexpr int kWCopies = WB * 8 * kChunks / kThreads;  // = 4: weight copies per thread
   constexpr int kXCopies = kPro != kStreamX ? 0 : kS * MT * kChunks / kThreads;  // token-row copies
