@@ -13,6 +13,15 @@
 namespace qtk::cuda::test {
 namespace {
 
+// The first cols values of each of rows rows of stride ld, as doubles.
+template <class T>
+Vec dense_of(const std::vector<T>& h, int64_t rows, int64_t cols, int64_t ld) {
+  Vec v;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) v.push_back(to_float(h[r * ld + c]));
+  return v;
+}
+
 template <class Out>
 void check_gemv(int64_t n, int64_t k) {
   const int64_t ldx = k + 8, ldw = k + 16, ldy = n + 3, max_m = kGemvMaxM;
@@ -26,11 +35,7 @@ void check_gemv(int64_t n, int64_t k) {
                    nullptr);
   const auto one = single.download();
   // The reference on the dense (unpadded) operands.
-  Vec xd, wd;
-  for (int64_t r = 0; r < max_m; ++r)
-    for (int64_t c = 0; c < k; ++c) xd.push_back(to_float(xh[r * ldx + c]));
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c) wd.push_back(to_float(wh[r * ldw + c]));
+  const Vec xd = dense_of(xh, max_m, k, ldx), wd = dense_of(wh, n, k, ldw);
   for (int64_t m = 1; m <= max_m; ++m) {
     DeviceBuffer<Out> y(m * ldy);
     gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
@@ -202,11 +207,7 @@ void check_sliced(int64_t n, int64_t k) {
     gemv_bf16<Out>(x.get() + r * ld, ld, w.get(), ldw, single.get() + r * ldy, ldy, 1, n, k,
                    nullptr, 0, S);
   const auto one = single.download();
-  Vec xd, wd;
-  for (int64_t r = 0; r < max_m; ++r)
-    for (int64_t c = 0; c < k; ++c) xd.push_back(to_float(xh[r * ld + c]));
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c) wd.push_back(to_float(wh[r * ldw + c]));
+  const Vec xd = dense_of(xh, max_m, k, ld), wd = dense_of(wh, n, k, ldw);
   for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, max_m}) {
     DeviceBuffer<Out> y(m * ldy), want(m * ldy);
     gemv_bf16<Out>(x.get(), ld, w.get(), ldw, y.get(), ldy, m, n, k, nullptr, 0, S);
