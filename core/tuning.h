@@ -65,7 +65,7 @@ struct Tuning {
   int64_t gemm_ref_m = 128;
 
   // QTK_GEMM_SLICES: 1 | 4, default 4: the K slices of the bf16 -> bf16
-  // products with K >= 2048 (kernels/cuda/gemm.h): 4 = each output is the
+  // products with K >= 2048 and N <= 2048 (kernels/cuda/gemm.h): 4 = each output is the
   // sum, in slice order, of 4 chains over K / 4, for every M; 1 = one chain
   // over K. Changes the CUDA bf16 results (another fixed order), never
   // their batch invariance.

@@ -225,9 +225,9 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-int Gemm::slices_for(int64_t k, DType in, DType out) const {
+int Gemm::slices_for(int64_t n, int64_t k, DType in, DType out) const {
   return slices_ > 1 && in == DType::BF16 && out == DType::BF16 && k >= kSliceMinK &&
-                 gemv_slices_supported(k, slices_)
+                 n <= kSliceMaxN && gemv_slices_supported(k, slices_)
              ? slices_
              : 1;
 }
@@ -281,7 +281,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   p->ldx = ldx;
   p->ldw = ldw;
   p->ldy = ldy;
-  p->slices = slices_for(k, in, out);
+  p->slices = slices_for(n, k, in, out);
   p->klen = k / p->slices;
   QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -789,11 +789,14 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // 1.10; batch 8 and 16 within the runs' spread).
     const int64_t wes = dtype_size(in), yes = dtype_size(out);
     const int64_t last = n % kChunkN == 0 ? kChunkN : n % kChunkN;
+    // (one launch needs one order: both chunk widths sliced alike)
+    const int slices = slices_for(kChunkN, k, in, out);
     if (in == DType::BF16 && m <= kSmallMaxM && gemv_bf16_supported(x, ldx, w, ldw, m, k) &&
+        slices == slices_for(last, k, in, out) &&
         own_bit_equal(m, kChunkN, k, ldx, w, ldw, ldy, out, stream) &&
         own_bit_equal(m, last, k, ldx, static_cast<const char*>(w) + (n - last) * ldw * wes, ldw,
                       ldy, out, stream)) {
-      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices_for(k, in, out), stream);
+      own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices, stream);
       return;
     }
     for (int64_t off = 0; off < n; off += kChunkN)
@@ -837,7 +840,7 @@ bool Gemm::run_add_rmsnorm(const AddRmsNormInput& an, const void* w, int64_t ldw
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;
   const auto* wb = static_cast<const bf16*>(w);
-  const int slices = slices_for(k, DType::BF16, out);
+  const int slices = slices_for(n, k, DType::BF16, out);
   if (out == DType::F32)
     add_rmsnorm_gemv_bf16<float>(an, wb, ldw, static_cast<float*>(y), ldy, m, n, k, stream, slices);
   else
@@ -850,7 +853,7 @@ bool Gemm::run_own(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   if (!own_bit_equal(m, n, k, ldx, w, ldw, ldy, out, stream) ||
       !gemv_bf16_supported(x, ldx, w, ldw, m, k))
     return false;
-  own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices_for(k, DType::BF16, out), stream);
+  own_gemv(x, ldx, w, ldw, y, ldy, m, n, k, out, slices_for(n, k, DType::BF16, out), stream);
   return true;
 }
 
@@ -858,7 +861,7 @@ bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw
                           int64_t ldact, int64_t m, int64_t inter, int64_t k, int64_t ld_gate_up,
                           cudaStream_t stream) {
   // (the SwiGLU epilogue has no sliced form)
-  if (slices_for(k, DType::BF16, DType::BF16) > 1 ||
+  if (slices_for(2 * inter, k, DType::BF16, DType::BF16) > 1 ||
       !own_bit_equal(m, 2 * inter, k, ldx, w, ldw, ld_gate_up, DType::BF16, stream) ||
       !gemv_bf16_supported(x, ldx, w, ldw, m, k))
     return false;
@@ -870,7 +873,7 @@ bool Gemm::run_swiglu_out(const void* x, int64_t ldx, const void* w, int64_t ldw
 bool Gemm::run_add_rmsnorm_swiglu_out(const AddRmsNormInput& an, const void* w, int64_t ldw,
                                       void* act, int64_t ldact, int64_t m, int64_t inter, int64_t k,
                                       int64_t ld_gate_up, cudaStream_t stream) {
-  if (m > fused_max_m_ || slices_for(k, DType::BF16, DType::BF16) > 1 ||
+  if (m > fused_max_m_ || slices_for(2 * inter, k, DType::BF16, DType::BF16) > 1 ||
       !own_bit_equal(m, 2 * inter, k, an.ldd, w, ldw, ld_gate_up, DType::BF16, stream) ||
       !add_rmsnorm_gemv_supported(an, w, ldw, m, k))
     return false;

@@ -39,12 +39,18 @@ class Gemm {
   // them off.
   // note: K slices. slices = 4 (0: tuning().gemm_slices, QTK_GEMM_SLICES)
   // fixes another order for the bf16 -> bf16 products with K >= kSliceMinK
-  // (K a multiple of 512): each output is the sum, in slice order, of 4
+  // (K a multiple of 512) and N <= kSliceMaxN: each output is the sum, in slice order, of 4
   // chains over the K / 4 slices, for every M (cuBLASLt's plan algorithm on
   // the slices as one strided-batched call, then slice_sum; the own skinny
   // kernel with one warp per slice: gemv_mma.h). At decode the K chain, not
   // the weight bytes, bounds o_proj and down_proj at M = 1 (gemv_mma.cu);
   // slices cut the chain 4 times and put 4 times the warps on the product.
+  // note: only narrow outputs: a chain of K / 16 steps at ~34 ns outlasts
+  // the N x K x 2 weight bytes at ~3 TB/s only for N below ~3,000. Wider
+  // products gain nothing at M = 1 (Qwen3-30B-A3B's qkv, N 5120 K 2048,
+  // with the fused add + RMSNorm: 15.3 us sliced vs 13.5 us, ncu on an H100)
+  // and would pay in prefill for the f32 slice products (4 x M x N x 4
+  // bytes written and read: for a Qwen3-8B layer at M 8192, ~5 GB).
   explicit Gemm(int64_t ref_m = 0, int slices = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -115,8 +121,9 @@ class Gemm {
   int64_t ref_m() const { return ref_m_; }
   int slices() const { return slices_; }
   // The K slices of a shape class's products (1 or slices()).
-  int slices_for(int64_t k, DType in, DType out) const;
+  int slices_for(int64_t n, int64_t k, DType in, DType out) const;
   static constexpr int64_t kSliceMinK = 2048;
+  static constexpr int64_t kSliceMaxN = 2048;
 
  private:
   struct Plan;

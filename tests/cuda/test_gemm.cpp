@@ -84,22 +84,24 @@ TEST(Gemm, Bf16InBf16OutMatchesReferenceAndIsBatchInvariant) {
 // K slices (QTK_GEMM_SLICES=4): bf16 -> bf16 products with K >= 2048 are
 // four slice chains added in order for every M (cuBLASLt's batched call and
 // slice_sum above 16 rows, the own kernel's sliced form below where it is
-// bit-equal); rows of every range equal to the 1-row products. N 4096
-// makes M 1100 and 2500 run in several row blocks of the workspace; K 1024
-// and the f32 output are not sliced. (Row r's 1-row output sits at r * N:
-// N a multiple of 8 keeps it 16-byte aligned.)
+// bit-equal); rows of every range equal to the 1-row products. N 2048
+// makes M 2100 and 2500 run in two row blocks of the workspace; K 1024,
+// N above 2048 and the f32 output are not sliced. (Row r's 1-row output
+// sits at r * N: N a multiple of 8 keeps it 16-byte aligned.)
 TEST(Gemm, KSlicesAreBatchInvariant) {
   Gemm gemm(0, kGemvSlices);
-  EXPECT_EQ(gemm.slices_for(3072, DType::BF16, DType::BF16), kGemvSlices);
-  EXPECT_EQ(gemm.slices_for(1024, DType::BF16, DType::BF16), 1);
-  EXPECT_EQ(gemm.slices_for(3072, DType::BF16, DType::F32), 1);
+  EXPECT_EQ(gemm.slices_for(1024, 3072, DType::BF16, DType::BF16), kGemvSlices);
+  EXPECT_EQ(gemm.slices_for(2048, 4096, DType::BF16, DType::BF16), kGemvSlices);
+  EXPECT_EQ(gemm.slices_for(1024, 1024, DType::BF16, DType::BF16), 1);
+  EXPECT_EQ(gemm.slices_for(5120, 2048, DType::BF16, DType::BF16), 1);
+  EXPECT_EQ(gemm.slices_for(1024, 3072, DType::BF16, DType::F32), 1);
   check_gemm<bf16, bf16>(gemm, 1024, 3072, DType::BF16, DType::BF16);
   const std::string d = gemm.describe(1024, 3072, 3072, 3072, 1024, DType::BF16, DType::BF16);
   EXPECT_NE(d.find("K in 4 slices"), std::string::npos) << d;
   // The decode steps gain only if the own kernel gives the sliced plan's bits.
   EXPECT_NE(d.find("own kernel bit-equal"), std::string::npos) << d;
   check_gemm<bf16, bf16>(gemm, 1000, 2048, DType::BF16, DType::BF16, {1, 2, 16, 17, 64, 130, 600});
-  check_gemm<bf16, bf16>(gemm, 4096, 2048, DType::BF16, DType::BF16, {1, 16, 17, 1100, 2500});
+  check_gemm<bf16, bf16>(gemm, 2048, 2048, DType::BF16, DType::BF16, {1, 16, 17, 2100, 2500});
   check_gemm<bf16, bf16>(gemm, 520, 1024, DType::BF16, DType::BF16, {1, 16, 17, 130});
   EXPECT_THROW(Gemm(0, 3), std::exception);
 }
