@@ -62,6 +62,16 @@ bool changes_results(TuningEffect e, const std::string& device) {
          (e == TuningEffect::kCudaResults && device == "cuda");
 }
 
+// What a header without the switch (written by an older qtk) ran with:
+// the default, except for switches whose default is not what builds before
+// them computed.
+// note: QTK_GEMM_SLICES came with a default of 4; the builds before it ran
+// every product as one chain over K, i.e. 1.
+nlohmann::json value_before_switch(const std::string& name, const nlohmann::json& defaults) {
+  if (name == "QTK_GEMM_SLICES") return 1;
+  return defaults[name];
+}
+
 void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
                        const std::string& header) {
   const nlohmann::json was_all = at(old, "/tuning");
@@ -72,9 +82,10 @@ void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
     const nlohmann::json now = meta["tuning"].value(e.name, nlohmann::json());
     nlohmann::json was = was_all.is_object() ? was_all.value(e.name, nlohmann::json()) : nullptr;
     // note: a header without the switch (an older qtk) is taken as a run
-    // with its default (QTK_CPU_PATH: this CPU's best path): refusing it
+    // with what that build computed, its default (QTK_CPU_PATH: this CPU's
+    // best path) unless value_before_switch says otherwise: refusing it
     // would strand every interrupted run of an older build.
-    if (was.is_null()) was = defaults[e.name];
+    if (was.is_null()) was = value_before_switch(e.name, defaults);
     if (was != now) {
       fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
            e.name, was.dump(), now.dump(), device);

@@ -234,10 +234,19 @@ TEST(Tuning, ResumeAcceptsUnchangedAndSpeedOnlySwitches) {
   for (const char* device : {"cpu", "cuda"}) {
     EXPECT_EQ(resume_error(device, a, a), "");
     EXPECT_EQ(resume_error(device, a, b), "");
-    // A header of an older qtk (no "tuning") counts as the defaults.
-    EXPECT_EQ(resume_error(device, a, a, /*old_has_tuning=*/false), "");
   }
-  Tuning r;
+  // A header of an older qtk (no "tuning") counts as what that build
+  // computed: the defaults, except QTK_GEMM_SLICES, which such a build ran
+  // as 1 (one chain over K).
+  EXPECT_EQ(resume_error("cpu", a, a, /*old_has_tuning=*/false), "");
+  Tuning one_chain;
+  one_chain.gemm_slices = 1;
+  EXPECT_EQ(resume_error("cuda", a, one_chain, /*old_has_tuning=*/false), "");
+  EXPECT_EQ(resume_error("cuda", a, a, /*old_has_tuning=*/false),
+            fmt::format("{}/tuning-resume/out.partial.meta.json: cannot resume: QTK_GEMM_SLICES "
+                        "was 1, now 4 (it can change tokens and margins on cuda)",
+                        work_dir()));
+  Tuning r = one_chain;
   r.gemm_ref_m = 256;
   EXPECT_NE(resume_error("cuda", a, r, /*old_has_tuning=*/false), "");  // now 256, not the default
 }
