@@ -242,24 +242,18 @@ bool Gemm::lt_run(Plan& p, const void* algo_ptr, const void* x, const void* w, v
     return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, x, l.first, &beta, y, l.second, y, l.second,
                           algo, nullptr, 0, stream) == CUBLAS_STATUS_SUCCESS;
   }
-  const int64_t es = p.out_t == CUDA_R_32F ? 4 : 2;
+  // (sliced plans are bf16 -> bf16 only: slices_for)
   const int64_t block = std::max<int64_t>(
       1, static_cast<int64_t>(kSliceWorkBytes / (sizeof(float) * p.slices * p.n)));
   for (int64_t r0 = 0; r0 < m; r0 += block) {
     const int64_t rows = std::min(block, m - r0);
     const auto& l = p.layouts(rows);
-    if (cublasLtMatmul(lt, p.desc, &alpha, w, p.a, static_cast<const char*>(x) + r0 * p.ldx * 2,
+    if (cublasLtMatmul(lt, p.desc, &alpha, w, p.a, static_cast<const bf16*>(x) + r0 * p.ldx,
                        l.first, &beta, work_, l.second, work_, l.second, algo, nullptr, 0,
                        stream) != CUBLAS_STATUS_SUCCESS)
       return false;
-    auto* yr = static_cast<char*>(y) + r0 * p.ldy * es;
-    const auto* parts = static_cast<const float*>(work_);
-    if (p.out_t == CUDA_R_32F)
-      slice_sum<float>(parts, p.slices, rows * p.n, reinterpret_cast<float*>(yr), p.ldy, rows, p.n,
-                       stream);
-    else
-      slice_sum<bf16>(parts, p.slices, rows * p.n, reinterpret_cast<bf16*>(yr), p.ldy, rows, p.n,
-                      stream);
+    slice_sum<bf16>(static_cast<const float*>(work_), p.slices, rows * p.n,
+                    static_cast<bf16*>(y) + r0 * p.ldy, p.ldy, rows, p.n, stream);
   }
   return true;
 }

@@ -383,7 +383,7 @@ void dispatch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, in
   if (warps != 0 && warps != 1 && warps != 2 && warps != 4)
     fail_message("gemv_bf16: warps per block " + std::to_string(warps) +
                  " (expected 0, 1, 2 or 4)");
-  if (slices != 1 && (slices != kGemvSlices || kEpi != kStore || k % (slices * kKT) != 0))
+  if (!gemv_slices_supported(k, slices) || (slices != 1 && kEpi != kStore))
     fail_message("gemv_bf16: " + std::to_string(slices) + " K slices for k " + std::to_string(k) +
                  " (expected 1, or " + std::to_string(kGemvSlices) + " with k a multiple of " +
                  std::to_string(kGemvSlices * kKT) + ")");
