@@ -523,33 +523,60 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   load(vs, v_cache);
   cp_async_commit();
   if constexpr (kFused) {
-    pdl_begin();
     // While the tiles load: the group's query rows (q_norm + RoPE), and in
     // the last tile's block the new key (k_norm + RoPE) and value, each
     // into shared memory and (key, value) into the cache slot. One warp per
-    // row, with qk_norm_rope's arithmetic (dev::norm_rope_lane) and its
-    // bf16 rounding, so the values are the ones the unfused kernels store.
+    // row, with qk_norm_rope's arithmetic (dev::norm_lane, dev::rope_lane)
+    // and its bf16 rounding, so the values are the ones the unfused kernels
+    // store.
     static_assert(D % 32 == 0, "fused rows: D / 32 columns per lane");
     constexpr int kPer = D / 32;
+    constexpr int kRowsPerWarp = (16 + 2 + kW - 1) / kW;  // group <= 16 (split_applies), k, v
     const DecodeAttentionInput& in = fi.in;
+    // note: before the wait, what no launch of this step writes: the slot
+    // and positions (step arrays, uploaded before its first kernel), the
+    // norm weights, and this lane's (cos, sin) pairs, which every row of
+    // the token shares: at batch 1 each of these was a dependent L2 round
+    // trip per row, behind the wait.
     const int64_t slot = in.slot_mapping[t];
-    for (int r = warp; r < group + (new_here ? 2 : 0); r += kW) {
-      const bf16* src = r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
-                        : r == group ? in.k + t * in.ldk + static_cast<int64_t>(kvh) * D
-                                     : in.v + t * in.ldv + static_cast<int64_t>(kvh) * D;
-      float v[kPer];
+    const LaneRope<kPer> rope = lane_rope<kPer>(in.positions, fi.tokens, t, in.rope);
+    float qn[kPer], kn[kPer];
+    if (in.q_norm != nullptr) lane_norm_weights(qn, in.q_norm, D);
+    if (in.k_norm != nullptr) lane_norm_weights(kn, in.k_norm, D);
+    pdl_begin();
+    const int rows = group + (new_here ? 2 : 0);
+    auto source = [&](int r) {
+      return r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
+             : r == group ? in.k + t * in.ldk + static_cast<int64_t>(kvh) * D
+                          : in.v + t * in.ldv + static_cast<int64_t>(kvh) * D;
+    };
+    // note: every row of the warp is loaded before any is normed (one L2
+    // round trip for all of them instead of one per row).
+    float v[kRowsPerWarp][kPer];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) v[i] = to_f(src[lane + 32 * i]);
-      if (r <= group)
-        norm_rope_lane<kPer>(v, D, r < group ? in.q_norm : in.k_norm, in.eps, in.positions,
-                             fi.tokens, t, in.rope);
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int r = warp + kW * j;
+      if (r >= rows) continue;
+      const bf16* src = source(r);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) v[j][i] = to_f(src[lane + 32 * i]);
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int r = warp + kW * j;
+      if (r >= rows) continue;
+      if (r <= group) {
+        const float* nw = r < group ? in.q_norm : in.k_norm;
+        if (nw != nullptr) norm_lane<kPer>(v[j], D, r < group ? qn : kn, in.eps);
+        rope_lane<kPer>(v[j], rope);
+      }
       bf16* dst = r < group ? qs + r * kLd : (r == group ? ks : vs) + new_key * kLd;
       bf16* cache = r < group || slot < 0 ? nullptr
                                           : (r == group ? k_cache : v_cache) + slot * width +
                                                 static_cast<int64_t>(kvh) * D;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        const bf16 y = from_f<bf16>(v[i]);
+        const bf16 y = from_f<bf16>(v[j][i]);
         dst[lane + 32 * i] = y;
         if (cache != nullptr) cache[lane + 32 * i] = y;
       }

@@ -152,7 +152,7 @@ __global__ void rope_table_kernel(float2* table, int64_t positions, RopeParams r
 // One (token, head) row of head_dim values, by one warp: optional RMSNorm,
 // then RoPE, written back in place. v: the warp's f32 scratch [dim]; it
 // ends holding the row as stored (each value rounded to T).
-// note: dev::norm_rope_lane (rope.cuh, the fused decode attention) does the
+// note: dev::norm_lane + dev::rope_lane (rope.cuh, the fused decode attention) do the
 // same operations in the same order with the row in registers; the two are
 // compared bit for bit (tests/cuda/test_attention.cpp). Tried in S6: this
 // function on that register form; the batch-128 Qwen3-0.6B step was ~3%

@@ -63,55 +63,78 @@ __host__ __device__ inline bool rope_pairs_in_lane(const RopeParams& rope) {
   return rope.rotary_dim > 0 && (rope.rotary_dim / 2) % 32 == 0;
 }
 
-// The rotation of norm_rope_lane: rotate_half pairs (register i, register
-// i + pairs) for i < pairs = rotary_dim / 64. note: pairs is dispatched to a
-// constant (P) so that the registers are indexed statically (a runtime index
-// would put v in local memory).
+// The pieces of one (token t, head) row's norm + RoPE by one warp, lane
+// holding column lane + 32 i in v[i] (zero past dim). They are separate so
+// that a kernel can fetch the constants (norm weights) and the token's
+// (cos, sin) pairs before its dependency wait, and every row of the token
+// shares them.
+// note: the arithmetic and its order are norm_rope_row's (norm.cu): the sum
+// of squares over the lane's columns in increasing order then warp_sum,
+// v * inv * w, and the rotation in double from the f32 (cos, sin).
+// Needs rope_pairs_in_lane; pairs = rotary_dim / 64 rotate_half pairs
+// (register i, register i + pairs) per lane, at most kPer / 2.
+template <int kPer>
+struct LaneRope {
+  float2 cs[kPer / 2 > 0 ? kPer / 2 : 1];  // (cos, sin) of frequency lane + 32 i, i < pairs
+  int pairs = 0;
+};
+
+// This lane's (cos, sin) pairs for token t.
+template <int kPer>
+__device__ __forceinline__ LaneRope<kPer> lane_rope(const int32_t* __restrict__ positions,
+                                                    int64_t tokens, int64_t t,
+                                                    const RopeParams& rope) {
+  const int lane = threadIdx.x & 31;
+  LaneRope<kPer> r;
+  r.pairs = static_cast<int>(rope.rotary_dim / 64);
+#pragma unroll
+  for (int i = 0; i < kPer / 2; ++i)
+    if (i < r.pairs) r.cs[i] = rope_cos_sin_at(lane + 32 * i, t, positions, tokens, rope);
+  return r;
+}
+
+// The norm weights of this lane's columns (zero past dim).
+template <int kPer>
+__device__ __forceinline__ void lane_norm_weights(float (&w)[kPer], const float* __restrict__ norm_w,
+                                                  int dim) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) w[i] = lane + 32 * i < dim ? norm_w[lane + 32 * i] : 0.0f;
+}
+
+// RMSNorm of the row with the lane's weights w.
+template <int kPer>
+__device__ __forceinline__ void norm_lane(float (&v)[kPer], int dim, const float (&w)[kPer],
+                                          float eps) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < dim) {
+      const float a = v[i];
+      ss += a * a;
+    }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < dim) v[i] = v[i] * inv * w[i];
+}
+
+// The rotation. note: pairs is dispatched to a constant (P) so that the
+// registers are indexed statically (a runtime index would put v in local
+// memory).
 template <int kPer, int P = 1>
-__device__ __forceinline__ void rope_lane(float (&v)[kPer], int pairs,
-                                          const int32_t* __restrict__ positions, int64_t tokens,
-                                          int64_t t, const RopeParams& rope) {
+__device__ __forceinline__ void rope_lane(float (&v)[kPer], const LaneRope<kPer>& r) {
   if constexpr (P <= kPer / 2) {
-    if (pairs != P) return rope_lane<kPer, P + 1>(v, pairs, positions, tokens, t, rope);
-    const int lane = threadIdx.x & 31;
+    if (r.pairs != P) return rope_lane<kPer, P + 1>(v, r);
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      const float2 cs = rope_cos_sin_at(lane + 32 * i, t, positions, tokens, rope);
-      const double cf = cs.x, sf = cs.y;
+      const double cf = r.cs[i].x, sf = r.cs[i].y;
       const double a = v[i], b = v[i + P];
       v[i] = static_cast<float>(a * cf - b * sf);
       v[i + P] = static_cast<float>(b * cf + a * sf);
     }
   }
-}
-
-// One (token t, head) row of dim <= 32 * kPer values, by one warp, lane
-// holding column lane + 32 i in v[i] (zero past dim): optional RMSNorm
-// (weights norm_w), then RoPE of the first rotary_dim columns; v ends with
-// the f32 values the caller rounds and stores. Needs rope_pairs_in_lane.
-// note: the arithmetic and its order are norm_rope_row's (norm.cu): the sum
-// of squares over the lane's columns in increasing order then warp_sum,
-// v * inv * w, and the rotation in double from the f32 (cos, sin).
-template <int kPer>
-__device__ __forceinline__ void norm_rope_lane(float (&v)[kPer], int dim,
-                                               const float* __restrict__ norm_w, float eps,
-                                               const int32_t* __restrict__ positions,
-                                               int64_t tokens, int64_t t, const RopeParams& rope) {
-  const int lane = threadIdx.x & 31;
-  if (norm_w != nullptr) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i < dim) {
-        const float a = v[i];
-        ss += a * a;
-      }
-    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i < dim) v[i] = v[i] * inv * norm_w[lane + 32 * i];
-  }
-  rope_lane<kPer>(v, static_cast<int>(rope.rotary_dim / 64), positions, tokens, t, rope);
 }
 
 }  // namespace qtk::cuda::dev
