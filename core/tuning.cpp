@@ -121,6 +121,7 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   }
   flag("QTK_PDL", t.pdl);
   flag("QTK_CUDA_GRAPHS", t.cuda_graphs);
+  flag("QTK_PIPELINE", t.pipeline);
   if (auto v = text_of(getenv, "QTK_PLAN_CACHE")) t.plan_cache = std::string(*v);
   return t;
 }
@@ -157,8 +158,10 @@ std::vector<TuningEntry> Tuning::entries() const {
   //    QTK_GDN_STATE_COLUMNS (how state columns are spread over blocks, the
   //    same arithmetic per column), QTK_MMA_WIDE (which threads compute a
   //    range sum, the same sums), QTK_PDL (launch overlap), QTK_CUDA_GRAPHS
-  //    (the same kernels replayed) and QTK_PLAN_CACHE (a cached plan is used
-  //    only where it gives the plan algorithm's bits) change speed only.
+  //    (the same kernels replayed), QTK_PIPELINE (when the host builds a
+  //    step; the rows do not depend on the batch) and QTK_PLAN_CACHE (a
+  //    cached plan is used only where it gives the plan algorithm's bits)
+  //    change speed only.
   return {
       {"QTK_CPU_PATH", cpu_path, E::kCpuResults},
       {"QTK_AMX_PREFETCH", int64_t{amx_prefetch}, E::kNone},
@@ -174,6 +177,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_GDN_STATE_COLUMNS", int64_t{gdn_state_columns}, E::kNone},
       {"QTK_PDL", b(pdl), E::kNone},
       {"QTK_CUDA_GRAPHS", b(cuda_graphs), E::kNone},
+      {"QTK_PIPELINE", b(pipeline), E::kNone},
       {"QTK_PLAN_CACHE", plan_cache, E::kNone},
   };
 }
@@ -195,6 +199,7 @@ std::string tuning_help() {
   QTK_GDN_STATE_COLUMNS  0 (per batch)|16|32           0        no
   QTK_PDL                0|1                           1        no
   QTK_CUDA_GRAPHS        0|1                           1        no
+  QTK_PIPELINE           0|1                           1        no
   QTK_PLAN_CACHE         FILE|off                      (*)      no
   (*) --plan-cache's default; unset: a file per GPU and model under the cache directory.
 Every switch is written to the run header ("tuning"); --resume refuses a changed

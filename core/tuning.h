@@ -106,6 +106,11 @@ struct Tuning {
   // 0 = eager launches of the same kernels. Speed only.
   bool cuda_graphs = true;
 
+  // QTK_PIPELINE: 0 | 1, default 1: the scheduler queues each greedy step on
+  // the GPU before it takes the results of the step before (runtime/
+  // scheduler.h); 0 = one step at a time. Speed only.
+  bool pipeline = true;
+
   // QTK_PLAN_CACHE, the default of generate --plan-cache: the GEMM plan cache
   // file, "off" (none), default "" = a file per GPU and model under
   // $XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans. Start-up time only.

@@ -46,6 +46,11 @@ struct StepBatch {
   // model with an alignment > 1 may compute these tokens in its chunked form;
   // every other token goes the token-by-token way.
   const int32_t* aligned_tokens = nullptr;  // [num_seqs]
+  // Pipelined greedy steps only (Model::greedy_submit): feed[t] = r >= 0
+  // makes token t's id the greedy id of logit row r of the step queued just
+  // before this one (token_ids[t] is then ignored); -1: token_ids[t].
+  // nullptr: none.
+  const int32_t* feed = nullptr;  // [num_tokens]
 };
 
 // Whether sequence s of the step starts at position 0 (a new sequence, or
@@ -92,6 +97,19 @@ class Model {
                               int32_t* /*ids*/, float* /*margins*/) {
     return false;
   }
+  // Pipelined greedy steps (the GPU): greedy_submit queues a step and
+  // returns at once; greedy_collect waits for the oldest queued step and
+  // gives its ids and margins (as forward_greedy would). So the host builds
+  // the next step, whose fed tokens (StepBatch::feed) come from the queued
+  // step's results on the device, while the device still runs that one:
+  // the device does not wait for the host between steps. At most two steps
+  // are queued at once (submit, submit, collect, submit, collect, ...).
+  // greedy_submit returns false, having done nothing, when the model has
+  // no such path (then the scheduler runs forward_greedy or forward).
+  virtual bool greedy_submit(const StepBatch& /*batch*/, KvCache& /*kv*/, StatePool& /*states*/) {
+    return false;
+  }
+  virtual void greedy_collect(int32_t* /*ids*/, float* /*margins*/) {}
   // note: prefill alignment A. A prompt's first A*floor(L/A) tokens may be
   // computed in A-token chunks anchored at positions 0, A, 2A, ... (the
   // chunked GDN form on the GPU, bf16), so the scheduler never ends a prefill

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/tuning.h"
 #include "kernels/argmax.h"
 #include "runtime/logprobs.h"
 
@@ -35,6 +36,8 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& options)
   const int64_t T = step_capacity_;
   const int64_t S = opt_.max_num_seqs;
   token_ids_.resize(T);
+  feed_.resize(T);
+  pipeline_ = tuning().pipeline && opt_.logprobs == 0;
   positions_.resize(3 * T);
   slot_mapping_.resize(T);
   q_start_.resize(S + 1);
@@ -149,13 +152,17 @@ int64_t Scheduler::schedule_running(int64_t budget) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t h = running_[i];
     Seq& s = seqs_[h];
-    const int64_t n = chunk_tokens(s, budget);
+    const int64_t n = finishing(s) ? 0 : chunk_tokens(s, budget);
     if (n == 0) {  // its next aligned chunk does not fit what is left: next step
       ++i;
       continue;
     }
     bool self_preempted = false;
     while (!grow(s, s.computed + n)) {
+      if (!queued_.empty()) {  // take the queued results before preempting
+        drain_ = true;
+        return 0;
+      }
       const int64_t victim = running_.back();
       preempt(victim);
       if (victim == h) {
@@ -196,13 +203,18 @@ StepBatch Scheduler::build_batch() {
   int64_t T = 0;
   for (const auto& e : scheduled_) T += e.second;
   int64_t t = 0, num_logits = 0;
+  bool any_fed = false;
   for (int64_t i = 0; i < S; ++i) {
     const auto [h, n] = scheduled_[i];
     Seq& s = seqs_[h];
     q_start_[i] = static_cast<int32_t>(t);
     for (int64_t j = 0; j < n; ++j, ++t) {
       const int64_t pos = s.computed + j;
-      token_ids_[t] = s.tokens[pos];
+      // A token still queued (pipelined steps) comes from that step's row.
+      const bool fed = s.pending > 0 && pos == s.pending_index;
+      token_ids_[t] = fed ? 0 : s.tokens[pos];
+      feed_[t] = fed ? s.pending_row : -1;
+      any_fed = any_fed || fed;
       for (int64_t a = 0; a < 3; ++a) positions_[a * T + t] = position(s, a, pos);
       slot_mapping_[t] = static_cast<int64_t>(s.blocks[pos / opt_.block_size]) * opt_.block_size +
                          pos % opt_.block_size;
@@ -232,24 +244,28 @@ StepBatch Scheduler::build_batch() {
   b.want_logits = want_logits_.data();
   b.num_logits = num_logits;
   b.aligned_tokens = align_ > 1 ? aligned_tokens_.data() : nullptr;
+  b.feed = any_fed ? feed_.data() : nullptr;
   return b;
 }
 
 // Counts the batch's decode and prompt tokens, then runs and times the model
 // on it: the greedy tokens and margins land in argmax_ and margins_ (and the
 // logits in logits_ when they are computed on the host).
-void Scheduler::run_model(const StepBatch& b) {
-  const int64_t S = b.num_seqs;
-  const int64_t num_logits = b.num_logits;
+bool Scheduler::count_tokens() {
   bool any_prefill = false;
-  for (int64_t i = 0; i < S; ++i) {
-    const auto [h, n] = scheduled_[i];
+  for (const auto& [h, n] : scheduled_) {
     const Seq& s = seqs_[h];
     const bool decode = n == 1 && s.computed >= static_cast<int64_t>(s.req.prompt.size()) &&
                         s.computed >= s.high_water;
     (decode ? stats_.decode_tokens : stats_.prompt_tokens_computed) += n;
     any_prefill = any_prefill || !decode;
   }
+  return any_prefill;
+}
+
+void Scheduler::run_model(const StepBatch& b) {
+  const int64_t num_logits = b.num_logits;
+  const bool any_prefill = count_tokens();
   const auto t0 = std::chrono::steady_clock::now();
   // note: a model that picks the greedy tokens itself (the GPU) returns the
   // same ids and margins argmax_rows would compute from its logits; the CPU
@@ -268,6 +284,18 @@ void Scheduler::run_model(const StepBatch& b) {
   ++stats_.steps;
 }
 
+void Scheduler::advance(Seq& s, int64_t n) {
+  // Tokens at or past the high-water mark are computed for the first time;
+  // the others are replayed after a preemption.
+  const int64_t p = static_cast<int64_t>(s.req.prompt.size());
+  const int64_t first_new = std::max(s.computed, s.high_water);
+  const int64_t end = s.computed + n;
+  stats_.recomputed_tokens += std::min(first_new, end) - s.computed;
+  stats_.prompt_tokens += std::max<int64_t>(0, std::min(end, p) - first_new);
+  s.computed += n;
+  s.high_water = std::max(s.high_water, s.computed);
+}
+
 // 4. Account, append sampled tokens, retire finished sequences.
 void Scheduler::account_step(std::vector<int64_t>& finished) {
   const int64_t S = static_cast<int64_t>(scheduled_.size());
@@ -275,56 +303,129 @@ void Scheduler::account_step(std::vector<int64_t>& finished) {
   for (int64_t i = 0; i < S; ++i) {
     const auto [h, n] = scheduled_[i];
     Seq& s = seqs_[h];
-    // Tokens at or past the high-water mark are computed for the first time;
-    // the others are replayed after a preemption.
-    const int64_t p = static_cast<int64_t>(s.req.prompt.size());
-    const int64_t first_new = std::max(s.computed, s.high_water);
-    const int64_t end = s.computed + n;
-    stats_.recomputed_tokens += std::min(first_new, end) - s.computed;
-    stats_.prompt_tokens += std::max<int64_t>(0, std::min(end, p) - first_new);
-    s.computed += n;
-    s.high_water = std::max(s.high_water, s.computed);
+    advance(s, n);
     if (!want_logits_[i]) continue;
-    const int32_t tok = argmax_[r];
-    const float margin = margins_[r];
+    s.tokens.push_back(0);
+    take_token(h, static_cast<int64_t>(s.tokens.size()) - 1, argmax_[r], margins_[r], r,
+               finished);
     ++r;
-    s.result.output.push_back(tok);
-    s.result.margins.push_back(margin);
-    if (opt_.logprobs > 0) {
-      const int64_t vocab = model_.config().vocab_size;
-      const size_t at = s.result.top_ids.size();
-      s.result.top_ids.resize(at + static_cast<size_t>(opt_.logprobs));
-      s.result.top_logprobs.resize(at + static_cast<size_t>(opt_.logprobs));
-      top_logprobs(logits_.data() + (r - 1) * vocab, vocab, opt_.logprobs, &s.result.top_ids[at],
-                   &s.result.top_logprobs[at]);
+  }
+}
+
+bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin,
+                           int64_t logits_row, std::vector<int64_t>& finished) {
+  Seq& s = seqs_[h];
+  s.result.output.push_back(tok);
+  s.result.margins.push_back(margin);
+  if (opt_.logprobs > 0) {
+    const int64_t vocab = model_.config().vocab_size;
+    const size_t at = s.result.top_ids.size();
+    s.result.top_ids.resize(at + static_cast<size_t>(opt_.logprobs));
+    s.result.top_logprobs.resize(at + static_cast<size_t>(opt_.logprobs));
+    top_logprobs(logits_.data() + logits_row * vocab, vocab, opt_.logprobs,
+                 &s.result.top_ids[at], &s.result.top_logprobs[at]);
+  }
+  s.tokens[index] = tok;
+  ++stats_.generated_tokens;
+  const bool stop =
+      std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
+  // note: the context counts the tokens up to this one (index + 1): with
+  // pipelined steps, tokens may already hold the next step's placeholder.
+  const bool length = static_cast<int64_t>(s.result.output.size()) >= s.req.max_tokens ||
+                      index + 1 >= opt_.max_context;
+  if (!stop && !length) return false;
+  s.result.stopped = stop;
+  s.done = true;
+  release(s);
+  running_.erase(std::find(running_.begin(), running_.end(), h));
+  finished.push_back(h);
+  return true;
+}
+
+bool Scheduler::finishing(const Seq& s) const {
+  // note: with a result queued, tokens already holds its placeholder.
+  return s.pending > 0 &&
+         (static_cast<int64_t>(s.result.output.size()) + s.pending >= s.req.max_tokens ||
+          static_cast<int64_t>(s.tokens.size()) >= opt_.max_context);
+}
+
+bool Scheduler::submit(const StepBatch& b) {
+  const bool was_empty = queued_.empty();
+  if (!model_.greedy_submit(b, kv_, states_)) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (was_empty) mark_ = now;
+  Queued q;
+  q.prefill = count_tokens();
+  int32_t r = 0;
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    const auto [h, n] = scheduled_[i];
+    Seq& s = seqs_[h];
+    advance(s, n);  // now: the next step is built on it
+    int64_t index = -1;
+    if (want_logits_[i]) {
+      s.tokens.push_back(0);  // placeholder until collect()
+      index = static_cast<int64_t>(s.tokens.size()) - 1;
+      ++s.pending;
+      s.pending_index = index;
+      s.pending_row = r++;
     }
-    s.tokens.push_back(tok);
-    ++stats_.generated_tokens;
-    const bool stop =
-        std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
-    const bool length = static_cast<int64_t>(s.result.output.size()) >= s.req.max_tokens ||
-                        static_cast<int64_t>(s.tokens.size()) >= opt_.max_context;
-    if (stop || length) {
-      s.result.stopped = stop;
-      s.done = true;
-      release(s);
-      running_.erase(std::find(running_.begin(), running_.end(), h));
-      finished.push_back(h);
-    }
+    q.entries.emplace_back(h, n, index);
+  }
+  queued_.push_back(std::move(q));
+  ++stats_.steps;
+  return true;
+}
+
+void Scheduler::collect(std::vector<int64_t>& finished) {
+  Queued q = std::move(queued_.front());
+  queued_.pop_front();
+  model_.greedy_collect(argmax_.data(), margins_.data());
+  const auto now = std::chrono::steady_clock::now();
+  (q.prefill ? stats_.prefill_seconds : stats_.decode_seconds) +=
+      std::chrono::duration<double>(now - mark_).count();
+  mark_ = now;
+  int64_t r = 0;
+  for (const auto& [h, n, index] : q.entries) {
+    if (index < 0) continue;
+    Seq& s = seqs_[h];
+    const int64_t row = r++;
+    --s.pending;
+    // A row computed for a sequence that stopped on the token before it.
+    if (s.done) continue;
+    take_token(h, index, argmax_[row], margins_[row], row, finished);
   }
 }
 
 void Scheduler::step(std::vector<int64_t>& finished) {
   scheduled_.clear();
-  admit_waiting(schedule_running(opt_.max_batched_tokens));
+  const int64_t left = schedule_running(opt_.max_batched_tokens);
+  if (drain_) {  // a preemption is due: first every queued result
+    drain_ = false;
+    scheduled_.clear();
+    while (!queued_.empty()) collect(finished);
+    return;
+  }
+  admit_waiting(left);
   if (scheduled_.empty()) {
+    if (!queued_.empty()) {  // what is left waits on the queued results
+      collect(finished);
+      return;
+    }
     // Cannot happen when every request passed check_fits: a lone sequence
     // always fits. Guard against an infinite loop anyway.
     fail("scheduler: no sequence could be scheduled ({} waiting, {} free KV blocks)",
          waiting_.size(), kv_.free_blocks());
   }
 
-  run_model(build_batch());
+  const StepBatch b = build_batch();
+  if (pipeline_) {
+    if (submit(b)) {
+      if (queued_.size() == 2) collect(finished);
+      return;
+    }
+    pipeline_ = false;  // the model has no pipelined path
+  }
+  run_model(b);
   account_step(finished);
 }
 

@@ -10,9 +10,11 @@
 // plus the tokens it had generated, exactly replaying the arithmetic).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/kv_cache.h"
@@ -73,8 +75,19 @@ class Scheduler {
   std::string check_fits(const SequenceRequest& r) const;
   // Queues a request (which must pass check_fits); returns its handle.
   int64_t add(SequenceRequest r);
-  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  bool has_work() const { return !running_.empty() || !waiting_.empty() || !queued_.empty(); }
   // Runs one step; appends the handles of sequences that finished in it.
+  // note: pipelined steps. With a model that queues greedy steps
+  // (Model::greedy_submit: the GPU), a call queues the next step before it
+  // takes the results of the step queued by the call before, so the device
+  // never waits for the host between steps. The next step is built before
+  // those results are known: each sequence that awaits a token from the
+  // queued step computes it there too (StepBatch::feed), as if it did not
+  // stop; one that does stop on that token gets that extra row's result
+  // dropped. Results do not depend on the batch (header note), so that row
+  // changes no other sequence's bits. A step that would have to preempt
+  // first takes every queued result, then schedules again.
+  // QTK_PIPELINE=0 (core/tuning.h) runs every step synchronously.
   void step(std::vector<int64_t>& finished);
   // Moves a finished sequence's result out.
   SequenceResult take_result(int64_t handle);
@@ -92,6 +105,18 @@ class Scheduler {
     std::vector<int32_t> blocks;
     int32_t state_slot = -1;
     bool done = false;
+    // Pipelined steps: results still queued for this sequence (0-2), and
+    // where the newest goes: tokens[pending_index] (a placeholder until
+    // then), logit row pending_row of the step queued last.
+    int pending = 0;
+    int64_t pending_index = -1;
+    int32_t pending_row = -1;
+  };
+  // A queued pipelined step: its (handle, tokens, index of tokens its result
+  // fills or -1) entries, and whether it held prompt tokens.
+  struct Queued {
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> entries;
+    bool prefill = false;
   };
   int64_t blocks_for(int64_t tokens) const {
     return (tokens + opt_.block_size - 1) / opt_.block_size;
@@ -110,8 +135,23 @@ class Scheduler {
   int64_t schedule_running(int64_t budget);
   void admit_waiting(int64_t budget);
   StepBatch build_batch();
+  // Counts the step's decode and prompt tokens; true when it held a prompt
+  // token (a prefill step).
+  bool count_tokens();
   void run_model(const StepBatch& b);
+  // s computed n more tokens (the stats of prompt and recomputed tokens).
+  void advance(Seq& s, int64_t n);
   void account_step(std::vector<int64_t>& finished);
+  // Pipelined steps: queue b (false: the model has no such path, nothing
+  // done), and take the oldest queued step's results.
+  bool submit(const StepBatch& b);
+  void collect(std::vector<int64_t>& finished);
+  // The sampled token tok (margin) of s: appended to its result; true when
+  // it ends the sequence (a stop id or the length), which is then retired.
+  bool take_token(int64_t h, int64_t index, int32_t tok, float margin, int64_t logits_row,
+                  std::vector<int64_t>& finished);
+  // A running sequence whose queued token is its last (length): not scheduled.
+  bool finishing(const Seq& s) const;
 
   Model& model_;
   SchedulerOptions opt_;
@@ -128,12 +168,18 @@ class Scheduler {
 
   // Step buffers, sized once.
   std::vector<int32_t> token_ids_, positions_, q_start_, seq_len_, block_table_, state_slot_,
-      aligned_tokens_;
+      aligned_tokens_, feed_;
   std::vector<int64_t> slot_mapping_;
   std::vector<uint8_t> want_logits_;
   std::vector<float> logits_, margins_;
   std::vector<int32_t> argmax_;
   std::vector<std::pair<int64_t, int64_t>> scheduled_;  // (handle, tokens this step)
+  // Pipelined steps (queued, oldest first); pipeline_: still to be tried or
+  // in use (false once the model declined, or under QTK_PIPELINE=0).
+  std::deque<Queued> queued_;
+  bool pipeline_ = true;
+  bool drain_ = false;  // schedule_running met a preemption with steps queued
+  std::chrono::steady_clock::time_point mark_;  // end of the last collect (or first submit)
 };
 
 }  // namespace qtk

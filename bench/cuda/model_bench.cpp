@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tuning.h"
 #include "pack/pack.h"
 #include "runtime/backend/cuda/cuda_model.h"
 #include "runtime/backend/cuda/cuda_startup.h"
@@ -80,15 +81,24 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
   std::vector<float> logits(host_logits ? B * vocab : 0), margins(B);
   std::vector<int32_t> next(B);
   Timing tm;
-  // One step over sequences [s0, s1): their next `n` tokens each.
-  auto step = [&](int64_t s0, int64_t s1, bool prefill) {
-    std::vector<int32_t> ids, pos, q_start = {0}, seq_len, bt, slot;
+  // note: decode steps are pipelined as the scheduler runs them
+  // (Model::greedy_submit, QTK_PIPELINE): step g + 1 is queued before the
+  // ids of step g are read, its tokens fed from them on the device. lens:
+  // tokens of each sequence including those still queued.
+  const bool piped = !host_logits && qtk::tuning().pipeline;
+  std::vector<int64_t> lens(B, prompt);
+  enum class Mode { kSync, kSubmit, kSubmitFed };
+  // One step over sequences [s0, s1): their prompts, or their next token.
+  auto step = [&](int64_t s0, int64_t s1, bool prefill, Mode mode = Mode::kSync) {
+    std::vector<int32_t> ids, pos, q_start = {0}, seq_len, bt, slot, feed;
     std::vector<int64_t> slots;
     for (int64_t s = s0; s < s1; ++s) {
-      const int64_t len0 = prefill ? 0 : static_cast<int64_t>(toks[s].size()) - 1;
-      const int64_t len1 = static_cast<int64_t>(toks[s].size());
+      const int64_t len0 = prefill ? 0 : lens[s] - 1;
+      const int64_t len1 = lens[s];
       for (int64_t p = len0; p < len1; ++p) {
-        ids.push_back(toks[s][p]);
+        const bool fed = mode == Mode::kSubmitFed;  // the previous step's row s - s0
+        ids.push_back(fed ? 0 : toks[s][p]);
+        feed.push_back(fed ? static_cast<int32_t>(s - s0) : -1);
         pos.push_back(static_cast<int32_t>(p));
         slots.push_back((s * mb + p / block_size) * block_size + p % block_size);
       }
@@ -122,7 +132,11 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
     b.want_logits = want.data();
     b.num_logits = S;
     b.aligned_tokens = align > 1 ? aligned.data() : nullptr;
-    if (host_logits) {
+    if (mode != Mode::kSync) {
+      if (mode == Mode::kSubmitFed) b.feed = feed.data();
+      if (!m.greedy_submit(b, kv, states)) qtk::fail("cuda_model_bench: no pipelined path");
+      for (int64_t s = s0; s < s1; ++s) ++lens[s];
+    } else if (host_logits) {
       m.forward(b, kv, states, logits.data());
       for (int64_t i = 0; i < S; ++i) {
         const float* row = &logits[i * vocab];
@@ -132,13 +146,28 @@ Timing run_batch(qtk::CudaModel& m, int64_t B, int64_t prompt, int64_t gen, int6
       m.forward_greedy(b, kv, states, next.data(), margins.data());
       for (int64_t i = 0; i < S; ++i) toks[s0 + i].push_back(next[i]);
     }
+    if (mode == Mode::kSync)
+      for (int64_t s = s0; s < s1; ++s) lens[s] = static_cast<int64_t>(toks[s].size());
     ++tm.steps;
+  };
+  auto collect = [&] {
+    m.greedy_collect(next.data(), margins.data());
+    for (int64_t i = 0; i < B; ++i) toks[i].push_back(next[i]);
   };
   auto t0 = Clock::now();
   for (int64_t s = 0; s < B; s += seqs_per_prefill)
     step(s, std::min(B, s + seqs_per_prefill), true);
   auto t1 = Clock::now();
-  for (int64_t g = 1; g < gen; ++g) step(0, B, false);
+  if (!piped) {
+    for (int64_t g = 1; g < gen; ++g) step(0, B, false);
+  } else if (gen > 1) {
+    step(0, B, false, Mode::kSubmit);  // the prompts' next tokens are known
+    for (int64_t g = 2; g < gen; ++g) {
+      step(0, B, false, Mode::kSubmitFed);
+      collect();
+    }
+    collect();
+  }
   auto t2 = Clock::now();
   tm.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   tm.decode_s = std::chrono::duration<double>(t2 - t1).count();

@@ -119,10 +119,14 @@ void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
                const float* dt_bias, float* g, float* beta, int64_t tokens, int64_t hv,
                cudaStream_t stream);
 
-// out[i, :] = table[ids[i], :]; table BF16 or F32 [vocab, hidden].
+// out[i, :] = table[ids[i], :]; table BF16 or F32 [vocab, hidden]. With
+// feed (device, [n]): row i with feed[i] = r >= 0 takes id fed_ids[r]
+// instead (a pipelined step's token from the step before: runtime/model.h,
+// StepBatch::feed).
 template <class T>
 void embedding_lookup(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
-                      int64_t n, T* out, int64_t ldo, cudaStream_t stream);
+                      int64_t n, T* out, int64_t ldo, cudaStream_t stream,
+                      const int32_t* feed = nullptr, const int32_t* fed_ids = nullptr);
 
 // Per row: the index of the largest logit (ties to the lowest id) and
 // margin = top1 - top2 logit. logits f32 [rows, vocab] stride ld. work:

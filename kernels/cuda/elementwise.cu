@@ -76,12 +76,16 @@ __global__ void gdn_gates_kernel(const T* __restrict__ a, int64_t lda, const T* 
 
 template <class T, class Table>
 __global__ void embedding_kernel(const Table* __restrict__ table, int64_t hidden,
-                                 const int32_t* __restrict__ ids, int64_t n, T* out, int64_t ldo) {
+                                 const int32_t* __restrict__ ids, int64_t n, T* out, int64_t ldo,
+                                 const int32_t* __restrict__ feed,
+                                 const int32_t* __restrict__ fed_ids) {
   pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * hidden) return;
   const int64_t r = i / hidden, c = i % hidden;
-  out[r * ldo + c] = from_f<T>(to_f(table[static_cast<int64_t>(ids[r]) * hidden + c]));
+  const int32_t f = feed != nullptr ? feed[r] : -1;
+  const int32_t id = f >= 0 ? fed_ids[f] : ids[r];
+  out[r * ldo + c] = from_f<T>(to_f(table[static_cast<int64_t>(id) * hidden + c]));
 }
 
 struct Top2 {
@@ -251,15 +255,16 @@ void gdn_gates(const T* a, int64_t lda, const T* b, int64_t ldb, const float* A,
 
 template <class T>
 void embedding_lookup(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
-                      int64_t n, T* out, int64_t ldo, cudaStream_t stream) {
+                      int64_t n, T* out, int64_t ldo, cudaStream_t stream, const int32_t* feed,
+                      const int32_t* fed_ids) {
   if (n * hidden == 0) return;
   const unsigned grid = grid_1d(n * hidden, kThreads);
   if (table_type == DType::BF16) {
     launch_kernel(embedding_kernel<T, bf16>, grid, kThreads, 0, stream,
-                  static_cast<const bf16*>(table), hidden, ids, n, out, ldo);
+                  static_cast<const bf16*>(table), hidden, ids, n, out, ldo, feed, fed_ids);
   } else if (table_type == DType::F32) {
     launch_kernel(embedding_kernel<T, float>, grid, kThreads, 0, stream,
-                  static_cast<const float*>(table), hidden, ids, n, out, ldo);
+                  static_cast<const float*>(table), hidden, ids, n, out, ldo, feed, fed_ids);
   } else {
     fail_message("embedding_lookup: table dtype " + std::string(dtype_name(table_type)) +
                  " is not supported (expected BF16 or F32)");
@@ -314,7 +319,7 @@ void convert_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t stream
   template void gdn_gates<T>(const T*, int64_t, const T*, int64_t, const float*, const float*,  \
                              float*, float*, int64_t, int64_t, cudaStream_t);                   \
   template void embedding_lookup<T>(const void*, DType, int64_t, const int32_t*, int64_t, T*,   \
-                                    int64_t, cudaStream_t);
+                                    int64_t, cudaStream_t, const int32_t*, const int32_t*);
 QTK_INSTANTIATE(float)
 QTK_INSTANTIATE(bf16)
 #undef QTK_INSTANTIATE

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "tests/runtime/test_util.h"
 
@@ -217,14 +218,20 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
   const std::string prompts = fmt::format("{}/{}.{}.jsonl", work_dir(), name_of(dir), set_name);
   write_text(prompts, make_prompts(vocab, GetParam().mrope, GetParam().long_prompts, &longest));
   for (const char* precision : {"f32", "bf16"}) {
-    auto run_with = [&](const std::string& tag, const std::string& flags) {
+    // env: variables for the generate process (e.g. "QTK_PIPELINE=0 ").
+    auto run_on = [&](const std::string& batch, const std::string& tag, const std::string& flags,
+                      const std::string& env = "") {
       const std::string out =
           fmt::format("{}/{}.{}.{}.{}.jsonl", work_dir(), name_of(dir), set_name, precision, tag);
-      RunResult r = generate(
-          pack, prompts, out,
-          fmt::format("--device cuda --precision {} --ignore-eos --margins {}", precision, flags));
+      RunResult r = run(fmt::format("{}{} --model {} --batch {} --out {} --device cuda "
+                                    "--precision {} --margins {}",
+                                    env, QTK_GENERATE_BIN, pack, batch, out, precision, flags));
       EXPECT_EQ(r.status, 0) << precision << " " << tag << ": " << r.err;
       return out;
+    };
+    auto run_with = [&](const std::string& tag, const std::string& flags,
+                        const std::string& env = "") {
+      return run_on(prompts, tag, "--ignore-eos " + flags, env);
     };
     // One sequence at a time: decode steps of batch 1 (graph bucket 1).
     const std::string alone = read_text(run_with("alone", "--max-num-seqs 1"));
@@ -242,9 +249,41 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
                                                             (longest + 4) / 5));
     EXPECT_EQ(read_text(pre), alone) << precision << ": preemption changed the results";
     EXPECT_GT(load_json(pre + ".meta.json")["stats"]["preemptions"].get<int64_t>(), 0) << precision;
-    std::printf("[ cuda inv ] %s%s %s: alone, batched, mbt7, bs5, preempt byte-identical: %s\n",
-                name_of(dir).c_str(), GetParam().long_prompts ? " (long prompts)" : "", precision,
-                ::testing::Test::HasFailure() ? "NO" : "yes");
+    // Every step at a time (no pipelined steps, runtime/scheduler.h).
+    EXPECT_EQ(read_text(run_with("serial", "", "QTK_PIPELINE=0 ")), alone)
+        << precision << ": QTK_PIPELINE=0 differs from the pipelined steps";
+    // Sequences that stop on a token the next pipelined step was already
+    // built on: every other prompt stops on its third generated token (from
+    // the run above); pipelined and step by step give the same files.
+    std::string stop_prompts;
+    {
+      std::istringstream in(alone), pin(read_text(prompts));
+      std::string line, pline;
+      int i = 0, stopping = 0;
+      while (std::getline(in, line) && std::getline(pin, pline)) {
+        auto p = nlohmann::json::parse(pline);
+        const auto got = nlohmann::json::parse(line)["output_token_ids"];
+        if (i++ % 2 == 0 && got.size() >= 4) {
+          p["stop_token_ids"] = {got[2]};
+          ++stopping;
+        }
+        stop_prompts += p.dump() + "\n";
+      }
+      EXPECT_GT(stopping, 0) << precision;
+    }
+    const std::string stop_file = fmt::format("{}/{}.{}.stops.jsonl", work_dir(), name_of(dir),
+                                              set_name);
+    write_text(stop_file, stop_prompts);
+    const std::string stops = read_text(run_on(stop_file, "stops", "--ignore-eos"));
+    EXPECT_EQ(read_text(run_on(stop_file, "stops-serial", "--ignore-eos", "QTK_PIPELINE=0 ")),
+              stops)
+        << precision << ": stopping sequences differ between pipelined and serial steps";
+    EXPECT_NE(stops.find("\"finish_reason\": \"stop\""), std::string::npos) << precision;
+    std::printf(
+        "[ cuda inv ] %s%s %s: alone, batched, mbt7, bs5, preempt, serial, stops byte-identical: "
+        "%s\n",
+        name_of(dir).c_str(), GetParam().long_prompts ? " (long prompts)" : "", precision,
+        ::testing::Test::HasFailure() ? "NO" : "yes");
   }
 }
 

@@ -2,7 +2,9 @@
 // respected, prefill is chunked, sequences join as soon as others finish,
 // and preemption frees blocks and later recomputes.
 #include <algorithm>
+#include <deque>
 
+#include "kernels/argmax.h"
 #include "runtime/kv_cache.h"
 #include "runtime/scheduler.h"
 #include "tests/runtime/test_util.h"
@@ -111,6 +113,110 @@ TEST(Scheduler, NewSequenceJoinsWhenOneFinishes) {
   EXPECT_EQ(fin, std::vector<int64_t>{0});
   s.step(fin);  // decode 1 + prefill 2
   EXPECT_EQ(m.steps.back(), (std::pair<int64_t, int64_t>(2, 4)));
+}
+
+// FakeModel with pipelined greedy steps, as the GPU backend gives them:
+// greedy_submit computes the step at once and queues its ids; a fed token
+// (StepBatch::feed) takes the id of that row of the step submitted just
+// before, whose result the scheduler has not collected yet.
+class PipelinedFake : public FakeModel {
+ public:
+  bool greedy_submit(const StepBatch& b, KvCache& kv, StatePool& states) override {
+    EXPECT_LT(queued_.size(), 2u) << "more than two steps queued";
+    std::vector<int32_t> ids(b.token_ids, b.token_ids + b.num_tokens);
+    if (b.feed != nullptr) {
+      ++fed_steps;
+      for (int64_t t = 0; t < b.num_tokens; ++t) {
+        if (b.feed[t] < 0) continue;
+        EXPECT_LT(b.feed[t], static_cast<int32_t>(last_.size()));
+        ids[t] = last_.at(b.feed[t]);
+        ++fed_tokens;
+      }
+    }
+    StepBatch c = b;
+    c.token_ids = ids.data();
+    c.feed = nullptr;
+    const int64_t vocab = config().vocab_size;
+    std::vector<float> logits(b.num_logits * vocab);
+    forward(c, kv, states, logits.data());
+    Result r;
+    r.ids.resize(b.num_logits);
+    r.margins.resize(b.num_logits);
+    argmax_rows(logits.data(), b.num_logits, vocab, r.ids.data(), r.margins.data());
+    last_ = r.ids;
+    queued_.push_back(std::move(r));
+    return true;
+  }
+  void greedy_collect(int32_t* ids, float* margins) override {
+    ASSERT_FALSE(queued_.empty());
+    const Result r = std::move(queued_.front());
+    queued_.pop_front();
+    std::copy(r.ids.begin(), r.ids.end(), ids);
+    std::copy(r.margins.begin(), r.margins.end(), margins);
+  }
+  int64_t fed_steps = 0, fed_tokens = 0;
+
+ private:
+  struct Result {
+    std::vector<int32_t> ids;
+    std::vector<float> margins;
+  };
+  std::deque<Result> queued_;
+  std::vector<int32_t> last_;
+};
+
+// The same requests through the pipelined and the step-by-step scheduler
+// give the same results: budgets, chunked prefill, sequences that stop on a
+// token the next step was already built on (its extra row dropped), the
+// length limit, and preemption (which first takes every queued result).
+TEST(Scheduler, PipelinedStepsGiveTheSameResults) {
+  struct Case {
+    SchedulerOptions o;
+    int n;
+  };
+  const std::vector<Case> cases = {{options(3, 7, 4, 64, 200), 8},
+                                   {options(4, 16, 2, 10, 200), 4},
+                                   {options(2, 64, 16, 64, 200), 5},
+                                   {options(8, 512, 4, 64, 15), 6}};  // the context ends before max_tokens
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    auto requests = [&] {
+      std::vector<SequenceRequest> rs;
+      for (int i = 0; i < k.n; ++i) {
+        const int len = 5 + (i % 2);
+        SequenceRequest r = req(len, 12, 10 * i);
+        // Every other sequence stops on its 3rd or 5th token (output k is
+        // the last prompt token + 1 + k).
+        if (i % 2 == 1) r.stop_ids = {(10 * i + len - 1 + (i % 4 == 1 ? 3 : 5)) % 50};
+        rs.push_back(r);
+      }
+      return rs;
+    };
+    FakeModel plain;
+    PipelinedFake piped;
+    Scheduler a(plain, k.o), b(piped, k.o);
+    for (const auto& r : requests()) {
+      ASSERT_EQ(a.check_fits(r), "") << "case " << c;
+      a.add(r);
+      b.add(r);
+    }
+    const auto ra = run_all(a, k.n), rb = run_all(b, k.n);
+    int stopped = 0;
+    for (const auto& r : ra) stopped += r.stopped;
+    EXPECT_GT(stopped, 0) << "case " << c << ": no sequence stopped on a token";
+    for (int i = 0; i < k.n; ++i) {
+      EXPECT_EQ(ra[i].output, rb[i].output) << "case " << c << " sequence " << i;
+      EXPECT_EQ(ra[i].margins, rb[i].margins) << "case " << c << " sequence " << i;
+      EXPECT_EQ(ra[i].stopped, rb[i].stopped) << "case " << c << " sequence " << i;
+      EXPECT_FALSE(ra[i].output.empty());
+    }
+    EXPECT_EQ(a.stats().generated_tokens, b.stats().generated_tokens) << "case " << c;
+    EXPECT_GT(piped.fed_steps, 0) << "case " << c << ": no step was built on a queued result";
+    if (c == 1) {
+      EXPECT_GT(a.stats().preemptions, 0);
+      EXPECT_GT(b.stats().preemptions, 0);
+    }
+  }
 }
 
 TEST(Scheduler, PreemptsWhenBlocksRunOutAndRecomputes) {

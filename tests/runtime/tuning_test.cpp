@@ -43,7 +43,7 @@ TEST(Tuning, UnsetOrEmptyGivesTheDefaults) {
   EXPECT_EQ(d.cpu_path, "");
   EXPECT_EQ(d.amx_prefetch, 1);
   EXPECT_TRUE(d.tiled && d.hugepages && d.gemm_alternates && d.gdn_chunked && d.pdl &&
-              d.cuda_graphs);
+              d.cuda_graphs && d.pipeline);
   EXPECT_EQ(d.gemm_ref_m, 128);
   EXPECT_EQ(d.fused_max_m, 1);
   EXPECT_EQ(d.gdn_state_columns, 0);
@@ -69,11 +69,12 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_GDN_STATE_COLUMNS", "32"},
                           {"QTK_PDL", "0"},
                           {"QTK_CUDA_GRAPHS", "0"},
+                          {"QTK_PIPELINE", "0"},
                           {"QTK_PLAN_CACHE", "off"}});
   EXPECT_EQ(t.cpu_path, "avx2");
   EXPECT_EQ(t.amx_prefetch, 4);
   EXPECT_FALSE(t.tiled || t.hugepages || t.gemm_alternates || t.mma_matmul || t.gdn_chunked ||
-               t.pdl || t.cuda_graphs);
+               t.pdl || t.cuda_graphs || t.pipeline);
   EXPECT_EQ(t.gemm_ref_m, 65536);
   EXPECT_EQ(t.fused_max_m, 0);
   EXPECT_EQ(t.gemm_slices, 1);
@@ -119,6 +120,7 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_GDN_CHUNKED", "QTK_GDN_CHUNKED: expected 0 or 1, found 'abc'"},
       {"QTK_PDL", "QTK_PDL: expected 0 or 1, found 'abc'"},
       {"QTK_CUDA_GRAPHS", "QTK_CUDA_GRAPHS: expected 0 or 1, found 'abc'"},
+      {"QTK_PIPELINE", "QTK_PIPELINE: expected 0 or 1, found 'abc'"},
   };
   for (const auto& [name, message] : cases) EXPECT_EQ(parse_error(name, "abc"), message);
 }
@@ -167,7 +169,7 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
 TEST(Tuning, HeaderRecordsEverySwitchAndThePathUsed) {
   const nlohmann::json h = tuning_header(Tuning{});
   EXPECT_EQ(h.size(), Tuning{}.entries().size());
-  EXPECT_EQ(h.size(), 15u);
+  EXPECT_EQ(h.size(), 16u);
   EXPECT_EQ(h["QTK_CPU_PATH"], std::string(cpu_path_name(supported_cpu_paths().back())));
   EXPECT_EQ(h["QTK_GEMM_REF_M"], 128);
   EXPECT_EQ(h["QTK_PDL"], 1);
@@ -230,6 +232,7 @@ TEST(Tuning, ResumeAcceptsUnchangedAndSpeedOnlySwitches) {
   b.gdn_state_columns = 16;
   b.pdl = false;
   b.cuda_graphs = false;
+  b.pipeline = false;
   b.plan_cache = "off";
   for (const char* device : {"cpu", "cuda"}) {
     EXPECT_EQ(resume_error(device, a, a), "");
@@ -298,7 +301,7 @@ TEST(TuningGenerate, RunHeaderRecordsTheSwitches) {
                       QTK_GENERATE_BIN, pack, in, out));
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json t = load_json(out + ".meta.json")["tuning"];
-  EXPECT_EQ(t.size(), 15u) << t.dump();
+  EXPECT_EQ(t.size(), 16u) << t.dump();
   EXPECT_EQ(t["QTK_MMA_MATMUL"], 1);
   EXPECT_EQ(t["QTK_AMX_PREFETCH"], 3);
   EXPECT_EQ(t["QTK_HUGEPAGES"], 0);

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -178,6 +180,29 @@ class CudaBackend final : public CudaModel, private Blocks {
     return true;
   }
 
+  // note: pipelined steps. The step is launched and its ids and margins are
+  // queued for the host (page-locked slot submitted_ % 2, an event behind
+  // them); the next step's fed tokens read the same device ids in its
+  // embedding, in stream order after this step's argmax and before its own.
+  // Tensor-parallel ranks take the synchronous path (the TP model drives
+  // them step by step).
+  bool greedy_submit(const StepBatch& step, KvCache& kv, StatePool& /*states*/) override {
+    if (comm_ != nullptr) return false;
+    if (queued_.size() >= 2)
+      fail("CUDA backend: greedy_submit with two steps queued (collect one first)");
+    const auto [rows, r] = launch_step(step, kv, true);
+    const int slot = static_cast<int>(submitted_++ % 2);
+    greedy_.queue(rows, slot, stream_);
+    queued_.push_back({slot, r});
+    return true;
+  }
+  void greedy_collect(int32_t* ids, float* margins) override {
+    if (queued_.empty()) fail("CUDA backend: greedy_collect with no step queued");
+    const Queued q = queued_.front();
+    queued_.pop_front();
+    greedy_.finish(q.slot, q.n, ids, margins);
+  }
+
  private:
   // Scratch for steps of up to max_tokens tokens and max_seqs sequences.
   void ensure_buffers(int64_t max_tokens, int64_t max_seqs) {
@@ -198,7 +223,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     grew |= ensure(act_, T * c.intermediate_size * a);
     grew |= ensure(last_, max_seqs * c.hidden_size * a);
     grew |= ensure(logits_, max_seqs * c.vocab_size * sizeof(float));
-    grew |= greedy_.reserve(max_seqs);
+    grew |= greedy_.reserve(max_seqs, stream_);
     if constexpr (std::is_same_v<Act, bf16>) {
       // Decode steps (padded to power-of-two buckets) may split each row's
       // key tiles over blocks: cuda::AttentionBatch::partials.
@@ -230,8 +255,26 @@ class CudaBackend final : public CudaModel, private Blocks {
 
   // One step; logits to the host, or the greedy ids and margins.
   void run_step(const StepBatch& step, KvCache& kv, float* logits, int32_t* ids, float* margins) {
-    const int64_t S0 = step.num_seqs;
+    if (!queued_.empty())
+      fail("CUDA backend: a synchronous step with pipelined steps queued (collect them first)");
     const bool greedy = ids != nullptr;
+    const auto [rows, r] = launch_step(step, kv, greedy);
+    if (r > 0 && logits != nullptr)
+      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    if (r > 0 && greedy) {
+      greedy_.read(rows, r, ids, margins, stream_);
+      return;
+    }
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Uploads and launches one step (a decode graph or eager kernels), up to
+  // its logits and, when greedy, their argmax on the device. Returns the
+  // logit rows the step computed (a padded graph's included) and how many of
+  // them are the real sequences' (the first ones).
+  std::pair<int64_t, int64_t> launch_step(const StepBatch& step, KvCache& kv, bool greedy) {
+    const int64_t S0 = step.num_seqs;
     if (gdn_layers_ > 0) {
       for (int64_t s = 0; s < S0; ++s)
         if (step.state_slot[s] < 0 || step.state_slot[s] >= slots_)
@@ -260,15 +303,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     }
     // The real sequences' rows (padding rows come after them).
     const int64_t rows = static_cast<int64_t>(logit_rows_.size());
-    const int64_t r = graph ? S0 : rows;
-    if (r > 0 && logits != nullptr)
-      QTK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.as(), r * cfg_.vocab_size * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-    if (r > 0 && greedy) {
-      greedy_.read(rows, r, ids, margins, stream_);
-      return;
-    }
-    QTK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return {rows, graph ? S0 : rows};
   }
 
   // Everything between the step upload and the logits copy (what a decode
@@ -308,7 +343,8 @@ class CudaBackend final : public CudaModel, private Blocks {
   void embed(Matrix table) override {
     const int64_t T = step_b_->num_tokens, H = cfg_.hidden_size;
     rs_ = cuda::ResidualStream<Act>{x_.as<Act>(), x2_.as<Act>()};
-    cuda::embedding_lookup<Act>(mat(table), dtype_of<Act>(), H, token_ids_, T, rs_.x, H, stream_);
+    cuda::embedding_lookup<Act>(mat(table), dtype_of<Act>(), H, token_ids_, T, rs_.x, H, stream_,
+                                feed_, greedy_.ids());
     pending_ = false;
   }
 
@@ -632,15 +668,18 @@ class CudaBackend final : public CudaModel, private Blocks {
     n_items_ = static_cast<int64_t>(items_.size());
     n_tail_ = static_cast<int64_t>(tail_rows_host_.size());
     const int64_t n_chunk_arrays = n_items_ > 0 ? (L + 2) * n_items_ + 1 + n_tail_ + S + 1 : 0;
-    const int64_t n32 =
-        2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S + n_chunk_arrays;
-    host_step_.resize(n32);
-    int32_t* p = host_step_.data();
+    const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S +
+                        n_chunk_arrays + T;
+    // note: two staging buffers, alternating: with pipelined steps the
+    // previous step's copy from its buffer may still be queued.
+    cuda::PinnedVector<int32_t>& host_step = host_step_[uploads_++ % 2];
+    host_step.resize(n32);
+    int32_t* p = host_step.data();
     std::memcpy(p, b.slot_mapping, T * sizeof(int64_t));
     p += 2 * T;
     std::vector<int64_t> offsets;
     auto put = [&](const int32_t* src, int64_t n) {
-      offsets.push_back(p - host_step_.data());
+      offsets.push_back(p - host_step.data());
       std::memcpy(p, src, n * sizeof(int32_t));
       p += n;
     };
@@ -650,21 +689,30 @@ class CudaBackend final : public CudaModel, private Blocks {
     put(b.seq_len, S);
     put(b.block_table, S * b.max_blocks);
     put(logit_rows_.data(), n_rows);
-    offsets.push_back(p - host_step_.data());
+    offsets.push_back(p - host_step.data());
     for (int64_t gi = 0; gi < L; ++gi)
       for (int64_t s = 0; s < S; ++s) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
     if (n_items_ > 0) {
-      offsets.push_back(p - host_step_.data());  // [7] item slots per GDN layer
+      offsets.push_back(p - host_step.data());  // [7] item slots per GDN layer
       for (int64_t gi = 0; gi < L; ++gi)
         for (int32_t s : items_) *p++ = static_cast<int32_t>(b.state_slot[s] * L + gi);
-      offsets.push_back(p - host_step_.data());  // [8] item first rows
+      offsets.push_back(p - host_step.data());  // [8] item first rows
       for (int32_t s : items_) *p++ = b.q_start[s];
-      offsets.push_back(p - host_step_.data());  // [9] item chunk starts (prefix sums)
+      offsets.push_back(p - host_step.data());  // [9] item chunk starts (prefix sums)
       n_chunks_ = 0;
       *p++ = 0;
       for (int32_t s : items_) *p++ = static_cast<int32_t>(n_chunks_ += aligned[s] / A);
       put(tail_rows_host_.data(), n_tail_);  // [10]
       put(tail_start_host_.data(), S + 1);   // [11]
+    }
+    // note: always a feed array (all -1 without one), so that a decode graph
+    // captured for a step without fed tokens serves one with them.
+    const int64_t feed_at = p - host_step.data();
+    if (b.feed != nullptr) {
+      put(b.feed, T);
+    } else {
+      std::fill(p, p + T, -1);
+      p += T;
     }
     if (ensure(step_, n32 * sizeof(int32_t))) graphs_.clear();
     if (L > 0) {
@@ -679,9 +727,10 @@ class CudaBackend final : public CudaModel, private Blocks {
         }
       }
     }
-    QTK_CUDA_CHECK(cudaMemcpyAsync(step_.as(), host_step_.data(), n32 * sizeof(int32_t),
+    QTK_CUDA_CHECK(cudaMemcpyAsync(step_.as(), host_step.data(), n32 * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
     int32_t* base = step_.as<int32_t>();
+    feed_ = base + feed_at;
     slot_mapping_ = reinterpret_cast<const int64_t*>(base);
     token_ids_ = base + offsets[0];
     positions_ = base + offsets[1];
@@ -751,7 +800,16 @@ class CudaBackend final : public CudaModel, private Blocks {
   DeviceMemory partials_;   // f32 attention split workspace (bf16 only), partial_rows_ rows
   int64_t partial_rows_ = 0;
   DeviceMemory step_;                      // int32 step arrays (see upload_step)
-  cuda::PinnedVector<int32_t> host_step_;  // the step arrays on their way up
+  cuda::PinnedVector<int32_t> host_step_[2];  // the step arrays on their way up (alternating)
+  int64_t uploads_ = 0;
+  const int32_t* feed_ = nullptr;  // the step's StepBatch::feed on the device (-1s without one)
+  // Pipelined steps queued and not collected: their readback slot and real rows.
+  struct Queued {
+    int slot;
+    int64_t n;
+  };
+  std::deque<Queued> queued_;
+  int64_t submitted_ = 0;
   std::vector<int32_t> logit_rows_;
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;

@@ -107,7 +107,7 @@ class DecodeGraphs {
 
 // A decode step padded to `bucket` sequences (host arrays).
 struct PaddedDecode {
-  std::vector<int32_t> ids, positions, q_start, seq_len, block_table, state_slot;
+  std::vector<int32_t> ids, positions, q_start, seq_len, block_table, state_slot, feed;
   std::vector<int64_t> slot_mapping;
   std::vector<uint8_t> want;
 };
@@ -145,6 +145,10 @@ StepBatchT pad_decode(const StepBatchT& b, int64_t bucket, int32_t scratch_slot,
   p.state_slot.assign(bucket, scratch_slot);
   if (b.state_slot) std::memcpy(p.state_slot.data(), b.state_slot, S * sizeof(int32_t));
   p.want.assign(bucket, 1);
+  if (b.feed != nullptr) {
+    p.feed.assign(b.feed, b.feed + S);
+    p.feed.resize(bucket, -1);
+  }
   StepBatchT q = b;
   q.num_seqs = bucket;
   q.num_tokens = bucket;
@@ -157,6 +161,7 @@ StepBatchT pad_decode(const StepBatchT& b, int64_t bucket, int32_t scratch_slot,
   q.state_slot = p.state_slot.data();
   q.want_logits = p.want.data();
   q.num_logits = bucket;
+  if (b.feed != nullptr) q.feed = p.feed.data();
   return q;
 }
 

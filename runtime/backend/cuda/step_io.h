@@ -54,12 +54,32 @@ class PinnedVector {
 // graph holds it), then one copy of ids and margins to the host.
 class GreedyReadback {
  public:
-  // Room for `rows` rows (the padded bucket of a graph step); true when the
-  // device buffer moved (graphs that captured it must go).
-  bool reserve(int64_t rows) {
-    cap_ = std::max(cap_, rows);
-    return ensure(dev_, static_cast<size_t>(work_offset() + argmax_work_bytes(cap_)));
+  GreedyReadback() = default;
+  GreedyReadback(const GreedyReadback&) = delete;
+  GreedyReadback& operator=(const GreedyReadback&) = delete;
+  ~GreedyReadback() {
+    for (auto& q : queued_)
+      if (q.event != nullptr) cudaEventDestroy(q.event);
   }
+
+  // Room for `rows` rows (the padded bucket of a graph step); true when the
+  // device buffer moved (graphs that captured it must go). The last step's
+  // ids move with it (on `stream`): a pipelined next step may feed on them.
+  bool reserve(int64_t rows, cudaStream_t stream) {
+    const int64_t old_cap = cap_;
+    cap_ = std::max(cap_, rows);
+    const size_t bytes = static_cast<size_t>(work_offset() + argmax_work_bytes(cap_));
+    if (dev_.bytes() >= bytes) return false;
+    DeviceMemory grown(bytes);
+    if (dev_.bytes() > 0)
+      QTK_CUDA_CHECK(cudaMemcpyAsync(grown.as(), dev_.as(), old_cap * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, stream));
+    QTK_CUDA_CHECK(cudaStreamSynchronize(stream));  // before the old buffer is freed
+    dev_ = std::move(grown);
+    return true;
+  }
+  // The ids of the last argmax (device; StepBatch::feed reads them).
+  const int32_t* ids() const { return dev_.as<int32_t>(); }
   // ids and margins of `rows` rows of logits (f32, row stride vocab).
   // Layout on the device: int32 ids [rows], then f32 margins [rows]; past
   // them, argmax_rows' workspace.
@@ -79,6 +99,25 @@ class GreedyReadback {
     std::memcpy(ids, host_.data(), n * sizeof(int32_t));
     std::memcpy(margins, host_.data() + rows, n * sizeof(float));
   }
+  // The pipelined form of read(): queue() copies the step's `rows` rows into
+  // page-locked slot 0 or 1 and marks the stream there; finish() waits for
+  // that mark and gives the first n rows.
+  void queue(int64_t rows, int slot, cudaStream_t stream) {
+    Queued& q = queued_[slot];
+    q.host.resize(2 * rows);
+    q.rows = rows;
+    QTK_CUDA_CHECK(cudaMemcpyAsync(q.host.data(), dev_.as(), 2 * rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream));
+    if (q.event == nullptr)
+      QTK_CUDA_CHECK(cudaEventCreateWithFlags(&q.event, cudaEventDisableTiming));
+    QTK_CUDA_CHECK(cudaEventRecord(q.event, stream));
+  }
+  void finish(int slot, int64_t n, int32_t* ids, float* margins) {
+    Queued& q = queued_[slot];
+    QTK_CUDA_CHECK(cudaEventSynchronize(q.event));
+    std::memcpy(ids, q.host.data(), n * sizeof(int32_t));
+    std::memcpy(margins, q.host.data() + q.rows, n * sizeof(float));
+  }
 
  private:
   // Bytes before the workspace: ids and margins of cap_ rows, 16-byte aligned.
@@ -88,6 +127,12 @@ class GreedyReadback {
 
   DeviceMemory dev_;  // int32 ids [rows] then f32 margins [rows] of the last argmax, workspace
   PinnedVector<int32_t> host_;
+  struct Queued {
+    PinnedVector<int32_t> host;  // ids [rows] then margins [rows]
+    int64_t rows = 0;
+    cudaEvent_t event = nullptr;
+  };
+  Queued queued_[2];
   int64_t cap_ = 0;
 };
 
