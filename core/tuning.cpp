@@ -100,6 +100,7 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   flag("QTK_TILED", t.tiled);
   flag("QTK_HUGEPAGES", t.hugepages);
   flag("QTK_GEMM_ALTS", t.gemm_alternates);
+  flag("QTK_GEMM_FREE", t.gemm_free);
   number("QTK_GEMM_REF_M", t.gemm_ref_m, 1, kGemmRefMMax);
   number("QTK_FUSED_MAX_M", t.fused_max_m, 0, kFusedMaxMMax);
   if (auto v = text_of(getenv, "QTK_GEMM_SLICES")) {
@@ -149,6 +150,7 @@ std::vector<TuningEntry> Tuning::entries() const {
   //    the real weights with sample inputs, not given by construction, so
   //    they count as result-changing (conservative).
   //  - QTK_GEMM_SLICES: one chain over K or four slices summed in order.
+  //  - QTK_GEMM_FREE: an algorithm per call (not even batch invariant).
   //  - QTK_MMA_MATMUL: the tensor-core and the warp product sum in
   //    different orders.
   //  - QTK_GDN_CHUNKED: the chunked and the recurrent gated delta rule sum
@@ -171,6 +173,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_GEMM_REF_M", gemm_ref_m, E::kCudaResults},
       {"QTK_FUSED_MAX_M", fused_max_m, E::kCudaResults},
       {"QTK_GEMM_SLICES", int64_t{gemm_slices}, E::kCudaResults},
+      {"QTK_GEMM_FREE", b(gemm_free), E::kCudaResults},
       {"QTK_MMA_MATMUL", b(mma_matmul), E::kCudaResults},
       {"QTK_MMA_WIDE", int64_t{mma_wide}, E::kNone},
       {"QTK_GDN_CHUNKED", b(gdn_chunked), E::kCudaResults},
@@ -193,6 +196,7 @@ std::string tuning_help() {
   QTK_GEMM_REF_M         1..65536                      128      yes (cuda)
   QTK_FUSED_MAX_M        0..16                         1        yes (cuda)
   QTK_GEMM_SLICES        1|4                           4        yes (cuda)
+  QTK_GEMM_FREE          0|1 (1: not batch invariant)  0        yes (cuda)
   QTK_MMA_MATMUL         0|1                           1        yes (cuda)
   QTK_MMA_WIDE           0 (per shape)|4|32|64         0        no
   QTK_GDN_CHUNKED        0|1                           1        yes (cuda)

@@ -71,6 +71,14 @@ struct Tuning {
   // their batch invariance.
   int gemm_slices = 4;
 
+  // QTK_GEMM_FREE: 0 | 1, default 0. 1 = measurement only, NOT batch
+  // invariant: every cuBLASLt product takes cuBLASLt's first heuristic
+  // algorithm for the call's own M, split-K and a workspace allowed, and
+  // none of the own skinny kernels runs (what an engine without the
+  // invariance guarantee does); bench/cuda/RESULTS.md compares it with the
+  // default. Changes results.
+  bool gemm_free = false;
+
   // QTK_FUSED_MAX_M: 0..16, default 1: the largest M whose decode-step
   // residual add + RMSNorm runs as the next projection's prologue (0 = never).
   int64_t fused_max_m = 1;

@@ -200,11 +200,84 @@ void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, i
     gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream, 0, slices);
 }
 
+// The QTK_GEMM_FREE products' workspace (split-K partials).
+constexpr size_t kFreeWorkBytes = size_t{32} << 20;
+
 // note: the sliced products' f32 slice products live in one workspace of
 // the Gemm (allocated up front: a decode graph may capture the first call);
 // an M-row call runs in row blocks that fit it.
 constexpr size_t kSliceWorkBytes = size_t{64} << 20;
 }  // namespace
+
+// QTK_GEMM_FREE: one cuBLASLt configuration per (shape, M), as an engine
+// without the invariance guarantee would run it.
+struct Gemm::Free {
+  struct Entry {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+  void* work = nullptr;
+  std::map<std::tuple<Key, int64_t>, Entry> entries;
+  ~Free() {
+    for (auto& [key, e] : entries) {
+      for (auto l : {e.a, e.b, e.c})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      if (e.desc) cublasLtMatmulDescDestroy(e.desc);
+    }
+    if (work) cudaFree(work);
+  }
+};
+
+void Gemm::run_free(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+                    int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream) {
+  auto lt = static_cast<cublasLtHandle_t>(handle_);
+  const auto key = std::make_tuple(
+      Key{n, k, ldx, ldw, ldy, static_cast<int>(in), static_cast<int>(out)}, m);
+  auto it = free_->entries.find(key);
+  if (it == free_->entries.end()) {
+    Free::Entry e;
+    QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    QTK_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    QTK_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    e.a = make_layout(cuda_type(in), k, n, ldw);
+    e.b = make_layout(cuda_type(in), k, m, ldx);
+    e.c = make_layout(cuda_type(out), n, m, ldy);
+    cublasLtMatmulPreference_t pref = no_workspace_preference();
+    const uint64_t bytes = kFreeWorkBytes;
+    QTK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    e.ok = cublasLtMatmulAlgoGetHeuristic(lt, e.desc, e.a, e.b, e.c, e.c, pref, 1, &r, &found) ==
+               CUBLAS_STATUS_SUCCESS &&
+           found > 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (e.ok) e.algo = r.algo;
+    it = free_->entries.emplace(key, e).first;
+  }
+  const Free::Entry& e = it->second;
+  if (!e.ok) {
+    // (no algorithm for the whole width, e.g. a 151936-row lm_head: column blocks)
+    constexpr int64_t kChunkN = 16384;
+    if (n <= kChunkN)
+      fail("Gemm (QTK_GEMM_FREE): no cuBLASLt algorithm for M {} N {} K {}", m, n, k);
+    const int64_t wes = dtype_size(in), yes = dtype_size(out);
+    for (int64_t off = 0; off < n; off += kChunkN)
+      run_free(x, ldx, static_cast<const char*>(w) + off * ldw * wes, ldw,
+               static_cast<char*>(y) + off * yes, ldy, m, std::min(kChunkN, n - off), k, in, out,
+               stream);
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  if (cublasLtMatmul(lt, e.desc, &alpha, w, e.a, x, e.b, &beta, y, e.c, y, e.c, &e.algo,
+                     free_->work, kFreeWorkBytes, stream) != CUBLAS_STATUS_SUCCESS)
+    fail("Gemm (QTK_GEMM_FREE): cuBLASLt refused M {} N {} K {}", m, n, k);
+}
 
 Gemm::Gemm(int64_t ref_m, int slices)
     : ref_m_(ref_m > 0 ? ref_m : tuning().gemm_ref_m),
@@ -217,10 +290,15 @@ Gemm::Gemm(int64_t ref_m, int slices)
   QTK_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
   if (slices_ > 1) QTK_CUDA_CHECK(cudaMalloc(&work_, kSliceWorkBytes));
+  if (tuning().gemm_free) {
+    free_ = std::make_unique<Free>();
+    QTK_CUDA_CHECK(cudaMalloc(&free_->work, kFreeWorkBytes));
+  }
 }
 
 Gemm::~Gemm() {
   plans_.clear();
+  free_.reset();
   if (work_ != nullptr) cudaFree(work_);
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
@@ -766,6 +844,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
   for (const void* ptr : {x, w, static_cast<const void*>(y)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       fail("Gemm: pointer {} is not 16-byte aligned", ptr);
+  if (free_) return run_free(x, ldx, w, ldw, y, ldy, m, n, k, in, out, stream);
   Plan& p = plan(n, k, ldx, ldw, ldy, in, out);
   if (!p.ok) {
     // note: some very wide products (a 151936-row lm_head) get no
@@ -816,7 +895,8 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
 
 bool Gemm::own_bit_equal(int64_t m, int64_t n, int64_t k, int64_t ldx, const void* w, int64_t ldw,
                          int64_t ldy, DType out, cudaStream_t stream) {
-  if (m < 1 || m > kSmallMaxM || n == 0) return false;
+  // (QTK_GEMM_FREE: no own kernel, so none of the fused launches either)
+  if (free_ || m < 1 || m > kSmallMaxM || n == 0) return false;
   Plan& p = plan(n, k, ldx, ldw, ldy, DType::BF16, out);
   if (!p.ok) return false;
   if (p.w == nullptr) p.w = w;

@@ -124,6 +124,8 @@ class Gemm {
   int slices_for(int64_t n, int64_t k, DType in, DType out) const;
   static constexpr int64_t kSliceMinK = 2048;
   static constexpr int64_t kSliceMaxN = 2048;
+  // QTK_GEMM_FREE (core/tuning.h): measurement only, not batch invariant.
+  bool free_mode() const { return free_ != nullptr; }
 
  private:
   struct Plan;
@@ -137,6 +139,11 @@ class Gemm {
   void find_candidates(Plan& p, PlanAlt& alt);
   void verify_range(Plan& p, PlanAlt& alt, const void* w, cudaStream_t stream);
   void apply_record(Plan& p, const GemmPlanRecord& r);
+  // QTK_GEMM_FREE: the product on cuBLASLt's first heuristic algorithm for
+  // this M (split-K and free_->work allowed), cached per shape and M.
+  struct Free;
+  void run_free(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+                int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream);
   // algo: a cublasLtMatmulAlgo_t (cuBLASLt's header stays out of this one).
   bool runs_over_range(Plan& p, const PlanAlt& alt, const void* algo);
   // y = the product of m rows on cuBLASLt algorithm `algo` (sliced plans:
@@ -161,6 +168,7 @@ class Gemm {
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, GemmPlanRecord> presets_;  // preloaded, applied when the shape class is met
   GemmTuneStats stats_;
+  std::unique_ptr<Free> free_;  // QTK_GEMM_FREE=1 only
 };
 
 }  // namespace qtk::cuda

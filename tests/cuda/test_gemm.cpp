@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tuning.h"
 #include "kernels/cuda/compare.h"
 #include "kernels/cuda/gemm.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -218,6 +219,37 @@ TEST(Gemm, CountDifferingWordsCountsOnlyTheRowsPrefix) {
   EXPECT_EQ(differing(rows), 3u);
   EXPECT_EQ(differing(36), 1u) << "only the first n rows";
   EXPECT_EQ(differing(0), 0u);
+}
+
+// QTK_GEMM_FREE=1 (a measurement mode, not batch invariant): each call runs
+// cuBLASLt's own pick for its M, split-K allowed; the products still match
+// the float64 reference, including the chunked vocabulary-wide one.
+TEST(Gemm, FreeModeMatchesReference) {
+  const Tuning saved = tuning();
+  Tuning t = saved;
+  t.gemm_free = true;
+  set_tuning(t);
+  {
+    Gemm gemm;
+    ASSERT_TRUE(gemm.free_mode());
+    struct Shape {
+      int64_t n, k;
+    };
+    for (const Shape sh : {Shape{1024, 3072}, Shape{151936, 64}, Shape{300, 200}}) {
+      for (const int64_t M : {1, 7, 128, 300}) {
+        if (sh.n > 16384 && M > 7) continue;  // (the host reference's time)
+        const auto xh = to_device_type<bf16>(random_floats(M * sh.k, -1, 1, 61));
+        const auto wh = to_device_type<bf16>(random_floats(sh.n * sh.k, -1, 1, 62));
+        DeviceBuffer<bf16> x(xh), w(wh);
+        DeviceBuffer<float> y(M * sh.n);
+        gemm.run(x.get(), sh.k, w.get(), sh.k, y.get(), sh.n, M, sh.n, sh.k, DType::BF16,
+                 DType::F32, nullptr);
+        const Vec ref = matmul_ref(to_double(xh), to_double(wh), M, sh.n, sh.k);
+        EXPECT_LT(rel_error(y.download(), ref), 1e-5) << "N " << sh.n << " K " << sh.k << " M " << M;
+      }
+    }
+  }
+  set_tuning(saved);
 }
 
 TEST(Gemm, RejectsBadArguments) {

@@ -63,6 +63,7 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_GEMM_REF_M", "65536"},
                           {"QTK_FUSED_MAX_M", "0"},
                           {"QTK_GEMM_SLICES", "1"},
+                          {"QTK_GEMM_FREE", "1"},
                           {"QTK_MMA_MATMUL", "0"},
                           {"QTK_MMA_WIDE", "32"},
                           {"QTK_GDN_CHUNKED", "0"},
@@ -78,6 +79,8 @@ TEST(Tuning, ReadsEverySwitch) {
   EXPECT_EQ(t.gemm_ref_m, 65536);
   EXPECT_EQ(t.fused_max_m, 0);
   EXPECT_EQ(t.gemm_slices, 1);
+  EXPECT_TRUE(t.gemm_free);
+  EXPECT_FALSE(parse({}).gemm_free);
   EXPECT_EQ(parse({}).gemm_slices, 4);
   EXPECT_EQ(parse({{"QTK_GEMM_SLICES", "4"}}).gemm_slices, 4);
   EXPECT_EQ(t.gdn_state_columns, 32);
@@ -121,6 +124,7 @@ TEST(Tuning, BadValuesNameTheSwitchAndTheValue) {
       {"QTK_PDL", "QTK_PDL: expected 0 or 1, found 'abc'"},
       {"QTK_CUDA_GRAPHS", "QTK_CUDA_GRAPHS: expected 0 or 1, found 'abc'"},
       {"QTK_PIPELINE", "QTK_PIPELINE: expected 0 or 1, found 'abc'"},
+      {"QTK_GEMM_FREE", "QTK_GEMM_FREE: expected 0 or 1, found 'abc'"},
   };
   for (const auto& [name, message] : cases) EXPECT_EQ(parse_error(name, "abc"), message);
 }
@@ -169,7 +173,7 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
 TEST(Tuning, HeaderRecordsEverySwitchAndThePathUsed) {
   const nlohmann::json h = tuning_header(Tuning{});
   EXPECT_EQ(h.size(), Tuning{}.entries().size());
-  EXPECT_EQ(h.size(), 16u);
+  EXPECT_EQ(h.size(), 17u);
   EXPECT_EQ(h["QTK_CPU_PATH"], std::string(cpu_path_name(supported_cpu_paths().back())));
   EXPECT_EQ(h["QTK_GEMM_REF_M"], 128);
   EXPECT_EQ(h["QTK_PDL"], 1);
@@ -301,7 +305,7 @@ TEST(TuningGenerate, RunHeaderRecordsTheSwitches) {
                       QTK_GENERATE_BIN, pack, in, out));
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json t = load_json(out + ".meta.json")["tuning"];
-  EXPECT_EQ(t.size(), 16u) << t.dump();
+  EXPECT_EQ(t.size(), 17u) << t.dump();
   EXPECT_EQ(t["QTK_MMA_MATMUL"], 1);
   EXPECT_EQ(t["QTK_AMX_PREFETCH"], 3);
   EXPECT_EQ(t["QTK_HUGEPAGES"], 0);

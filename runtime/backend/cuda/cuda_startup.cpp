@@ -105,6 +105,13 @@ CudaStartup::CudaStartup(CudaModel& model, const Pack& pack, const std::string& 
     off_reason_ = "this model's GEMMs are not tuned";
     return;
   }
+  if (gemm->free_mode()) {
+    off_reason_ = "QTK_GEMM_FREE=1 (cuBLASLt's pick per call: nothing is tuned)";
+    std::fprintf(stderr,
+                 "generate: warning: QTK_GEMM_FREE=1: the GEMMs take cuBLASLt's algorithm for "
+                 "each call's batch; results then depend on the batch (a measurement mode)\n");
+    return;
+  }
   if (!gemm->alternates()) {
     off_reason_ = "QTK_GEMM_ALTS=0 (one algorithm per shape: nothing is tuned)";
     return;
