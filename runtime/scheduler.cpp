@@ -306,14 +306,13 @@ void Scheduler::account_step(std::vector<int64_t>& finished) {
     advance(s, n);
     if (!want_logits_[i]) continue;
     s.tokens.push_back(0);
-    take_token(h, static_cast<int64_t>(s.tokens.size()) - 1, argmax_[r], margins_[r], r,
-               finished);
+    take_token(h, static_cast<int64_t>(s.tokens.size()) - 1, argmax_[r], margins_[r], r, finished);
     ++r;
   }
 }
 
-bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin,
-                           int64_t logits_row, std::vector<int64_t>& finished) {
+bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin, int64_t logits_row,
+                           std::vector<int64_t>& finished) {
   Seq& s = seqs_[h];
   s.result.output.push_back(tok);
   s.result.margins.push_back(margin);
@@ -322,8 +321,8 @@ bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin,
     const size_t at = s.result.top_ids.size();
     s.result.top_ids.resize(at + static_cast<size_t>(opt_.logprobs));
     s.result.top_logprobs.resize(at + static_cast<size_t>(opt_.logprobs));
-    top_logprobs(logits_.data() + logits_row * vocab, vocab, opt_.logprobs,
-                 &s.result.top_ids[at], &s.result.top_logprobs[at]);
+    top_logprobs(logits_.data() + logits_row * vocab, vocab, opt_.logprobs, &s.result.top_ids[at],
+                 &s.result.top_logprobs[at]);
   }
   s.tokens[index] = tok;
   ++stats_.generated_tokens;

@@ -233,8 +233,8 @@ struct Gemm::Free {
 void Gemm::run_free(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
                     int64_t m, int64_t n, int64_t k, DType in, DType out, cudaStream_t stream) {
   auto lt = static_cast<cublasLtHandle_t>(handle_);
-  const auto key = std::make_tuple(
-      Key{n, k, ldx, ldw, ldy, static_cast<int>(in), static_cast<int>(out)}, m);
+  const auto key =
+      std::make_tuple(Key{n, k, ldx, ldw, ldy, static_cast<int>(in), static_cast<int>(out)}, m);
   auto it = free_->entries.find(key);
   if (it == free_->entries.end()) {
     Free::Entry e;

@@ -95,8 +95,8 @@ __device__ __forceinline__ LaneRope<kPer> lane_rope(const int32_t* __restrict__ 
 
 // The norm weights of this lane's columns (zero past dim).
 template <int kPer>
-__device__ __forceinline__ void lane_norm_weights(float (&w)[kPer], const float* __restrict__ norm_w,
-                                                  int dim) {
+__device__ __forceinline__ void lane_norm_weights(float (&w)[kPer],
+                                                  const float* __restrict__ norm_w, int dim) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) w[i] = lane + 32 * i < dim ? norm_w[lane + 32 * i] : 0.0f;

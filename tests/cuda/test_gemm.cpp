@@ -245,7 +245,8 @@ TEST(Gemm, FreeModeMatchesReference) {
         gemm.run(x.get(), sh.k, w.get(), sh.k, y.get(), sh.n, M, sh.n, sh.k, DType::BF16,
                  DType::F32, nullptr);
         const Vec ref = matmul_ref(to_double(xh), to_double(wh), M, sh.n, sh.k);
-        EXPECT_LT(rel_error(y.download(), ref), 1e-5) << "N " << sh.n << " K " << sh.k << " M " << M;
+        EXPECT_LT(rel_error(y.download(), ref), 1e-5)
+            << "N " << sh.n << " K " << sh.k << " M " << M;
       }
     }
   }

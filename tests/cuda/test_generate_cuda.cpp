@@ -223,9 +223,10 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
                       const std::string& env = "") {
       const std::string out =
           fmt::format("{}/{}.{}.{}.{}.jsonl", work_dir(), name_of(dir), set_name, precision, tag);
-      RunResult r = run(fmt::format("{}{} --model {} --batch {} --out {} --device cuda "
-                                    "--precision {} --margins {}",
-                                    env, QTK_GENERATE_BIN, pack, batch, out, precision, flags));
+      RunResult r =
+          run(fmt::format("{}{} --model {} --batch {} --out {} --device cuda "
+                          "--precision {} --margins {}",
+                          env, QTK_GENERATE_BIN, pack, batch, out, precision, flags));
       EXPECT_EQ(r.status, 0) << precision << " " << tag << ": " << r.err;
       return out;
     };
@@ -271,8 +272,8 @@ TEST_P(CudaInvariance, ResultsFilesByteIdentical) {
       }
       EXPECT_GT(stopping, 0) << precision;
     }
-    const std::string stop_file = fmt::format("{}/{}.{}.stops.jsonl", work_dir(), name_of(dir),
-                                              set_name);
+    const std::string stop_file =
+        fmt::format("{}/{}.{}.stops.jsonl", work_dir(), name_of(dir), set_name);
     write_text(stop_file, stop_prompts);
     const std::string stops = read_text(run_on(stop_file, "stops", "--ignore-eos"));
     EXPECT_EQ(read_text(run_on(stop_file, "stops-serial", "--ignore-eos", "QTK_PIPELINE=0 ")),

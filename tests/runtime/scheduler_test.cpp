@@ -174,10 +174,11 @@ TEST(Scheduler, PipelinedStepsGiveTheSameResults) {
     SchedulerOptions o;
     int n;
   };
-  const std::vector<Case> cases = {{options(3, 7, 4, 64, 200), 8},
-                                   {options(4, 16, 2, 10, 200), 4},
-                                   {options(2, 64, 16, 64, 200), 5},
-                                   {options(8, 512, 4, 64, 15), 6}};  // the context ends before max_tokens
+  const std::vector<Case> cases = {
+      {options(3, 7, 4, 64, 200), 8},
+      {options(4, 16, 2, 10, 200), 4},
+      {options(2, 64, 16, 64, 200), 5},
+      {options(8, 512, 4, 64, 15), 6}};  // the context ends before max_tokens
   for (size_t c = 0; c < cases.size(); ++c) {
     const Case& k = cases[c];
     auto requests = [&] {

@@ -668,8 +668,8 @@ class CudaBackend final : public CudaModel, private Blocks {
     n_items_ = static_cast<int64_t>(items_.size());
     n_tail_ = static_cast<int64_t>(tail_rows_host_.size());
     const int64_t n_chunk_arrays = n_items_ > 0 ? (L + 2) * n_items_ + 1 + n_tail_ + S + 1 : 0;
-    const int64_t n32 = 2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S +
-                        n_chunk_arrays + T;
+    const int64_t n32 =
+        2 * T + T + 3 * T + (S + 1) + S + S * b.max_blocks + n_rows + L * S + n_chunk_arrays + T;
     // note: two staging buffers, alternating: with pipelined steps the
     // previous step's copy from its buffer may still be queued.
     cuda::PinnedVector<int32_t>& host_step = host_step_[uploads_++ % 2];
@@ -799,7 +799,7 @@ class CudaBackend final : public CudaModel, private Blocks {
   DeviceMemory gdn_ws_;     // the chunked kernel's workspace (T / 64 chunks)
   DeviceMemory partials_;   // f32 attention split workspace (bf16 only), partial_rows_ rows
   int64_t partial_rows_ = 0;
-  DeviceMemory step_;                      // int32 step arrays (see upload_step)
+  DeviceMemory step_;                         // int32 step arrays (see upload_step)
   cuda::PinnedVector<int32_t> host_step_[2];  // the step arrays on their way up (alternating)
   int64_t uploads_ = 0;
   const int32_t* feed_ = nullptr;  // the step's StepBatch::feed on the device (-1s without one)
