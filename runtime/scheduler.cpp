@@ -248,9 +248,6 @@ StepBatch Scheduler::build_batch() {
   return b;
 }
 
-// Counts the batch's decode and prompt tokens, then runs and times the model
-// on it: the greedy tokens and margins land in argmax_ and margins_ (and the
-// logits in logits_ when they are computed on the host).
 bool Scheduler::count_tokens() {
   bool any_prefill = false;
   for (const auto& [h, n] : scheduled_) {
@@ -263,6 +260,9 @@ bool Scheduler::count_tokens() {
   return any_prefill;
 }
 
+// Counts the batch's decode and prompt tokens, then runs and times the model
+// on it: the greedy tokens and margins land in argmax_ and margins_ (and the
+// logits in logits_ when they are computed on the host).
 void Scheduler::run_model(const StepBatch& b) {
   const int64_t num_logits = b.num_logits;
   const bool any_prefill = count_tokens();
