@@ -211,7 +211,7 @@ StepBatch Scheduler::build_batch() {
     for (int64_t j = 0; j < n; ++j, ++t) {
       const int64_t pos = s.computed + j;
       // A token still queued (pipelined steps) comes from that step's row.
-      const bool fed = s.pending > 0 && pos == s.pending_index;
+      const bool fed = s.pending > 0 && pos == static_cast<int64_t>(s.tokens.size()) - 1;
       token_ids_[t] = fed ? 0 : s.tokens[pos];
       feed_[t] = fed ? s.pending_row : -1;
       any_fed = any_fed || fed;
@@ -365,7 +365,6 @@ bool Scheduler::submit(const StepBatch& b) {
       s.tokens.push_back(0);  // placeholder until collect()
       index = static_cast<int64_t>(s.tokens.size()) - 1;
       ++s.pending;
-      s.pending_index = index;
       s.pending_row = r++;
     }
     q.entries.emplace_back(h, n, index);

@@ -105,11 +105,11 @@ class Scheduler {
     std::vector<int32_t> blocks;
     int32_t state_slot = -1;
     bool done = false;
-    // Pipelined steps: results still queued for this sequence (0-2), and
-    // where the newest goes: tokens[pending_index] (a placeholder until
-    // then), logit row pending_row of the step queued last.
+    // Pipelined steps: results still queued for this sequence (0-2), and the
+    // newest one's logit row in the step queued last. note: when the next
+    // step is built at most one is queued, and its placeholder is
+    // tokens.back().
     int pending = 0;
-    int64_t pending_index = -1;
     int32_t pending_row = -1;
   };
   // A queued pipelined step: its (handle, tokens, index of tokens its result

@@ -57,6 +57,19 @@ void set_batches(cublasLtMatrixLayout_t l, int32_t batch, int64_t offset) {
 }
 
 // A preference for algorithms that need no workspace.
+// The product's descriptor: f32 compute and scale, y^T = w x^T in cuBLASLt's
+// column-major view (A = w transposed, B = x).
+cublasLtMatmulDesc_t make_desc() {
+  cublasLtMatmulDesc_t desc = nullptr;
+  QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  QTK_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  QTK_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  return desc;
+}
+
 // note: views into activation buffers are only guaranteed 16-byte aligned.
 cublasLtMatmulPreference_t no_workspace_preference() {
   cublasLtMatmulPreference_t pref = nullptr;
@@ -200,6 +213,10 @@ void own_gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, i
     gemv_bf16<bf16>(xb, ldx, wb, ldw, static_cast<bf16*>(y), ldy, m, n, k, stream, 0, slices);
 }
 
+// Output columns per block of a product too wide for any algorithm (a
+// 151936-row lm_head): Gemm::run and Gemm::run_free split it into these.
+constexpr int64_t kChunkN = 16384;
+
 // The QTK_GEMM_FREE products' workspace (split-K partials).
 constexpr size_t kFreeWorkBytes = size_t{32} << 20;
 
@@ -238,12 +255,7 @@ void Gemm::run_free(const void* x, int64_t ldx, const void* w, int64_t ldw, void
   auto it = free_->entries.find(key);
   if (it == free_->entries.end()) {
     Free::Entry e;
-    QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    QTK_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    QTK_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    e.desc = make_desc();
     e.a = make_layout(cuda_type(in), k, n, ldw);
     e.b = make_layout(cuda_type(in), k, m, ldx);
     e.c = make_layout(cuda_type(out), n, m, ldy);
@@ -263,7 +275,6 @@ void Gemm::run_free(const void* x, int64_t ldx, const void* w, int64_t ldw, void
   const Free::Entry& e = it->second;
   if (!e.ok) {
     // (no algorithm for the whole width, e.g. a 151936-row lm_head: column blocks)
-    constexpr int64_t kChunkN = 16384;
     if (n <= kChunkN)
       fail("Gemm (QTK_GEMM_FREE): no cuBLASLt algorithm for M {} N {} K {}", m, n, k);
     const int64_t wes = dtype_size(in), yes = dtype_size(out);
@@ -355,12 +366,7 @@ Gemm::Plan& Gemm::plan(int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t l
   p->ldy = ldy;
   p->slices = slices_for(n, k, in, out);
   p->klen = k / p->slices;
-  QTK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  QTK_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  QTK_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  p->desc = make_desc();
   p->a = make_layout(p->in_t, p->klen, n, ldw);
   if (p->slices > 1) set_batches(p->a, p->slices, p->klen);
 
@@ -851,7 +857,6 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, 
     // qualifying algorithm; they run as column blocks of kChunkN output
     // columns. Each output element is still one K reduction by one fixed
     // algorithm, and the split depends on N only, so invariance holds.
-    constexpr int64_t kChunkN = 16384;
     if (n <= kChunkN) fail("{}", p.why);
     // note: at M <= 16 the own skinny kernel takes the whole width in one
     // launch where it gave, on this GPU, the bits of the plan algorithms of

@@ -91,13 +91,10 @@ class GreedyReadback {
   // The first n of the `rows` rows of the step's argmax() (a replayed graph
   // ran it: rows is the graph's, not the last host call's) to the host, in
   // one transfer; waits for the stream.
+  // (Only with no pipelined read queued in slot 0.)
   void read(int64_t rows, int64_t n, int32_t* ids, float* margins, cudaStream_t stream) {
-    host_.resize(2 * rows);
-    QTK_CUDA_CHECK(cudaMemcpyAsync(host_.data(), dev_.as(), 2 * rows * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream));
-    QTK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::memcpy(ids, host_.data(), n * sizeof(int32_t));
-    std::memcpy(margins, host_.data() + rows, n * sizeof(float));
+    queue(rows, 0, stream);
+    finish(0, n, ids, margins);
   }
   // The pipelined form of read(): queue() copies the step's `rows` rows into
   // page-locked slot 0 or 1 and marks the stream there; finish() waits for
@@ -126,7 +123,6 @@ class GreedyReadback {
   }
 
   DeviceMemory dev_;  // int32 ids [rows] then f32 margins [rows] of the last argmax, workspace
-  PinnedVector<int32_t> host_;
   struct Queued {
     PinnedVector<int32_t> host;  // ids [rows] then margins [rows]
     int64_t rows = 0;
