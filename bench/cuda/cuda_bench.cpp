@@ -462,9 +462,11 @@ BENCHMARK(BM_GatedDeltaRuleChunked)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// Conv1d (C = 6144, K = 4, Qwen3.5-0.8B): Args sequences, tokens per sequence.
+// Conv1d (C = 6144, K = 4, Qwen3.5-0.8B): Args sequences, tokens per sequence,
+// 1 to force the two-kernel form on short runs (0: the form causal_conv1d picks).
 void BM_Conv1d(benchmark::State& state) {
   const int64_t S = state.range(0), n = state.range(1), T = S * n, C = 6144, K = 4;
+  const int64_t max_run = state.range(2) != 0 ? std::max(n, qc::kConvShortRunMax + 1) : n;
   Buf<bf16> x(T * C), y(T * C);
   Buf<float> w(C * K), st(S * C * (K - 1));
   std::vector<int32_t> qs(S + 1), sl(S);
@@ -476,14 +478,20 @@ void BM_Conv1d(benchmark::State& state) {
   cudaMemcpy(qsd, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(sld, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice);
   time_kernel(state, [&](cudaStream_t s) {
-    qc::causal_conv1d<bf16>(x.p, C, y.p, C, C, w.p, K, st.p, sld, qsd, S, T, true, s);
+    qc::causal_conv1d<bf16>(x.p, C, y.p, C, C, w.p, K, st.p, sld, qsd, S, T, max_run, true, s);
   });
   set_bytes(state, 2.0 * T * C * 2 + 2.0 * S * C * (K - 1) * 4);
   cudaFree(qsd);
   cudaFree(sld);
 }
-BENCHMARK(BM_Conv1d)->Args({1, 1})->Args({128, 1})->Args({1, 512})->UseManualTime()->Unit(
-    benchmark::kMicrosecond);
+BENCHMARK(BM_Conv1d)
+    ->Args({1, 1, 0})
+    ->Args({1, 1, 1})
+    ->Args({128, 1, 0})
+    ->Args({128, 1, 1})
+    ->Args({1, 512, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Fused residual add + RMSNorm, bf16: Args rows, hidden.
 void BM_AddRmsNorm(benchmark::State& state) {

@@ -12,6 +12,12 @@ namespace {
 using namespace dev;
 constexpr int kMaxKernel = 8;
 
+// One term of a tap sum: both kernel forms below add the taps j = 0..K-1
+// in order through this one expression, so they give the same bits.
+__device__ __forceinline__ float conv_tap(float acc, float w, float x) {
+  return __fmaf_rn(w, x, acc);
+}
+
 // y[t, c] = sum_j w[c, j] * xpad[i + j], xpad = [state (K-1 values), x of the
 // sequence], i the token's index in this step's rows. The sum runs j = 0..K-1.
 template <class T>
@@ -31,7 +37,7 @@ __global__ void conv1d_kernel(const T* __restrict__ x, int64_t ldx, T* __restric
   for (int j = 0; j < kernel; ++j) {
     const int p = i + j;
     const float xv = p < km1 ? st[p] : to_f(x[static_cast<int64_t>(t0 + p - km1) * ldx + c]);
-    acc += w[c * kernel + j] * xv;
+    acc = conv_tap(acc, w[c * kernel + j], xv);
   }
   y[static_cast<int64_t>(t) * ldy + c] = from_f<T>(apply_silu ? silu(acc) : acc);
 }
@@ -56,17 +62,67 @@ __global__ void conv1d_state_kernel(const T* __restrict__ x, int64_t ldx, int ch
   for (int m = 0; m < km1; ++m) st[m] = next[m];
 }
 
+// Both steps in one launch, for steps whose runs are short (decode steps:
+// one token each): thread (sequence, channel) walks its run in order with the
+// K-1 newest inputs of xpad in registers, writes each output as
+// conv1d_kernel does (the same taps in the same order), then stores the
+// window as the new state, reading nothing it has written.
+// note: a thread's work grows with its run, hence only below
+// kConvShortRunMax tokens; longer runs take the two kernels above, whose
+// threads each produce one output.
+template <class T>
+__global__ void conv1d_short_runs_kernel(const T* __restrict__ x, int64_t ldx, T* __restrict__ y,
+                                         int64_t ldy, int channels, const float* __restrict__ w,
+                                         int kernel, float* state_pool,
+                                         const int32_t* __restrict__ slot,
+                                         const int32_t* __restrict__ q_start, int num_seqs,
+                                         bool apply_silu) {
+  pdl_begin();
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(num_seqs) * channels) return;
+  const int s = static_cast<int>(idx / channels), c = static_cast<int>(idx % channels);
+  const int t0 = q_start[s], t1 = q_start[s + 1], km1 = kernel - 1;
+  float* st = state_pool + (static_cast<int64_t>(slot[s]) * channels + c) * km1;
+  float win[kMaxKernel], wc[kMaxKernel];
+#pragma unroll
+  for (int j = 0; j < kMaxKernel; ++j) {
+    win[j] = j < km1 ? st[j] : 0.0f;
+    wc[j] = j < kernel ? w[c * kernel + j] : 0.0f;
+  }
+  for (int t = t0; t < t1; ++t) {
+    const float xv = to_f(x[static_cast<int64_t>(t) * ldx + c]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxKernel; ++j)
+      if (j < kernel) acc = conv_tap(acc, wc[j], j < km1 ? win[j] : xv);
+    y[static_cast<int64_t>(t) * ldy + c] = from_f<T>(apply_silu ? silu(acc) : acc);
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxKernel; ++j)
+      if (j < km1) win[j] = j + 1 < km1 ? win[j + 1] : xv;
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxKernel; ++j)
+    if (j < km1) st[j] = win[j];
+}
+
 }  // namespace
 
 template <class T>
 void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels, const float* w,
                    int64_t kernel, float* state_pool, const int32_t* slot, const int32_t* q_start,
-                   int64_t num_seqs, int64_t tokens, bool apply_silu, cudaStream_t stream) {
+                   int64_t num_seqs, int64_t tokens, int64_t max_run, bool apply_silu,
+                   cudaStream_t stream) {
   if (kernel < 2 || kernel > kMaxKernel)
     fail_message("causal_conv1d: kernel size " + std::to_string(kernel) + " is outside 2.." +
                  std::to_string(kMaxKernel));
   if (num_seqs == 0) return;
   const int c = static_cast<int>(channels), k = static_cast<int>(kernel);
+  if (max_run <= kConvShortRunMax) {
+    launch_kernel(conv1d_short_runs_kernel<T>, grid_1d(num_seqs * channels, 256), 256, 0, stream, x,
+                  ldx, y, ldy, c, w, k, state_pool, slot, q_start, static_cast<int>(num_seqs),
+                  apply_silu);
+    return;
+  }
   if (tokens > 0) {
     launch_kernel(conv1d_kernel<T>, grid_1d(tokens * channels, 256), 256, 0, stream, x, ldx, y, ldy,
                   c, w, k, state_pool, slot, q_start, static_cast<int>(num_seqs), tokens,
@@ -78,9 +134,9 @@ void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels,
 
 template void causal_conv1d<float>(const float*, int64_t, float*, int64_t, int64_t, const float*,
                                    int64_t, float*, const int32_t*, const int32_t*, int64_t,
-                                   int64_t, bool, cudaStream_t);
+                                   int64_t, int64_t, bool, cudaStream_t);
 template void causal_conv1d<bf16>(const bf16*, int64_t, bf16*, int64_t, int64_t, const float*,
                                   int64_t, float*, const int32_t*, const int32_t*, int64_t, int64_t,
-                                  bool, cudaStream_t);
+                                  int64_t, bool, cudaStream_t);
 
 }  // namespace qtk::cuda

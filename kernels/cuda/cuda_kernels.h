@@ -233,10 +233,15 @@ bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cac
 // decode alike). x, y: [tokens, C] strides ldx, ldy (y may not alias x);
 // w f32 [C, K]; state_pool f32 [slots, C, K-1] oldest first; slot int32
 // [num_seqs]; q_start int32 [num_seqs+1]. y = silu(conv) when apply_silu.
+// max_run: the most tokens any sequence has in this step (known on the host);
+// up to kConvShortRunMax the outputs and the new state come from one launch
+// (decode steps), else from two. Same bits either way.
+constexpr int64_t kConvShortRunMax = 16;
 template <class T>
 void causal_conv1d(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t channels, const float* w,
                    int64_t kernel, float* state_pool, const int32_t* slot, const int32_t* q_start,
-                   int64_t num_seqs, int64_t tokens, bool apply_silu, cudaStream_t stream);
+                   int64_t num_seqs, int64_t tokens, int64_t max_run, bool apply_silu,
+                   cudaStream_t stream);
 
 // Gated delta rule, recurrent form over a varlen batch (prefill chunks and
 // decode tokens in one launch), updating the f32 state pool in place:

@@ -38,7 +38,6 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
                          const int32_t* __restrict__ slot, const int32_t* __restrict__ q_start,
                          T* __restrict__ out, int64_t ldo, int hk, int hv, int dv,
                          GdnRawInput<T> raw) {
-  pdl_begin();
   constexpr int DK = kGdnWarps * R;
   __shared__ float qs[2][DK], ks[2][DK];
   __shared__ float pkv[kGdnWarps][kGdnCols], po[kGdnWarps][kGdnCols];
@@ -49,9 +48,16 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
   const int kh = h / (hv / hk);
   float* S = state_pool + (static_cast<int64_t>(slot[s]) * hv + h) * DK * dv;
 
+  // note: the state is read before the wait for the previous kernel (PDL),
+  // so its bytes, most of this kernel's traffic, stream in while that kernel
+  // finishes. Safe: the pool is written only by this layer's GDN kernels, and
+  // the launch right before a recurrent one never is one (causal_conv1d, or
+  // copy_rows after the chunked form); kernels further back have completed
+  // before this one starts (launch.cuh). The slots are step inputs.
   float st[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) st[r] = active ? S[(w * R + r) * dv + j] : 0.0f;
+  pdl_begin();
 
   const int t0 = q_start[s], t1 = q_start[s + 1];
   // note: token t+1's inputs are loaded into registers while token t is

@@ -1,5 +1,6 @@
 // Causal conv1d and the gated delta rule: against the float64 references and
 // the transformers fixture, and bit-identical across prompt chunkings.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -18,10 +19,12 @@ TYPED_TEST_SUITE(GdnTest, ActTypes);
 
 // ---- conv1d ----------------------------------------------------------------
 
-TYPED_TEST(GdnTest, Conv1dVarlenMatchesReferenceAndUpdatesState) {
-  using T = TypeParam;
+template <class T>
+void check_conv1d_varlen(const std::vector<int32_t>& q_len) {
+  SCOPED_TRACE("runs " + std::to_string(q_len[0]) + ", " + std::to_string(q_len[1]) + ", " +
+               std::to_string(q_len[2]));
   const int64_t C = 77, K = 4, ld = C + 5, slots = 5;
-  const std::vector<int32_t> q_len = {1, 9, 40}, slot = {3, 0, 4};
+  const std::vector<int32_t> slot = {3, 0, 4};
   std::vector<int32_t> q_start = {0};
   for (auto n : q_len) q_start.push_back(q_start.back() + n);
   const int64_t tokens = q_start.back();
@@ -32,7 +35,7 @@ TYPED_TEST(GdnTest, Conv1dVarlenMatchesReferenceAndUpdatesState) {
   DeviceBuffer<float> wd(w), state(st);
   DeviceBuffer<int32_t> sd(slot), qs(q_start);
   causal_conv1d<T>(x.get(), ld, y.get(), C, C, wd.get(), K, state.get(), sd.get(), qs.get(), 3,
-                   tokens, true, nullptr);
+                   tokens, *std::max_element(q_len.begin(), q_len.end()), true, nullptr);
   Vec yref, sref(st.begin(), st.end());
   for (size_t s = 0; s < q_len.size(); ++s) {
     Vec xs,
@@ -47,6 +50,40 @@ TYPED_TEST(GdnTest, Conv1dVarlenMatchesReferenceAndUpdatesState) {
   // note: the state holds copies of inputs (exact), untouched slots stay as they were.
   const auto sgot = state.download();
   for (size_t i = 0; i < sref.size(); ++i) ASSERT_EQ(double(sgot[i]), sref[i]) << i;
+}
+
+// Runs of up to kConvShortRunMax tokens take the one-launch form; {1, 9, 40}
+// the two-kernel form.
+TYPED_TEST(GdnTest, Conv1dVarlenMatchesReferenceAndUpdatesState) {
+  for (const auto& q_len : {std::vector<int32_t>{1, 9, 40}, std::vector<int32_t>{1, 9, 16}})
+    check_conv1d_varlen<TypeParam>(q_len);
+}
+
+// The one-launch form against the two kernels on the same step (every run
+// short enough for either): the same outputs and state, bit for bit.
+TYPED_TEST(GdnTest, Conv1dOneLaunchEqualsTwoKernels) {
+  using T = TypeParam;
+  const int64_t C = 300, K = 4, slots = 7;
+  const std::vector<int32_t> q_start = {0, 1, 2, 5, 6, 22, 23}, slot = {6, 2, 0, 5, 1, 3};
+  const int64_t S = 6, tokens = q_start.back();
+  const auto xh = to_device_type<T>(random_floats(tokens * C, -2, 2, 41));
+  const auto st = random_floats(slots * C * (K - 1), -2, 2, 43);
+  DeviceBuffer<T> x(xh);
+  DeviceBuffer<float> wd(random_floats(C * K, -1, 1, 42));
+  DeviceBuffer<int32_t> sd(slot), qs(q_start);
+  auto run = [&](int64_t max_run, std::vector<float>& state_out) {
+    DeviceBuffer<float> state(st);
+    DeviceBuffer<T> y(tokens * C);
+    causal_conv1d<T>(x.get(), C, y.get(), C, C, wd.get(), K, state.get(), sd.get(), qs.get(), S,
+                     tokens, max_run, true, nullptr);
+    state_out = state.download();
+    return y.download();
+  };
+  std::vector<float> s1, s2;
+  const auto y1 = run(16, s1);                    // one launch
+  const auto y2 = run(kConvShortRunMax + 1, s2);  // two kernels
+  EXPECT_TRUE(bitwise_equal(y1.data(), y2.data(), y1.size()));
+  EXPECT_TRUE(bitwise_equal(s1.data(), s2.data(), s1.size()));
 }
 
 TYPED_TEST(GdnTest, Conv1dChunkedIsBitIdentical) {
@@ -67,7 +104,7 @@ TYPED_TEST(GdnTest, Conv1dChunkedIsBitIdentical) {
       const std::vector<int32_t> qsv = {0, n};
       DeviceBuffer<int32_t> qs(qsv);
       causal_conv1d<T>(x.get() + done * C, C, y.get() + done * C, C, C, wd.get(), K, state.get(),
-                       sd.get(), qs.get(), 1, n, true, nullptr);
+                       sd.get(), qs.get(), 1, n, n, true, nullptr);
       done += n;
     }
     state_out = state.download();

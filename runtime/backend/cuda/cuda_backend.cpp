@@ -501,7 +501,7 @@ class CudaBackend final : public CudaModel, private Blocks {
     const int32_t* vslot = layer_slots_ + l.state_layer * S;
     Act* conv = conv_.as<Act>();
     cuda::causal_conv1d<Act>(proj, ld, conv, C, C, vec(l.conv1d), K, conv_state_.as<float>(), vslot,
-                             q_start_, S, T, true, stream_);
+                             q_start_, S, T, max_run_, true, stream_);
     Act* q = conv;
     Act* k = conv + Hk * Dk;
     const Act* v = conv + 2 * Hk * Dk;
@@ -652,8 +652,10 @@ class CudaBackend final : public CudaModel, private Blocks {
     tail_rows_host_.clear();
     tail_start_host_.assign(1, 0);
     const int64_t A = prefill_alignment();
+    max_run_ = 0;
     for (int64_t s = 0; s < S; ++s) {
       const int64_t q_len = b.q_start[s + 1] - b.q_start[s];
+      max_run_ = std::max(max_run_, q_len);
       const int64_t a = A > 1 && aligned != nullptr ? aligned[s] : 0;
       if (a < 0 || a > q_len || a % A != 0)
         fail(
@@ -814,6 +816,7 @@ class CudaBackend final : public CudaModel, private Blocks {
   // This step's chunked GDN items (sequence indices) and the other rows.
   std::vector<int32_t> items_, tail_rows_host_, tail_start_host_;
   int64_t n_items_ = 0, n_tail_ = 0, n_chunks_ = 0;
+  int64_t max_run_ = 0;  // the most tokens of one sequence in the step
   const int32_t *item_slots_ = nullptr, *item_first_ = nullptr, *item_chunk_start_ = nullptr,
                 *tail_rows_ = nullptr, *tail_start_ = nullptr;
   const int64_t* slot_mapping_ = nullptr;
