@@ -56,7 +56,6 @@ void set_batches(cublasLtMatrixLayout_t l, int32_t batch, int64_t offset) {
                                                     &offset, sizeof(offset)));
 }
 
-// A preference for algorithms that need no workspace.
 // The product's descriptor: f32 compute and scale, y^T = w x^T in cuBLASLt's
 // column-major view (A = w transposed, B = x).
 cublasLtMatmulDesc_t make_desc() {
@@ -70,6 +69,7 @@ cublasLtMatmulDesc_t make_desc() {
   return desc;
 }
 
+// A preference for algorithms that need no workspace.
 // note: views into activation buffers are only guaranteed 16-byte aligned.
 cublasLtMatmulPreference_t no_workspace_preference() {
   cublasLtMatmulPreference_t pref = nullptr;
