@@ -40,6 +40,32 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// Thread-block clusters (launch_kernel_clusters, sm_90): a barrier over
+// every thread of the cluster's blocks, whose shared-memory writes before it
+// are visible to the cluster's loads after it; and a load of `local`'s
+// counterpart in the shared memory of the cluster's block `rank`.
+// note: compiled out below sm_90, where no cluster launch happens.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+#endif
+}
+__device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t remote = 0;
+  float v = 0.0f;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  return *local;
+#endif
+}
+
 // The warp asks L2 for `bytes` from p (a 128-byte line a lane at a time):
 // for constants (weights) a kernel will read after its dependency wait.
 __device__ __forceinline__ void warp_prefetch_l2(const void* p, int64_t bytes) {
@@ -74,6 +100,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+// The gated RMSNorm of Qwen3.5's linear attention, one (token, head) row of
+// `dim` values by one warp: x(c) gives value c as stored; the sum of squares
+// of lane l over c = l, l + 32, ... in order, then warp_sum. gated_rmsnorm
+// and the recurrent GDN kernel's fused norm both go through these two, so
+// they give the same bits.
+template <class Load>
+__device__ __forceinline__ float gated_norm_inv(Load x, int dim, float eps) {
+  float ss = 0.0f;
+  for (int c = static_cast<int>(threadIdx.x & 31); c < dim; c += 32) ss = rms_square_add(ss, x(c));
+  return rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+}
+__device__ __forceinline__ float gated_norm_out(float w, float x, float inv, float z) {
+  return w * (x * inv) * silu(z);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

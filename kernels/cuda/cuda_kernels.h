@@ -272,7 +272,17 @@ struct GdnRawInput {
   const float* dt_bias = nullptr;  // f32 [Hv]
   float eps = 1e-6f;               // of both l2norms
   float q_scale = 1.0f;            // q's l2norm scale (Dk^-0.5)
+  // Optional, where gdn_norm_fusable(Dv): the gated RMSNorm applied to the
+  // outputs (gated_rmsnorm's arithmetic, so its bits): z [tokens, Hv*Dv]
+  // stride ldz, norm f32 [Dv].
+  const T* z = nullptr;
+  int64_t ldz = 0;
+  const float* norm = nullptr;
+  float norm_eps = 1e-6f;
 };
+// True when gated_delta_rule_fused can apply the gated norm on this device
+// for value heads of dv columns.
+bool gdn_norm_fusable(int64_t dv);
 template <class T>
 void gated_delta_rule_fused(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v,
                             int64_t ldv, const GdnRawInput<T>& raw, float* state_pool,

@@ -14,11 +14,20 @@ using namespace dev;
 
 constexpr int kGdnWarps = 4;
 constexpr int kGdnCols = 32;
+// The fused gated norm's cluster: a head's column tiles, at most 8 (the
+// portable cluster size), so Dv <= 256.
+constexpr int kGdnMaxCluster = 8;
 
 // Block (sequence, value head, tile of 32 value columns); 4 warps. Lane l owns
 // column j = tile*32 + l; warp w owns key rows w*R .. w*R+R-1 (R = Dk/4), so
 // each thread keeps R state values of S[Dk, Dv] in registers for the whole
 // chunk: the state is read once and written once per call.
+// kNorm (with kRaw): the ceil(Dv / 32) tile blocks of a (sequence, head) run
+// as one cluster; each token's outputs, rounded to T as stored, go through
+// Qwen3.5's gated RMSNorm (dev::gated_norm_inv / gated_norm_out,
+// gated_rmsnorm's arithmetic, the head's row read from the cluster's blocks'
+// shared memory) before they are written: one launch fewer per GDN layer,
+// the same bits.
 // note: f32 state: the recurrence multiplies and accumulates over thousands of
 // steps, and bf16 state would drift visibly within a few hundred tokens.
 // note: fixed order: each column's k^T S and q^T S are 4 per-warp serial sums
@@ -30,7 +39,7 @@ constexpr int kGdnCols = 32;
 // l2norm_heads' and gdn_gates' arithmetic (the sum of squares of lane l over
 // columns l, l + 32, ... in order, then warp_sum; values rounded to T as
 // those kernels store them), so the results are the unfused calls' bits.
-template <class T, int R, bool kRaw>
+template <class T, int R, bool kRaw, bool kNorm>
 __global__ void __launch_bounds__(kGdnWarps * 32)
     gdn_recurrent_kernel(const T* __restrict__ q, int64_t ldq, const T* __restrict__ k, int64_t ldk,
                          const T* __restrict__ v, int64_t ldv, const float* __restrict__ g,
@@ -41,6 +50,7 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
   constexpr int DK = kGdnWarps * R;
   __shared__ float qs[2][DK], ks[2][DK];
   __shared__ float pkv[kGdnWarps][kGdnCols], po[kGdnWarps][kGdnCols];
+  __shared__ float ys[kNorm ? kGdnCols : 1];  // kNorm: the tile's outputs as stored
   const int s = blockIdx.x, h = blockIdx.y;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int j = blockIdx.z * kGdnCols + lane;
@@ -57,13 +67,14 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
   float st[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) st[r] = active ? S[(w * R + r) * dv + j] : 0.0f;
+  const float norm_w = kNorm && active ? raw.norm[j] : 0.0f;
   pdl_begin();
 
   const int t0 = q_start[s], t1 = q_start[s + 1];
   // note: token t+1's inputs are loaded into registers while token t is
   // computed (the loop is latency-bound: one token after another).
   constexpr int kPer = (DK + kGdnWarps * 32 - 1) / (kGdnWarps * 32);
-  float qn[kPer], kn[kPer], vn = 0.0f, gn = 0.0f, bn = 0.0f;
+  float qn[kPer], kn[kPer], vn = 0.0f, gn = 0.0f, bn = 0.0f, zn = 0.0f;
   auto load = [&](int t) {
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
@@ -80,6 +91,8 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
       bn = beta[static_cast<int64_t>(t) * hv + h];
     }
     vn = active ? to_f(v[static_cast<int64_t>(t) * ldv + h * dv + j]) : 0.0f;
+    if constexpr (kNorm)
+      zn = active ? to_f(raw.z[static_cast<int64_t>(t) * raw.ldz + h * dv + j]) : 0.0f;
   };
   if (t0 < t1) load(t0);
   for (int t = t0; t < t1; ++t) {
@@ -94,7 +107,7 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
     }
     const float decay = expf(gn);
     const float b = bn;
-    const float vj = vn;
+    const float vj = vn, zj = zn;
     if (t + 1 < t1) load(t + 1);
     __syncthreads();
     // kRaw: the l2norm factors of this token's q and k rows (every warp
@@ -138,9 +151,25 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
     }
     po[w][lane] = o;
     __syncthreads();
-    if (w == 0 && active)
-      out[static_cast<int64_t>(t) * ldo + h * dv + j] =
-          from_f<T>(((po[0][lane] + po[1][lane]) + po[2][lane]) + po[3][lane]);
+    const T y = from_f<T>(((po[0][lane] + po[1][lane]) + po[2][lane]) + po[3][lane]);
+    if constexpr (kNorm) {
+      // Each tile's outputs as stored, then every block's warp 0 norms the
+      // head's whole row, value c from tile block c / 32 of the cluster (the
+      // same sum in every block), and writes its tile. The second barrier
+      // keeps every ys as it is until all blocks have read it.
+      if (w == 0) ys[lane] = active ? to_f(y) : 0.0f;
+      cluster_barrier();
+      if (w == 0) {
+        const float inv = gated_norm_inv(
+            [&](int c) { return cluster_load(&ys[c % kGdnCols], c / kGdnCols); }, dv, raw.norm_eps);
+        if (active)
+          out[static_cast<int64_t>(t) * ldo + h * dv + j] =
+              from_f<T>(gated_norm_out(norm_w, ys[lane], inv, zj));
+      }
+      cluster_barrier();
+    } else if (w == 0 && active) {
+      out[static_cast<int64_t>(t) * ldo + h * dv + j] = y;
+    }
   }
   if (active) {
 #pragma unroll
@@ -153,10 +182,25 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
                 const float* g, const float* beta, float* state_pool, const int32_t* slot,
                 const int32_t* q_start, int64_t num_seqs, T* out, int64_t ldo, int64_t hk,
                 int64_t hv, int64_t dv, const GdnRawInput<T>& raw, cudaStream_t stream) {
+  const int64_t tiles = (dv + kGdnCols - 1) / kGdnCols;
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hv),
-                  static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols));
-  launch_kernel(gdn_recurrent_kernel<T, R, kRaw>, grid, kGdnWarps * 32, 0, stream, q, ldq, k, ldk,
-                v, ldv, g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
+                  static_cast<unsigned>(tiles));
+  if constexpr (kRaw) {
+    if (raw.z != nullptr) {
+      if (!gdn_norm_fusable(dv))
+        fail_message(
+            "gated_delta_rule_fused: the gated norm in the launch needs compute "
+            "capability 9.0 and a value head dim <= " +
+            std::to_string(kGdnMaxCluster * kGdnCols) + ", got " + std::to_string(dv));
+      launch_kernel_clusters(gdn_recurrent_kernel<T, R, true, true>, grid, kGdnWarps * 32, 0,
+                             dim3(1, 1, static_cast<unsigned>(tiles)), stream, q, ldq, k, ldk, v,
+                             ldv, g, beta, state_pool, slot, q_start, out, ldo,
+                             static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv), raw);
+      return;
+    }
+  }
+  launch_kernel(gdn_recurrent_kernel<T, R, kRaw, false>, grid, kGdnWarps * 32, 0, stream, q, ldq, k,
+                ldk, v, ldv, g, beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
                 static_cast<int>(hv), static_cast<int>(dv), raw);
 }
 
@@ -193,6 +237,13 @@ void dispatch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, 
 }
 
 }  // namespace
+
+bool gdn_norm_fusable(int64_t dv) {
+  // note: clusters are a compute capability 9.0 feature, the one this
+  // library has machine code for (the compute_80 PTX compiles the barrier
+  // and the remote loads out).
+  return dv <= kGdnMaxCluster * kGdnCols && wgmma_device();
+}
 
 template <class T>
 void gated_delta_rule(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv,

@@ -114,14 +114,9 @@ __global__ void gated_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const
   const T* xr = x + t * ldx + h * dim;
   const T* zr = z + t * ldz + h * dim;
   T* yr = y + t * ldy + h * dim;
-  float ss = 0.0f;
-  for (int c = lane; c < dim; c += 32) {
-    const float v = to_f(xr[c]);
-    ss += v * v;
-  }
-  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+  const float inv = gated_norm_inv([&](int c) { return to_f(xr[c]); }, dim, eps);
   for (int c = lane; c < dim; c += 32)
-    yr[c] = from_f<T>(w[c] * (to_f(xr[c]) * inv) * silu(to_f(zr[c])));
+    yr[c] = from_f<T>(gated_norm_out(w[c], to_f(xr[c]), inv, to_f(zr[c])));
 }
 
 template <class T>

@@ -192,7 +192,8 @@ TYPED_TEST(GdnTest, FusedNormsAndGatesEqualTheSeparateKernels) {
   struct Dims {
     int64_t hk, hv, dk, dv;
   };
-  for (const Dims d : {Dims{2, 4, 32, 24}, Dims{16, 16, 128, 128}, Dims{2, 2, 64, 40}}) {
+  for (const Dims d :
+       {Dims{2, 4, 32, 24}, Dims{16, 16, 128, 128}, Dims{2, 4, 128, 128}, Dims{2, 2, 64, 40}}) {
     const std::vector<int32_t> q_len = {1, 9, 33, 1}, slot = {3, 0, 1, 2};
     std::vector<int32_t> q_start = {0};
     for (auto n : q_len) q_start.push_back(q_start.back() + n);
@@ -206,8 +207,15 @@ TYPED_TEST(GdnTest, FusedNormsAndGatesEqualTheSeparateKernels) {
     DeviceBuffer<int32_t> sd(slot), qs(q_start);
     DeviceBuffer<float> Ad(A), dtd(dt);
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(d.dk));
-    auto run = [&](bool fused) {
-      DeviceBuffer<T> x(conv), p(proj), out(tokens * d.hv * d.dv);
+    // The gated norm's inputs: z in its own rows, the weights around 1.
+    const int64_t ldz = d.hv * d.dv + 3;
+    const auto zh = to_device_type<T>(random_floats(tokens * ldz, -4.0f, 4.0f, 55));
+    const auto nw = random_floats(d.dv, 0.5f, 1.5f, 56);
+    DeviceBuffer<float> nwd(nw);
+    // fused: the one launch, else the separate kernels; norm: the gated norm
+    // too (in the launch, or gated_rmsnorm after the separate kernels).
+    auto run = [&](bool fused, bool norm) {
+      DeviceBuffer<T> x(conv), p(proj), out(tokens * d.hv * d.dv), zd(zh);
       DeviceBuffer<float> state(st), g(tokens * d.hv), beta(tokens * d.hv);
       T* q = x.get();
       T* k = q + d.hk * d.dk;
@@ -223,6 +231,12 @@ TYPED_TEST(GdnTest, FusedNormsAndGatesEqualTheSeparateKernels) {
         raw.dt_bias = dtd.get();
         raw.eps = 1e-6f;
         raw.q_scale = q_scale;
+        if (norm) {
+          raw.z = zd.get();
+          raw.ldz = ldz;
+          raw.norm = nwd.get();
+          raw.norm_eps = 1e-6f;
+        }
         gated_delta_rule_fused<T>(q, ldc, k, ldc, v, ldc, raw, state.get(), sd.get(), qs.get(), 4,
                                   tokens, out.get(), d.hv * d.dv, d.hk, d.hv, d.dk, d.dv, nullptr);
       } else {
@@ -233,16 +247,28 @@ TYPED_TEST(GdnTest, FusedNormsAndGatesEqualTheSeparateKernels) {
         gated_delta_rule<T>(q, ldc, k, ldc, v, ldc, g.get(), beta.get(), state.get(), sd.get(),
                             qs.get(), 4, tokens, out.get(), d.hv * d.dv, d.hk, d.hv, d.dk, d.dv,
                             nullptr);
+        if (norm)
+          gated_rmsnorm<T>(out.get(), d.hv * d.dv, zd.get(), ldz, nwd.get(), out.get(), d.hv * d.dv,
+                           tokens, d.hv, d.dv, 1e-6f, nullptr);
       }
       return std::make_pair(out.download(), state.download());
     };
-    const auto [o1, s1] = run(true);
-    const auto [o2, s2] = run(false);
-    EXPECT_TRUE(bitwise_equal(o1.data(), o2.data(), o1.size())) << "dk " << d.dk;
-    EXPECT_TRUE(bitwise_equal(s1.data(), s2.data(), s1.size())) << "dk " << d.dk;
-    // The state really moved (the comparison is not of two untouched copies).
-    EXPECT_FALSE(bitwise_equal(s1.data(), st.data(), s1.size())) << "dk " << d.dk;
-    for (const T& y : o1) ASSERT_TRUE(std::isfinite(to_float(y))) << "dk " << d.dk;
+    for (const bool norm : {false, true}) {
+      if (norm && !gdn_norm_fusable(d.dv)) continue;
+      const auto [o1, s1] = run(true, norm);
+      const auto [o2, s2] = run(false, norm);
+      EXPECT_TRUE(bitwise_equal(o1.data(), o2.data(), o1.size()))
+          << "dk " << d.dk << " norm " << norm;
+      EXPECT_TRUE(bitwise_equal(s1.data(), s2.data(), s1.size()))
+          << "dk " << d.dk << " norm " << norm;
+      // The state really moved (the comparison is not of two untouched copies).
+      EXPECT_FALSE(bitwise_equal(s1.data(), st.data(), s1.size())) << "dk " << d.dk;
+      for (const T& y : o1) ASSERT_TRUE(std::isfinite(to_float(y))) << "dk " << d.dk;
+      if (norm) {  // the norm really ran: its outputs differ from the plain ones
+        const auto plain = run(true, false).first;
+        EXPECT_FALSE(bitwise_equal(o1.data(), plain.data(), o1.size())) << "dk " << d.dk;
+      }
+    }
   }
 }
 
