@@ -203,7 +203,8 @@ inline int wide_form(int64_t N, int64_t rows, bool grouped, bool fp8) {
   const int form = tuning().mma_wide;
   if (form == 4) return 0;
   const int wg_bytes = fp8 ? dev::WgLayout<true>::kBlockBytes : dev::WgLayout<false>::kBlockBytes;
-  if (form == kWgmmaForm && wgmma_device() && wg_bytes <= max_dynamic_smem()) return kWgmmaForm;
+  if (form == kWgmmaForm && !grouped && wgmma_device() && wg_bytes <= max_dynamic_smem())
+    return kWgmmaForm;
   int pass = form == 32 || form == 64 ? form : 0;
   if (pass == 0) {
     pass = 64;
@@ -281,7 +282,9 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     };
     // The split form (passes of pass_rows rows): without groups, each
     // column block's passes side by side in grid x.
-    const int form = rows > 16 ? wide_form(N, rows, groups.offsets != nullptr, fp8) : 0;
+    int form = rows > 16 ? wide_form(N, rows, groups.offsets != nullptr, fp8) : 0;
+    // The warpgroup kernel keeps 32-bit row offsets (the same sums elsewhere).
+    if (form == kWgmmaForm && rows * ldx > INT32_MAX) form = 0;
     const int pass_rows = form == kWgmmaForm ? 0 : form;
     const auto split = [&](auto kernel) {
       const int smem = dev::split_block_bytes(fp8, pass_rows);
@@ -294,16 +297,16 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       launch_kernel(kernel, grid, dim3(32 * dev::kSplitWarps), smem, stream, o, y, ldy, groups,
                     static_cast<int>(split_passes));
     };
-    // The warpgroup form: without groups, each column block's 64-row
-    // passes side by side in grid x.
+    // The warpgroup form (without groups): a cluster of 4 blocks, one per
+    // K range, for each column block's 64-row passes.
     const auto warpgroup = [&](auto kernel, int smem) {
-      const int64_t wg_passes =
-          groups.offsets == nullptr ? (rows + dev::kWgRows - 1) / dev::kWgRows : 1;
-      const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes),
-                      static_cast<unsigned>(groups_y));
+      const int64_t wg_passes = (rows + dev::kWgRows - 1) / dev::kWgRows;
+      const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes *
+                                            dev::kWgCluster));
       set_max_dynamic_smem(kernel, smem);
-      launch_kernel(kernel, grid, dim3(128 * dev::kMmaRanges), smem, stream, o, y, ldy, groups,
-                    static_cast<int>(wg_passes));
+      launch_kernel_clusters(kernel, grid, dim3(dev::kWgThreads), smem, dim3(dev::kWgCluster, 1, 1),
+                             stream, o, y, ldy, static_cast<int>(rows),
+                             static_cast<int>(wg_passes));
     };
     if (rows > 16 && form == kWgmmaForm && fp8)
       warpgroup(dev::mma_wgmma_kernel<Y, true>, dev::WgLayout<true>::kBlockBytes);

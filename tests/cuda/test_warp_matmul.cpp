@@ -4,6 +4,7 @@
 // tensor-core form for bf16 activations (MmaMatmul.*).
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tuning.h"
@@ -261,6 +262,50 @@ TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
             << "rows " << p.m0 << ".." << p.m0 + p.rows - 1 << " fp8 " << fp8 << " wide " << wide;
       }
     }
+}
+
+// The warpgroup kernel (QTK_MMA_WIDE=90) against the split kernel (64-row
+// passes) and rows alone (the narrow kernel), bit for bit, in bf16 and f32
+// outputs, on the shapes of kMmaShapes with more than 16 rows and a few
+// more: a partial last chunk (K 1040, 48), fewer chunks than ranges (K 48,
+// 64: empty ranges), scale blocks of 1 and 3 chunks (bc 64, 192) and 16
+// rows (br 16), N past a 64-column block, passes of 1 to 64 rows.
+TEST(MmaMatmul, WarpgroupFormGivesTheOtherFormsBits) {
+  constexpr MmaShape kShapes[] = {
+      {37, 50, 256, 16, 64, true},      {130, 33, 448, 128, 128, true},
+      {70, 16, 64, 128, 128, true},     {65, 300, 1040, 128, 192, true},
+      {200, 129, 2048, 128, 128, true}, {130, 7, 48, 0, 0, false},
+      {17, 129, 2048, 0, 0, false},     {150, 70, 1088, 0, 0, false},
+  };
+  for (const MmaShape& s : kShapes) {
+    const Operands<bf16> op(s.M, s.N, s.K, s.fp8, s.br, s.bc,
+                            static_cast<uint32_t>(s.M * 5 + s.K + s.fp8));
+    const std::string what = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" +
+                             std::to_string(s.K) + " fp8 " + std::to_string(s.fp8);
+    std::vector<bf16> wg, split;
+    std::vector<float> wg32, split32;
+    {
+      const MmaSwitch on(true, 90);
+      if (compute_capability_90()) {
+        EXPECT_EQ(mma_wide_form(s.N, s.M, false, s.fp8), 90) << what;
+      }
+      wg = op.run<bf16>(0, s.M);
+      wg32 = op.run<float>(0, s.M);
+    }
+    {
+      const MmaSwitch on(true, 64);
+      split = op.run<bf16>(0, s.M);
+      split32 = op.run<float>(0, s.M);
+    }
+    EXPECT_LT(rel_error(wg, op.reference()), tolerance<bf16>()) << what;
+    EXPECT_TRUE(bitwise_equal(wg.data(), split.data(), wg.size())) << what;
+    EXPECT_TRUE(bitwise_equal(wg32.data(), split32.data(), wg32.size())) << what << " (f32 out)";
+    const MmaSwitch on(true, 90);
+    for (const int64_t m : {int64_t{0}, s.M / 2, s.M - 1}) {
+      const std::vector<float> one = op.run<float>(m, 1);
+      EXPECT_TRUE(bitwise_equal(one.data(), wg32.data() + m * s.N, s.N)) << what << " row " << m;
+    }
+  }
 }
 
 // warp_matmul_swiglu: the product with a [2I, K] gate-over-up weight and
