@@ -202,7 +202,8 @@ constexpr int kWgmmaForm = 90;
 inline int wide_form(int64_t N, int64_t rows, bool grouped, bool fp8) {
   const int form = tuning().mma_wide;
   if (form == 4) return 0;
-  const int wg_bytes = fp8 ? dev::WgLayout<true>::kBlockBytes : dev::WgLayout<false>::kBlockBytes;
+  const int wg_bytes =
+      fp8 ? dev::WgLayout<true, 128>::kBlockBytes : dev::WgLayout<false, 128>::kBlockBytes;
   if (form == kWgmmaForm && !grouped && wgmma_device() && wg_bytes <= max_dynamic_smem())
     return kWgmmaForm;
   int pass = form == 32 || form == 64 ? form : 0;
@@ -298,9 +299,12 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
                     static_cast<int>(split_passes));
     };
     // The warpgroup form (without groups): a cluster of 4 blocks, one per
-    // K range, for each column block's 64-row passes.
+    // K range, for each column block's passes of 64 or 128 token rows.
+    // note: 128-row passes above 64 rows: twice the products per converted
+    // weight (the conversion is most of a chunk's instructions).
+    const int wg_rows = rows > 64 ? 128 : 64;
     const auto warpgroup = [&](auto kernel, int smem) {
-      const int64_t wg_passes = (rows + dev::kWgRows - 1) / dev::kWgRows;
+      const int64_t wg_passes = (rows + wg_rows - 1) / wg_rows;
       const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes *
                                             dev::kWgCluster));
       set_max_dynamic_smem(kernel, smem);
@@ -308,10 +312,14 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
                              stream, o, y, ldy, static_cast<int>(rows),
                              static_cast<int>(wg_passes));
     };
-    if (rows > 16 && form == kWgmmaForm && fp8)
-      warpgroup(dev::mma_wgmma_kernel<Y, true>, dev::WgLayout<true>::kBlockBytes);
+    if (rows > 16 && form == kWgmmaForm && fp8 && wg_rows == 128)
+      warpgroup(dev::mma_wgmma_kernel<Y, true, 128>, dev::WgLayout<true, 128>::kBlockBytes);
+    else if (rows > 16 && form == kWgmmaForm && fp8)
+      warpgroup(dev::mma_wgmma_kernel<Y, true, 64>, dev::WgLayout<true, 64>::kBlockBytes);
+    else if (rows > 16 && form == kWgmmaForm && wg_rows == 128)
+      warpgroup(dev::mma_wgmma_kernel<Y, false, 128>, dev::WgLayout<false, 128>::kBlockBytes);
     else if (rows > 16 && form == kWgmmaForm)
-      warpgroup(dev::mma_wgmma_kernel<Y, false>, dev::WgLayout<false>::kBlockBytes);
+      warpgroup(dev::mma_wgmma_kernel<Y, false, 64>, dev::WgLayout<false, 64>::kBlockBytes);
     else if (rows <= 8 && fp8)
       narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
     else if (rows <= 8)
