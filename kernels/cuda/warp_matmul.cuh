@@ -301,7 +301,8 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     // The warpgroup form (without groups): a cluster of 4 blocks, one per
     // K range, for each column block's passes of 64 or 128 token rows.
     // note: 128-row passes above 64 rows: twice the products per converted
-    // weight (the conversion is most of a chunk's instructions).
+    // weight, and as fast or faster than 64-row ones at M = 128 and 512
+    // (bench/cuda/RESULTS.md).
     const int wg_rows = rows > 64 ? 128 : 64;
     const auto warpgroup = [&](auto kernel, int smem) {
       const int64_t wg_passes = (rows + wg_rows - 1) / wg_rows;

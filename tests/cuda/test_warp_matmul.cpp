@@ -269,7 +269,8 @@ TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
 // outputs, on the shapes of kMmaShapes with more than 16 rows and a few
 // more: a partial last chunk (K 1040, 48), fewer chunks than ranges (K 48,
 // 64: empty ranges), scale blocks of 1 and 3 chunks (bc 64, 192) and 16
-// rows (br 16), N past a 64-column block, passes of 1 to 64 rows.
+// rows (br 16), N past a 64-column block, 64-row passes (17 to 64 rows)
+// and 128-row passes (more), full and partial.
 TEST(MmaMatmul, WarpgroupFormGivesTheOtherFormsBits) {
   constexpr MmaShape kShapes[] = {
       {37, 50, 256, 16, 64, true},      {130, 33, 448, 128, 128, true},
