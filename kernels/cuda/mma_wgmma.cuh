@@ -332,8 +332,7 @@ __global__ void __launch_bounds__(kWgThreads, kRows == 64 ? 3 : 2)
     cp_async_wait<S - 3>();
     fence_proxy_async_shared();
     __syncthreads();  // chunk c is in; every warp is past chunk c - 1
-    if (c + S - 2 < c1)
-      copies.issue(o, c + S - 2, ring + (slot >= 2 ? slot - 2 : slot + S - 2) * L::kStage, tid);
+    if (c + S - 2 < c1) copies.issue(o, c + S - 2, ring + (slot + S - 2) % S * L::kStage, tid);
     cp_async_commit();
     const int tile = ((c - c0) & 1) * L::kTile;
     wg_convert<kFp8, L::kTStride>(wg_smem_buf + L::kRing + slot * L::kStage + L::kXBytes,
