@@ -48,8 +48,11 @@
 // per product than the first: the time is not the instructions or the
 // tensor pipe. A chunk takes ~1.8 us where its products take ~0.3, and the
 // largest stall (ncu) is the wait for the copies (long scoreboard, 44% of
-// the samples) with 2 chunks in flight a block: a deeper ring, or fewer
-// and larger copies of pre-permuted activations, is the lead.
+// the samples) with 2 chunks in flight a block; but a 9-stage ring (7 in
+// flight, one block an SM) was 1.3-1.5x slower: with one warpgroup an SM
+// the loop's own work (conversion, barriers, the fold's waits) shows, so
+// more warpgroups per SM sharing the token rows, not more copies in
+// flight, is what the form lacks.
 #pragma once
 
 #include <cuda_bf16.h>
