@@ -289,9 +289,15 @@ constexpr int w_stride() {  // bytes per staged weight row
 // ring can be deep (the FP8 decode form keeps 5 chunks of weights in flight
 // per warp at 4 blocks per SM), and a lane's instructions per chunk are the
 // copies, 4 fragment loads, the conversions and 4 mma steps.
-template <bool kFp8, int kMaxNT>
+// The ring depth of FP8 products of many groups of up to 8 rows, and the
+// least groups a launch has for it (warp_matmul.cuh says why).
+constexpr int kNarrowShallowDepth = 4;
+constexpr int64_t kNarrowShallowGroups = 16;
+// kD: the stages a warp (0: the default below).
+template <bool kFp8, int kMaxNT, int kD = 0>
 struct NarrowLayout {
-  static constexpr int kDepth = kFp8 && kMaxNT == 1 ? 6 : 4;  // stages per warp
+  static constexpr bool kFp8Decode = kFp8 && kMaxNT == 1;
+  static constexpr int kDepth = kD > 0 ? kD : kFp8Decode ? 6 : 4;  // stages per warp
   static constexpr int kXOff = 16 * w_stride<kFp8>();
   static constexpr int kSOff = kXOff + 8 * kMaxNT * kXStride;
   static constexpr int kStage = kSOff + (kFp8 ? 16 * 4 : 0);
@@ -352,11 +358,11 @@ struct NarrowWeights {
 // warp's range sum into red[warp] (f32 [NT][4][32] per warp). ring: the
 // warp's stages; weights_issued: the prologue's weight chunks are already
 // on their way (requested by the kernel before it read the rows).
-template <int NT, int kMaxNT, bool kFp8>
+template <int NT, int kMaxNT, bool kFp8, int kD = 0>
 __device__ __forceinline__ void narrow_pass(const MmaOperands& o, const int32_t* row_source, int rb,
                                             int r1, NarrowWeights<kFp8, kMaxNT>& nw, int c0, int c1,
                                             bool weights_issued, unsigned char* ring, float* red) {
-  using L = NarrowLayout<kFp8, kMaxNT>;
+  using L = NarrowLayout<kFp8, kMaxNT, kD>;
   constexpr int D = L::kDepth;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -467,13 +473,13 @@ __device__ __forceinline__ void narrow_store(const MmaOperands& o, const float* 
   }
 }
 
-template <int NT, int kMaxNT, class Y, bool kFp8>
+template <int NT, int kMaxNT, class Y, bool kFp8, int kD = 0>
 __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const int32_t* row_source,
                                                   int rb, int r1, int n0,
                                                   NarrowWeights<kFp8, kMaxNT>& nw, int c0, int c1,
                                                   bool weights_issued, unsigned char* ring,
                                                   float* red, Y* y, int64_t ldy) {
-  narrow_pass<NT, kMaxNT, kFp8>(o, row_source, rb, r1, nw, c0, c1, weights_issued, ring, red);
+  narrow_pass<NT, kMaxNT, kFp8, kD>(o, row_source, rb, r1, nw, c0, c1, weights_issued, ring, red);
   __syncthreads();
   narrow_store<NT, Y>(o, red, rb, r1, n0, y, ldy);
   __syncthreads();
@@ -494,10 +500,10 @@ __device__ __forceinline__ void narrow_block_pass(const MmaOperands& o, const in
 // (its row span behind the requests); with other groups (gate_up, right
 // behind the front) right after reading the block's group, ahead of its
 // row span and the rows' sources.
-template <class Y, bool kFp8, int kMaxNT>
+template <class Y, bool kFp8, int kMaxNT, int kD = 0>
 __global__ void __launch_bounds__(kMmaRanges * 32)
     mma_narrow_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, RowGroups rg) {
-  using L = NarrowLayout<kFp8, kMaxNT>;
+  using L = NarrowLayout<kFp8, kMaxNT, kD>;
   extern __shared__ __align__(16) unsigned char narrow_smem_buf[];
   __shared__ float red[kMmaRanges * kMaxNT * 4 * 32];  // [range][tile][q][lane]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -535,11 +541,11 @@ __global__ void __launch_bounds__(kMmaRanges * 32)
   bool issued = true;
   for (int rb = r0; rb < r1; rb += 8 * kMaxNT) {
     if (kMaxNT == 2 && r1 - rb > 8)
-      narrow_block_pass<kMaxNT, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued,
-                                                 ring, red, y, ldy);
+      narrow_block_pass<kMaxNT, kMaxNT, Y, kFp8, kD>(o, rg.row_source, rb, r1, n0, nw, c0, c1,
+                                                     issued, ring, red, y, ldy);
     else
-      narrow_block_pass<1, kMaxNT, Y, kFp8>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued, ring,
-                                            red, y, ldy);
+      narrow_block_pass<1, kMaxNT, Y, kFp8, kD>(o, rg.row_source, rb, r1, n0, nw, c0, c1, issued,
+                                                ring, red, y, ldy);
     issued = false;
   }
   cp_async_wait<0>();  // (a block without rows leaves no copy in flight)

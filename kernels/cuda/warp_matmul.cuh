@@ -313,6 +313,18 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
                              stream, o, y, ldy, static_cast<int>(rows),
                              static_cast<int>(wg_passes));
     };
+    // note: FP8 groups of up to 8 rows take a 6-deep ring a warp (5 weight
+    // chunks in flight): the decode of a dense product or of one token's
+    // experts. From kNarrowShallowGroups groups on (MoE steps of several
+    // tokens, each choosing its own experts) the 4-deep ring, which fits
+    // more blocks an SM, is faster. H200, Qwen3.5-35B-A3B FP8 experts cut
+    // to 4 layers, decode tok/s with this rule / the 6-deep ring always:
+    // batch 1 1,807-1,816 / 1,811-1,820, 2 3,191-3,201 / 3,139-3,141, 4
+    // 5,258-5,444 / 5,039-5,041, 8 8,380-8,415 / 7,901-7,902, 16
+    // 11,981-12,005 / 11,097-11,115; the 4-deep ring always lost at batch 1
+    // (1,797-1,799) and on a dense Qwen3-8B FP8 cut (849 / 989). The same
+    // sums either way (a ring's depth is only how far the copies run ahead).
+    const bool fp8_shallow = groups.offsets != nullptr && groups_y >= dev::kNarrowShallowGroups;
     if (rows > 16 && form == kWgmmaForm && fp8 && wg_rows == 128)
       warpgroup(dev::mma_wgmma_kernel<Y, true, 128>, dev::WgLayout<true, 128>::kBlockBytes);
     else if (rows > 16 && form == kWgmmaForm && fp8)
@@ -321,6 +333,9 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       warpgroup(dev::mma_wgmma_kernel<Y, false, 128>, dev::WgLayout<false, 128>::kBlockBytes);
     else if (rows > 16 && form == kWgmmaForm)
       warpgroup(dev::mma_wgmma_kernel<Y, false, 64>, dev::WgLayout<false, 64>::kBlockBytes);
+    else if (rows <= 8 && fp8 && fp8_shallow)
+      narrow(dev::mma_narrow_kernel<Y, true, 1, dev::kNarrowShallowDepth>,
+             dev::NarrowLayout<true, 1, dev::kNarrowShallowDepth>::kBlockBytes);
     else if (rows <= 8 && fp8)
       narrow(dev::mma_narrow_kernel<Y, true, 1>, dev::NarrowLayout<true, 1>::kBlockBytes);
     else if (rows <= 8)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "core/tuning.h"
@@ -235,6 +236,33 @@ struct MoeCase {
     return v;
   }
 
+  // Block-FP8 experts instead (fp8_rows > 0): random e4m3 bytes (never the
+  // NaN codes 0x7F, 0xFF) and f32 scales in fp8_rows x 64 blocks over the
+  // stacked experts; the T weights above are then unused.
+  int64_t fp8_rows = 0;
+  std::vector<uint8_t> gate_up_q, down_q;
+  std::vector<float> gate_up_s, down_s;
+  void make_fp8(int64_t block_rows, uint32_t seed) {
+    fp8_rows = block_rows;
+    auto bytes = [&](int64_t n, uint32_t sd) {
+      std::vector<uint8_t> q(n);
+      std::mt19937 rng(sd);
+      for (uint8_t& b : q) {
+        do b = static_cast<uint8_t>(rng() & 0xFF);
+        while ((b & 0x7F) == 0x7F);
+      }
+      return q;
+    };
+    auto scales = [&](int64_t rows, int64_t cols, uint32_t sd) {
+      return random_floats(((rows + block_rows - 1) / block_rows) * ((cols + 63) / 64), 1e-3f,
+                           4e-3f, sd);
+    };
+    gate_up_q = bytes(E * 2 * I * H, seed + 10);
+    down_q = bytes(E * H * I, seed + 11);
+    gate_up_s = scales(E * 2 * I, H, seed + 12);
+    down_s = scales(E * H, I, seed + 13);
+  }
+
   // Runs tokens [t0, t0 + n) and returns their outputs. fused: gate_up and
   // SwiGLU in one launch where moe_expert_matmul_swiglu takes them (whether
   // it did into *fused_ran).
@@ -244,6 +272,8 @@ struct MoeCase {
     DeviceBuffer<T> xd(
         to_device_type<T>(std::vector<float>(x.begin() + t0 * H, x.begin() + (t0 + n) * H)));
     DeviceBuffer<T> gu(to_device_type<T>(gate_up)), dn(to_device_type<T>(down));
+    DeviceBuffer<uint8_t> guq(gate_up_q), dnq(down_q);
+    DeviceBuffer<float> gus(gate_up_s), dns(down_s);
     DeviceBuffer<float> sh(
         std::vector<float>(shared_out.begin() + t0 * H, shared_out.begin() + (t0 + n) * H));
     DeviceBuffer<T> gw(to_device_type<T>(gate_w));
@@ -257,8 +287,17 @@ struct MoeCase {
     moe_group(ids.get(), n, k, E, g.view(), nullptr);
     const int64_t max_active = std::min(E, n * k);
     WeightRef<T> gu_w, dn_w;
-    gu_w.dense = gu.get();
-    dn_w.dense = dn.get();
+    if (fp8_rows > 0) {
+      gu_w.fp8 = guq.get();
+      dn_w.fp8 = dnq.get();
+      gu_w.scale = gus.get();
+      dn_w.scale = dns.get();
+      gu_w.block_rows = dn_w.block_rows = fp8_rows;
+      gu_w.block_cols = dn_w.block_cols = 64;
+    } else {
+      gu_w.dense = gu.get();
+      dn_w.dense = dn.get();
+    }
     const bool one = fused && moe_expert_matmul_swiglu<T>(xd.get(), H, true, gu_w, I, H, act.get(),
                                                           I, n * k, g.view(), max_active, nullptr);
     if (fused_ran != nullptr) *fused_ran = one;
@@ -380,6 +419,32 @@ TYPED_TEST(MoeBlockTest, TokenBitsDoNotDependOnTheBatchInEachWideForm) {
     expect_token_bits(MoeCase<TypeParam>(150, 4, 2, 64, 32, true, 9), 150, {0, 77, 149}, 20, 9);
   }
   set_tuning(saved);
+}
+
+// FP8 experts on the tensor-core narrow kernel (bf16 activations): a token
+// alone (4 groups of one row, the 6-deep ring) gets the bits it gets among
+// 12 tokens (up to 48 groups of about one row, the 4-deep ring that many
+// groups take, warp_matmul.cuh) and among 5.
+TEST(MoeFp8, TokenBitsDoNotDependOnTheGroupCount) {
+  MoeCase<bf16> c(12, 64, 4, 128, 48, false, 41);
+  c.make_fp8(16, 41);
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "gate_up and SwiGLU in one launch" : "two steps");
+    const std::vector<bf16> all = c.run(0, 12, fused);
+    int64_t finite = 0, nonzero = 0;
+    for (const bf16 v : all) {
+      finite += std::isfinite(to_float(v)) ? 1 : 0;
+      nonzero += to_float(v) != 0.0f ? 1 : 0;
+    }
+    EXPECT_EQ(finite, static_cast<int64_t>(all.size()));
+    EXPECT_GT(nonzero, static_cast<int64_t>(all.size()) / 2);
+    for (const int64_t t : {0, 7, 11}) {
+      const std::vector<bf16> one = c.run(t, 1, fused);
+      EXPECT_TRUE(bitwise_equal(one.data(), all.data() + t * c.H, c.H)) << "token " << t;
+    }
+    const std::vector<bf16> part = c.run(3, 5, fused);
+    EXPECT_TRUE(bitwise_equal(part.data(), all.data() + 3 * c.H, 5 * c.H)) << "tokens 3..7";
+  }
 }
 
 // The experts' gate_up and SwiGLU in one launch (the tensor-core narrow
