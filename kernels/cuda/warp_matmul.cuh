@@ -203,7 +203,7 @@ inline int wide_form(int64_t N, int64_t rows, bool grouped, bool fp8) {
   const int form = tuning().mma_wide;
   if (form == 4) return 0;
   const int wg_bytes =
-      fp8 ? dev::WgLayout<true, 128>::kBlockBytes : dev::WgLayout<false, 128>::kBlockBytes;
+      fp8 ? dev::WgLayout<true, 2>::kBlockBytes : dev::WgLayout<false, 2>::kBlockBytes;
   if (form == kWgmmaForm && !grouped && wgmma_device() && wg_bytes <= max_dynamic_smem())
     return kWgmmaForm;
   int pass = form == 32 || form == 64 ? form : 0;
@@ -283,9 +283,7 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     };
     // The split form (passes of pass_rows rows): without groups, each
     // column block's passes side by side in grid x.
-    int form = rows > 16 ? wide_form(N, rows, groups.offsets != nullptr, fp8) : 0;
-    // The warpgroup kernel keeps 32-bit row offsets (the same sums elsewhere).
-    if (form == kWgmmaForm && rows * ldx > INT32_MAX) form = 0;
+    const int form = rows > 16 ? wide_form(N, rows, groups.offsets != nullptr, fp8) : 0;
     const int pass_rows = form == kWgmmaForm ? 0 : form;
     const auto split = [&](auto kernel) {
       const int smem = dev::split_block_bytes(fp8, pass_rows);
@@ -299,17 +297,19 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
                     static_cast<int>(split_passes));
     };
     // The warpgroup form (without groups): a cluster of 4 blocks, one per
-    // K range, for each column block's passes of 64 or 128 token rows.
-    // note: 128-row passes above 64 rows: twice the products per converted
-    // weight, and as fast or faster than 64-row ones at M = 128 and 512
-    // (bench/cuda/RESULTS.md).
-    const int wg_rows = rows > 64 ? 128 : 64;
+    // K range, for each 128-column block's passes of 64 token rows (one
+    // warpgroup) or 128 (two).
+    // note: 128-row passes above 64 rows: one converted weight tile serves
+    // twice the token rows (one warpgroup a block at M 128, two blocks an SM:
+    // 43.4 vs 40.2 us at 128 x 6144 x 4096, H200).
+    const int wg_groups = rows > dev::kWgGroupRows ? 2 : 1;
     const auto warpgroup = [&](auto kernel, int smem) {
+      const int64_t wg_rows = dev::kWgGroupRows * wg_groups;
       const int64_t wg_passes = (rows + wg_rows - 1) / wg_rows;
       const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes *
                                             dev::kWgCluster));
       set_max_dynamic_smem(kernel, smem);
-      launch_kernel_clusters(kernel, grid, dim3(dev::kWgThreads), smem, dim3(dev::kWgCluster, 1, 1),
+      launch_kernel_clusters(kernel, grid, dim3(128 * wg_groups), smem, dim3(dev::kWgCluster, 1, 1),
                              stream, o, y, ldy, static_cast<int>(rows),
                              static_cast<int>(wg_passes));
     };
@@ -325,14 +325,14 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
     // (1,797-1,799) and on a dense Qwen3-8B FP8 cut (849 / 989). The same
     // sums either way (a ring's depth is only how far the copies run ahead).
     const bool fp8_shallow = groups.offsets != nullptr && groups_y >= dev::kNarrowShallowGroups;
-    if (rows > 16 && form == kWgmmaForm && fp8 && wg_rows == 128)
-      warpgroup(dev::mma_wgmma_kernel<Y, true, 128>, dev::WgLayout<true, 128>::kBlockBytes);
+    if (rows > 16 && form == kWgmmaForm && fp8 && wg_groups == 2)
+      warpgroup(dev::mma_wgmma_kernel<Y, true, 2>, dev::WgLayout<true, 2>::kBlockBytes);
     else if (rows > 16 && form == kWgmmaForm && fp8)
-      warpgroup(dev::mma_wgmma_kernel<Y, true, 64>, dev::WgLayout<true, 64>::kBlockBytes);
-    else if (rows > 16 && form == kWgmmaForm && wg_rows == 128)
-      warpgroup(dev::mma_wgmma_kernel<Y, false, 128>, dev::WgLayout<false, 128>::kBlockBytes);
+      warpgroup(dev::mma_wgmma_kernel<Y, true, 1>, dev::WgLayout<true, 1>::kBlockBytes);
+    else if (rows > 16 && form == kWgmmaForm && wg_groups == 2)
+      warpgroup(dev::mma_wgmma_kernel<Y, false, 2>, dev::WgLayout<false, 2>::kBlockBytes);
     else if (rows > 16 && form == kWgmmaForm)
-      warpgroup(dev::mma_wgmma_kernel<Y, false, 64>, dev::WgLayout<false, 64>::kBlockBytes);
+      warpgroup(dev::mma_wgmma_kernel<Y, false, 1>, dev::WgLayout<false, 1>::kBlockBytes);
     else if (rows <= 8 && fp8 && fp8_shallow)
       narrow(dev::mma_narrow_kernel<Y, true, 1, dev::kNarrowShallowDepth>,
              dev::NarrowLayout<true, 1, dev::kNarrowShallowDepth>::kBlockBytes);
