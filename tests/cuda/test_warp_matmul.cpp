@@ -269,8 +269,10 @@ TEST(MmaMatmul, RowBitsDoNotDependOnTheBatch) {
 // outputs, on the shapes of kMmaShapes with more than 16 rows and a few
 // more: a partial last chunk (K 1040, 48), fewer chunks than ranges (K 48,
 // 64: empty ranges), scale blocks of 1 and 3 chunks (bc 64, 192) and 16
-// rows (br 16), N past a 64-column block, 64-row passes (17 to 64 rows)
-// and 128-row passes (more), full and partial.
+// rows (br 16, where each output column block has 8 scale rows), N past
+// one and two 128-column blocks (129, 300) and within one, one-warpgroup
+// passes (17 to 64 rows) and two-warpgroup passes (more), full and
+// partial.
 TEST(MmaMatmul, WarpgroupFormGivesTheOtherFormsBits) {
   constexpr MmaShape kShapes[] = {
       {37, 50, 256, 16, 64, true},      {130, 33, 448, 128, 128, true},
