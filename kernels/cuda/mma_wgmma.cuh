@@ -78,6 +78,7 @@ namespace qtk::cuda::dev {
 
 constexpr int kWgCols = 128;            // output columns per block: the wgmma's N
 constexpr int kWgGroupRows = 64;        // token rows per warpgroup: the wgmma's M
+constexpr int kWgGroupThreads = 128;    // threads per warpgroup
 constexpr int kWgCluster = kMmaRanges;  // blocks per cluster: one per K range
 
 // One block's shared memory for kWGs warpgroups (passes of 64 kWGs token
@@ -91,7 +92,7 @@ constexpr int kWgCluster = kMmaRanges;  // blocks per cluster: one per K range
 // (the 64 + 64 accumulators of 256 threads take most of the registers).
 template <bool kFp8, int kWGs>
 struct WgLayout {
-  static constexpr int kThreads = 128 * kWGs;
+  static constexpr int kThreads = kWgGroupThreads * kWGs;
   static constexpr int kRows = kWgGroupRows * kWGs;  // token rows per pass
   static constexpr int kXStride = 2 * kMmaChunk + 16;
   static constexpr int kXBytes = kRows * kXStride;
@@ -263,7 +264,7 @@ struct WgCopies {
 // * 128 ..). 128 kWGs threads; dynamic shared memory:
 // WgLayout<kFp8, kWGs>::kBlockBytes; launched in clusters of 4 along x.
 template <class Y, bool kFp8, int kWGs>
-__global__ void __launch_bounds__(128 * kWGs, 1)
+__global__ void __launch_bounds__(kWgGroupThreads* kWGs, 1)
     mma_wgmma_kernel(MmaOperands o, Y* __restrict__ y, int64_t ldy, int rows, int passes) {
 #if QTK_WGMMA
   extern __shared__ __align__(128) unsigned char wg_smem_buf[];

@@ -309,8 +309,8 @@ bool launch_mma_matmul(const T* x, int64_t ldx, const WeightRef<T>& w, int64_t N
       const dim3 grid(static_cast<unsigned>((N + dev::kWgCols - 1) / dev::kWgCols * wg_passes *
                                             dev::kWgCluster));
       set_max_dynamic_smem(kernel, smem);
-      launch_kernel_clusters(kernel, grid, dim3(128 * wg_groups), smem, dim3(dev::kWgCluster, 1, 1),
-                             stream, o, y, ldy, static_cast<int>(rows),
+      launch_kernel_clusters(kernel, grid, dim3(dev::kWgGroupThreads * wg_groups), smem,
+                             dim3(dev::kWgCluster, 1, 1), stream, o, y, ldy, static_cast<int>(rows),
                              static_cast<int>(wg_passes));
     };
     // note: FP8 groups of up to 8 rows take a 6-deep ring a warp (5 weight
