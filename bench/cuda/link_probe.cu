@@ -1,0 +1,218 @@
+// link_probe: what one link of a decode step's chain costs on this GPU, that
+// is, the time from the last write of one phase to the first dependent read
+// of the next, when every block of the next phase needs what every block of
+// the one before wrote (a projection needs the whole row the kernel before
+// produced). Three ways to run a chain of phases that each do almost
+// nothing but that dependency:
+//
+//  - plain: one kernel per phase, in a CUDA graph, stream order;
+//  - pdl:   the same with programmatic dependent launch, as the runtime runs
+//           a decode step (kernels/cuda/launch.cuh): griddepcontrol.wait, then
+//           launch_dependents, then the phase; "pdl 96K" with 96 KB of shared
+//           memory a block, as the skinny products hold (two kernels' blocks
+//           then do not all fit on the SMs at once);
+//  - barrier: one persistent kernel whose phases are separated by a grid
+//           barrier (an arrival counter in global memory; every block
+//           resident at once, cooperative launch).
+//
+// Phase p: block b reads the value block (7 b + 1) mod G wrote in phase p - 1,
+// adds 1 and writes its own. After L phases every value is L exactly when
+// every read saw the phase before (checked: a link that let a read through
+// early would leave a smaller value).
+//
+// Usage: qtk_link_probe [links per chain, default 2000]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+#define CHECK(x)                                                    \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                 \
+    }                                                               \
+  } while (0)
+
+constexpr int kThreads = 128;
+
+// One phase of one block: read the neighbour's value of the previous phase.
+__device__ __forceinline__ void phase(const unsigned* __restrict__ in, unsigned* __restrict__ out) {
+  if (threadIdx.x == 0) {
+    const unsigned g = gridDim.x, b = blockIdx.x;
+    out[b] = __ldcg(in + (7 * b + 1) % g) + 1;
+  }
+}
+
+// kPdl: the runtime's pdl_begin (wait for the previous kernel, then allow
+// the next one to launch) before the phase.
+template <bool kPdl>
+__global__ void __launch_bounds__(kThreads) phase_kernel(const unsigned* in, unsigned* out) {
+  if constexpr (kPdl) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
+  phase(in, out);
+}
+
+// The grid barrier: block arrivals counted in *count (which only grows; the
+// host zeroes it before each launch); barrier k returns once k x gridDim.x
+// arrivals are in. The release/acquire pair makes each block's writes
+// before the barrier visible to every block after it.
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+    } while (seen < target);
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads)
+    persistent_kernel(unsigned* a, unsigned* b, int links, unsigned* count) {
+  for (int p = 0; p < links; ++p) {
+    phase(p % 2 == 0 ? a : b, p % 2 == 0 ? b : a);
+    grid_barrier(count, static_cast<unsigned>(p + 1) * gridDim.x);
+  }
+}
+
+// The values after a chain, all equal to `links` when every link held.
+bool check(const unsigned* d, int g, int links, const char* what) {
+  std::vector<unsigned> h(static_cast<size_t>(g));
+  CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < g; ++i)
+    if (h[static_cast<size_t>(i)] != static_cast<unsigned>(links)) {
+      std::printf("%s: block %d holds %u after %d links (a dependency was not honoured)\n", what, i,
+                  h[static_cast<size_t>(i)], links);
+      return false;
+    }
+  return true;
+}
+
+// Microseconds per link of a chain of `links` kernels captured in a graph
+// (best of 5 replays); the last phase writes into *last.
+double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsigned** last,
+                    cudaStream_t s, size_t smem = 0) {
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int p = 0; p < links; ++p) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(g));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = s;
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    unsigned* in = p % 2 == 0 ? a : b;
+    unsigned* out = p % 2 == 0 ? b : a;
+    if (pdl)
+      CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<true>, static_cast<const unsigned*>(in), out));
+    else
+      CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<false>, static_cast<const unsigned*>(in), out));
+    *last = out;
+  }
+  CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+    CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaStreamSynchronize(s));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return 1000.0 * best / links;
+}
+
+// Microseconds per link of one persistent kernel of `links` phases (best of 5).
+double persistent_chain(int g, int links, unsigned* a, unsigned* b, unsigned* count,
+                        unsigned** last, cudaStream_t s) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+    CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+    CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), s));
+    void* args[] = {&a, &b, &links, &count};
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel),
+                                      dim3(static_cast<unsigned>(g)), dim3(kThreads), args, 0, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaStreamSynchronize(s));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  *last = links % 2 == 0 ? a : b;
+  return 1000.0 * best / links;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int links = argc > 1 ? std::atoi(argv[1]) : 2000;
+  if (links < 2) {
+    std::fprintf(stderr, "qtk_link_probe: expected a chain of at least 2 links, found %d\n", links);
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  int per_sm = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
+  std::printf("%s, %d SMs; %d links per chain; microseconds per link (best of 5)\n", prop.name,
+              prop.multiProcessorCount, links);
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned *a, *b, *count;
+  const int max_g = 2 * prop.multiProcessorCount;
+  CHECK(cudaMalloc(&a, max_g * sizeof(unsigned)));
+  CHECK(cudaMalloc(&b, max_g * sizeof(unsigned)));
+  CHECK(cudaMalloc(&count, sizeof(unsigned)));
+  bool ok = true;
+  constexpr size_t kBig = 96 * 1024;
+  CHECK(cudaFuncSetAttribute(phase_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kBig)));
+  std::printf("%-8s %8s %8s %8s %8s\n", "blocks", "plain", "pdl", "pdl 96K", "barrier");
+  for (const int g : {prop.multiProcessorCount / 4, prop.multiProcessorCount, max_g}) {
+    unsigned* last = nullptr;
+    const double plain = kernel_chain(false, g, links, a, b, &last, s);
+    ok &= check(last, g, links, "plain");
+    const double pdl = kernel_chain(true, g, links, a, b, &last, s);
+    ok &= check(last, g, links, "pdl");
+    const double pdl_big = kernel_chain(true, g, links, a, b, &last, s, kBig);
+    ok &= check(last, g, links, "pdl 96K");
+    double bar = -1.0;
+    if (g <= per_sm * prop.multiProcessorCount) {
+      bar = persistent_chain(g, links, a, b, count, &last, s);
+      ok &= check(last, g, links, "barrier");
+    }
+    std::printf("%-8d %8.3f %8.3f %8.3f %8.3f\n", g, plain, pdl, pdl_big, bar);
+  }
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  CHECK(cudaFree(count));
+  return ok ? 0 : 1;
+}
