@@ -1,8 +1,10 @@
 // Skinny tensor-core products (declared in kernels/cuda/gemv_mma.h).
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -171,7 +173,8 @@ constexpr int kStore = 0, kSwigluOut = 1;
 // sums; each sum is rounded to bf16 as the gate_up buffer would store it,
 // then swiglu's formula: the bits of gemv_bf16<bf16> into gate_up followed
 // by swiglu (elementwise.cu), in one launch and without the gate_up buffer.
-template <int WB, int MT, int kPro, class OUT, int kEpi = kStore, int kS = 1>
+template <int WB, int MT, int kPro, class OUT, int kEpi = kStore, int kS = 1,
+          bool kMultiGroup = false>
 __global__ void __launch_bounds__(WB * 32)
     gemv_kernel(const bf16* __restrict__ x, int64_t ldx, const bf16* __restrict__ w, int64_t ldw,
                 OUT* __restrict__ y, int64_t ldy, int m, int n, int k, AddRmsNormInput an) {
@@ -198,16 +201,35 @@ __global__ void __launch_bounds__(WB * 32)
   // k columns [s * klen, (s + 1) * klen).
   const int klen = k / kS;
   const int tiles = (klen + kKT - 1) / kKT;
+  // note: kMultiGroup, the plain stored product (streamed token rows,
+  // kStore, one chain per output) on fewer blocks than it has row groups of
+  // WB * 8 outputs: block b takes groups b, b + gridDim.x, ... in turn, and
+  // its ring runs on from one group's last stage into the next group's
+  // first (a "unit" is one stage of one group), so its loads never drain
+  // between groups. Each output is the same chain either way (launch()
+  // picks the form and the grid).
+  static_assert(!kMultiGroup || (kPro == kStreamX && kEpi == kStore && kS == 1),
+                "row groups in turn: the plain stored product only");
+  const int64_t group_rows = WB * 8 / kS;  // outputs per row group
+  const int groups = kMultiGroup ? static_cast<int>((n + group_rows - 1) / group_rows) : 1;
+  const int my_groups =
+      kMultiGroup ? (groups - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                        static_cast<int>(gridDim.x)
+                  : 1;
+  const int units = my_groups * tiles;
+  const int64_t group_step = static_cast<int64_t>(gridDim.x) * group_rows;  // rows between groups
 
   // This thread's copies: copy j of a stage is row (tid + j * kThreads) /
   // kChunks, 16-byte column (tid % kChunks) (kThreads is a multiple of 16).
   const int cv = tid % kChunks;
   const bf16* wsrc[kWCopies];
   bool wok[kWCopies];
+  int64_t wrow[kWCopies];  // kMultiGroup: the copy's weight row in the block's first group
 #pragma unroll
   for (int j = 0; j < kWCopies; ++j) {
     const int r = (tid + j * kThreads) / kChunks;
     int64_t row = n0 + (kS > 1 ? r % 8 : r);
+    wrow[j] = row;
     if constexpr (kEpi == kSwigluOut) {
       const int col = a0 + r / 8 * 4 + r % 4;  // warp r / 8, its tile row r % 8
       wok[j] = col < n;
@@ -218,18 +240,24 @@ __global__ void __launch_bounds__(WB * 32)
     const int64_t slice0 = kS > 1 ? static_cast<int64_t>(r / 8) * klen : 0;
     wsrc[j] = w + (wok[j] ? row * ldw + slice0 : 0) + cv * kVec;
   }
-  auto issue_w = [&](int kt) {
-    bf16* st = sm + (kt % kStagesHere) * kRows * kLd;
+  // Unit u: stage kt = u % tiles of the block's group u / tiles (its rows
+  // `shift` past the first group's), into ring slot u % kStagesHere.
+  // note: the loop below keeps kt and shift as running counters, not a
+  // division per unit.
+  auto issue_w = [&](int u, int kt, int64_t shift) {
+    bf16* st = sm + (u % kStagesHere) * kRows * kLd;
     const int kk = kt * kKT + cv * kVec;
 #pragma unroll
     for (int j = 0; j < kWCopies; ++j) {
       const int r = (tid + j * kThreads) / kChunks;
-      cp_async_16(smem_addr(st + r * kLd + cv * kVec), wsrc[j] + kt * kKT, wok[j] && kk < klen);
+      const bool ok = kMultiGroup ? wrow[j] + shift < n : wok[j];
+      const bf16* src = kMultiGroup ? w + (ok ? (wrow[j] + shift) * ldw : 0) + cv * kVec : wsrc[j];
+      cp_async_16(smem_addr(st + r * kLd + cv * kVec), src + kt * kKT, ok && kk < klen);
     }
   };
   // kS > 1: the stage's token rows are kS groups of MT, group s slice s.
-  auto issue_x = [&](int kt) {
-    bf16* st = sm + (kt % kStagesHere) * kRows * kLd + WB * 8 * kLd;
+  auto issue_x = [&](int u, int kt) {
+    bf16* st = sm + (u % kStagesHere) * kRows * kLd + WB * 8 * kLd;
     const int kk = kt * kKT + cv * kVec;
 #pragma unroll
     for (int j = 0; j < kXCopies; ++j) {
@@ -250,7 +278,8 @@ __global__ void __launch_bounds__(WB * 32)
   // 6.1 us) and the Qwen3-0.6B batch-1 step 1.15 -> 1.26 ms.
 #pragma unroll
   for (int s = 0; s < kStagesHere - 1; ++s)
-    if (s < tiles) issue_w(s);
+    if (s < units)
+      issue_w(s, kMultiGroup ? s % tiles : s, kMultiGroup ? (s / tiles) * group_step : 0);
   float nw[kMaxPer];  // kAddRmsNorm: this thread's norm weights
   if constexpr (kPro == kAddRmsNorm) {
 #pragma unroll
@@ -268,24 +297,60 @@ __global__ void __launch_bounds__(WB * 32)
 #pragma unroll
   for (int s = 0; s < kStagesHere - 1; ++s) {
     if constexpr (kPro == kStreamX)
-      if (s < tiles) issue_x(s);
+      if (s < units) issue_x(s, kMultiGroup ? s % tiles : s);
     cp_async_commit();
   }
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int kt = 0; kt < tiles; ++kt) {
-    cp_async_wait<kStagesHere - 2>();  // stage kt landed (this thread's copies)
-    __syncthreads();                   // ... and every thread's; stage kt - 1 is free
-    if (kt + kStagesHere - 1 < tiles) {
-      issue_w(kt + kStagesHere - 1);
-      if constexpr (kPro == kStreamX) issue_x(kt + kStagesHere - 1);
+  // C fragment: d0 (token g, output 2c), d1 (g, 2c+1), d2 (g+8, 2c), d3 (g+8, 2c+1).
+  const int g = lane >> 2, c = lane & 3;
+  // kMultiGroup: the outputs of the block's group `it` (kStore, one chain each).
+  auto store_group = [&](int it) {
+    const int64_t col = n0 + warp * 8 + 2 * c + it * group_step;
+    auto put = [&](int row, int64_t cc, float v) {
+      if (row < m && cc < n) {
+        if constexpr (std::is_same_v<OUT, float>)
+          y[static_cast<int64_t>(row) * ldy + cc] = v;
+        else
+          y[static_cast<int64_t>(row) * ldy + cc] = __float2bfloat16_rn(v);
+      }
+    };
+    put(g, col, acc[0]);
+    put(g, col + 1, acc[1]);
+    if constexpr (MT == 16) {
+      put(g + 8, col, acc[2]);
+      put(g + 8, col + 1, acc[3]);
+    }
+  };
+  // kMultiGroup: the unit consumed is stage ckt of the block's group cit; the
+  // unit issued, kStagesHere - 1 ahead, stage ikt with its rows ishift on.
+  int ckt = 0, cit = 0, ikt = 0;
+  int64_t ishift = 0;
+  if constexpr (kMultiGroup) {
+    ikt = (kStagesHere - 1) % tiles;
+    ishift = ((kStagesHere - 1) / tiles) * group_step;
+  }
+  for (int u = 0; u < units; ++u) {
+    const int kt = kMultiGroup ? ckt : u;
+    cp_async_wait<kStagesHere - 2>();  // unit u landed (this thread's copies)
+    __syncthreads();                   // ... and every thread's; unit u - 1's slot is free
+    if (u + kStagesHere - 1 < units) {
+      const int ik = kMultiGroup ? ikt : u + kStagesHere - 1;
+      issue_w(u + kStagesHere - 1, ik, ishift);
+      if constexpr (kPro == kStreamX) issue_x(u + kStagesHere - 1, ik);
+    }
+    if constexpr (kMultiGroup) {
+      if (++ikt == tiles) {
+        ikt = 0;
+        ishift += group_step;
+      }
     }
     cp_async_commit();
-    const bf16* ws = sm + (kt % kStagesHere) * kRows * kLd + warp * 8 * kLd;
+    const bf16* ws = sm + (u % kStagesHere) * kRows * kLd + warp * 8 * kLd;
     // The token rows of this stage (kS > 1: of this warp's slice): row r at
     // xs + r * ldxs.
     const bf16* xs = kPro != kStreamX ? xres + (kS > 1 ? warp * klen : 0) + kt * kKT
-                                      : sm + (kt % kStagesHere) * kRows * kLd +
+                                      : sm + (u % kStagesHere) * kRows * kLd +
                                             (WB * 8 + (kS > 1 ? warp * MT : 0)) * kLd;
     const int ldxs = kPro != kStreamX ? ldres : kLd;
     // note: zero-filled k past the end add +0 products, as any kernel's
@@ -310,8 +375,19 @@ __global__ void __launch_bounds__(WB * 32)
     }
 #pragma unroll
     for (int kk = 0; kk < kKT / 16; ++kk) mma_bf16(acc, a[kk], b[kk][0], b[kk][1]);
+    if constexpr (kMultiGroup) {
+      if (ckt == tiles - 1) {
+        store_group(cit);
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+      }
+      if (++ckt == tiles) {
+        ckt = 0;
+        ++cit;
+      }
+    }
   }
   cp_async_wait<0>();
+  if constexpr (kMultiGroup) return;
   if constexpr (kS > 1) {
     // The slice sums in slice order, by warp 0.
     __shared__ float4 part[kS][32];
@@ -327,8 +403,6 @@ __global__ void __launch_bounds__(WB * 32)
       acc[3] = __fadd_rn(acc[3], p.w);
     }
   }
-  // C fragment: d0 (token g, output 2c), d1 (g, 2c+1), d2 (g+8, 2c), d3 (g+8, 2c+1).
-  const int g = lane >> 2, c = lane & 3;
   const int col = n0 + (kS > 1 ? 0 : warp * 8) + 2 * c;
   auto put = [&](int row, int cc, float v) {
     if (row < m && cc < n) {
@@ -365,15 +439,73 @@ __global__ void __launch_bounds__(WB * 32)
   }
 }
 
+std::atomic<int> g_grid_limit{0};  // set_gemv_grid_limit
+
+// The blocks of `kernel` that fit the current GPU at once (occupancy x SMs),
+// remembered per kernel, device and shared-memory size.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem) {
+  struct Known {
+    const void* kernel;
+    int device;
+    size_t smem;
+    int blocks;
+  };
+  thread_local std::vector<Known> known;
+  int device = 0;
+  QTK_CUDA_CHECK(cudaGetDevice(&device));
+  const void* key = reinterpret_cast<const void*>(kernel);
+  for (const Known& e : known)
+    if (e.kernel == key && e.device == device && e.smem == smem) return e.blocks;
+  int per_sm = 0;
+  QTK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int blocks = std::max(1, per_sm) * sm_count();
+  known.push_back({key, device, smem, blocks});
+  return blocks;
+}
+
 template <int WB, int MT, int kPro, class OUT, int kEpi = kStore, int kS = 1>
 void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int64_t ldy, int64_t m,
             int64_t n, int64_t k, const AddRmsNormInput& an, cudaStream_t stream) {
-  set_max_dynamic_smem(gemv_kernel<WB, MT, kPro, OUT, kEpi, kS>, static_cast<int>(kMaxSmem));
+  auto* kernel = gemv_kernel<WB, MT, kPro, OUT, kEpi, kS>;
+  set_max_dynamic_smem(kernel, static_cast<int>(kMaxSmem));
   const int per_block = kEpi == kSwigluOut ? WB * 4 : WB * 8 / kS;  // outputs per block
   const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
-  launch_kernel(gemv_kernel<WB, MT, kPro, OUT, kEpi, kS>, blocks, WB * 32,
-                smem_bytes<WB, MT, kPro, kS>(k), stream, x, ldx, w, ldw, y, ldy,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), an);
+  if constexpr (kPro == kStreamX && kEpi == kStore && kS == 1 && WB == 4) {
+    // note: a product of many more row groups than fit the GPU at once (a
+    // vocabulary-wide lm_head: 4,748 groups of 32 rows against 264
+    // resident blocks on an H200) runs on the resident blocks, each taking
+    // groups in turn with its ring running on across them (gemv_kernel's
+    // kMultiGroup): one block per group paid its ramp (launch, first loads,
+    // the ring's drain) ~18 times per block slot. Same bits either way.
+    // H200, batch 1, Qwen3-0.6B's lm_head (K 1024) 88.1 -> 78.2 us under a
+    // kernel trace (84 -> 94% of the copy rate), the step 1,315-1,319 ->
+    // 1,326-1,328 tok/s.
+    // note: only where a group's weights are at most 64 KB (K <= 1024): the
+    // Qwen3-30B-A3B cut's lm_head (K 2048) was at 97% of the copy rate
+    // already and gained nothing (2,413-2,418 vs 2,424-2,429 tok/s).
+    // note: a kernel of its own, so that every other product runs the
+    // one-group code unchanged (a first form shared the loop and cost the
+    // 30B-A3B cut's one-group lm_head 4.4% of its step).
+    auto* multi = gemv_kernel<WB, MT, kPro, OUT, kEpi, kS, true>;
+    const int limit = g_grid_limit.load(std::memory_order_relaxed);
+    unsigned grid = 0;
+    if (limit > 0) {
+      grid = std::min<unsigned>(blocks, static_cast<unsigned>(limit));
+    } else if (limit == 0 && WB * 8 * k * 2 <= 64 * 1024) {
+      set_max_dynamic_smem(multi, static_cast<int>(kMaxSmem));
+      const int resident = resident_blocks(multi, WB * 32, smem_bytes<WB, MT, kPro, kS>(k));
+      if (blocks > 4u * static_cast<unsigned>(resident)) grid = static_cast<unsigned>(resident);
+    }
+    if (grid > 0) {
+      set_max_dynamic_smem(multi, static_cast<int>(kMaxSmem));
+      launch_kernel(multi, grid, WB * 32, smem_bytes<WB, MT, kPro, kS>(k), stream, x, ldx, w, ldw,
+                    y, ldy, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), an);
+      return;
+    }
+  }
+  launch_kernel(kernel, blocks, WB * 32, smem_bytes<WB, MT, kPro, kS>(k), stream, x, ldx, w, ldw, y,
+                ldy, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), an);
 }
 
 template <int kPro, class OUT, int kEpi = kStore>
@@ -432,6 +564,8 @@ bool gemv_bf16_supported(const void* x, int64_t ldx, const void* w, int64_t ldw,
   return m >= 1 && m <= kGemvMaxM && k % kVec == 0 && ldx % kVec == 0 && ldw % kVec == 0 &&
          aligned(x) && aligned(w) && k < (int64_t{1} << 30);
 }
+
+void set_gemv_grid_limit(int blocks) { g_grid_limit.store(std::max(-1, blocks)); }
 
 bool gemv_slices_supported(int64_t k, int slices) {
   return slices == 1 || (slices == kGemvSlices && k % (slices * kKT) == 0);

@@ -82,6 +82,14 @@ void add_rmsnorm_gemv_swiglu_out_bf16(const AddRmsNormInput& an, const __nv_bflo
 constexpr int kGemvSlices = 4;
 bool gemv_slices_supported(int64_t k, int slices);
 
+// How a plain (unsliced, stored) product spreads its row groups of 32
+// outputs over blocks, for tests: 0 (the default) lets the launch decide
+// (a block per group, or, for products with K <= 1024 and many more groups
+// than fit the GPU at once, the blocks that fit, each taking groups in
+// turn); -1 always a block per group; N > 0 at most N blocks, each taking
+// groups in turn. Never changes a bit.
+void set_gemv_grid_limit(int blocks);
+
 template <class OUT>
 void gemv_bf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, OUT* y,
                int64_t ldy, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int warps = 0,

@@ -78,6 +78,49 @@ TEST(Gemv, Bf16OutMatchesReferenceAndRowsAreInvariant) {
     check_gemv<bf16>(n, k);
 }
 
+// The plain product on fewer blocks than row groups (each block taking
+// several groups in turn, its ring running on across them): the same bits
+// as one block per group, for awkward N (a partial last group, groups not
+// a multiple of the blocks) and K (a partial last stage, one stage), and
+// the automatic grid of a vocabulary-wide product against the reference.
+template <class Out>
+void check_gemv_groups(int64_t n, int64_t k, int64_t m) {
+  const int64_t ldx = k + 8, ldw = k + 16, ldy = n + 3;
+  const auto xh = to_device_type<bf16>(random_floats(m * ldx, -1, 1, 101));
+  const auto wh = to_device_type<bf16>(random_floats(n * ldw, -1, 1, 102));
+  DeviceBuffer<bf16> x(xh), w(wh);
+  DeviceBuffer<Out> whole(m * ldy);
+  set_gemv_grid_limit(-1);  // a block per group of 32 rows
+  gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, whole.get(), ldy, m, n, k, nullptr);
+  const auto want = whole.download();
+  // 0: the launch's own choice; the group count: a block per group, in the form that takes them in
+  // turn.
+  for (const int blocks : {1, 3, 7, static_cast<int>((n + 31) / 32), 0}) {
+    set_gemv_grid_limit(blocks);
+    DeviceBuffer<Out> y(m * ldy);
+    gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, y.get(), ldy, m, n, k, nullptr);
+    const auto got = y.download();
+    for (int64_t r = 0; r < m; ++r)
+      ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
+          << "n " << n << " k " << k << " m " << m << " blocks " << blocks << " row " << r;
+  }
+  set_gemv_grid_limit(0);
+  std::vector<Out> dense;
+  for (int64_t r = 0; r < m; ++r)
+    dense.insert(dense.end(), want.begin() + r * ldy, want.begin() + r * ldy + n);
+  const Vec ref = matmul_ref(dense_of(xh, m, k, ldx), dense_of(wh, n, k, ldw), m, n, k);
+  EXPECT_LT(rel_error(dense, ref), (std::is_same_v<Out, bf16> ? 1e-2 : 1e-5)) << "n " << n;
+}
+
+TEST(Gemv, RowGroupsTakenInTurnGiveTheSameBits) {
+  check_gemv_groups<float>(1000, 1000, 1);
+  check_gemv_groups<float>(37, 136, 3);
+  check_gemv_groups<bf16>(301, 128, 9);
+  check_gemv_groups<bf16>(250, 2056, 16);
+  // Far more groups than fit the GPU at once: the automatic grid takes them in turn.
+  check_gemv_groups<float>(151936, 64, 1);
+}
+
 // The fused add + RMSNorm's input over rows of stride ld.
 AddRmsNormInput rmsnorm_input(const bf16* residual, const bf16* delta, const float* weight,
                               float eps, bf16* residual_out, int64_t ld) {
