@@ -97,6 +97,29 @@ bool check(const unsigned* d, int g, int links, const char* what) {
   return true;
 }
 
+// The best of 5 runs of `launch`, in milliseconds, each after `prepare`
+// (outside the timed span).
+template <class Prepare, class Launch>
+float best_of_5(cudaStream_t s, Prepare&& prepare, Launch&& launch) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    prepare();
+    CHECK(cudaEventRecord(e0, s));
+    launch();
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaStreamSynchronize(s));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  return best;
+}
+
 // Microseconds per link of a chain of `links` kernels captured in a graph
 // (best of 5 replays); the last phase writes into *last.
 double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsigned** last,
@@ -125,21 +148,13 @@ double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsign
   CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-    CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaStreamSynchronize(s));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, ms);
-  }
+  const float best = best_of_5(
+      s,
+      [&] {
+        CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+      },
+      [&] { CHECK(cudaGraphLaunch(exec, s)); });
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   return 1000.0 * best / links;
@@ -148,24 +163,19 @@ double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsign
 // Microseconds per link of one persistent kernel of `links` phases (best of 5).
 double persistent_chain(int g, int links, unsigned* a, unsigned* b, unsigned* count,
                         unsigned** last, cudaStream_t s) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-    CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-    CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), s));
-    void* args[] = {&a, &b, &links, &count};
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel),
-                                      dim3(static_cast<unsigned>(g)), dim3(kThreads), args, 0, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaStreamSynchronize(s));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, ms);
-  }
+  void* args[] = {&a, &b, &links, &count};
+  const float best = best_of_5(
+      s,
+      [&] {
+        CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), s));
+      },
+      [&] {
+        CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel),
+                                          dim3(static_cast<unsigned>(g)), dim3(kThreads), args, 0,
+                                          s));
+      });
   *last = links % 2 == 0 ? a : b;
   return 1000.0 * best / links;
 }
