@@ -89,12 +89,15 @@ void check_gemv_groups(int64_t n, int64_t k, int64_t m) {
   const auto xh = to_device_type<bf16>(random_floats(m * ldx, -1, 1, 101));
   const auto wh = to_device_type<bf16>(random_floats(n * ldw, -1, 1, 102));
   DeviceBuffer<bf16> x(xh), w(wh);
+  struct Reset {  // the launch's own choice again when the test ends, however it ends
+    ~Reset() { set_gemv_grid_limit(0); }
+  } reset;
   DeviceBuffer<Out> whole(m * ldy);
   set_gemv_grid_limit(-1);  // a block per group of 32 rows
   gemv_bf16<Out>(x.get(), ldx, w.get(), ldw, whole.get(), ldy, m, n, k, nullptr);
   const auto want = whole.download();
-  // 0: the launch's own choice; the group count: a block per group, in the form that takes them in
-  // turn.
+  // (the group count: a block per group in the form that takes groups in
+  // turn; 0: the launch's own choice)
   for (const int blocks : {1, 3, 7, static_cast<int>((n + 31) / 32), 0}) {
     set_gemv_grid_limit(blocks);
     DeviceBuffer<Out> y(m * ldy);
@@ -104,7 +107,6 @@ void check_gemv_groups(int64_t n, int64_t k, int64_t m) {
       ASSERT_TRUE(bitwise_equal(&got[r * ldy], &want[r * ldy], n))
           << "n " << n << " k " << k << " m " << m << " blocks " << blocks << " row " << r;
   }
-  set_gemv_grid_limit(0);
   std::vector<Out> dense;
   for (int64_t r = 0; r < m; ++r)
     dense.insert(dense.end(), want.begin() + r * ldy, want.begin() + r * ldy + n);
