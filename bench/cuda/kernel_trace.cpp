@@ -68,11 +68,10 @@ void write_trace() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::fprintf(f, "start_ns,end_ns,graph_id,graph_node_id,grid,block,smem,name\n");
   for (const Row& r : *g_rows)
-    std::fprintf(f, "%llu,%llu,%u,%llu,%lld,%lld,%d,%s\n",
-                 static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
-                 r.graph_id, static_cast<unsigned long long>(r.graph_node_id),
-                 static_cast<long long>(r.grid), static_cast<long long>(r.block), r.smem,
-                 r.name.c_str());
+    std::fprintf(f, "%llu,%llu,%u,%llu,%lld,%lld,%d,%s\n", static_cast<unsigned long long>(r.start),
+                 static_cast<unsigned long long>(r.end), r.graph_id,
+                 static_cast<unsigned long long>(r.graph_node_id), static_cast<long long>(r.grid),
+                 static_cast<long long>(r.block), r.smem, r.name.c_str());
   std::fclose(f);
   std::fprintf(stderr, "kernel_trace: %zu kernels -> %s\n", g_rows->size(), path);
 }

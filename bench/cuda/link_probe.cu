@@ -28,16 +28,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "bench/cuda/probe_check.h"
 
-#define CHECK(x)                                                    \
-  do {                                                              \
-    cudaError_t e_ = (x);                                           \
-    if (e_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
+namespace {
 
 constexpr int kThreads = 128;
 
@@ -87,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
 // The values after a chain, all equal to `links` when every link held.
 bool check(const unsigned* d, int g, int links, const char* what) {
   std::vector<unsigned> h(static_cast<size_t>(g));
-  CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  QTK_PROBE_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
   for (int i = 0; i < g; ++i)
     if (h[static_cast<size_t>(i)] != static_cast<unsigned>(links)) {
       std::printf("%s: block %d holds %u after %d links (a dependency was not honoured)\n", what, i,
@@ -102,21 +95,21 @@ bool check(const unsigned* d, int g, int links, const char* what) {
 template <class Prepare, class Launch>
 float best_of_5(cudaStream_t s, Prepare&& prepare, Launch&& launch) {
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  QTK_PROBE_CHECK(cudaEventCreate(&e0));
+  QTK_PROBE_CHECK(cudaEventCreate(&e1));
   float best = 1e30f;
   for (int r = 0; r < 5; ++r) {
     prepare();
-    CHECK(cudaEventRecord(e0, s));
+    QTK_PROBE_CHECK(cudaEventRecord(e0, s));
     launch();
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaStreamSynchronize(s));
+    QTK_PROBE_CHECK(cudaEventRecord(e1, s));
+    QTK_PROBE_CHECK(cudaStreamSynchronize(s));
     float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    QTK_PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     best = std::min(best, ms);
   }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
+  QTK_PROBE_CHECK(cudaEventDestroy(e0));
+  QTK_PROBE_CHECK(cudaEventDestroy(e1));
   return best;
 }
 
@@ -125,7 +118,7 @@ float best_of_5(cudaStream_t s, Prepare&& prepare, Launch&& launch) {
 double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsigned** last,
                     cudaStream_t s, size_t smem = 0) {
   cudaGraph_t graph;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  QTK_PROBE_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int p = 0; p < links; ++p) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(g));
@@ -140,23 +133,25 @@ double kernel_chain(bool pdl, int g, int links, unsigned* a, unsigned* b, unsign
     unsigned* in = p % 2 == 0 ? a : b;
     unsigned* out = p % 2 == 0 ? b : a;
     if (pdl)
-      CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<true>, static_cast<const unsigned*>(in), out));
+      QTK_PROBE_CHECK(
+          cudaLaunchKernelEx(&cfg, phase_kernel<true>, static_cast<const unsigned*>(in), out));
     else
-      CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<false>, static_cast<const unsigned*>(in), out));
+      QTK_PROBE_CHECK(
+          cudaLaunchKernelEx(&cfg, phase_kernel<false>, static_cast<const unsigned*>(in), out));
     *last = out;
   }
-  CHECK(cudaStreamEndCapture(s, &graph));
+  QTK_PROBE_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  QTK_PROBE_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   const float best = best_of_5(
       s,
       [&] {
-        CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-        CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        QTK_PROBE_CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        QTK_PROBE_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
       },
-      [&] { CHECK(cudaGraphLaunch(exec, s)); });
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
+      [&] { QTK_PROBE_CHECK(cudaGraphLaunch(exec, s)); });
+  QTK_PROBE_CHECK(cudaGraphExecDestroy(exec));
+  QTK_PROBE_CHECK(cudaGraphDestroy(graph));
   return 1000.0 * best / links;
 }
 
@@ -167,14 +162,14 @@ double persistent_chain(int g, int links, unsigned* a, unsigned* b, unsigned* co
   const float best = best_of_5(
       s,
       [&] {
-        CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-        CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
-        CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), s));
+        QTK_PROBE_CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        QTK_PROBE_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(g) * sizeof(unsigned), s));
+        QTK_PROBE_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), s));
       },
       [&] {
-        CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel),
-                                          dim3(static_cast<unsigned>(g)), dim3(kThreads), args, 0,
-                                          s));
+        QTK_PROBE_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel),
+                                                    dim3(static_cast<unsigned>(g)), dim3(kThreads),
+                                                    args, 0, s));
       });
   *last = links % 2 == 0 ? a : b;
   return 1000.0 * best / links;
@@ -189,22 +184,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  QTK_PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   int per_sm = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
+  QTK_PROBE_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
   std::printf("%s, %d SMs; %d links per chain; microseconds per link (best of 5)\n", prop.name,
               prop.multiProcessorCount, links);
   cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  QTK_PROBE_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   unsigned *a, *b, *count;
   const int max_g = 2 * prop.multiProcessorCount;
-  CHECK(cudaMalloc(&a, max_g * sizeof(unsigned)));
-  CHECK(cudaMalloc(&b, max_g * sizeof(unsigned)));
-  CHECK(cudaMalloc(&count, sizeof(unsigned)));
+  QTK_PROBE_CHECK(cudaMalloc(&a, max_g * sizeof(unsigned)));
+  QTK_PROBE_CHECK(cudaMalloc(&b, max_g * sizeof(unsigned)));
+  QTK_PROBE_CHECK(cudaMalloc(&count, sizeof(unsigned)));
   bool ok = true;
   constexpr size_t kBig = 96 * 1024;
-  CHECK(cudaFuncSetAttribute(phase_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kBig)));
+  QTK_PROBE_CHECK(cudaFuncSetAttribute(
+      phase_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBig)));
   std::printf("%-8s %8s %8s %8s %8s\n", "blocks", "plain", "pdl", "pdl 96K", "barrier");
   for (const int g : {prop.multiProcessorCount / 4, prop.multiProcessorCount, max_g}) {
     unsigned* last = nullptr;
@@ -221,8 +217,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%-8d %8.3f %8.3f %8.3f %8.3f\n", g, plain, pdl, pdl_big, bar);
   }
-  CHECK(cudaFree(a));
-  CHECK(cudaFree(b));
-  CHECK(cudaFree(count));
+  QTK_PROBE_CHECK(cudaFree(a));
+  QTK_PROBE_CHECK(cudaFree(b));
+  QTK_PROBE_CHECK(cudaFree(count));
   return ok ? 0 : 1;
 }

@@ -22,20 +22,12 @@
 #include <random>
 #include <vector>
 
+#include "bench/cuda/probe_check.h"
 #include "kernels/cuda/mma.cuh"
 
 namespace {
 
 using qtk::cuda::dev::mma_bf16;
-
-#define CHECK(x)                                                    \
-  do {                                                              \
-    cudaError_t e_ = (x);                                           \
-    if (e_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
 
 // CHAINS independent accumulators, each a chain of `steps` dependent mma.
 template <int CHAINS>
@@ -94,16 +86,16 @@ void time_chain(const uint32_t* in, float* out, long long* cyc_d) {
   const int steps = 1 << 16;
   chain_kernel<CHAINS><<<1, 32>>>(in, out, steps, cyc_d);  // warm
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0));
+  QTK_PROBE_CHECK(cudaEventCreate(&e0));
+  QTK_PROBE_CHECK(cudaEventCreate(&e1));
+  QTK_PROBE_CHECK(cudaEventRecord(e0));
   chain_kernel<CHAINS><<<1, 32>>>(in, out, steps, cyc_d);
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
+  QTK_PROBE_CHECK(cudaEventRecord(e1));
+  QTK_PROBE_CHECK(cudaEventSynchronize(e1));
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  QTK_PROBE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
   long long cyc = 0;
-  CHECK(cudaMemcpy(&cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
+  QTK_PROBE_CHECK(cudaMemcpy(&cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
   std::printf("chains %d: %.2f cycles and %.2f ns per step of each chain (%d steps, %.3f ms)\n",
               CHAINS, double(cyc) / steps, ms * 1e6 / steps, steps, ms);
 }
@@ -113,7 +105,7 @@ void time_chain(const uint32_t* in, float* out, long long* cyc_d) {
 int main(int argc, char** argv) {
   const int trials = argc > 1 ? std::atoi(argv[1]) : 1000000;
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  QTK_PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (cc %d.%d)\n", prop.name, prop.major, prop.minor);
 
   // 1. Latency and issue rate.
@@ -123,10 +115,10 @@ int main(int argc, char** argv) {
   uint32_t* in;
   float* out;
   long long* cyc;
-  CHECK(cudaMalloc(&in, 64 * 4));
-  CHECK(cudaMalloc(&out, 1024 * 4));
-  CHECK(cudaMalloc(&cyc, 8));
-  CHECK(cudaMemcpy(in, seed.data(), 64 * 4, cudaMemcpyHostToDevice));
+  QTK_PROBE_CHECK(cudaMalloc(&in, 64 * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&out, 1024 * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&cyc, 8));
+  QTK_PROBE_CHECK(cudaMemcpy(in, seed.data(), 64 * 4, cudaMemcpyHostToDevice));
   time_chain<1>(in, out, cyc);
   time_chain<2>(in, out, cyc);
   time_chain<4>(in, out, cyc);
@@ -141,24 +133,24 @@ int main(int argc, char** argv) {
   std::vector<float> hc(na), h1(na), h2(na);
   uint32_t *da, *db;
   float *dc, *d1, *d2;
-  CHECK(cudaMalloc(&da, na * 4));
-  CHECK(cudaMalloc(&db, nb * 4));
-  CHECK(cudaMalloc(&dc, na * 4));
-  CHECK(cudaMalloc(&d1, na * 4));
-  CHECK(cudaMalloc(&d2, na * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&da, na * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&db, nb * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&dc, na * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&d1, na * 4));
+  QTK_PROBE_CHECK(cudaMalloc(&d2, na * 4));
   auto pair = [&] { return (uint32_t(to_bf16_bits(nd(rng))) << 16) | to_bf16_bits(nd(rng)); };
   for (auto& v : ha) v = pair();
   for (auto& v : hb) v = pair();
-  CHECK(cudaMemcpy(da, ha.data(), na * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(db, hb.data(), nb * 4, cudaMemcpyHostToDevice));
+  QTK_PROBE_CHECK(cudaMemcpy(da, ha.data(), na * 4, cudaMemcpyHostToDevice));
+  QTK_PROBE_CHECK(cudaMemcpy(db, hb.data(), nb * 4, cudaMemcpyHostToDevice));
   bool all_equal = true;
   for (float scale : {0.0f, 1e-6f, 1e-2f, 1.0f, 4.0f, 64.0f, 1e4f}) {
     for (auto& v : hc) v = nd(rng) * scale;
-    CHECK(cudaMemcpy(dc, hc.data(), na * 4, cudaMemcpyHostToDevice));
+    QTK_PROBE_CHECK(cudaMemcpy(dc, hc.data(), na * 4, cudaMemcpyHostToDevice));
     split_kernel<<<264, 256>>>(da, db, dc, d1, d2, trials);
-    CHECK(cudaGetLastError());
-    CHECK(cudaMemcpy(h1.data(), d1, na * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(h2.data(), d2, na * 4, cudaMemcpyDeviceToHost));
+    QTK_PROBE_CHECK(cudaGetLastError());
+    QTK_PROBE_CHECK(cudaMemcpy(h1.data(), d1, na * 4, cudaMemcpyDeviceToHost));
+    QTK_PROBE_CHECK(cudaMemcpy(h2.data(), d2, na * 4, cudaMemcpyDeviceToHost));
     int64_t diff = 0, first = -1;
     for (int64_t i = 0; i < na; ++i)
       if (std::memcmp(&h1[i], &h2[i], 4) != 0) {

@@ -488,17 +488,16 @@ void launch(const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, OUT* y, int6
     // one-group code unchanged (a first form shared the loop and cost the
     // 30B-A3B cut's one-group lm_head 4.4% of its step).
     auto* multi = gemv_kernel<WB, MT, kPro, OUT, kEpi, kS, true>;
+    set_max_dynamic_smem(multi, static_cast<int>(kMaxSmem));  // (before the occupancy query too)
     const int limit = g_grid_limit.load(std::memory_order_relaxed);
     unsigned grid = 0;
     if (limit > 0) {
       grid = std::min<unsigned>(blocks, static_cast<unsigned>(limit));
     } else if (limit == 0 && WB * 8 * k * 2 <= 64 * 1024) {
-      set_max_dynamic_smem(multi, static_cast<int>(kMaxSmem));
       const int resident = resident_blocks(multi, WB * 32, smem_bytes<WB, MT, kPro, kS>(k));
       if (blocks > 4u * static_cast<unsigned>(resident)) grid = static_cast<unsigned>(resident);
     }
     if (grid > 0) {
-      set_max_dynamic_smem(multi, static_cast<int>(kMaxSmem));
       launch_kernel(multi, grid, WB * 32, smem_bytes<WB, MT, kPro, kS>(k), stream, x, ldx, w, ldw,
                     y, ldy, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), an);
       return;
