@@ -620,6 +620,7 @@ struct Fp8TpModel {
 
 class TensorParallelFp8Model : public ::testing::TestWithParam<Fp8TpModel> {};
 
+#ifdef QTK_SYNTH_BIN
 // Multiplies the float32 block scales (`*_scale_inv`) of every safetensors
 // file in `dir` by factors from 0.5 to 2 that differ from block to block.
 // note: synth's uniform weights give every block nearly the same amax, so
@@ -648,6 +649,7 @@ void vary_fp8_scales(const std::string& dir) {
     write_text(entry.path().string(), bytes);
   }
 }
+#endif
 
 // TP 2 next to TP 1 (the same tokens while the TP-1 margin is above 1e-3,
 // margins within 1e-4), and TP 2 byte-identical to itself under other
