@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -107,6 +108,32 @@ SourceFileDigest digest_file(const std::string& path, const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// note: with --force an existing OUT is replaced when the pack is
+// committed, so an OUT that is the input archive or one of the files of the
+// input directory would destroy what it was converted from: refused before
+// any work. (A new OUT inside the input directory is fine.)
+void refuse_output_over_input(const std::string& output, const std::string& input,
+                              const struct stat& in) {
+  struct stat out {};
+  if (::stat(output.c_str(), &out) != 0) return;
+  const auto same = [&](const struct stat& a) {
+    return a.st_dev == out.st_dev && a.st_ino == out.st_ino;
+  };
+  if (same(in)) fail("{}: is the input itself; choose another output path", output);
+  if (!S_ISDIR(in.st_mode)) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(input, ec)) {
+    struct stat f {};
+    if (::stat(e.path().c_str(), &f) == 0 && same(f))
+      fail("{}: is {}, a file of the input checkpoint; choose another output path", output,
+           e.path().string());
+  }
+}
+
+}  // namespace
+
 MatrixDType parse_matrix_dtype(const std::string& text) {
   if (text == "keep") return std::nullopt;
   if (text == "bf16") return DType::BF16;
@@ -123,6 +150,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   struct stat st {};
   if (::stat(opt.input.c_str(), &st) != 0)
     fail_errno(fmt::format("{}: cannot read the input", opt.input));
+  refuse_output_over_input(opt.output, opt.input, st);
   std::unique_ptr<ExtractedArchive> extracted;
   std::string dir = opt.input;
   if (S_ISREG(st.st_mode)) {

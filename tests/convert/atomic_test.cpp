@@ -80,6 +80,43 @@ TEST(Atomic, ExistingOutputNeedsForce) {
   EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
 }
 
+// --force never replaces what the pack is converted from: OUT as one of the
+// input directory's files or as the input archive is refused, untouched,
+// and no temporary file is left.
+TEST(Atomic, ForceDoesNotReplaceTheInput) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  std::filesystem::copy(testing::source_path(kModel), dir, std::filesystem::copy_options::recursive);
+  const auto in_dir = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      names.insert(e.path().filename().string());
+    return names;
+  };
+  const std::set<std::string> before = in_dir();
+  for (const char* name : {"model.safetensors", "config.json", "tokenizer.json"}) {
+    const std::string victim = dir + "/" + name;
+    const std::string content = testing::read_file(victim);
+    const auto r = run_shell(cli(dir, victim, "--force"));
+    EXPECT_EQ(r.status, 1) << name << ": " << r.err;
+    EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("a file of the input checkpoint"), std::string::npos) << r.err;
+    EXPECT_EQ(testing::read_file(victim), content) << name;
+    EXPECT_EQ(in_dir(), before);
+  }
+  // An archive as its own output.
+  const std::string tar = tmp.file("ckpt.tar");
+  ASSERT_EQ(run_shell("tar -cf " + quote(tar) + " -C " + quote(tmp.str()) + " ckpt").status, 0);
+  const std::string content = testing::read_file(tar);
+  const auto r = run_shell(cli(tar, tar, "--force"));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("is the input itself"), std::string::npos) << r.err;
+  EXPECT_EQ(testing::read_file(tar), content);
+  // A new pack inside the input directory is fine.
+  const auto ok = run_shell(cli(dir, dir + "/m.pack"));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
 TEST(Atomic, BadInputLeavesNothing) {
   TempDir tmp;
   const std::string dir = tmp.file("broken");
