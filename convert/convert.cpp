@@ -127,8 +127,8 @@ void refuse_output_over_input(const std::string& output, const std::string& inpu
   for (const auto& e : std::filesystem::directory_iterator(input, ec)) {
     struct stat f {};
     if (::stat(e.path().c_str(), &f) == 0 && same(f))
-      fail("{}: is {}, a file of the input checkpoint; choose another output path", output,
-           e.path().string());
+      fail("{}: is {}a file of the input checkpoint; choose another output path", output,
+           e.path().string() == output ? "" : e.path().string() + ", ");
   }
 }
 
