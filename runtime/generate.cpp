@@ -552,7 +552,10 @@ ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, 
                                                                    {"--batch", o.batch}};
   if (o.out == "-") {
     check_stdout_flags(o);
-    if (!o.meta.empty()) refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
+    if (!o.meta.empty()) {
+      check_meta_path(o.meta);
+      refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
+    }
     return {};
   }
   refuse_outputs_that_are_inputs(paths, inputs);
@@ -629,6 +632,7 @@ void check_generate_inputs(const GenerateOptions& o) {
                                                                      {"--batch", o.batch}};
     if (o.out == "-") {
       check_stdout_flags(o);
+      if (!o.meta.empty()) check_meta_path(o.meta);
     } else {
       refuse_outputs_that_are_inputs(ResultsPaths::of(o.out, o.meta), inputs);
     }

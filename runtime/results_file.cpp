@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -59,6 +60,7 @@ ResultsPaths ResultsPaths::of(const std::string& out, const std::string& meta_ov
   ResultsPaths p;
   p.out = out;
   p.meta = meta_override.empty() ? out + ".meta.json" : meta_override;
+  p.meta_given = !meta_override.empty();
   p.partial = out + ".partial";
   p.partial_meta = p.partial + ".meta.json";
   p.lock = out + ".lock";
@@ -84,6 +86,30 @@ void refuse_output_that_is_an_input(
   }
 }
 
+void check_meta_path(const std::string& meta) {
+  if (meta.empty() || meta.back() == '/')
+    fail("--meta: expected a file name, found \"{}\"", meta);
+  struct stat st {};
+  const std::string dir = directory_of(meta);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail("--meta {}: cannot write the run header: directory {} does not exist", meta, dir);
+  if (::stat(meta.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    fail("--meta {}: is a directory; expected a file name", meta);
+}
+
+namespace {
+// Whether two paths name one file: the same path once made absolute and
+// normalised, or the same inode where both exist.
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal()) return true;
+  struct stat sa {}, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+}  // namespace
+
 void refuse_outputs_that_are_inputs(
     const ResultsPaths& paths, const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (paths.out.empty() || paths.out.back() == '/')
@@ -94,10 +120,21 @@ void refuse_outputs_that_are_inputs(
     fail("{}: cannot write the results: directory {} does not exist", paths.out, dir);
   if (::stat(paths.out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail("--out {}: is a directory; expected a file name", paths.out);
-  for (const std::string& out :
-       {paths.out, paths.meta, paths.partial, paths.partial_meta, paths.lock}) {
-    refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
+  if (paths.meta_given) {
+    check_meta_path(paths.meta);
+    for (const auto& [what, other] : {std::pair<const char*, std::string>{"--out", paths.out},
+                                      {"the partial results", paths.partial},
+                                      {"the partial results' header", paths.partial_meta},
+                                      {"the lock file", paths.lock}})
+      if (same_file(paths.meta, other))
+        fail("--meta {}: is the same file as {} ({}); the run header needs a path of its own",
+             paths.meta, what, other);
   }
+  for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
+    refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
+  refuse_output_that_is_an_input((paths.meta_given ? "--meta " : "--out ") +
+                                     (paths.meta_given ? paths.meta : paths.out),
+                                 paths.meta, inputs);
 }
 
 OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {

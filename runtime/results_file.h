@@ -25,15 +25,20 @@ namespace qtk {
 
 struct ResultsPaths {
   std::string out, meta, partial, partial_meta, lock;
+  bool meta_given = false;  // --meta named the header's path
   static ResultsPaths of(const std::string& out, const std::string& meta_override);
 };
 
 // Fails (qtk::Error) when any file generate may write is, by inode after
 // symlinks, one of the `inputs` ({flag, path} pairs: the pack, the prompts),
-// or when OUT's directory does not exist or OUT is a directory. Called
+// or when OUT's directory does not exist or OUT is a directory; a --meta
+// path the same way, and when it is one of the other outputs. Called
 // before anything is opened for writing.
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// A --meta path: a file name in an existing directory, not a directory.
+void check_meta_path(const std::string& meta);
 
 // The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,

@@ -69,6 +69,42 @@ TEST(GenerateSafety, Item1_OutputThatIsAnInputIsRefused) {
   EXPECT_EQ(read_text(in), in_bytes);
 }
 
+// The run header's own path (--meta) is checked before the run like --out:
+// one of the other outputs, a missing directory, a directory, an input; each
+// refused naming --meta, with nothing written.
+TEST(GenerateSafety, MetaPathIsCheckedBeforeTheRun) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("meta_check.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/meta_check";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl";
+  struct Case {
+    std::string meta, says;
+  };
+  for (const Case& c : std::vector<Case>{{out, "same file as --out"},
+                                         {dir + "/./r.jsonl", "same file as --out"},
+                                         {out + ".partial", "same file as the partial results"},
+                                         {dir + "/missing/m.json", "does not exist"},
+                                         {dir, "is a directory"},
+                                         {in, "same file"}}) {
+    SCOPED_TRACE(c.meta);
+    RunResult r = generate(pack, in, out, "--meta " + c.meta);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("generate: --meta ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                            std::filesystem::directory_iterator{}),
+              0)
+        << "something was written";
+  }
+  // With the results on stdout too.
+  RunResult s = run(fmt::format("{} --model {} --batch {} --out - --meta {}/missing/m.json",
+                                QTK_GENERATE_BIN, pack, in, dir));
+  EXPECT_EQ(s.status, 1) << s.err;
+  EXPECT_NE(s.err.find("does not exist"), std::string::npos) << s.err;
+}
+
 // Item 2: an existing --out is refused without --force or --resume; a failed
 // --force run leaves the previous results and header untouched.
 TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
