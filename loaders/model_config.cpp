@@ -2,6 +2,8 @@
 // pack manifest's JSON form.
 #include "loaders/model_config.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -122,8 +124,20 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
           "(sum {})",
           source, rd / 2, json(c.rope.mrope_section).dump(), sum);
   }
-  if (!(c.rms_norm_eps > 0))
-    fail("{}: field 'rms_norm_eps': expected a positive number, found {}", source, c.rms_norm_eps);
+  // note: an eps of 1 or more would swamp any hidden state's mean square
+  // (every model uses 1e-6 or 1e-5); a zero, negative or infinite RoPE base
+  // gives no usable rotation.
+  if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
+    fail("{}: field 'rms_norm_eps': expected a positive number below 1, found {}", source,
+         c.rms_norm_eps);
+  if (!(c.rope.theta > 0 && std::isfinite(c.rope.theta)))
+    fail("{}: field 'rope_theta': expected a positive finite number, found {}", source,
+         c.rope.theta);
+  positive(c.max_position_embeddings, "max_position_embeddings");
+  for (int64_t s : c.rope.mrope_section)
+    if (s < 0)
+      fail("{}: field 'mrope_section': expected entries of 0 or more, found {}", source,
+           json(c.rope.mrope_section).dump());
   for (int64_t id : c.eos_token_ids)
     if (id < 0 || id >= c.vocab_size)
       fail("{}: field 'eos_token_id': expected ids below vocab_size {}, found {}", source,

@@ -549,5 +549,36 @@ TEST(ConfigJson, RejectsMissingOrWrongFields) {
              "m.json: missing field 'config.moe.norm_topk_prob'");
 }
 
+// Values of the right type that no model runs with: each named, with what
+// was expected and found.
+TEST(ConfigJson, RejectsValuesNoModelRunsWith) {
+  const ModelConfig c = load_hf_config(source_path(kQwen35Tiny));
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"theta 0", [](json& j) { j["rope"]["theta"] = 0; },
+       "field 'rope_theta': expected a positive finite number, found 0"},
+      {"theta -1", [](json& j) { j["rope"]["theta"] = -1.0; }, "field 'rope_theta'"},
+      {"eps 1e300", [](json& j) { j["rms_norm_eps"] = 1e300; },
+       "field 'rms_norm_eps': expected a positive number below 1, found 1e+300"},
+      {"eps 0", [](json& j) { j["rms_norm_eps"] = 0; }, "field 'rms_norm_eps'"},
+      {"context 0", [](json& j) { j["max_position_embeddings"] = 0; },
+       "field 'max_position_embeddings': expected a positive integer, found 0"},
+      {"context -5", [](json& j) { j["max_position_embeddings"] = -5; },
+       "field 'max_position_embeddings'"},
+      {"mrope -3", [](json& j) { j["rope"]["mrope_section"] = {-3, 9, 2}; },
+       "field 'mrope_section': expected entries of 0 or more, found [-3,9,2]"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    json j = config_to_json(c);
+    k.edit(j);
+    expect_has(error_of([&] { config_from_json(j, "m.json"); }), std::string("m.json: ") + k.says);
+  }
+}
+
 }  // namespace
 }  // namespace qtk
