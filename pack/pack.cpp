@@ -270,6 +270,23 @@ CentralDirectory find_central_directory(const std::string& path, const uint8_t* 
   return CentralDirectory{n_entries, cd_offset, cd_size};
 }
 
+// A name read from the file as messages show it: at most 96 bytes, each
+// byte outside printable ASCII as \xHH (a damaged header's name can be 64 KB
+// of anything; the pack's own names are ASCII).
+std::string shown_name(std::string_view name) {
+  constexpr size_t kShown = 96;
+  std::string out;
+  for (size_t i = 0; i < std::min(name.size(), kShown); ++i) {
+    const auto u = static_cast<unsigned char>(name[i]);
+    if (u >= 0x20 && u < 0x7f)
+      out += static_cast<char>(u);
+    else
+      out += fmt::format("\\x{:02x}", u);
+  }
+  if (name.size() > kShown) out += fmt::format("... ({} bytes)", name.size());
+  return out;
+}
+
 // Checks the local header of an entry against its central directory record
 // (name, sizes, no encryption or compression) and returns where its data
 // starts: aligned, and with the data inside the entry area.
@@ -290,7 +307,7 @@ uint64_t check_local_header(const std::string& where, const uint8_t* base, uint6
   if (header_end > cd_offset) fail("{}: local header runs past the entry area", where);
   if (std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len) != name)
     fail("{}: local header names it \"{}\"", where,
-         std::string(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len));
+         shown_name(std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len)));
   uint64_t l_csize = le32(l + 18), l_usize = le32(l + 22);
   if (l_csize == 0xFFFFFFFF || l_usize == 0xFFFFFFFF)
     apply_zip64_extra(where + " (local header)", l + kLocalHeaderSize + l_name_len, l_extra_len,
@@ -357,7 +374,7 @@ void Pack::read_zip_entries(const std::string& path) {
         uint64_t{name_len} + extra_len + comment_len)
       fail("{}: central directory entry {} runs past the central directory", path, i);
     std::string name(reinterpret_cast<const char*>(c + kCentralHeaderSize), name_len);
-    const std::string where = fmt::format("{}: entry \"{}\"", path, name);
+    const std::string where = fmt::format("{}: entry \"{}\"", path, shown_name(name));
     if (name.empty()) fail("{}: central directory entry {} has an empty name", path, i);
     if (le16(c + 34) != 0) fail("{}: lives on another disk", where);
     apply_zip64_extra(where + " (central directory)", c + kCentralHeaderSize + name_len, extra_len,

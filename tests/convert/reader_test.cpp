@@ -170,6 +170,25 @@ TEST_F(ReaderReject, ForgedCentralDirectoryName) {
   EXPECT_NE(open_error(z).find("local header names it"), std::string::npos);
 }
 
+// A damaged local header name is shown short and printable: bytes outside
+// ASCII as \xHH, at most 96 of them (a name length of 0xFFFF made the
+// message 64 KB of raw bytes).
+TEST_F(ReaderReject, DamagedLocalHeaderNameIsShownShort) {
+  std::string z = *good_;
+  const size_t c = central_entry(z, "tensors/layers.1.mlp.down_proj");
+  const size_t local = get32(z, c + 42);
+  z[local + 30] = static_cast<char>(0xff);
+  std::string e = open_error(z);
+  EXPECT_NE(e.find("local header names it \"\\xffensors/layers.1.mlp.down_proj\""),
+            std::string::npos)
+      << e;
+  z = *good_;
+  put16(z, local + 26, 0xFFFF);
+  e = open_error(z);
+  EXPECT_LT(e.size(), 600u) << e.substr(0, 600);
+  for (const char ch : e) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << e.substr(0, 600);
+}
+
 TEST_F(ReaderReject, ForgedCentralDirectoryOffset) {
   std::string z = *good_;
   const size_t eocd = z.size() - 22;
