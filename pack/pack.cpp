@@ -307,7 +307,8 @@ uint64_t check_local_header(const std::string& where, const uint8_t* base, uint6
   if (header_end > cd_offset) fail("{}: local header runs past the entry area", where);
   if (std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len) != name)
     fail("{}: local header names it \"{}\"", where,
-         shown_name(std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len)));
+         shown_name(
+             std::string_view(reinterpret_cast<const char*>(l + kLocalHeaderSize), l_name_len)));
   uint64_t l_csize = le32(l + 18), l_usize = le32(l + 22);
   if (l_csize == 0xFFFFFFFF || l_usize == 0xFFFFFFFF)
     apply_zip64_extra(where + " (local header)", l + kLocalHeaderSize + l_name_len, l_extra_len,

@@ -87,8 +87,7 @@ void refuse_output_that_is_an_input(
 }
 
 void check_meta_path(const std::string& meta) {
-  if (meta.empty() || meta.back() == '/')
-    fail("--meta: expected a file name, found \"{}\"", meta);
+  if (meta.empty() || meta.back() == '/') fail("--meta: expected a file name, found \"{}\"", meta);
   struct stat st {};
   const std::string dir = directory_of(meta);
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -104,7 +103,8 @@ bool same_file(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal()) return true;
-  struct stat sa {}, sb{};
+  struct stat sa {};
+  struct stat sb {};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
@@ -132,9 +132,9 @@ void refuse_outputs_that_are_inputs(
   }
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
     refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
-  refuse_output_that_is_an_input((paths.meta_given ? "--meta " : "--out ") +
-                                     (paths.meta_given ? paths.meta : paths.out),
-                                 paths.meta, inputs);
+  refuse_output_that_is_an_input(
+      (paths.meta_given ? "--meta " : "--out ") + (paths.meta_given ? paths.meta : paths.out),
+      paths.meta, inputs);
 }
 
 OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {

@@ -86,7 +86,8 @@ TEST(Atomic, ExistingOutputNeedsForce) {
 TEST(Atomic, ForceDoesNotReplaceTheInput) {
   TempDir tmp;
   const std::string dir = tmp.file("ckpt");
-  std::filesystem::copy(testing::source_path(kModel), dir, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(testing::source_path(kModel), dir,
+                        std::filesystem::copy_options::recursive);
   const auto in_dir = [&] {
     std::set<std::string> names;
     for (const auto& e : std::filesystem::directory_iterator(dir))

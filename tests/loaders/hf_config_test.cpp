@@ -569,7 +569,10 @@ TEST(ConfigJson, RejectsValuesNoModelRunsWith) {
        "field 'max_position_embeddings': expected a positive integer, found 0"},
       {"context -5", [](json& j) { j["max_position_embeddings"] = -5; },
        "field 'max_position_embeddings'"},
-      {"mrope -3", [](json& j) { j["rope"]["mrope_section"] = {-3, 9, 2}; },
+      {"mrope -3",
+       [](json& j) {
+         j["rope"]["mrope_section"] = {-3, 9, 2};
+       },
        "field 'mrope_section': expected entries of 0 or more, found [-3,9,2]"},
   };
   for (const Case& k : cases) {
