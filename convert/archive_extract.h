@@ -7,7 +7,8 @@
 // names, sparse entries, more than max_entries entries, more than max_bytes
 // unpacked bytes in total (checked before and while writing, so a bomb is
 // stopped early), and an entry whose data is shorter or longer than its
-// header says (a truncated archive).
+// header says (a truncated archive), a zip entry failing its CRC-32 and a
+// gzip stream failing its CRC-32 or length.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,7 @@ class ExtractedArchive {
 
  private:
   void extract(const std::string& archive, const ArchiveLimits& limits);
+  void extract_entries(const std::string& archive, const ArchiveLimits& limits);
   std::string temp_dir_;
   std::string checkpoint_dir_;
   uint64_t bytes_ = 0;

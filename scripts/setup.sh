@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ clang pkg-config make
-          libzip-dev nlohmann-json3-dev libarchive-dev libcxxopts-dev libfmt-dev
+          libzip-dev nlohmann-json3-dev libarchive-dev libcxxopts-dev libfmt-dev zlib1g-dev
           libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev libxxhash-dev
           zip unzip zstd python3
           libclang-rt-14-dev llvm-14  # libFuzzer + sanitizer runtimes, llvm-symbolizer (scripts/test.sh)

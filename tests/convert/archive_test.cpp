@@ -24,7 +24,8 @@ std::string convert_bin() { return QTK_CONVERT_BIN; }
 
 // Converts `input` with the CLI and expects failure with one stderr line
 // containing `needle`, no OUT and nothing else new in the output directory.
-void expect_rejected(const std::string& input, const std::string& needle, const std::string& flags = "") {
+void expect_rejected(const std::string& input, const std::string& needle,
+                     const std::string& flags = "") {
   TempDir out_dir;
   const std::string out = out_dir.file("m.pack");
   const auto r = run_shell(convert_bin() + " " + quote(input) + " " + quote(out) + " " + flags);
@@ -55,9 +56,12 @@ void write_tar(const std::string& path, const std::vector<TarEntry>& entries) {
     archive_entry_set_pathname(en, e.name.c_str());
     archive_entry_set_filetype(en, e.type);
     archive_entry_set_perm(en, 0644);
-    if (e.hardlink) archive_entry_set_hardlink(en, e.link.c_str());
-    else if (e.type == AE_IFLNK) archive_entry_set_symlink(en, e.link.c_str());
-    archive_entry_set_size(en, e.type == AE_IFREG && !e.hardlink ? static_cast<la_int64_t>(e.data.size()) : 0);
+    if (e.hardlink)
+      archive_entry_set_hardlink(en, e.link.c_str());
+    else if (e.type == AE_IFLNK)
+      archive_entry_set_symlink(en, e.link.c_str());
+    archive_entry_set_size(
+        en, e.type == AE_IFREG && !e.hardlink ? static_cast<la_int64_t>(e.data.size()) : 0);
     ASSERT_EQ(archive_write_header(a, en), ARCHIVE_OK) << archive_error_string(a);
     if (!e.data.empty() && !e.hardlink) archive_write_data(a, e.data.data(), e.data.size());
     archive_entry_free(en);
@@ -66,7 +70,9 @@ void write_tar(const std::string& path, const std::vector<TarEntry>& entries) {
   archive_write_free(a);
 }
 
-std::string tiny_config() { return testing::read_file(testing::source_path(kTiny + "/config.json")); }
+std::string tiny_config() {
+  return testing::read_file(testing::source_path(kTiny + "/config.json"));
+}
 
 class ArchiveInput : public ::testing::TestWithParam<std::string> {};
 
@@ -103,11 +109,13 @@ TEST_P(ArchiveInput, GivesTheSamePackAsTheDirectory) {
   convert_checkpoint(from_dir);
   convert_checkpoint(from_archive);
   EXPECT_TRUE(testing::read_file(from_dir.output) == testing::read_file(from_archive.output));
-  for (const auto& name : tmp.listing()) EXPECT_EQ(name.find(".qtk-extract"), std::string::npos) << name;
+  for (const auto& name : tmp.listing())
+    EXPECT_EQ(name.find(".qtk-extract"), std::string::npos) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ArchiveInput,
-                         ::testing::Values("tar.gz-folder", "tar.gz-flat", "tar.zst", "zip-folder", "zip-flat"),
+                         ::testing::Values("tar.gz-folder", "tar.gz-flat", "tar.zst", "zip-folder",
+                                           "zip-flat"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
@@ -117,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, ArchiveInput,
 
 TEST(ArchiveReject, DotDotComponent) {
   TempDir tmp;
-  write_tar(tmp.file("a.tar"), {{"m/config.json", AE_IFREG, tiny_config()}, {"m/../../evil", AE_IFREG, "x"}});
+  write_tar(tmp.file("a.tar"),
+            {{"m/config.json", AE_IFREG, tiny_config()}, {"m/../../evil", AE_IFREG, "x"}});
   expect_rejected(tmp.file("a.tar"), "\"..\" component");
 }
 
@@ -155,7 +164,8 @@ TEST(ArchiveReject, CharacterDevice) {
 
 TEST(ArchiveReject, DuplicateNames) {
   TempDir tmp;
-  write_tar(tmp.file("a.tar"), {{"config.json", AE_IFREG, tiny_config()}, {"./config.json", AE_IFREG, "{}"}});
+  write_tar(tmp.file("a.tar"),
+            {{"config.json", AE_IFREG, tiny_config()}, {"./config.json", AE_IFREG, "{}"}});
   expect_rejected(tmp.file("a.tar"), "appears twice");
 }
 
@@ -171,7 +181,10 @@ TEST(ArchiveReject, SparseEntry) {
 
 TEST(ArchiveReject, UnpackedSizeCap) {
   TempDir tmp;
-  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " +
+                      quote(testing::source_path(kTiny)) + " .")
+                .status,
+            0);
   // note: the model is ~400 KB; a 100 KB cap must stop it (a bomb is the
   // same rule with bigger numbers).
   expect_rejected(tmp.file("a.tar.gz"), "exceed", "--max-unpacked-bytes 100K");
@@ -179,16 +192,42 @@ TEST(ArchiveReject, UnpackedSizeCap) {
 
 TEST(ArchiveReject, EntryCountCap) {
   TempDir tmp;
-  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " +
+                      quote(testing::source_path(kTiny)) + " .")
+                .status,
+            0);
   expect_rejected(tmp.file("a.tar.gz"), "more than 2 entries", "--max-entries 2");
 }
 
 TEST(ArchiveReject, TruncatedArchive) {
   TempDir tmp;
-  ASSERT_EQ(run_shell("tar -cf " + quote(tmp.file("a.tar")) + " -C " + quote(testing::source_path(kTiny)) + " .").status, 0);
+  ASSERT_EQ(run_shell("tar -cf " + quote(tmp.file("a.tar")) + " -C " +
+                      quote(testing::source_path(kTiny)) + " .")
+                .status,
+            0);
   const std::string bytes = testing::read_file(tmp.file("a.tar"));
   testing::write_file(tmp.file("cut.tar"), bytes.substr(0, bytes.size() / 2 + 100));
   expect_rejected(tmp.file("cut.tar"), "truncated");
+}
+
+// Data that fails its checksum: a gzip member whose trailer CRC-32 no longer
+// matches (the deflate stream itself intact, which libarchive alone reads
+// without complaint) and a stored zip entry with a flipped byte.
+TEST(ArchiveReject, ChecksumMismatch) {
+  TempDir tmp;
+  const std::string src = quote(testing::source_path(kTiny));
+  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + src + " .").status, 0);
+  std::string gz = testing::read_file(tmp.file("a.tar.gz"));
+  gz[gz.size() - 8] = static_cast<char>(gz[gz.size() - 8] ^ 0x01);  // the trailer's CRC-32
+  testing::write_file(tmp.file("crc.tar.gz"), gz);
+  expect_rejected(tmp.file("crc.tar.gz"), "its gzip data is damaged: incorrect data check");
+
+  ASSERT_EQ(run_shell("cd " + src + " && zip -q -0 -r " + quote(tmp.file("a.zip")) + " .").status,
+            0);
+  std::string zip = testing::read_file(tmp.file("a.zip"));
+  zip[zip.size() / 2] = static_cast<char>(zip[zip.size() / 2] ^ 0x01);  // inside model.safetensors
+  testing::write_file(tmp.file("crc.zip"), zip);
+  expect_rejected(tmp.file("crc.zip"), "its data is damaged");
 }
 
 TEST(ArchiveReject, NotAnArchive) {
@@ -199,7 +238,8 @@ TEST(ArchiveReject, NotAnArchive) {
 
 TEST(ArchiveReject, NoCheckpointInside) {
   TempDir tmp;
-  write_tar(tmp.file("a.tar"), {{"a/config.json", AE_IFREG, tiny_config()}, {"b/config.json", AE_IFREG, tiny_config()}});
+  write_tar(tmp.file("a.tar"), {{"a/config.json", AE_IFREG, tiny_config()},
+                                {"b/config.json", AE_IFREG, tiny_config()}});
   expect_rejected(tmp.file("a.tar"), "no config.json");
 }
 
@@ -218,7 +258,8 @@ TEST(ConvertReject, TruncatedShardInsideTarGz) {
   testing::copy_dir(testing::source_path(kTiny), dir);
   const std::string shard = testing::read_file(dir + "/model.safetensors");
   testing::write_file(dir + "/model.safetensors", shard.substr(0, shard.size() / 3));
-  ASSERT_EQ(run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(dir) + " .").status, 0);
+  ASSERT_EQ(
+      run_shell("tar -czf " + quote(tmp.file("a.tar.gz")) + " -C " + quote(dir) + " .").status, 0);
   expect_rejected(tmp.file("a.tar.gz"), "model.safetensors");
 }
 
