@@ -30,8 +30,9 @@ AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
   if (path.empty() || path.back() == '/') fail("{}: output must be a file name", path);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
-    if (!overwrite) fail("{}: already exists (pass --force to replace it)", path);
+    if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected a file name for the pack", path);
     if (!S_ISREG(st.st_mode)) fail("{}: exists and is not a regular file; not replacing it", path);
+    if (!overwrite) fail("{}: already exists (pass --force to replace it)", path);
   }
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {

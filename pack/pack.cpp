@@ -490,6 +490,12 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   if (format != kPackFormatName)
     fail("{}: field \"format\" is \"{}\", expected \"{}\"", mwhere, format, kPackFormatName);
   check_pack_version(m, mwhere, path);
+  // note: the tensor checksums are xxh64 whatever this field says; a pack
+  // that names another algorithm was not written by convert.
+  if (m.contains("checksum_algorithm") &&
+      (!m["checksum_algorithm"].is_string() || m["checksum_algorithm"] != kChecksumAlgorithm))
+    fail("{}: field \"checksum_algorithm\": expected \"{}\", found {}", mwhere, kChecksumAlgorithm,
+         m["checksum_algorithm"].dump());
 
   pack->config_ = config_from_json(field(m, "config", mwhere), mwhere + " config");
 

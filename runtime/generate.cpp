@@ -230,6 +230,19 @@ ChatTemplateSetup load_chat_template(const GenerateOptions& o, const Pack& pack)
 }
 // ---- end chat template ----
 
+// note: an empty prompts file is a mistake (a wrong path, a failed
+// upstream step), not an empty golden file; so is one of blank lines only.
+// (A blank line among prompts stays a failed line of its own.)
+void refuse_empty_batch(const std::string& path, const std::vector<std::string_view>& lines) {
+  if (lines.empty()) fail("{}: expected at least one prompt line, found an empty file", path);
+  const bool blank = std::all_of(lines.begin(), lines.end(), [](std::string_view l) {
+    return l.find_first_not_of(" \t\r") == std::string_view::npos;
+  });
+  if (blank)
+    fail("{}: expected at least one prompt line, found {} blank line{}", path, lines.size(),
+         lines.size() == 1 ? "" : "s");
+}
+
 void check_flags(const GenerateOptions& o) {
   if (o.block_size < 1) fail("--block-size: expected a positive integer, found {}", o.block_size);
   if (o.max_num_seqs < 1)
@@ -641,8 +654,7 @@ void check_generate_inputs(const GenerateOptions& o) {
   if (!o.chat_template.empty()) read_whole_file(o.chat_template, "the chat template");
   if (o.tune_only || o.batch == "-") return;  // note: stdin is read once, by the run
   const std::string batch_text = read_whole_file(o.batch, "the batch file");
-  if (split_lines(batch_text).empty())
-    fail("{}: expected at least one prompt line, found an empty file", o.batch);
+  refuse_empty_batch(o.batch, split_lines(batch_text));
 }
 
 GenerateSummary run_generate(const GenerateOptions& o) {
@@ -675,10 +687,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // Parse every input line first: ids are needed for --resume, and sizes for the cache.
   const std::string batch_text = read_whole_file(o.batch, "the batch file");
   const auto raw_lines = split_lines(batch_text);
-  // note: an empty prompts file is a mistake (a wrong path, a failed
-  // upstream step), not an empty golden file.
-  if (raw_lines.empty())
-    fail("{}: expected at least one prompt line, found an empty file", o.batch);
+  refuse_empty_batch(o.batch, raw_lines);
   const PromptDefaults defaults = prompt_defaults(o, m, chat);
   std::vector<PromptLine> lines = parse_lines(raw_lines, defaults);
   // note: over the whole batch, before sharding, so that every shard of

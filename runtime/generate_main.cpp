@@ -143,8 +143,8 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.kv_cache_blocks = int_flag("kv-cache-blocks", 0, std::numeric_limits<int32_t>::max(),
                                "0 (sized from the prompts) or a positive integer");
   o.margins = args.count("margins") > 0;
-  o.logprobs = static_cast<int>(
-      int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count up to 20"));
+  o.logprobs =
+      static_cast<int>(int_flag("logprobs", 0, qtk::kMaxLogprobs, "0 (off) or a token count"));
   o.progress = args.count("progress") > 0;
   o.no_progress = args.count("no-progress") > 0;
   o.show = args.count("show") > 0;

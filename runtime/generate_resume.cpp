@@ -1,5 +1,6 @@
 #include "runtime/generate_resume.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -111,6 +112,8 @@ std::string read_whole_file(const std::string& path, const char* what) {
     if (std::cin.bad()) fail_errno(fmt::format("stdin: cannot read {}", what));
     return ss.str();
   }
+  // (an ifstream opens a directory and reads it as empty)
+  if (std::filesystem::is_directory(path)) fail("{}: is a directory; expected {}", path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
   std::stringstream ss;

@@ -118,6 +118,18 @@ TEST(Atomic, ForceDoesNotReplaceTheInput) {
   EXPECT_EQ(ok.status, 0) << ok.err;
 }
 
+// A directory as OUT is named as one, with or without --force.
+TEST(Atomic, OutputThatIsADirectory) {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.file("d"));
+  for (const char* flags : {"", "--force"}) {
+    const auto r = run_shell(cli(testing::source_path(kModel), tmp.file("d"), flags));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find("is a directory; expected a file name"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"d"});
+}
+
 TEST(Atomic, BadInputLeavesNothing) {
   TempDir tmp;
   const std::string dir = tmp.file("broken");

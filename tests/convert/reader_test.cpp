@@ -148,6 +148,16 @@ TEST_F(ReaderReject, UnknownMajorVersion) {
             p + ": pack format version 2.0 is not supported (this build reads 1.x)");
 }
 
+TEST_F(ReaderReject, UnknownChecksumAlgorithm) {
+  std::string z = *good_;
+  const size_t at = z.find("\"checksum_algorithm\": \"xxh64\"");
+  ASSERT_NE(at, std::string::npos);
+  z.replace(at + 23, 5, "xxh32");
+  EXPECT_NE(open_error(z).find("field \"checksum_algorithm\": expected \"xxh64\", found \"xxh32\""),
+            std::string::npos)
+      << open_error(z);
+}
+
 TEST_F(ReaderReject, NewerMinorVersionIsRead) {
   std::string z = *good_;
   const size_t at = z.find("\"version\": \"1.0\"");

@@ -294,6 +294,15 @@ TEST(GenerateSafety, Item9_FailedLinesAreNotExitZero) {
   EXPECT_EQ(e.status, 1) << e.err;
   EXPECT_NE(e.err.find("empty"), std::string::npos) << e.err;
   EXPECT_FALSE(std::filesystem::exists(work_dir() + "/empty.results.jsonl"));
+  // Blank lines only, and a directory as the prompts file: refused the same way.
+  const std::string blank = batch_file("blank.jsonl", "\n  \n\t\n");
+  RunResult b = generate(pack, blank, work_dir() + "/blank.results.jsonl", "");
+  EXPECT_EQ(b.status, 1) << b.err;
+  EXPECT_NE(b.err.find("found 3 blank lines"), std::string::npos) << b.err;
+  EXPECT_FALSE(std::filesystem::exists(work_dir() + "/blank.results.jsonl"));
+  RunResult d = generate(pack, work_dir(), work_dir() + "/dir.results.jsonl", "");
+  EXPECT_EQ(d.status, 1) << d.err;
+  EXPECT_NE(d.err.find("is a directory; expected the batch file"), std::string::npos) << d.err;
 
   RunResult c = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, empty, empty));
   EXPECT_EQ(c.status, 1) << c.out << c.err;
