@@ -1,5 +1,6 @@
 #include "runtime/compare.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -44,6 +45,9 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
 }  // namespace
 
 std::vector<CompareCase> read_compare_file(const std::string& path) {
+  // (an ifstream opens a directory and reads it as empty)
+  if (std::filesystem::is_directory(path))
+    fail("{}: is a directory; expected a results file or a golden.json", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open for reading", path);
   std::stringstream ss;
@@ -68,10 +72,22 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
   while (std::getline(lines, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) fail("{}: line {}: malformed JSON", path, n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      // note: what() starts with "[json.exception.parse_error.N] "; the rest
+      // says where and what.
+      const std::string what = e.what();
+      const size_t cut = what.find("] ");
+      fail("{}: line {}: malformed JSON: {}", path, n,
+           cut == std::string::npos ? what : what.substr(cut + 2));
+    }
     cases.push_back(read_case(j, fmt::format("{}: line {}", path, n)));
   }
+  if (cases.empty())
+    fail("{}: expected result lines or a golden.json, found {}", path,
+         text.empty() ? "an empty file" : "blank lines only");
   return cases;
 }
 

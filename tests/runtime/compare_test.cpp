@@ -5,13 +5,15 @@
 namespace qtk::rt_test {
 namespace {
 
-std::string line(const std::string& id, const std::vector<int>& toks, const std::vector<double>& margins = {}) {
+std::string line(const std::string& id, const std::vector<int>& toks,
+                 const std::vector<double>& margins = {}) {
   nlohmann::json j = {{"id", id}, {"output_token_ids", toks}};
   if (!margins.empty()) j["top1_margin"] = margins;
   return j.dump() + "\n";
 }
 
-RunResult compare(const std::string& expected, const std::string& actual, const std::string& flags = "") {
+RunResult compare(const std::string& expected, const std::string& actual,
+                  const std::string& flags = "") {
   static int n = 0;
   const std::string e = fmt::format("{}/cmp{}.expected.jsonl", work_dir(), n);
   const std::string a = fmt::format("{}/cmp{}.actual.jsonl", work_dir(), n++);
@@ -40,7 +42,8 @@ TEST(Compare, DivergenceAfterNearTieIsNotAFailure) {
   EXPECT_NE(r.out.find("near-tie: diverged at step 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("near-tie at step 1"), std::string::npos) << r.out;
   // A stricter threshold makes the same case a real divergence.
-  RunResult s = compare(line("a", {1, 2, 3, 4}, {1, 5e-4, 1, 1}), line("a", {1, 2, 7, 8}), "--near-tie 1e-4");
+  RunResult s =
+      compare(line("a", {1, 2, 3, 4}, {1, 5e-4, 1, 1}), line("a", {1, 2, 7, 8}), "--near-tie 1e-4");
   EXPECT_EQ(s.status, 1) << s.out;
 }
 
@@ -68,21 +71,39 @@ TEST(Compare, AcceptsGoldenJsonAsExpected) {
   const auto golden = load_json(src("tests/data/models/qwen3-tiny/golden.json"));
   std::string actual;
   for (const auto& c : golden["cases"]) {
-    actual += nlohmann::json{{"id", c["id"]}, {"output_token_ids", c["output_token_ids"]}}.dump() + "\n";
+    actual +=
+        nlohmann::json{{"id", c["id"]}, {"output_token_ids", c["output_token_ids"]}}.dump() + "\n";
   }
   const std::string a = work_dir() + "/golden_copy.jsonl";
   write_text(a, actual);
-  RunResult r = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, src("tests/data/models/qwen3-tiny/golden.json"), a));
+  RunResult r = run(
+      fmt::format("{} {} {}", QTK_COMPARE_BIN, src("tests/data/models/qwen3-tiny/golden.json"), a));
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find(fmt::format("{} identical", golden["cases"].size())), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("{} identical", golden["cases"].size())), std::string::npos)
+      << r.out;
 }
 
 TEST(Compare, MalformedInputIsOneErrorLine) {
   RunResult r = compare(line("a", {1}), "{\"id\": \"a\", \"output_token_ids\": [1\n");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err.rfind("compare: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find("line 1: malformed JSON"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line 1: malformed JSON: parse error at line 1, column"), std::string::npos)
+      << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// A file with nothing to compare, or a directory, is an error naming it,
+// not a report of every case missing.
+TEST(Compare, NothingToCompareIsAnError) {
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"", "found an empty file"}, {"\n \n", "found blank lines only"}}) {
+    RunResult r = compare(line("a", {1}), text);
+    EXPECT_EQ(r.status, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  }
+  RunResult d = run(fmt::format("{} {} {}", QTK_COMPARE_BIN, work_dir(), work_dir()));
+  EXPECT_EQ(d.status, 1) << d.out << d.err;
+  EXPECT_NE(d.err.find("is a directory"), std::string::npos) << d.err;
 }
 
 }  // namespace
