@@ -90,7 +90,9 @@ void make_dirs(const std::string& root, const std::vector<std::string>& parts, s
 // byte inside decompressed to wrong weights without an error. gzip_damage
 // inflates the file with zlib, which does check them, and returns what is
 // wrong ("" when every member is sound); extract runs it on the other core.
-// stop: set when the extraction failed first.
+// Bytes after a member that do not start another (trailing zeros some tools
+// append) end the check, as gzip itself ignores them. stop: set when the
+// extraction failed first.
 std::string gzip_damage(const std::string& path, const std::atomic<bool>& stop) {
   Fd in;
   in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -99,7 +101,7 @@ std::string gzip_damage(const std::string& path, const std::atomic<bool>& stop) 
   if (inflateInit2(&z, 15 + 16) != Z_OK) return "zlib could not start";
   std::vector<unsigned char> buf(1 << 20), out(1 << 20);
   std::string damage;
-  bool member_open = false;
+  bool member_open = false, between = false;
   for (;;) {
     if (stop.load(std::memory_order_relaxed)) break;
     const ssize_t n = ::read(in.fd, buf.data(), buf.size());
@@ -115,18 +117,21 @@ std::string gzip_damage(const std::string& path, const std::atomic<bool>& stop) 
     z.next_in = buf.data();
     z.avail_in = static_cast<uInt>(n);
     while (z.avail_in > 0 && damage.empty()) {
+      if (between && z.next_in[0] != 0x1f) break;  // trailing bytes, not a member
+      between = false;
       member_open = true;
       z.next_out = out.data();
       z.avail_out = static_cast<uInt>(out.size());
       const int r = inflate(&z, Z_NO_FLUSH);
       if (r == Z_STREAM_END) {
         member_open = false;
+        between = true;
         inflateReset(&z);  // the next member, if any (gzip files may be concatenated)
       } else if (r != Z_OK && r != Z_BUF_ERROR) {
         damage = fmt::format("its gzip data is damaged: {}", z.msg ? z.msg : "zlib error");
       }
     }
-    if (!damage.empty()) break;
+    if (!damage.empty() || (between && z.avail_in > 0)) break;
   }
   inflateEnd(&z);
   return damage;

@@ -221,6 +221,21 @@ TEST(ArchiveReject, ChecksumMismatch) {
   gz[gz.size() - 8] = static_cast<char>(gz[gz.size() - 8] ^ 0x01);  // the trailer's CRC-32
   testing::write_file(tmp.file("crc.tar.gz"), gz);
   expect_rejected(tmp.file("crc.tar.gz"), "its gzip data is damaged: incorrect data check");
+  // Sound members with trailing zero bytes after them, and two members
+  // concatenated, are read as gzip reads them.
+  testing::write_file(tmp.file("zeros.tar.gz"),
+                      testing::read_file(tmp.file("a.tar.gz")) + std::string(1000, '\0'));
+  ASSERT_EQ(run_shell("tar -cf " + quote(tmp.file("b.tar")) + " -C " + src + " . && head -c 1000 " +
+                      quote(tmp.file("b.tar")) + " | gzip -c > " + quote(tmp.file("two.gz")) +
+                      " && tail -c +1001 " + quote(tmp.file("b.tar")) + " | gzip -c >> " +
+                      quote(tmp.file("two.gz")))
+                .status,
+            0);
+  for (const char* ok : {"zeros.tar.gz", "two.gz"}) {
+    const auto r = run_shell(convert_bin() + " " + quote(tmp.file(ok)) + " " +
+                             quote(tmp.file(std::string(ok) + ".pack")));
+    EXPECT_EQ(r.status, 0) << ok << ": " << r.err;
+  }
 
   ASSERT_EQ(run_shell("cd " + src + " && zip -q -0 -r " + quote(tmp.file("a.zip")) + " .").status,
             0);
