@@ -86,17 +86,21 @@ void refuse_output_that_is_an_input(
   }
 }
 
-void check_meta_path(const std::string& meta) {
-  if (meta.empty() || meta.back() == '/') fail("--meta: expected a file name, found \"{}\"", meta);
-  struct stat st {};
-  const std::string dir = directory_of(meta);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    fail("--meta {}: cannot write the run header: directory {} does not exist", meta, dir);
-  if (::stat(meta.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    fail("--meta {}: is a directory; expected a file name", meta);
-}
-
 namespace {
+// An output path given by `flag`: a file name in an existing directory, not
+// a directory. where: how the missing-directory message starts; what: what
+// would be written there.
+void check_output_path(const char* flag, const std::string& path, const std::string& where,
+                       const char* what) {
+  if (path.empty() || path.back() == '/')
+    fail("{}: expected a file name, found \"{}\"", flag, path);
+  struct stat st {};
+  const std::string dir = directory_of(path);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail("{}: cannot write {}: directory {} does not exist", where, what, dir);
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    fail("{} {}: is a directory; expected a file name", flag, path);
+}
 // Whether two paths name one file: the same path once made absolute and
 // normalised, or the same inode where both exist.
 bool same_file(const std::string& a, const std::string& b) {
@@ -110,16 +114,13 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
+void check_meta_path(const std::string& meta) {
+  check_output_path("--meta", meta, "--meta " + meta, "the run header");
+}
+
 void refuse_outputs_that_are_inputs(
     const ResultsPaths& paths, const std::vector<std::pair<std::string, std::string>>& inputs) {
-  if (paths.out.empty() || paths.out.back() == '/')
-    fail("--out: expected a file name, found \"{}\"", paths.out);
-  struct stat st {};
-  const std::string dir = directory_of(paths.out);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    fail("{}: cannot write the results: directory {} does not exist", paths.out, dir);
-  if (::stat(paths.out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    fail("--out {}: is a directory; expected a file name", paths.out);
+  check_output_path("--out", paths.out, paths.out, "the results");
   if (paths.meta_given) {
     check_meta_path(paths.meta);
     for (const auto& [what, other] : {std::pair<const char*, std::string>{"--out", paths.out},
@@ -130,11 +131,11 @@ void refuse_outputs_that_are_inputs(
         fail("--meta {}: is the same file as {} ({}); the run header needs a path of its own",
              paths.meta, what, other);
   }
+  const std::string out_flag = "--out " + paths.out;
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
-    refuse_output_that_is_an_input("--out " + paths.out, out, inputs);
-  refuse_output_that_is_an_input(
-      (paths.meta_given ? "--meta " : "--out ") + (paths.meta_given ? paths.meta : paths.out),
-      paths.meta, inputs);
+    refuse_output_that_is_an_input(out_flag, out, inputs);
+  refuse_output_that_is_an_input(paths.meta_given ? "--meta " + paths.meta : out_flag, paths.meta,
+                                 inputs);
 }
 
 OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {
