@@ -5,6 +5,10 @@
 //     (each output of a K-long product is K/16 such steps when its bits
 //     must equal cuBLASLt's non-split kernels), next to the issue rate of
 //     independent chains.
+//  1b. The same for the warpgroup instruction with both operands in shared
+//     memory, wgmma.m64n{8,16}k16 (the weight rows on its 64-row side):
+//     chains of dependent steps on one accumulator, several accumulators
+//     interleaved, and each step waited for.
 //  2. Whether the step's accumulator input is added like a separate f32
 //     addition: is mma(a, b, c) == fadd_rn(mma(a, b, 0), c) bit for bit? If
 //     so, the k16 products could be computed in parallel and only the f32
@@ -24,6 +28,7 @@
 
 #include "bench/cuda/probe_check.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace {
 
@@ -49,6 +54,89 @@ __global__ void chain_kernel(const uint32_t* in, float* out, int steps, long lon
   for (int c = 0; c < CHAINS; ++c) sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
   out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
   if (threadIdx.x == 0 && blockIdx.x == 0) *cycles = t1 - t0;
+}
+
+// wgmma.m64n8k16 with A from registers (each warp's 16 rows as the
+// m16n8k16 A fragment) and B from shared memory.
+__device__ __forceinline__ void wgmma_m64n8k16_rs(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint64_t b) {
+#if QTK_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)
+      : "memory");
+#endif
+}
+
+// A warpgroup's CHAINS accumulators, each a chain of `steps` dependent
+// wgmma.m64n(8 kN8)k16 with A (64 x 16) and B (8 kN8 x 16) in shared memory
+// as K-major core matrices (kRegA: A from registers, n8 only); kWaitEach:
+// every step committed and waited for.
+template <int kN8, int CHAINS, bool kWaitEach, bool kRegA = false>
+__global__ void wg_chain_kernel(int steps, float* out, long long* cycles) {
+  using qtk::cuda::dev::wg_commit;
+  __shared__ __align__(128) __nv_bfloat16 a[64 * 16], b[8 * kN8 * 16];
+  for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) a[i] = __float2bfloat16(1e-3f);
+  for (int i = threadIdx.x; i < 8 * kN8 * 16; i += blockDim.x) b[i] = __float2bfloat16(1e-3f);
+  qtk::cuda::dev::fence_proxy_async_shared();
+  __syncthreads();
+  const uint64_t da = qtk::cuda::dev::wg_descriptor(qtk::cuda::dev::smem_addr(a), 64 * 16, 128);
+  const uint64_t db =
+      qtk::cuda::dev::wg_descriptor(qtk::cuda::dev::smem_addr(b), 8 * kN8 * 16, 128);
+  float d[CHAINS][4 * kN8];
+  for (int c = 0; c < CHAINS; ++c)
+    for (int i = 0; i < 4 * kN8; ++i) d[c][i] = 0.0f;
+  const long long t0 = clock64();
+  // note: groups of 8 steps, as a decode product's stage of 128 k runs them
+  // (a fence, the steps, a commit; at most one group left running): with
+  // the whole chain as one group, ptxas serialises the steps (C7515).
+  for (int s = 0; s < steps; s += 8) {
+    qtk::cuda::dev::wg_fence();
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+#pragma unroll
+      for (int c = 0; c < CHAINS; ++c) {
+        if constexpr (kRegA) {
+          static_assert(kN8 == 1, "A from registers: n8");
+          const uint32_t ar[4] = {0x3a833a83u, 0x3a833a83u, 0x3a833a83u, 0x3a833a83u};
+          wgmma_m64n8k16_rs(d[c], ar, db);
+        } else {
+          qtk::cuda::dev::wgmma_m64nk16_ss<kN8>(d[c], da, db);
+        }
+      }
+      if constexpr (kWaitEach) {
+        wg_commit();
+        qtk::cuda::dev::wg_wait<0>();
+      }
+    }
+    wg_commit();
+    qtk::cuda::dev::wg_wait<1>();
+  }
+  qtk::cuda::dev::wg_wait<0>();
+  for (int c = 0; c < CHAINS; ++c) qtk::cuda::dev::wg_settle(d[c]);
+  const long long t1 = clock64();
+  float sum = 0.0f;
+  for (int c = 0; c < CHAINS; ++c)
+    for (int i = 0; i < 4 * kN8; ++i) sum += d[c][i];
+  out[threadIdx.x] = sum;
+  if (threadIdx.x == 0) *cycles = t1 - t0;
+}
+
+template <int kN8, int CHAINS, bool kWaitEach, bool kRegA = false>
+void time_wg_chain(float* out, long long* cyc_d) {
+  const int steps = 1 << 14;
+  wg_chain_kernel<kN8, CHAINS, kWaitEach, kRegA><<<1, 128>>>(steps, out, cyc_d);  // warm
+  wg_chain_kernel<kN8, CHAINS, kWaitEach, kRegA><<<1, 128>>>(steps, out, cyc_d);
+  QTK_PROBE_CHECK(cudaDeviceSynchronize());
+  long long cyc = 0;
+  QTK_PROBE_CHECK(cudaMemcpy(&cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
+  std::printf("wgmma m64n%dk16 (A from %s, B from shared memory), chains %d%s: %.2f cycles per "
+              "step of each chain\n",
+              8 * kN8, kRegA ? "registers" : "shared memory", CHAINS,
+              kWaitEach ? ", each step waited for" : "", double(cyc) / steps);
 }
 
 // Trial t: A (16x16) in a[t] as its 4 fragment registers per lane, B in b,
@@ -123,6 +211,13 @@ int main(int argc, char** argv) {
   time_chain<2>(in, out, cyc);
   time_chain<4>(in, out, cyc);
   time_chain<8>(in, out, cyc);
+  time_wg_chain<1, 1, false>(out, cyc);
+  time_wg_chain<1, 2, false>(out, cyc);
+  time_wg_chain<1, 4, false>(out, cyc);
+  time_wg_chain<2, 1, false>(out, cyc);
+  time_wg_chain<1, 1, true>(out, cyc);
+  time_wg_chain<1, 1, false, true>(out, cyc);
+  time_wg_chain<1, 2, false, true>(out, cyc);
 
   // 2. mma(a, b, c) against mma(a, b, 0) + c, on several scales of c
   // relative to the products (inputs ~N(0, 1) rounded to bf16).

@@ -64,15 +64,8 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/mma_matmul.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
-// The wgmma instructions exist in sm_90a machine code only; the compute_80
-// PTX of the library gets an empty kernel (the host launches it on
-// compute capability 9.0 only: wgmma_device()).
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define QTK_WGMMA 1
-#else
-#define QTK_WGMMA 0
-#endif
 
 namespace qtk::cuda::dev {
 
@@ -107,46 +100,6 @@ struct WgLayout {
   static constexpr int kWPieces = kWgCols * (kFp8 ? 4 : 8) / kThreads;  // weight pieces
   static_assert(kThreads * kAcc * 4 <= kBlockBytes, "the range sums fit");
 };
-
-// The shared-memory descriptor of a K-major bf16 operand without swizzle:
-// core matrices (8 rows x 16 bytes, 128 contiguous bytes) lbo bytes apart
-// along K and sbo bytes apart along the rows.
-__device__ __forceinline__ uint64_t wg_descriptor(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
-         static_cast<uint64_t>(sbo >> 4) << 32;
-}
-
-__device__ __forceinline__ void wg_fence() {
-#if QTK_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#if QTK_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-// Until at most N of the warpgroup's committed groups of products are
-// still running.
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#if QTK_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// The copies' shared-memory writes (generic proxy) made visible to wgmma's
-// reads (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if QTK_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// After the wait: the compiler may not move a read of d above it.
-template <int N>
-__device__ __forceinline__ void wg_settle(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d = A * B + (accumulate ? d : 0): one k16 step for the warpgroup's 64
 // token rows (A, from registers: the m16n8k16 fragment layout per warp)

@@ -14,7 +14,7 @@ rm -rf .gpu-deps
 mkdir -p .gpu-deps
 pkgs="libfmt-dev libfmt9 nlohmann-json3-dev libgtest-dev libbenchmark-dev libbenchmark1debian
       libzip-dev libzip4 libutf8proc-dev libutf8proc2 libarchive-dev libarchive13 libcxxopts-dev
-      libxxhash-dev libxxhash0 pkgconf pkgconf-bin libpkgconf3"
+      libxxhash-dev libxxhash0 pkgconf pkgconf-bin libpkgconf3 zlib1g-dev"
 for p in $pkgs; do
   dpkg -L "$p" | while read -r f; do
     case "$f" in /usr/share/doc/*|/usr/share/man/*|/usr/share/lintian/*) continue ;; esac
