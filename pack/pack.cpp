@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/tuning.h"
+#include "pack/manifest_copies.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
 
@@ -498,6 +499,7 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
          m["checksum_algorithm"].dump());
 
   pack->config_ = config_from_json(field(m, "config", mwhere), mwhere + " config");
+  check_manifest_copies(m, pack->config_, pack->entry("generation_config.json"), path);
 
   pack->read_tensor_list(mwhere);
   pack->read_fp8_section(mwhere);

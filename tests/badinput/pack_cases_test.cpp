@@ -371,5 +371,90 @@ TEST_F(BadFp8Pack, QuantizationSectionEdits) {
                   {"layers.0.self_attn.o_proj.scale", "BF16", "expected F32"});
 }
 
+// The values a manifest holds twice (the top-level copies of "config", and
+// "generation" with the carried generation_config.json): a pack whose copies
+// disagree is refused, naming both fields and both values.
+class BadPackCopies : public BadPack {
+ protected:
+  static void SetUpTestSuite() {
+    BadPack::SetUpTestSuite();
+    const RunResult r = run_program(
+        {program("convert"), source_path("samples/qwen3.5-sample"), *dir_ / "copies.pack"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    sample_ = new std::string(read_file(*dir_ / "copies.pack"));
+  }
+  static void TearDownTestSuite() {
+    delete sample_;
+    BadPack::TearDownTestSuite();
+  }
+  // The sample's pack with its manifest edited by `f`.
+  static std::string edited(const std::function<void(nlohmann::ordered_json&)>& f) {
+    const ZipEntry m = parse_zip(*sample_).find("manifest.json");
+    auto k = nlohmann::ordered_json::parse(sample_->substr(m.data, m.size));
+    f(k);
+    return replace_last_entry(*sample_, "manifest.json", k.dump());
+  }
+  static std::string* sample_;
+};
+std::string* BadPackCopies::sample_ = nullptr;
+
+TEST_F(BadPackCopies, CopiesThatDisagreeAreRefused) {
+  {  // control: the copies as convert wrote them
+    TempDir t;
+    write_file(t / "same.pack", edited([](auto&) {}));
+    const RunResult r = run_program({program("inspect"), t / "same.pack", "--verify"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  struct Case {
+    std::function<void(nlohmann::ordered_json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& k) { k["layer_plan"] = "LLLLLLLF"; },
+       {"'layer_plan' (\"LLLLLLLF\")", "'config.layer_plan' (\"LLLFLLLF\")", "disagree"}},
+      {[](auto& k) { k["rope"]["theta"] = 5e6; },
+       {"'rope.theta' (5000000.0)", "'config.rope.theta' (10000000.0)"}},
+      {[](auto& k) { k["rope"]["rotary_dim"] = 32; },
+       {"'rope.rotary_dim' (32)", "'config.rope.rotary_dim' (16)"}},
+      {[](auto& k) { k["rope"]["partial_rotary_factor"] = 0.5; },
+       {"'rope.partial_rotary_factor' (0.5)", "'config.rope.partial_factor' (0.25)"}},
+      {[](auto& k) {
+         k["rope"]["mrope_section"] = {2, 3, 3};
+       },
+       {"'rope.mrope_section' ([2,3,3])", "'config.rope.mrope_section' ([3,3,2])"}},
+      {[](auto& k) { k["rope"]["mrope_interleaved"] = false; },
+       {"'rope.mrope_interleaved' (false)", "'config.rope.mrope_interleaved' (true)"}},
+      {[](auto& k) { k["rope"] = "default"; }, {"field 'rope': expected an object"}},
+      {[](auto& k) { k["eos_token_ids"] = {1}; },
+       {"'eos_token_ids' ([1])", "'config.eos_token_ids' ([0])"}},
+      {[](auto& k) { k["bos_token_id"] = 5; },
+       {"'bos_token_id' (5)", "'config.bos_token_id' (null)"}},
+      {[](auto& k) { k["source"]["architecture"] = "Qwen3ForCausalLM"; },
+       {"'source.architecture' (\"Qwen3ForCausalLM\")",
+        "'config.hf_architecture' (\"Qwen3_5ForCausalLM\")"}},
+      {[](auto& k) { k["source"]["model_type"] = "qwen3"; },
+       {"'source.model_type' (\"qwen3\")", "'config.model_type' (\"qwen3_5_text\")"}},
+      // The sample's generation_config.json has no max_new_tokens.
+      {[](auto& k) { k["generation"]["max_new_tokens"] = 64; },
+       {"'generation.max_new_tokens' (64)", "'generation_config.json max_new_tokens' (absent)"}},
+      // Both eos copies of the manifest edited alike, against the carried file's.
+      {[](auto& k) { k["eos_token_ids"] = k["config"]["eos_token_ids"] = {1}; },
+       {"'config.eos_token_ids' ([1])", "'generation_config.json eos_token_id' ([0])"}},
+      // An interleaved M-RoPE section the rotary dim (16: 8 frequencies)
+      // does not hold, in both copies alike.
+      {[](auto& k) {
+         k["rope"]["mrope_section"] = k["config"]["rope"]["mrope_section"] = {3, 3, 3};
+       },
+       {"config", "field 'mrope_section'", "expected entries summing to rotary_dim / 2 = 8",
+        "found [3,3,3] (sum 9)"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.needles.front());
+    std::vector<std::string> needles = {"manifest.json"};
+    needles.insert(needles.end(), c.needles.begin(), c.needles.end());
+    expect_rejected(edited(c.edit), needles);
+  }
+}
+
 }  // namespace
 }  // namespace qtk::testing
