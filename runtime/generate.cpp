@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -333,12 +334,16 @@ std::vector<PromptLine> parse_lines(const std::vector<std::string_view>& raw,
                                     const PromptDefaults& defaults) {
   std::vector<PromptLine> lines;
   lines.reserve(raw.size());
-  std::set<std::string> ids_seen;
+  std::map<std::string, int64_t> first_line;  // id (as JSON) -> the line that used it first
   for (size_t i = 0; i < raw.size(); ++i) {
     lines.push_back(parse_prompt_line(raw[i], static_cast<int64_t>(i) + 1, defaults));
     PromptLine& l = lines.back();
-    if (!ids_seen.insert(l.id.dump()).second && l.error.empty()) {
-      l.error = fmt::format("duplicate id {} (ids must be unique within a batch)", l.id.dump());
+    const auto [it, fresh] = first_line.emplace(l.id.dump(), l.line_no);
+    if (!fresh && l.error.empty()) {
+      l.error = fmt::format(
+          "line {}: id {} already used on line {} (ids must be unique within a "
+          "batch)",
+          l.line_no, l.id.dump(), it->second);
     }
   }
   return lines;

@@ -224,9 +224,9 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   // rest of the line.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     out.error = fmt::format(
-        "malformed JSON: a raw NUL byte at byte {} (JSON text never contains one; inside a "
-        "string write \\u0000)",
-        nul + 1);
+        "malformed JSON: line {}: a raw NUL byte at byte {} (JSON text never contains one; "
+        "inside a string write \\u0000)",
+        line_no, nul + 1);
     return out;
   }
   nlohmann::json doc;
@@ -258,7 +258,12 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   if (doc.contains("messages")) {
     out.is_chat = true;
     out.error = render_chat_line(text, doc, d, out.chat_prompt);
-    if (!out.error.empty()) return out;
+    // note: named by line, as tokenize --chat names them: a request's
+    // messages are where the line number helps most to find the culprit.
+    if (!out.error.empty()) {
+      out.error = fmt::format("line {}: {}", line_no, out.error);
+      return out;
+    }
   }
   // ---- end chat requests ----
   out.error = parse_body(doc, d, out);

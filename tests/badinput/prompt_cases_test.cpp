@@ -87,6 +87,57 @@ TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
   }
 }
 
+// Errors that need the line number to be found: a reused id names the line
+// that used it first, a raw NUL byte and a chat message without a role name
+// their line (and the message's field) like the JSON parser's errors do.
+TEST_F(BadPrompts, LineErrorsNameTheLine) {
+  struct Case {
+    std::string text;
+    nlohmann::json id;
+    std::string error;  // "" = must succeed; else the whole error
+  };
+  const std::vector<Case> cases = {
+      {R"({"id": "a", "prompt_token_ids": [1, 2], "max_tokens": 1})", "a", ""},
+      {R"({"id": "a", "prompt_token_ids": [3], "max_tokens": 1})", "a",
+       "line 2: id \"a\" already used on line 1 (ids must be unique within a batch)"},
+      {std::string("{\"id\": \"n\", \"prompt_token_ids\": [1]}\0{}", 39), 3,
+       "malformed JSON: line 3: a raw NUL byte at byte 37 (JSON text never contains one; inside "
+       "a string write \\u0000)"},
+      {R"({"id": "c", "messages": [{"role": "user", "content": "hi"}, {"content": "x"}]})", "c",
+       "line 4: field 'messages[1].role': missing; expected a string such as \"user\" or "
+       "\"assistant\""},
+      {R"({"id": "d", "messages": [{"role": 7, "content": "hi"}]})", "d",
+       "line 5: field 'messages[0].role': expected a string, found number"},
+      {R"({"prompt_token_ids": [4], "max_tokens": 1})", 6, ""},
+      {R"({"id": 6, "prompt_token_ids": [4], "max_tokens": 1})", 6,
+       "line 7: id 6 already used on line 6 (ids must be unique within a batch)"},
+      {R"({"id": "ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})", "ok",
+       ""},
+  };
+  TempDir t;
+  std::string input;
+  for (const Case& c : cases) input += c.text + "\n";
+  write_file(t / "prompts.jsonl", input);
+  write_file(t / "chat.jinja",
+             "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:");
+  const RunResult r = run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                                   t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1",
+                                   "--chat-template", t / "chat.jinja"});
+  ASSERT_EQ(r.signal, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // some lines failed
+  const auto out = split_lines(read_file(t / "out.jsonl"));
+  ASSERT_EQ(out.size(), cases.size()) << "one output line per input line";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("line " + std::to_string(i + 1));
+    const auto j = nlohmann::json::parse(out[i]);
+    EXPECT_EQ(j["id"], cases[i].id) << out[i];
+    if (cases[i].error.empty())
+      EXPECT_TRUE(j.contains("output_token_ids")) << out[i];
+    else
+      EXPECT_EQ(j.value("error", ""), cases[i].error) << out[i];
+  }
+}
+
 TEST_F(BadPrompts, UnreadableBatchOrOutputFailsCleanly) {
   TempDir t;
   // Missing batch file: exit 1, nothing written.

@@ -71,6 +71,12 @@ TEST(ChatRequest, BadFieldsAreNamed) {
   const std::vector<Bad> bad = {
       {{{"messages", "hi"}}, "field 'messages': expected an array"},
       {{{"messages", ojson::array({1})}}, "field 'messages'[0]: expected a message object"},
+      // A message without a role would match no branch of a template and vanish.
+      {{{"messages", ojson::array({{{"role", "user"}}, {{"content", "hi"}}})}},
+       "field 'messages[1].role': missing; expected a string such as \"user\" or "
+       "\"assistant\""},
+      {{{"messages", ojson::array({{{"role", nullptr}, {"content", "hi"}}})}},
+       "field 'messages[0].role': expected a string, found null"},
       {{{"messages", msgs}, {"tools", {{"a", 1}}}}, "field 'tools': expected an array"},
       {{{"messages", msgs}, {"tools", ojson::array({"x"})}}, "field 'tools'[0]"},
       {{{"messages", msgs}, {"documents", 3}}, "field 'documents'"},

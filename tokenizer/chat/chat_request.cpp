@@ -14,6 +14,21 @@ using ojson = nlohmann::ordered_json;
 
 std::string type_of(const ojson& j) { return j.type_name(); }
 
+// note: a template picks what to render by the role ("user", "assistant",
+// ...); a message without one matches no branch and would vanish from the
+// prompt without a word.
+std::string check_role(const ojson& message, size_t i) {
+  auto it = message.find("role");
+  if (it == message.end())
+    return fmt::format(
+        "field 'messages[{}].role': missing; expected a string such as \"user\" or "
+        "\"assistant\"",
+        i);
+  if (!it->is_string())
+    return fmt::format("field 'messages[{}].role': expected a string, found {}", i, type_of(*it));
+  return {};
+}
+
 }  // namespace
 
 int json_nesting_depth(std::string_view text) {
@@ -49,6 +64,7 @@ std::string read_chat_request(const ojson& line, ChatRequest& out) {
       return fmt::format("field 'messages'[{}]: expected a message object, found {}", i,
                          type_of(m[i]));
     }
+    if (auto e = check_role(m[i], i); !e.empty()) return e;
   }
   out.messages = m;
   // note: transformers accepts a JSON schema (dict) per tool and refuses
