@@ -30,8 +30,7 @@ int main(int argc, char** argv) {
     }
     const auto files = args.count("files") ? args["files"].as<std::vector<std::string>>()
                                            : std::vector<std::string>{};
-    if (files.size() < 2)
-      qtk::fail("merge: expected OUT.jsonl and at least one SHARD.jsonl (see --help)");
+    if (files.size() < 2) qtk::fail("expected OUT.jsonl and at least one SHARD.jsonl (see --help)");
     qtk::MergeOptions o;
     o.out = files[0];
     o.shards.assign(files.begin() + 1, files.end());
@@ -40,7 +39,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "merge: %zu shards -> %s\n", o.shards.size(), o.out.c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    // note: one line prefixed with the program's name, as generate's,
+    // convert's and compare's messages are.
+    std::fprintf(stderr, "merge: %s\n", e.what());
     return 1;
   }
 }

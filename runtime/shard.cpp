@@ -150,7 +150,7 @@ const char* const kSameInEveryShard[] = {
 }  // namespace
 
 int64_t run_merge(const MergeOptions& o) {
-  if (o.shards.empty()) fail("merge: expected OUT.jsonl and at least one SHARD.jsonl");
+  if (o.shards.empty()) fail("expected OUT.jsonl and at least one SHARD.jsonl");
   struct stat st {};
   if (!o.force && ::stat(o.out.c_str(), &st) == 0)
     fail("{}: already exists (pass --force to replace it)", o.out);
@@ -192,8 +192,7 @@ int64_t run_merge(const MergeOptions& o) {
   const int64_t expected = count / whole.count;
   for (int64_t k = whole.index; k < count; k += whole.count)
     if (!by_index.count(k))
-      fail("merge: shard {}/{} is missing (given: {} of {} shards)", k, count, by_index.size(),
-           expected);
+      fail("shard {}/{} is missing (given: {} of {} shards)", k, count, by_index.size(), expected);
 
   // note: input line i is line i / count of shard i % count; the merged
   // file holds the lines i = whole.index + whole.count * t in order.

@@ -3,6 +3,7 @@
 // shard flag's parsing; merge's refusals, each naming the shard.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -103,12 +104,41 @@ TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
   EXPECT_NE(wrong.err.find("cannot resume: it holds shard"), std::string::npos) << wrong.err;
 }
 
+// One stderr line starting "merge: ", as the other programs' messages do.
+void expect_merge_message(const std::string& err) {
+  EXPECT_EQ(err.rfind("merge: ", 0), 0u) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(err.find("merge: merge:"), std::string::npos) << err;
+}
+
+TEST(Shard, MergeMessagesNameTheProgram) {
+  const std::string d = work_dir();
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"", "merge: expected OUT.jsonl and at least one SHARD.jsonl (see --help)"},
+      {d + "/mm.jsonl", "merge: expected OUT.jsonl and at least one SHARD.jsonl"},
+      {d + "/mm.jsonl " + d + "/no-such-shard.jsonl", "merge: " + d + "/no-such-shard.jsonl"},
+      {"--frobnicate " + d + "/mm.jsonl x.jsonl", "merge: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const RunResult r = run(merge_cmd(c.args));
+    EXPECT_EQ(r.status, 1);
+    expect_merge_message(r.err);
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(d + "/mm.jsonl"));
+  }
+}
+
 TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   const std::string files = run_shards("bad", 3);
   const std::string d = work_dir();
   auto merge_err = [&](const std::string& args) {
     const RunResult r = run(merge_cmd(args));
     EXPECT_EQ(r.status, 1) << args;
+    expect_merge_message(r.err);
     return r.err;
   };
   const std::string s0 = d + "/bad_0.jsonl", s1 = d + "/bad_1.jsonl", s2 = d + "/bad_2.jsonl";
