@@ -1,6 +1,8 @@
 #include "runtime/results_file.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -138,6 +140,69 @@ void refuse_outputs_that_are_inputs(
                                  inputs);
 }
 
+namespace {
+
+// ---- the lock file of a run stopped by SIGINT or SIGTERM ----
+// note: a signal handler reaches only static storage, so the path is copied
+// here beforehand; one OutputLock of a process at a time has the slot.
+constexpr int kLockSignals[] = {SIGINT, SIGTERM};
+constexpr size_t kNumLockSignals = sizeof(kLockSignals) / sizeof(kLockSignals[0]);
+char g_lock_path[PATH_MAX];
+volatile sig_atomic_t g_lock_armed = 0;
+bool g_lock_installed[kNumLockSignals] = {};
+struct sigaction g_lock_saved[kNumLockSignals];
+
+// Removes the lock file and ends the process by the same signal, with its
+// default disposition, as it would have ended without the handler (the
+// partial results file stays as the kill leaves it, for --resume).
+// note: async-signal-safe calls only (unlink, sigaction, raise); the
+// signal stays blocked until the handler returns, and is then delivered.
+extern "C" void unlink_lock_and_reraise(int sig) {
+  const int saved_errno = errno;
+  if (g_lock_armed) ::unlink(g_lock_path);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+  errno = saved_errno;
+}
+
+// Installs the handler for each signal whose disposition is the default: an
+// ignored signal stays ignored (a background job of a shell), and one that
+// has a handler already (a --devices parent's) unwinds to ~OutputLock.
+bool arm_lock_unlink(const std::string& path) {
+  if (g_lock_armed || path.size() >= sizeof(g_lock_path)) return false;
+  std::memcpy(g_lock_path, path.c_str(), path.size() + 1);
+  g_lock_armed = 1;
+  struct sigaction sa {};
+  sa.sa_handler = unlink_lock_and_reraise;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < kNumLockSignals; ++i) {
+    struct sigaction cur {};
+    g_lock_installed[i] = ::sigaction(kLockSignals[i], nullptr, &cur) == 0 &&
+                          cur.sa_handler == SIG_DFL &&
+                          ::sigaction(kLockSignals[i], &sa, &g_lock_saved[i]) == 0;
+  }
+  return true;
+}
+
+// Gives the signals their previous dispositions back, where the handler is
+// still ours, and empties the slot. Called before the lock file is unlinked:
+// after that the path may be a file another run holds.
+void disarm_lock_unlink() {
+  for (size_t i = 0; i < kNumLockSignals; ++i) {
+    struct sigaction cur {};
+    if (g_lock_installed[i] && ::sigaction(kLockSignals[i], nullptr, &cur) == 0 &&
+        cur.sa_handler == unlink_lock_and_reraise)
+      ::sigaction(kLockSignals[i], &g_lock_saved[i], nullptr);
+    g_lock_installed[i] = false;
+  }
+  g_lock_armed = 0;
+}
+
+}  // namespace
+
 OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {
   // note: the lock file is removed at exit, so a process may lock a file that
   // was just unlinked by the previous holder; the inode check after flock
@@ -170,6 +235,7 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
           ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
         // note: the lock holds without the pid; a second process then says "unknown".
       }
+      armed_ = arm_lock_unlink(path_);
       return;
     }
     ::close(fd_);
@@ -180,6 +246,7 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
 
 OutputLock::~OutputLock() {
   if (fd_ < 0) return;
+  if (armed_) disarm_lock_unlink();
   ::unlink(path_.c_str());  // note: while still holding the lock (see the constructor)
   ::close(fd_);
 }

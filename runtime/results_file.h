@@ -9,7 +9,8 @@
 //   OUT.partial.meta.json  the run header of OUT.partial: "running", then
 //                     "failed" (with the error) if the run fails
 //   OUT.lock          held (flock) by the one generate writing OUT, holding
-//                     its pid; removed at exit
+//                     its pid; removed at exit, also when SIGINT or SIGTERM
+//                     stops the run
 //
 // note: the partial file has a fixed, documented name (not a random temp
 // name) because --resume must find it after a kill.
@@ -45,7 +46,9 @@ void refuse_output_that_is_an_input(const std::string& flag, const std::string& 
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // An exclusive flock on OUT.lock for the whole run; a second generate on the
-// same OUT fails with a message naming the holder's pid.
+// same OUT fails with a message naming the holder's pid. While it is held,
+// SIGINT and SIGTERM (where their disposition is the default) unlink the
+// file before they end the process as they otherwise would.
 class OutputLock {
  public:
   OutputLock(const std::string& lock_path, const std::string& out);
@@ -56,6 +59,7 @@ class OutputLock {
  private:
   std::string path_;
   int fd_ = -1;
+  bool armed_ = false;  // this lock has the signal handlers' path slot
 };
 
 enum class StartMode { kFresh, kForce, kResume };

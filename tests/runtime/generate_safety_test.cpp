@@ -4,11 +4,16 @@
 // runs interleave, resumed from another prompts file, ignored unknown
 // request fields and exited 0 with failed lines).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <thread>
 
 #include "tests/runtime/test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -504,6 +509,80 @@ TEST(GenerateSafety, Item18_MessagesNameWhatTheUserGave) {
   EXPECT_EQ(f.status, 1) << f.err;
   EXPECT_NE(f.err.find("msg.full.jsonl"), std::string::npos) << f.err;
   EXPECT_EQ(f.err.find(".tmp"), std::string::npos) << f.err;
+}
+
+// The lines that are complete in `path` ("" when it does not exist).
+size_t complete_lines(const std::string& path) {
+  const std::string text = read_text(path);
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Starts `argv` with SIGINT and SIGTERM at their default dispositions (as
+// from a terminal, whatever the test runner inherited).
+pid_t start_with_default_signals(const std::vector<std::string>& argv) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int null = ::open("/dev/null", O_WRONLY);
+  ::dup2(null, 1), ::dup2(null, 2);
+  ::execv(args[0], args.data());
+  ::_exit(127);
+}
+
+// A run stopped by SIGTERM or SIGINT removes its lock file (a SIGKILL
+// cannot), ends by that signal, and keeps its partial results for --resume.
+TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  // Long enough to be stopped mid-run (seconds): one sequence at a time.
+  constexpr size_t kLines = 2000;
+  std::string text;
+  for (size_t i = 0; i < kLines; ++i)
+    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 32}}
+                .dump() +
+            "\n";
+  const std::string in = batch_file("signal.jsonl", text);
+  for (int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sigabbrev_np(sig));
+    const std::string out = fmt::format("{}/signal.{}.jsonl", work_dir(), sig);
+    const pid_t pid = start_with_default_signals({QTK_GENERATE_BIN, "--model", pack, "--batch", in,
+                                                  "--out", out, "--ignore-eos", "--threads", "1",
+                                                  "--max-num-seqs", "1", "--no-progress"});
+    ASSERT_GT(pid, 0);
+    // Wait for the first results, so that the lock is held and the run is under way.
+    int st = 0;
+    bool running = true;
+    for (int i = 0; i < 6000 && complete_lines(out + ".partial") < 2; ++i) {
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        running = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(running) << "generate ended before it could be stopped (status " << st << ")";
+    ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
+    ::kill(pid, sig);
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st;
+    EXPECT_FALSE(std::filesystem::exists(out + ".lock")) << "the lock file was left behind";
+    // The partial results are as a kill leaves them: complete lines only.
+    const std::string partial = read_text(out + ".partial");
+    ASSERT_FALSE(partial.empty());
+    EXPECT_EQ(partial.back(), '\n');
+    EXPECT_LT(complete_lines(out + ".partial"), kLines);
+    EXPECT_FALSE(std::filesystem::exists(out));
+    // A rerun takes over and finishes the results.
+    const RunResult again =
+        generate(pack, in, out, "--ignore-eos --threads 1 --max-num-seqs 1 --resume");
+    ASSERT_EQ(again.status, 0) << again.err;
+    EXPECT_EQ(complete_lines(out), kLines);
+    EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+    EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
+  }
 }
 
 }  // namespace
