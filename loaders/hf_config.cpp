@@ -390,20 +390,6 @@ double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
   return fallback;
 }
 
-// The section against the rotary dim, named as the config gives it (or as
-// the default it did not give). note: an unusable rotary dim is left to
-// validate_model_config, which names partial_rotary_factor.
-void check_mrope_fits(const ConfigDoc& d, const ModelConfig& c, const std::string& section_name,
-                      bool given) {
-  const int64_t rd = c.rope.rotary_dim;
-  if (rd <= 0 || rd % 2 != 0 || rd > c.head_dim) return;
-  const std::string why = mrope_section_mismatch(c.rope);
-  if (why.empty()) return;
-  fail("{}: field '{}'{}: {} (rotary_dim = head_dim {} x partial_rotary_factor {})", d.source,
-       section_name, given ? "" : " (absent: Qwen3.5's default [11, 11, 10])", why, c.head_dim,
-       c.rope.partial_factor);
-}
-
 void read_rope(const ConfigDoc& d, ModelConfig& c) {
   const auto [dict, dict_name] = rope_dict(d, c);
 
@@ -463,7 +449,6 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
           "mrope_interleaved {} ignored (Qwen3.5's rotary embedding always interleaves)",
           shown(v)));
   }
-  check_mrope_fits(d, c, section_name, section != nullptr);
 }
 
 }  // namespace

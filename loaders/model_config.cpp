@@ -66,34 +66,6 @@ void validate_moe(const ModelConfig& c, const std::string& source) {
 
 const char* arch_name(Arch a) { return a == Arch::kQwen3 ? "qwen3" : "qwen3_5"; }
 
-std::string mrope_section_mismatch(const RopeConfig& r) {
-  const std::vector<int64_t>& s = r.mrope_section;
-  if (s.empty()) return {};
-  const std::string found = json(s).dump();
-  for (int64_t v : s)
-    if (v < 0) return fmt::format("expected entries of 0 or more, found {}", found);
-  const int64_t pairs = r.rotary_dim / 2;  // one frequency per rotated pair
-  int64_t sum = 0;
-  for (int64_t v : s) sum += v;
-  if (sum != pairs)
-    return fmt::format("expected entries summing to rotary_dim / 2 = {}, found {} (sum {})", pairs,
-                       found, sum);
-  if (!r.mrope_interleaved || s.size() != 3) return {};
-  // note: interleaved, frequency j goes to the height axis when j % 3 == 1
-  // and to the width axis when j % 3 == 2, up to 3 x its section; a section
-  // reaching past the last frequency would lose its top entries to the
-  // temporal axis (transformers' slice stops at the end silently).
-  const int64_t most[3] = {pairs, (pairs + 1) / 3, pairs / 3};
-  const char* axis[3] = {"temporal", "height", "width"};
-  for (size_t a = 1; a < 3; ++a)
-    if (s[a] > most[a])
-      return fmt::format(
-          "expected an interleaved {} section of at most {} (every third of the rotary_dim / 2 = "
-          "{} frequencies), found {}",
-          axis[a], most[a], pairs, found);
-  return {};
-}
-
 void validate_model_config(const ModelConfig& c, const std::string& source) {
   auto positive = [&](int64_t v, const char* field) {
     if (v <= 0) fail("{}: field '{}': expected a positive integer, found {}", source, field, v);
@@ -143,8 +115,15 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
         "{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
         "positive and <= head_dim",
         source, c.head_dim, c.rope.partial_factor, rd);
-  if (const std::string why = mrope_section_mismatch(c.rope); !why.empty())
-    fail("{}: field 'mrope_section': {}", source, why);
+  if (!c.rope.mrope_section.empty() && !c.rope.mrope_interleaved) {
+    int64_t sum = 0;
+    for (int64_t s : c.rope.mrope_section) sum += s;
+    if (sum != rd / 2)
+      fail(
+          "{}: field 'mrope_section': expected entries summing to rotary_dim / 2 = {}, found {} "
+          "(sum {})",
+          source, rd / 2, json(c.rope.mrope_section).dump(), sum);
+  }
   // note: an eps of 1 or more would swamp any hidden state's mean square
   // (every model uses 1e-6 or 1e-5); a zero, negative or infinite RoPE base
   // gives no usable rotation.
@@ -155,6 +134,10 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
     fail("{}: field 'rope_theta': expected a positive finite number, found {}", source,
          c.rope.theta);
   positive(c.max_position_embeddings, "max_position_embeddings");
+  for (int64_t s : c.rope.mrope_section)
+    if (s < 0)
+      fail("{}: field 'mrope_section': expected entries of 0 or more, found {}", source,
+           json(c.rope.mrope_section).dump());
   for (int64_t id : c.eos_token_ids)
     if (id < 0 || id >= c.vocab_size)
       fail("{}: field 'eos_token_id': expected ids below vocab_size {}, found {}", source,

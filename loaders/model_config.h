@@ -36,11 +36,9 @@ struct RopeConfig {
   int64_t rotary_dim = 0;              // even, <= head_dim
   std::vector<int64_t> mrope_section;  // empty for plain RoPE; (t, h, w) frequency pairs
   // note: interleaved (Qwen3.5): frequency j takes axis a in {1, 2} when
-  // j % 3 == a and j < 3 * section[a], else the temporal axis.
-  // Contiguous: sections [t][h][w]. Either way the sections sum to
-  // rotary_dim / 2 (one frequency per rotated pair); transformers does not
-  // check this for the interleaved form, but a section that does not add up
-  // is not the layout its numbers say, so it is refused.
+  // j % 3 == a and j < 3 * section[a], else the temporal axis; sections need
+  // not sum to rotary_dim / 2 (transformers does not require it).
+  // Contiguous: sections [t][h][w] summing to rotary_dim / 2.
   bool mrope_interleaved = false;
 };
 
@@ -129,11 +127,6 @@ ModelConfig load_hf_config(const std::string& path);
 // <= head_dim, mrope_section summing to rotary_dim / 2, token ids < vocab).
 // Throws qtk::Error naming `source` and the field.
 void validate_model_config(const ModelConfig& c, const std::string& source);
-
-// What is wrong with `r.mrope_section` for `r.rotary_dim` ("expected ...,
-// found ..."), or "" when it fits: entries >= 0 summing to rotary_dim / 2,
-// and interleaved, height and width sections that fit every third frequency.
-std::string mrope_section_mismatch(const RopeConfig& r);
 
 // "qwen3" / "qwen3_5"
 const char* arch_name(Arch a);

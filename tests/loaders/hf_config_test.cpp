@@ -574,26 +574,6 @@ TEST(ConfigJson, RejectsValuesNoModelRunsWith) {
          j["rope"]["mrope_section"] = {-3, 9, 2};
        },
        "field 'mrope_section': expected entries of 0 or more, found [-3,9,2]"},
-      // A pack's section must fit its rotary dim (head_dim 32 x 0.25 = 8: 4
-      // frequencies), interleaved or not.
-      {"mrope sum interleaved",
-       [](json& j) {
-         j["rope"]["mrope_section"] = {2, 1, 2};
-       },
-       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [2,1,2] "
-       "(sum 5)"},
-      {"mrope sum contiguous",
-       [](json& j) {
-         j["rope"]["mrope_section"] = {1, 1, 1};
-         j["rope"]["mrope_interleaved"] = false;
-       },
-       "field 'mrope_section': expected entries summing to rotary_dim / 2 = 4, found [1,1,1] "
-       "(sum 3)"},
-      {"mrope height past the end",
-       [](json& j) {
-         j["rope"]["mrope_section"] = {1, 2, 1};
-       },
-       "field 'mrope_section': expected an interleaved height section of at most 1"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.what);
