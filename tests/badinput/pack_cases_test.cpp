@@ -440,10 +440,12 @@ TEST_F(BadPackCopies, CopiesThatDisagreeAreRefused) {
       // Both eos copies of the manifest edited alike, against the carried file's.
       {[](auto& k) { k["eos_token_ids"] = k["config"]["eos_token_ids"] = {1}; },
        {"'config.eos_token_ids' ([1])", "'generation_config.json eos_token_id' ([0])"}},
-      // An interleaved M-RoPE section the rotary dim (16: 8 frequencies)
-      // does not hold, in both copies alike.
+      // A contiguous M-RoPE section the rotary dim (16: 8 frequencies) does
+      // not hold, in both copies alike (the config's own check, reached
+      // through a pack).
       {[](auto& k) {
          k["rope"]["mrope_section"] = k["config"]["rope"]["mrope_section"] = {3, 3, 3};
+         k["rope"]["mrope_interleaved"] = k["config"]["rope"]["mrope_interleaved"] = false;
        },
        {"config", "field 'mrope_section'", "expected entries summing to rotary_dim / 2 = 8",
         "found [3,3,3] (sum 9)"}},
