@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
       }
       if (!args.count("input") || !args.count("output"))
         qtk::fail(
-            "usage: convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress]");
+            "usage: convert INPUT OUT.pack [--dtype keep|bf16|f16|f32] [--force] [--progress] "
+            "[--max-unpacked-bytes N] [--max-entries N]");
       qtk::cli::no_extra_arguments(args);
       qtk::ConvertOptions opt;
       opt.input = args["input"].as<std::string>();

@@ -144,7 +144,9 @@ int run(int argc, char** argv) {
                         "Summarise a Hugging Face checkpoint directory (architecture, "
                         "hyperparameters, layer plan, tensors, skipped groups) or a .pack file.");
   opts.positional_help("MODEL_DIR|X.pack");
-  opts.add_options()("verify", "for a .pack: recompute every checksum")(
+  opts.add_options()("verify",
+                     "for a .pack: recompute every checksum and run every check generate runs "
+                     "at load (tokenizer, the model's tensor table), so a pack it passes loads")(
       "h,help", "print this help")("path", "checkpoint directory or .pack file",
                                    cxxopts::value<std::string>());
   opts.parse_positional({"path"});

@@ -198,7 +198,7 @@ std::string tuning_help() {
   QTK_GEMM_SLICES        1|4                           4        yes (cuda)
   QTK_GEMM_FREE          0|1 (1: not batch invariant)  0        yes (cuda)
   QTK_MMA_MATMUL         0|1                           1        yes (cuda)
-  QTK_MMA_WIDE           0 (per shape)|4|32|64         0        no
+  QTK_MMA_WIDE           0 (per shape)|4|32|64|90      0        no
   QTK_GDN_CHUNKED        0|1                           1        yes (cuda)
   QTK_GDN_STATE_COLUMNS  0 (per batch)|16|32           0        no
   QTK_PDL                0|1                           1        no

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
@@ -164,8 +166,19 @@ void Pack::read_fp8_section(const std::string& mwhere) {
 
 namespace {
 
+// The refusal for an archive given where a pack is expected: convert reads
+// archives of checkpoints, so the fix is to convert it first.
+[[noreturn]] void fail_archive_not_pack(const std::string& path, const std::string& what) {
+  fail(
+      "{}: this is {}, not a .pack file; convert reads an archive of a Hugging Face checkpoint: "
+      "convert it first (convert {} OUT.pack)",
+      path, what, path);
+}
+
 // Names what a path that is not a pack is, when that is recognisable: a
-// checkpoint directory or a GGUF or safetensors file (the common mix-ups).
+// checkpoint directory, a GGUF or safetensors file, or a compressed or tar
+// archive (the common mix-ups; a zip archive is recognised while its entries
+// are read, see read_zip_entries).
 void refuse_what_is_not_a_pack(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // MappedFile reports it
@@ -180,11 +193,24 @@ void refuse_what_is_not_a_pack(const std::string& path) {
     fail("{}: is a directory; expected a .pack file (made by convert)", path);
   }
   if (!S_ISREG(st.st_mode)) return;
-  char head[16] = {};
+  // note: 512 bytes reach a tar header's "ustar" magic at offset 257.
+  char head[512] = {};
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return;
   const size_t n = std::fread(head, 1, sizeof(head), f);
   std::fclose(f);
+  auto starts_with = [&](std::string_view magic) {
+    return n >= magic.size() && std::memcmp(head, magic.data(), magic.size()) == 0;
+  };
+  if (starts_with("\x1f\x8b")) fail_archive_not_pack(path, "a gzip-compressed file (.tar.gz?)");
+  if (starts_with("\x28\xb5\x2f\xfd"))
+    fail_archive_not_pack(path, "a zstd-compressed file (.tar.zst?)");
+  constexpr char kXzMagic[] = {'\xfd', '7', 'z', 'X', 'Z', '\0'};
+  if (starts_with(std::string_view(kXzMagic, sizeof(kXzMagic))))
+    fail_archive_not_pack(path, "an xz-compressed file (.tar.xz?)");
+  if (starts_with("BZh")) fail_archive_not_pack(path, "a bzip2-compressed file (.tar.bz2?)");
+  if (n >= 262 && std::memcmp(head + 257, "ustar", 5) == 0)
+    fail_archive_not_pack(path, "a tar archive");
   if (n >= 4 && std::memcmp(head, "GGUF", 4) == 0) {
     fail(
         "{}: this looks like a GGUF file (llama.cpp's format), not a .pack; convert the Hugging "
@@ -351,9 +377,50 @@ void check_pack_version(const nlohmann::json& m, const std::string& mwhere,
 
 }  // namespace
 
+namespace {
+
+// The entry names of the central directory, or nothing when a record does
+// not fit in it (the checks proper, with their messages, are
+// read_zip_entries'). Used only to tell an archive from a damaged pack.
+std::optional<std::vector<std::string_view>> zip_entry_names(const uint8_t* base,
+                                                             const CentralDirectory& cd) {
+  std::vector<std::string_view> names;
+  uint64_t pos = cd.offset;
+  const uint64_t end = cd.offset + cd.size;
+  for (uint64_t i = 0; i < cd.entries; ++i) {
+    if (end - pos < kCentralHeaderSize || le32(base + pos) != kCentralSig) return std::nullopt;
+    const uint8_t* c = base + pos;
+    const uint64_t name_len = le16(c + 28), rest = name_len + le16(c + 30) + le16(c + 32);
+    if (end - pos - kCentralHeaderSize < rest) return std::nullopt;
+    names.emplace_back(reinterpret_cast<const char*>(c + kCentralHeaderSize), name_len);
+    pos += kCentralHeaderSize + rest;
+  }
+  return names;
+}
+
+}  // namespace
+
 void Pack::read_zip_entries(const std::string& path) {
   const uint8_t* base = file_.data();
   const CentralDirectory cd = find_central_directory(path, base, file_.size());
+  // A zip without the pack's manifest.json that holds a config.json or
+  // safetensors is an archive of a checkpoint (convert's input), refused as
+  // that before any complaint about its layout or compression. A directory
+  // that does not read whole counts as a pack's (its damage is reported
+  // below).
+  bool has_manifest = true, has_checkpoint = false;
+  if (const auto names = zip_entry_names(base, cd)) {
+    has_manifest = std::find(names->begin(), names->end(), "manifest.json") != names->end();
+    for (const std::string_view n : *names) {
+      auto ends_with = [&](std::string_view tail) {
+        return n.size() >= tail.size() && n.substr(n.size() - tail.size()) == tail;
+      };
+      has_checkpoint |=
+          n == "config.json" || ends_with("/config.json") || ends_with(".safetensors");
+    }
+  }
+  if (!has_manifest && has_checkpoint)
+    fail_archive_not_pack(path, "a zip archive of a checkpoint (no manifest.json entry)");
   struct Span {
     uint64_t begin, end;
     std::string name;
@@ -384,6 +451,10 @@ void Pack::read_zip_entries(const std::string& path) {
     if (flags & (kFlagEncrypted | kFlagStrongEncryption)) fail("{}: is encrypted", where);
     if (flags & kFlagDataDescriptor)
       fail("{}: uses a data descriptor (a pack entry must not)", where);
+    if (method != 0 && !has_manifest)
+      fail_archive_not_pack(
+          path, fmt::format("a zip archive (no manifest.json entry; entry \"{}\" is compressed)",
+                            shown_name(name)));
     if (method != 0)
       fail("{}: is compressed (method {}); every pack entry must be STORED", where, method);
     if (csize != usize)

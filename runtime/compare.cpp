@@ -92,7 +92,8 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
 }
 
 CompareReport compare_cases(const std::vector<CompareCase>& expected,
-                            const std::vector<CompareCase>& actual, double near_tie) {
+                            const std::vector<CompareCase>& actual, double near_tie,
+                            bool only_present) {
   CompareReport rep;
   std::unordered_map<std::string, const CompareCase*> by_id;
   for (const auto& a : actual) by_id.emplace(a.id, &a);
@@ -102,6 +103,10 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
     CaseReport r;
     r.id = e.id;
     auto it = by_id.find(e.id);
+    if (it == by_id.end() && only_present) {
+      ++rep.skipped;
+      continue;
+    }
     if (it == by_id.end()) {
       r.verdict = CaseVerdict::kMissing;
       r.detail = "missing from the actual file";

@@ -35,10 +35,14 @@ struct CompareReport {
   std::vector<CaseReport> cases;       // in the expected file's order
   std::vector<std::string> extra_ids;  // ids only in the actual file
   int64_t identical = 0, near_tie = 0, diverged = 0, missing = 0, errors = 0;
+  int64_t skipped = 0;  // expected cases left out by only_present
   bool ok() const { return diverged == 0 && missing == 0 && errors == 0; }
 };
 
+// only_present: an expected case whose id is not in `actual` is skipped
+// (counted in `skipped`, not reported) instead of being missing.
 CompareReport compare_cases(const std::vector<CompareCase>& expected,
-                            const std::vector<CompareCase>& actual, double near_tie);
+                            const std::vector<CompareCase>& actual, double near_tie,
+                            bool only_present = false);
 
 }  // namespace qtk

@@ -1,4 +1,4 @@
-// compare EXPECTED ACTUAL [--near-tie 1e-3] [--verbose]
+// compare EXPECTED ACTUAL [--near-tie 1e-3] [--only-present] [--verbose]
 // Exit 0 when no case diverged for real and none is missing or failed.
 #include <cstdio>
 #include <limits>
@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
         "near-tie",
         "a divergence at or after a step whose expected top1_margin is below this is a near-tie",
         cxxopts::value<std::string>()->default_value("1e-3"))(
+        "only-present",
+        "compare only the expected cases whose id is in ACTUAL (e.g. a run over part of a golden "
+        "file's prompts); the others are counted as skipped, not missing")(
         "v,verbose", "also list identical cases")("h,help", "show this help");
     opts.parse_positional({"expected", "actual"});
     opts.positional_help("EXPECTED ACTUAL");
@@ -45,7 +48,17 @@ int main(int argc, char** argv) {
       throw qtk::Error(fmt::format("{}: expected at least one case, found none (an empty file?)",
                                    args["expected"].as<std::string>()));
     }
-    const auto rep = qtk::compare_cases(expected, actual, thr);
+    const bool only_present = args.count("only-present") > 0;
+    const auto rep = qtk::compare_cases(expected, actual, thr, only_present);
+    // note: with nothing in common every case would be skipped and the run
+    // would pass having checked nothing.
+    if (only_present && rep.cases.empty()) {
+      throw qtk::Error(fmt::format(
+          "--only-present: expected at least one id of {} in {}, found none ({} expected ids, "
+          "first {}; {} actual ids, first {})",
+          args["expected"].as<std::string>(), args["actual"].as<std::string>(), expected.size(),
+          expected.front().id, actual.size(), actual.empty() ? "none" : actual.front().id));
+    }
     const bool verbose = args.count("verbose") > 0;
     for (const auto& c : rep.cases) {
       if (c.verdict == qtk::CaseVerdict::kIdentical && !verbose) continue;
@@ -56,9 +69,10 @@ int main(int argc, char** argv) {
                  rep.extra_ids.size(), rep.extra_ids.front());
     }
     fmt::print(
-        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors -> {}\n",
+        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors{} -> "
+        "{}\n",
         rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
-        rep.ok() ? "OK" : "FAIL");
+        only_present ? fmt::format(", {} skipped", rep.skipped) : "", rep.ok() ? "OK" : "FAIL");
     return rep.ok() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compare: %s\n", e.what());

@@ -61,7 +61,11 @@ TEST(CliArgs, IntRefusesWithTheFlagTheExpectationAndTheText) {
 
 TEST(CliArgs, MessagesStayOneLine) {
   const std::string e = error_of([] { parse_int_flag("--n", "1\n2\r\"3\"\\", 0, 10, "a count"); });
-  EXPECT_EQ(e, "--n: expected a count, found \"1\\x0a2\\x0d\\\"3\\\"\\\\\"");
+  // A newline, tab and carriage return as \n, \t, \r (as in every other
+  // message), other control bytes as \xHH.
+  EXPECT_EQ(e, "--n: expected a count, found \"1\\n2\\r\\\"3\\\"\\\\\"");
+  EXPECT_EQ(error_of([] { parse_int_flag("--n", "1\t\x01", 0, 10, "a count"); }),
+            "--n: expected a count, found \"1\\t\\x01\"");
   const std::string long_text(500, '9');
   const std::string e2 =
       error_of([&] { parse_int_flag("--n", "x" + long_text, 0, 10, "a count"); });
@@ -153,7 +157,7 @@ TEST_F(ParseFlags, UnknownFlags) {
   EXPECT_EQ(error({"--"}), "");
   EXPECT_EQ(error({"---model", "m"}).substr(0, 26), "---model: unknown flag (di");
   EXPECT_EQ(error({"--=3"}), "--: unknown flag (see --help)");
-  EXPECT_EQ(error({"--a\nb"}), "--a\\x0ab: unknown flag (see --help)") << "one line";
+  EXPECT_EQ(error({"--a\nb"}), "--a\\nb: unknown flag (see --help)") << "one line";
   EXPECT_EQ(error({std::string("-\x01")}), "-\\x01: unknown flag (see --help)");
 }
 

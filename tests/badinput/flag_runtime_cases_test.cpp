@@ -72,6 +72,16 @@ TEST_F(BadRuntimeFlags, GenerateBadNumbers) {
       run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
                    *dir_ / "p.jsonl", "--out", t / "r.jsonl", "--max-num-seqs", "abc"});
   EXPECT_EQ(r.err, "generate: --max-num-seqs: expected a positive integer, found \"abc\"\n");
+  // A newline in a value is shown as \n, as in every other message.
+  TempDir n;
+  const RunResult nl =
+      run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                   *dir_ / "p.jsonl", "--out", n / "r.jsonl", "--max-tokens", "1\n2"});
+  EXPECT_EQ(nl.exit_code, 1) << nl.err;
+  EXPECT_EQ(nl.err,
+            "generate: --max-tokens: expected 0 (the pack's default) or a positive integer, "
+            "found \"1\\n2\"\n");
+  expect_no_output(n.path(), "r.jsonl", {});
 }
 
 TEST_F(BadRuntimeFlags, GenerateUnknownMissingAndEnumFlags) {

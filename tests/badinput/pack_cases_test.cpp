@@ -295,6 +295,54 @@ TEST_F(BadPack, NotAZip) {
   expect_rejected(read_file(model_fixture("qwen3-tiny") + "/config.json"), {});
 }
 
+// An archive given where a pack is expected (inspect, generate --model) is
+// named as an archive, with the convert command to run first; recognised by
+// its magic bytes (gzip, zstd, xz, bzip2, tar) or, for a zip, by the pack's
+// manifest.json entry missing.
+TEST_F(BadPack, ArchiveIsNamedAndConvertIsSuggested) {
+  const std::vector<std::string> convert_first = {"convert it first", "bad.pack OUT.pack)"};
+  auto with = [&](std::vector<std::string> needles) {
+    needles.insert(needles.end(), convert_first.begin(), convert_first.end());
+    return needles;
+  };
+  TempDir t;
+  const RunResult tar = run_program(
+      {"/bin/tar", "-cf", t / "ck.tar", "-C", model_fixture("qwen3-tiny"), "config.json"});
+  ASSERT_EQ(tar.exit_code, 0) << tar.err;
+  expect_rejected(read_file(t / "ck.tar"), with({"this is a tar archive, not a .pack file"}));
+  const RunResult gz = run_program({"/bin/gzip", "-k", t / "ck.tar"});
+  ASSERT_EQ(gz.exit_code, 0) << gz.err;
+  expect_rejected(read_file(t / "ck.tar.gz"), with({"this is a gzip-compressed file (.tar.gz?)"}));
+  // The other compressors by their magic bytes alone.
+  const std::string rest(600, '\x01');
+  expect_rejected("\x28\xb5\x2f\xfd" + rest, with({"zstd-compressed file (.tar.zst?)"}));
+  expect_rejected(std::string("\xfd"
+                              "7zXZ\x00",
+                              6) +
+                      rest,
+                  with({"xz-compressed file"}));
+  expect_rejected("BZh9" + rest, with({"bzip2-compressed file"}));
+
+  // A zip of a checkpoint: the pack's manifest.json renamed (same length)
+  // to a checkpoint's config.json in a subdirectory, in both headers.
+  const ZipLayout L = parse_zip(*good_);
+  const ZipEntry& m = L.find("manifest.json");
+  std::string ck = *good_;
+  ck.replace(m.central + 46, 13, "a/config.json");
+  ck.replace(m.local + 30, 13, "a/config.json");
+  expect_rejected(ck, with({"this is a zip archive of a checkpoint (no manifest.json entry)"}));
+  // A zip without a manifest.json whose entry is compressed: named as an
+  // archive before any complaint about the compression.
+  std::string zip = *good_;
+  zip.replace(m.central + 46, 13, "manifest.txt!");
+  zip.replace(m.local + 30, 13, "manifest.txt!");
+  const ZipEntry& first = L.entries.front();
+  set16(zip, first.central + 10, 8);
+  set16(zip, first.local + 8, 8);
+  expect_rejected(zip, with({"this is a zip archive (no manifest.json entry; entry \"" +
+                             first.name + "\" is compressed)"}));
+}
+
 TEST_F(BadPack, BadChecksumFoundByVerify) {
   std::string z = *good_;
   const ZipEntry e = parse_zip(z).entries.front();

@@ -83,6 +83,35 @@ TEST(Compare, AcceptsGoldenJsonAsExpected) {
       << r.out;
 }
 
+// --only-present: a run over part of a golden file's prompts (the demo's 10
+// of the sample's 20) passes on the cases it has; the others are skipped,
+// not missing, and a run with no id in common is an error, not a pass.
+TEST(Compare, OnlyPresentSkipsCasesMissingFromActual) {
+  const std::string expected = line("a", {1, 2}, {1, 1}) + line("b", {3}, {1});
+  RunResult plain = compare(expected, line("a", {1, 2}));
+  EXPECT_EQ(plain.status, 1) << plain.out;
+  EXPECT_NE(plain.out.find("\"b\": missing"), std::string::npos) << plain.out;
+  RunResult r = compare(expected, line("a", {1, 2}), "--only-present");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("compare: 1 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 0 "
+                       "errors, 1 skipped -> OK"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("\"b\""), std::string::npos) << r.out;
+  // A present case still fails on a real divergence.
+  RunResult d = compare(expected, line("a", {1, 9}), "--only-present");
+  EXPECT_EQ(d.status, 1) << d.out;
+  EXPECT_NE(d.out.find("\"a\": DIVERGED at step 1: expected 2, got 9"), std::string::npos) << d.out;
+  RunResult none = compare(expected, line("z", {1}), "--only-present");
+  EXPECT_EQ(none.status, 1) << none.out << none.err;
+  EXPECT_NE(none.err.find("compare: --only-present: expected at least one id of "),
+            std::string::npos)
+      << none.err;
+  EXPECT_NE(none.err.find("found none (2 expected ids, first \"a\"; 1 actual ids, first \"z\")"),
+            std::string::npos)
+      << none.err;
+}
+
 TEST(Compare, MalformedInputIsOneErrorLine) {
   RunResult r = compare(line("a", {1}), "{\"id\": \"a\", \"output_token_ids\": [1\n");
   EXPECT_EQ(r.status, 1);

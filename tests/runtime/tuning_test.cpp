@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/tuning.h"
@@ -143,6 +144,64 @@ TEST(Tuning, OutOfRangeAndMalformedNumbersAreRefused) {
   for (const char* v : {"yes", "true", "2", "00"}) EXPECT_NE(parse_error("QTK_PDL", v), "") << v;
   EXPECT_EQ(parse_error("QTK_CPU_PATH", "AVX2"),
             "QTK_CPU_PATH: expected scalar, avx2, avx512 or amx, found 'AVX2'");
+}
+
+// generate --help's table lists, for each switch with a fixed set of values,
+// exactly the values its validator accepts (each accepted here, and the
+// neighbours of a range refused).
+TEST(Tuning, HelpListsExactlyTheValuesEachValidatorAccepts) {
+  const std::string help = tuning_help();
+  // The "values" column of a switch's row: its entries split at '|', each
+  // up to its first space ("0 (per shape)" -> "0").
+  auto values_of = [&](const std::string& name) {
+    const size_t at = help.find("\n  " + name + " ");
+    EXPECT_NE(at, std::string::npos) << name;
+    if (at == std::string::npos) return std::vector<std::string>{};
+    const std::string row = help.substr(at + 1, help.find('\n', at + 1) - at - 1);
+    std::string column = row.substr(25, 30);
+    std::vector<std::string> out;
+    size_t pos = 0;
+    while (pos <= column.size()) {
+      const size_t bar = column.find('|', pos);
+      std::string v = column.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
+      v = v.substr(0, v.find(' '));
+      out.push_back(v);
+      if (bar == std::string::npos) break;
+      pos = bar + 1;
+    }
+    return out;
+  };
+  const std::pair<std::string, std::vector<std::string>> sets[] = {
+      {"QTK_CPU_PATH", {"scalar", "avx2", "avx512", "amx"}},
+      {"QTK_MMA_WIDE", {"0", "4", "32", "64", "90"}},
+      {"QTK_GDN_STATE_COLUMNS", {"0", "16", "32"}},
+      {"QTK_GEMM_SLICES", {"1", "4"}},
+      {"QTK_TILED", {"0", "1"}},
+      {"QTK_HUGEPAGES", {"0", "1"}},
+      {"QTK_GEMM_ALTS", {"0", "1"}},
+      {"QTK_GEMM_FREE", {"0", "1"}},
+      {"QTK_MMA_MATMUL", {"0", "1"}},
+      {"QTK_GDN_CHUNKED", {"0", "1"}},
+      {"QTK_PDL", {"0", "1"}},
+      {"QTK_CUDA_GRAPHS", {"0", "1"}},
+      {"QTK_PIPELINE", {"0", "1"}},
+  };
+  for (const auto& [name, values] : sets) {
+    EXPECT_EQ(values_of(name), values) << name;
+    for (const std::string& v : values) EXPECT_EQ(parse_error(name, v), "") << name << "=" << v;
+  }
+  const std::tuple<std::string, int64_t, int64_t> ranges[] = {
+      {"QTK_AMX_PREFETCH", 0, Tuning::kAmxPrefetchModes - 1},
+      {"QTK_GEMM_REF_M", 1, Tuning::kGemmRefMMax},
+      {"QTK_FUSED_MAX_M", 0, Tuning::kFusedMaxMMax},
+  };
+  for (const auto& [name, lo, hi] : ranges) {
+    EXPECT_EQ(values_of(name), std::vector<std::string>{fmt::format("{}..{}", lo, hi)}) << name;
+    EXPECT_EQ(parse_error(name, std::to_string(lo)), "") << name;
+    EXPECT_EQ(parse_error(name, std::to_string(hi)), "") << name;
+    EXPECT_NE(parse_error(name, std::to_string(lo - 1)), "") << name;
+    EXPECT_NE(parse_error(name, std::to_string(hi + 1)), "") << name;
+  }
 }
 
 TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
