@@ -538,8 +538,12 @@ int run(int argc, char** argv) {
     index["metadata"] = {{"total_size", total}};
     std::ofstream(out + "/model.safetensors.index.json") << index.dump(2) << "\n";
   }
-  std::fprintf(stderr, "synth: wrote %s (%zu tensors, %.3f B parameters, %s, %zu file(s))\n",
-               out.c_str(), all.size(), params / 1e9, dtype.c_str(), shards.size());
+  // note: billions for real sizes, millions for the tiny test shapes (which
+  // showed as "0.000 B").
+  const bool billions = params >= 1e9;
+  std::fprintf(stderr, "synth: wrote %s (%zu tensors, %.3f %s parameters, %s, %zu file(s))\n",
+               out.c_str(), all.size(), params / (billions ? 1e9 : 1e6), billions ? "B" : "M",
+               dtype.c_str(), shards.size());
   return 0;
 }
 
