@@ -133,10 +133,11 @@ void time_wg_chain(float* out, long long* cyc_d) {
   QTK_PROBE_CHECK(cudaDeviceSynchronize());
   long long cyc = 0;
   QTK_PROBE_CHECK(cudaMemcpy(&cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
-  std::printf("wgmma m64n%dk16 (A from %s, B from shared memory), chains %d%s: %.2f cycles per "
-              "step of each chain\n",
-              8 * kN8, kRegA ? "registers" : "shared memory", CHAINS,
-              kWaitEach ? ", each step waited for" : "", double(cyc) / steps);
+  std::printf(
+      "wgmma m64n%dk16 (A from %s, B from shared memory), chains %d%s: %.2f cycles per "
+      "step of each chain\n",
+      8 * kN8, kRegA ? "registers" : "shared memory", CHAINS,
+      kWaitEach ? ", each step waited for" : "", double(cyc) / steps);
 }
 
 // Trial t: A (16x16) in a[t] as its 4 fragment registers per lane, B in b,

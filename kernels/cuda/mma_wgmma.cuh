@@ -66,7 +66,6 @@
 #include "kernels/cuda/mma_matmul.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
-
 namespace qtk::cuda::dev {
 
 constexpr int kWgCols = 128;            // output columns per block: the wgmma's N
