@@ -191,7 +191,23 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
     auto it = by_name.find(name);
     return it == by_name.end() ? nullptr : it->second;
   };
-  const TensorPlan plan = plan_tensors(config, lookup, all_names, opt.matrix_dtype, source);
+  // note: the runtime has no FP8 embedding lookup (generate refuses such a
+  // pack at load), so --dtype keep refuses it here, before any work.
+  if (const CheckpointTensor* e = ckpt->find("embed_tokens.weight");
+      e != nullptr && e->view.dtype == DType::F8_E4M3 && !opt.matrix_dtype)
+    fail(
+        "{}: tensor \"{}\" is F8_E4M3; an FP8 embedding table is not supported (expected BF16, "
+        "F16 or F32); pass --dtype bf16 to dequantize it (--dtype keep keeps it FP8)",
+        ckpt->file_path(e->file), e->hf_name);
+  TensorPlan plan = plan_tensors(config, lookup, all_names, opt.matrix_dtype, source);
+  // Messages about a piece's values name its file and Hugging Face name.
+  std::unordered_map<const TensorView*, std::string> labels;
+  for (const auto& t : ckpt->tensors())
+    labels.emplace(&t.view, fmt::format("{}: tensor \"{}\"", ckpt->file_path(t.file), t.hf_name));
+  for (auto& t : plan.tensors)
+    for (Piece& p : t.pieces)
+      if (p.origin != nullptr)
+        if (const auto it = labels.find(p.origin); it != labels.end()) p.label = it->second;
 
   PackWriter writer(out.fd(), opt.output);
   ConvertResult result;

@@ -127,6 +127,14 @@ void print_checkpoint(const Checkpoint& ck) {
         "F8_E4M3 weights with F32 _scale_inv ({}); modules_to_not_convert [{}]",
         q.block_rows, q.block_cols, q.activation_scheme, scales, human_bytes(scale_bytes),
         fmt::join(q.modules_to_not_convert, ", ")));
+    // note: convert refuses an FP8 embedding table under --dtype keep (the
+    // runtime has no FP8 embedding lookup); said here before a convert fails.
+    if (const CheckpointTensor* e = ck.find("embed_tokens.weight");
+        e != nullptr && e->view.dtype == DType::F8_E4M3)
+      line(fmt::format(
+          "fp8: tensor \"{}\" is F8_E4M3; an FP8 embedding table is not supported: convert "
+          "refuses --dtype keep; pass --dtype bf16 (or f16, f32) to dequantize it",
+          e->hf_name));
   }
   if (ck.skipped_groups().empty()) {
     line("skipped groups: none");

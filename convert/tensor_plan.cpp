@@ -89,12 +89,14 @@ class Planner {
     Piece p{static_cast<const uint8_t*>(v.data) + r0 * cols * dtype_size(v.dtype), v.dtype,
             n * cols};
     p.source = &v;
+    p.origin = &v;
     p.row0 = r0;
     return p;
   }
   static Piece whole(const TensorView& v) {
     Piece p{v.data, v.dtype, v.numel()};
     p.source = &v;
+    p.origin = &v;
     return p;
   }
 
@@ -214,6 +216,7 @@ class Planner {
         (*values)[static_cast<size_t>(i)] =
             static_cast<float>(fn(load_as_double(v.data, v.dtype, i)));
       t.pieces.push_back({values->data(), DType::F32, v.numel(), false});
+      t.pieces.back().origin = &v;
       t.computed = std::move(values);
     }
     if (v.dtype != DType::F32) note_transform("small_tensors_f32", name);
@@ -452,6 +455,41 @@ void release_pages(const void* data, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+// The index of the first element of n that is not finite (NaN or inf; for
+// F8_E4M3, the e4m3fn NaN bytes 0x7f and 0xff, as it has no inf), or n.
+// note: a branch-free any-test first (vectorised), the position only on a hit.
+template <typename U>
+size_t first_with_all_bits(const uint8_t* data, size_t n, U mask) {
+  U any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
+    any |= static_cast<U>((u & mask) == mask);
+  }
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
+    if ((u & mask) == mask) return i;
+  }
+  return n;
+}
+
+size_t first_non_finite(const uint8_t* data, DType t, size_t n) {
+  switch (t) {
+    case DType::F8_E4M3:
+      return first_with_all_bits<uint8_t>(data, n, 0x7f);
+    case DType::BF16:
+      return first_with_all_bits<uint16_t>(data, n, 0x7f80);
+    case DType::F16:
+      return first_with_all_bits<uint16_t>(data, n, 0x7c00);
+    case DType::F32:
+      return first_with_all_bits<uint32_t>(data, n, 0x7f800000u);
+    default:
+      return n;
+  }
+}
+
 // note: conversions go through a 64 KiB staging buffer; a kept dtype is
 // copied straight from the mapping into libzip's buffer.
 constexpr size_t kStageElements = 16384;
@@ -501,6 +539,7 @@ class TensorSource final : public EntrySource {
       if (p.dtype == t_.dtype && (len - done) >= esize_) {
         const size_t n = std::min<size_t>((len - done) / esize_, static_cast<size_t>(left));
         std::memcpy(dst + done, src, n * esize_);
+        check_source(p, dst + done, n);
         done += n * esize_;
         elem_ += static_cast<int64_t>(n);
         continue;
@@ -514,9 +553,13 @@ class TensorSource final : public EntrySource {
         n = std::min<size_t>(n, static_cast<size_t>(cols - col));
         const auto* scale_row = static_cast<const uint8_t*>(p.scale->data) +
                                 (row / p.block_rows) * p.scale->shape[1] * 4;
+        check_source(p, src, n);
         dequantize_fp8_row(src, scale_row, col, p.block_cols, stage_.data(), t_.dtype, n);
+        check_converted(p, src, n, scale_row, col);
       } else {
+        check_source(p, src, n);
         convert_elements(src, p.dtype, stage_.data(), t_.dtype, n);
+        check_converted(p, src, n, nullptr, 0);
       }
       stage_len_ = n * esize_;
       stage_pos_ = 0;
@@ -526,6 +569,77 @@ class TensorSource final : public EntrySource {
   }
 
  private:
+  // Where element `elem_ + i` of the current piece sits in its origin
+  // tensor, as "[r, c]" (or the pack tensor's flat index without one).
+  std::string where(const Piece& p, size_t i) const {
+    int64_t flat = elem_ + static_cast<int64_t>(i);
+    if (p.origin == nullptr) return fmt::format("[{}]", flat);
+    if (p.mapped)
+      flat += (static_cast<const uint8_t*>(p.data) - static_cast<const uint8_t*>(p.origin->data)) /
+              dtype_size(p.dtype);
+    std::vector<int64_t> idx(static_cast<size_t>(p.origin->ndim));
+    for (int d = p.origin->ndim - 1; d >= 0; --d) {
+      idx[static_cast<size_t>(d)] = flat % std::max<int64_t>(p.origin->shape[d], 1);
+      flat /= std::max<int64_t>(p.origin->shape[d], 1);
+    }
+    std::string out = "[";
+    for (size_t d = 0; d < idx.size(); ++d) out += (d ? ", " : "") + std::to_string(idx[d]);
+    return out + "]";
+  }
+  std::string label(const Piece& p) const {
+    return p.label.empty() ? fmt::format("pack tensor \"{}\"", t_.name) : p.label;
+  }
+
+  // note: the source values are refused when they are not finite (a NaN
+  // byte 0x7f/0xff in F8_E4M3, the e4m3fn encoding, or a NaN/inf float):
+  // the runtime would compute on them silently. The scan runs over the bytes
+  // just copied or about to be converted, so it costs one cheap pass over
+  // data already in cache.
+  void check_source(const Piece& p, const uint8_t* data, size_t n) const {
+    const size_t bad = first_non_finite(data, p.dtype, n);
+    if (bad == n) return;
+    if (p.dtype == DType::F8_E4M3)
+      fail(
+          "{}: element {} is byte 0x{:02x}, a NaN in F8_E4M3 (e4m3fn); expected finite FP8 "
+          "weights",
+          label(p), where(p, bad), data[bad]);
+    float f;
+    convert_elements(data + bad * dtype_size(p.dtype), p.dtype, &f, DType::F32, 1);
+    if (!p.mapped && p.origin != nullptr) {
+      const int64_t i = elem_ + static_cast<int64_t>(bad);
+      fail("{}: element {}: expected a finite value, found {} (computed from the source value {})",
+           label(p), where(p, bad), f, load_as_double(p.origin->data, p.origin->dtype, i));
+    }
+    fail("{}: element {}: expected finite weights, found {} ({})", label(p), where(p, bad), f,
+         dtype_name(p.dtype));
+  }
+
+  // The converted values (in stage_) must stay finite: a value beyond the
+  // target dtype's range (a bf16 weight above 65504 in f16, an FP8 weight
+  // times a huge scale) would become inf.
+  void check_converted(const Piece& p, const uint8_t* src, size_t n, const uint8_t* scale_row,
+                       int64_t col0) const {
+    const size_t bad = first_non_finite(stage_.data(), t_.dtype, n);
+    if (bad == n) return;
+    float out;
+    convert_elements(stage_.data() + bad * esize_, t_.dtype, &out, DType::F32, 1);
+    if (p.dtype == DType::F8_E4M3) {
+      float scale;
+      std::memcpy(&scale, scale_row + 4 * ((col0 + static_cast<int64_t>(bad)) / p.block_cols), 4);
+      fail(
+          "{}: element {}: dequantized to {} it overflows: FP8 value {} x scale {} = {:g} becomes "
+          "{} (expected a finite value; the scale or the --dtype is wrong)",
+          label(p), where(p, bad), dtype_name(t_.dtype), fp8_e4m3_to_f32(src[bad]), scale,
+          static_cast<double>(fp8_e4m3_to_f32(src[bad])) * scale, out);
+    }
+    float in;
+    convert_elements(src + bad * dtype_size(p.dtype), p.dtype, &in, DType::F32, 1);
+    fail(
+        "{}: element {}: converted to {} it overflows: the {} value {} becomes {} (expected a "
+        "finite value; pick a --dtype that holds it, e.g. bf16 or f32)",
+        label(p), where(p, bad), dtype_name(t_.dtype), dtype_name(p.dtype), in, out);
+  }
+
   const PlannedTensor& t_;
   size_t esize_;
   size_t piece_ = 0;

@@ -54,6 +54,13 @@ struct Piece {
   int64_t row0 = 0;
   const TensorView* scale = nullptr;
   int64_t block_rows = 0, block_cols = 0;
+  // The source tensor this piece's values come from (for computed pieces,
+  // the tensor they were computed from), and how messages name it
+  // ("FILE: tensor \"HF name\""; set by the caller of plan_tensors, or the
+  // pack tensor's name when empty). Used to refuse non-finite weights by
+  // their source element.
+  const TensorView* origin = nullptr;
+  std::string label = {};
 };
 
 struct PlannedTensor {

@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -131,6 +133,48 @@ void attach_fp8_scale(const Checkpoint& ck, TensorsByName& rest, CheckpointTenso
     if (!std::isfinite(f))
       fail("{}: tensor {}: expected finite scales, found {} at block [{}, {}]", sfile,
            quote_name(s->name), f, i / want[1], i % want[1]);
+  }
+  // note: a negative scale flips the sign of its whole block, and a zero
+  // scale over non-zero FP8 data erases the block's weights: both are
+  // damaged checkpoints, not quantisations. A zero scale over an all-zero
+  // block (an all-zero region) is harmless and accepted; only then is the
+  // block's data read.
+  const auto* w = static_cast<const uint8_t*>(v.data);
+  for (int64_t i = 0; i < s->view.numel(); ++i) {
+    float f;
+    std::memcpy(&f, bytes + 4 * i, 4);
+    const int64_t bi = i / want[1], bj = i % want[1];
+    if (f < 0)
+      fail("{}: tensor {}: expected non-negative scales, found {} at block [{}, {}]", sfile,
+           quote_name(s->name), f, bi, bj);
+    // note: the runtime's FP8 kernels compute the float32 product fp8 x
+    // scale; with a scale beyond FLT_MAX / 448 (448 is e4m3fn's largest
+    // value) a weight of the block may overflow to inf, so only then is the
+    // block's data read for the first such weight.
+    if (f != 0 && !std::isinf(448.0f * f)) continue;
+    const int64_t r0 = bi * q.block_rows, r1 = std::min(v.shape[0], (bi + 1) * q.block_rows);
+    const int64_t c0 = bj * q.block_cols, c1 = std::min(v.shape[1], c0 + q.block_cols);
+    if (f != 0) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t col = c0; col < c1; ++col) {
+          const float x = fp8_e4m3_to_f32(w[r * v.shape[1] + col]);
+          if (std::isinf(x * f))
+            fail(
+                "{}: tensor {}: the scale {} at block [{}, {}] overflows float32 for element [{}, "
+                "{}] of {}: FP8 value {} x scale {} = {:g} (expected products within float32)",
+                sfile, quote_name(s->name), f, bi, bj, r, col, quote_name(t.hf_name), x, f,
+                static_cast<double>(x) * f);
+        }
+      continue;
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t col = c0; col < c1; ++col)
+        if ((w[r * v.shape[1] + col] & 0x7f) != 0)
+          fail(
+              "{}: tensor {}: expected a positive scale at block [{}, {}] (its weights in {} are "
+              "not all zero: element [{}, {}] is byte 0x{:02x}), found {}",
+              sfile, quote_name(s->name), bi, bj, quote_name(t.hf_name), r, col,
+              w[r * v.shape[1] + col], f);
   }
   t.scale = s->view;
   t.scale_hf_name = s->name;
@@ -291,9 +335,48 @@ void Checkpoint::claim_expected_tensors(TensorsByName& by_canonical) {
   // 3-D tensors; a fused gate_up_proj anywhere picks the fused layout, and
   // a layer in the other layout then fails below as missing/unexpected.
   ExpertLayout experts = ExpertLayout::kPerExpert;
+  // note: a layer that holds both layouts is named here; left to the
+  // missing/unexpected checks below it would be blamed on another layer.
+  std::map<std::string, std::string> fused_in, per_expert_in;  // "layers.N." -> a source tensor
   for (const auto& [name, where] : by_canonical) {
     const std::string_view fused = ".mlp.experts.gate_up_proj";
     if (name.size() > fused.size() && name.ends_with(fused)) experts = ExpertLayout::kFused;
+    const size_t at = name.find(".mlp.experts.");
+    if (at == std::string::npos) continue;
+    const std::string layer = name.substr(0, at + 1);
+    const char next = name[at + std::string_view(".mlp.experts.").size()];
+    if (next >= '0' && next <= '9')
+      per_expert_in.emplace(layer, where.second->name);
+    else
+      fused_in.emplace(layer, where.second->name);
+  }
+  for (const auto& [layer, fused_name] : fused_in)
+    if (const auto it = per_expert_in.find(layer); it != per_expert_in.end())
+      fail(
+          "{}: layer {} holds both expert layouts: fused {} and per-expert {} (expected one: the "
+          "fused mlp.experts.gate_up_proj/down_proj, or mlp.experts.N.*_proj per expert)",
+          dir, layer.substr(0, layer.size() - 1), quote_name(fused_name), quote_name(it->second));
+  // note: the per-expert layout expects 3 tensors per expert per MoE layer;
+  // a num_experts the checkpoint cannot hold (a damaged or huge value) is
+  // refused here, before the expected-tensor table is built in proportion
+  // to it.
+  if (experts == ExpertLayout::kPerExpert && c.moe.num_experts > 0 &&
+      c.moe.num_experts > static_cast<int64_t>(by_canonical.size() / 3)) {
+    std::string held = fmt::format("at most {} (the checkpoint holds {} tensors, 3 per expert)",
+                                   by_canonical.size() / 3, by_canonical.size());
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      if (!c.is_moe_layer(i)) continue;
+      const auto r = by_canonical.find(fmt::format("layers.{}.mlp.gate.weight", i));
+      if (r != by_canonical.end() && r->second.second->view.ndim >= 1) {
+        held = fmt::format("{} (the first dimension of the router {} {})",
+                           r->second.second->view.shape[0], quote_name(r->second.second->name),
+                           r->second.second->view.shape_string());
+        break;
+      }
+    }
+    fail("{}: field '{}': expected {}, found {}", file_path("config.json"),
+         c.moe.num_experts_field.empty() ? "num_experts" : c.moe.num_experts_field, held,
+         c.moe.num_experts);
   }
   for (const ExpectedTensor& e : expected_tensors(c, experts)) {
     const auto it = by_canonical.find(e.name);

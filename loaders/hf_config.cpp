@@ -284,13 +284,17 @@ void read_moe(const ConfigDoc& d, ModelConfig& c) {
   if (!ne && !nl)
     fail("{}: missing field 'num_experts' (or 'num_local_experts') for {}", d.source,
          c.hf_architecture);
-  if (ne) m.num_experts = d.positive_int("num_experts");
+  if (ne) {
+    m.num_experts = d.positive_int("num_experts");
+    m.num_experts_field = d.name("num_experts");
+  }
   if (nl) {
     const int64_t local = d.positive_int("num_local_experts");
     if (ne && local != m.num_experts)
       fail("{}: fields '{}' ({}) and '{}' ({}) disagree", d.source, d.name("num_experts"),
            m.num_experts, d.name("num_local_experts"), local);
     m.num_experts = local;
+    if (!ne) m.num_experts_field = d.name("num_local_experts");
   }
   m.top_k = d.positive_int("num_experts_per_tok");
   if (m.top_k > m.num_experts)

@@ -23,6 +23,7 @@ enum class MlpKind : char { kDense = 'D', kMoe = 'E' };
 // is 0 for dense models.
 struct MoeConfig {
   int64_t num_experts = 0;                 // E (num_experts or num_local_experts)
+  std::string num_experts_field;           // the config.json field E was read from, for messages
   int64_t top_k = 0;                       // num_experts_per_tok
   int64_t expert_intermediate_size = 0;    // moe_intermediate_size, per routed expert
   bool norm_topk_prob = false;             // renormalise the top-k weights to sum to 1

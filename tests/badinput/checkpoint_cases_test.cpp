@@ -314,5 +314,74 @@ TEST(BadMoe, ConfigFieldsOutOfRange) {
                          {"config.json", "shared_expert_intermediate_size"});
 }
 
+// A huge expert count with the per-expert layout is refused from config.json
+// and the router's first dimension at once, before anything is built in
+// proportion to it (it used to run for minutes and end in bad_alloc).
+TEST(BadMoe, HugeExpertCountRefusedEarly) {
+  for (const int64_t n : {int64_t{1} << 40, int64_t{10000000}}) {
+    SCOPED_TRACE(n);
+    const auto edit = edit_config([n](ordered_json& c) { c["num_local_experts"] = n; });
+    expect_convert_rejects("qwen3-moe-tiny", edit,
+                           {"config.json", "num_local_experts", "expected 8",
+                            "model.layers.0.mlp.gate.weight", std::to_string(n)});
+    TempDir t;
+    copy_checkpoint("qwen3-moe-tiny", t / "ckpt");
+    edit(t / "ckpt");
+    const RunResult r = run_program({program("inspect"), t / "ckpt"});
+    expect_clean_failure(r, "inspect", {"config.json", "num_local_experts", std::to_string(n)});
+  }
+  // Without a router to compare with, the tensors held bound it.
+  expect_convert_rejects("qwen3-moe-tiny",
+                         [](const std::string& ckpt) {
+                           edit_json(ckpt + "/config.json",
+                                     [](ordered_json& c) { c["num_local_experts"] = 10000000; });
+                           for (const char* shard : {"model-00001-of-00002.safetensors",
+                                                     "model-00002-of-00002.safetensors"}) {
+                             SafetensorsParts p = read_safetensors(ckpt + "/" + shard);
+                             for (auto& [k, v] : p.header.items())
+                               if (k.ends_with(".mlp.gate.weight")) {
+                                 ordered_json h;
+                                 for (auto& [k2, v2] : p.header.items())
+                                   h[k2.ends_with(".mlp.gate.weight") ? k2 + "_x" : k2] = v2;
+                                 p.header = h;
+                                 break;
+                               }
+                             write_file(ckpt + "/" + shard, build_safetensors(p.header, p.data));
+                           }
+                           edit_json(ckpt + "/" + kIndex, [](ordered_json& j) {
+                             ordered_json m;
+                             for (auto& [k, v] : j["weight_map"].items())
+                               m[k.ends_with(".mlp.gate.weight") ? k + "_x" : k] = v;
+                             j["weight_map"] = m;
+                           });
+                         },
+                         {"config.json", "num_local_experts", "at most", "10000000"});
+}
+
+// A layer that holds both the fused and the per-expert layout is named (it
+// used to be blamed on another, intact layer).
+TEST(BadMoe, LayerWithBothExpertLayoutsNamed) {
+  expect_convert_rejects(
+      "qwen3.5-moe-tiny-vlm",
+      [](const std::string& ckpt) {
+        const std::string fused = "model.language_model.layers.1.mlp.experts.gate_up_proj";
+        const std::string extra = "model.language_model.layers.1.mlp.experts.0.down_proj.weight";
+        std::string shard;
+        edit_json(ckpt + "/" + kIndex, [&](ordered_json& j) {
+          shard = j["weight_map"][fused].get<std::string>();
+          j["weight_map"][extra] = shard;
+        });
+        SafetensorsParts p = read_safetensors(ckpt + "/" + shard);
+        const uint64_t end = p.data.size();
+        p.header[extra] = {
+            {"dtype", "BF16"}, {"shape", {64, 32}}, {"data_offsets", {end, end + 4096}}};
+        p.data.append(4096, '\0');
+        write_file(ckpt + "/" + shard, build_safetensors(p.header, p.data));
+      },
+      {"layer layers.1", "both expert layouts",
+       "model.language_model.layers.1.mlp.experts.down_proj",
+       "model.language_model.layers.1.mlp.experts.0.down_proj.weight"});
+}
+
 }  // namespace
 }  // namespace qtk::testing

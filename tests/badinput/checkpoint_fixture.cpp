@@ -19,13 +19,22 @@ void copy_checkpoint(const std::string& model, const std::string& dst) {
 void expect_convert_rejects(const std::string& model,
                             const std::function<void(const std::string& ckpt)>& mutate,
                             const std::vector<std::string>& needles) {
+  expect_convert_rejects(model, mutate, needles, {});
+}
+
+void expect_convert_rejects(const std::string& model,
+                            const std::function<void(const std::string& ckpt)>& mutate,
+                            const std::vector<std::string>& needles,
+                            const std::vector<std::string>& args) {
   TempDir t;
   const std::string ckpt = t / "ckpt";
   const std::string out = t / "out";
   fs::create_directories(out);
   copy_checkpoint(model, ckpt);
   mutate(ckpt);
-  const RunResult r = run_program({program("convert"), ckpt, out + "/x.pack"});
+  std::vector<std::string> argv = {program("convert"), ckpt, out + "/x.pack"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const RunResult r = run_program(argv);
   expect_clean_failure(r, "convert", needles);
   expect_no_output(out, "x.pack", {});
 }

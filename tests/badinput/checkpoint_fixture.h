@@ -21,6 +21,12 @@ void expect_convert_rejects(const std::string& model,
                             const std::function<void(const std::string& ckpt)>& mutate,
                             const std::vector<std::string>& needles);
 
+// The same, with extra convert arguments (e.g. {"--dtype", "f16"}).
+void expect_convert_rejects(const std::string& model,
+                            const std::function<void(const std::string& ckpt)>& mutate,
+                            const std::vector<std::string>& needles,
+                            const std::vector<std::string>& args);
+
 // Rewrites a JSON file of the checkpoint through `edit`.
 void edit_json(const std::string& path, const std::function<void(nlohmann::ordered_json&)>& edit);
 
