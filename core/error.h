@@ -17,28 +17,37 @@ namespace qtk {
 // note: what() is a C string, so an embedded NUL would cut every printed
 // message there; escaping at construction keeps all of it.
 // (Inline: the tokenizer uses this header without linking loaders.)
+inline bool is_control_byte(unsigned char u) { return u < 0x20 || u == 0x7f; }
+
+// Appends the control byte u as every message writes it: \n, \t, \r, else
+// \xHH.
+inline void append_control_escape(std::string& out, unsigned char u) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  if (u == '\n') {
+    out += "\\n";
+  } else if (u == '\t') {
+    out += "\\t";
+  } else if (u == '\r') {
+    out += "\\r";
+  } else {
+    out += "\\x";
+    out += kHex[u >> 4];
+    out += kHex[u & 15];
+  }
+}
+
 inline std::string printable_message(const std::string& message) {
   bool plain = true;
-  for (char c : message) plain = plain && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+  for (char c : message) plain = plain && !is_control_byte(static_cast<unsigned char>(c));
   if (plain) return message;
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(message.size() + 16);
   for (char c : message) {
     const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (u < 0x20 || u == 0x7f) {
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    } else {
+    if (is_control_byte(u))
+      append_control_escape(out, u);
+    else
       out += c;
-    }
   }
   return out;
 }

@@ -36,6 +36,15 @@ namespace qtk {
 // deeper than ~6 levels.
 constexpr size_t kMaxJsonDepth = 128;
 
+// A JSON value shown in a message: invalid UTF-8 replaced, cut to 80 bytes.
+// note: values come from parsers that cap the nesting, so dump() cannot
+// recurse deep.
+inline std::string shown_json(const nlohmann::json& j) {
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
 class JsonReader {
  public:
   // `source` names the text in error messages (a file, "line 3", ...).

@@ -35,10 +35,9 @@
 
 namespace qtk::cli {
 
-// A user-given text made safe for a one-line message: control bytes, double
-// quotes and backslashes escaped, cut after 60 bytes. A newline, tab and
-// carriage return are \n, \t and \r, other control bytes \xHH, as
-// printable_message (core/error.h) writes them in every other message.
+// A user-given text made safe for a one-line message: double quotes and
+// backslashes escaped, control bytes written as every message writes them
+// (append_control_escape, core/error.h), cut after 60 bytes.
 inline std::string escape_text(std::string_view text) {
   constexpr size_t kShown = 60;
   std::string out;
@@ -47,14 +46,8 @@ inline std::string escape_text(std::string_view text) {
     if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c == 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
+    } else if (is_control_byte(c)) {
+      append_control_escape(out, c);
     } else {
       out += static_cast<char>(c);
     }

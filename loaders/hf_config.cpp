@@ -53,12 +53,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string shown(const json& j) {
-  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
 // Where the text model's fields live: `text` is text_config for the
 // multimodal layout, else the top-level object.
 struct ConfigDoc {
@@ -88,14 +82,15 @@ struct ConfigDoc {
     if (!v) fail("{}: missing field '{}' (expected a positive integer)", source, name(field));
     if (!v->is_number_integer() || v->get<int64_t>() <= 0 ||
         (v->is_number_unsigned() && v->get<uint64_t>() > (1ull << 40)))
-      fail("{}: field '{}': expected a positive integer, found {}", source, name(field), shown(*v));
+      fail("{}: field '{}': expected a positive integer, found {}", source, name(field),
+           shown_json(*v));
     return v->get<int64_t>();
   }
   std::optional<bool> optional_bool(const char* field) const {
     const json* v = find(field);
     if (!v || v->is_null()) return std::nullopt;
     if (!v->is_boolean())
-      fail("{}: field '{}': expected true or false, found {}", source, name(field), shown(*v));
+      fail("{}: field '{}': expected true or false, found {}", source, name(field), shown_json(*v));
     return v->get<bool>();
   }
   // A number field of the text model (R1), absent or null: nullopt.
@@ -103,7 +98,7 @@ struct ConfigDoc {
     const json* v = find(field);
     if (!v || v->is_null()) return std::nullopt;
     if (!v->is_number())
-      fail("{}: field '{}': expected a number, found {}", source, name(field), shown(*v));
+      fail("{}: field '{}': expected a number, found {}", source, name(field), shown_json(*v));
     return v->get<double>();
   }
   std::optional<double> optional_number(const json& obj, const char* field,
@@ -111,7 +106,7 @@ struct ConfigDoc {
     if (!obj.contains(field) || obj[field].is_null()) return std::nullopt;
     const json& v = obj[field];
     if (!v.is_number())
-      fail("{}: field '{}': expected a number, found {}", source, shown_name, shown(v));
+      fail("{}: field '{}': expected a number, found {}", source, shown_name, shown_json(v));
     return v.get<double>();
   }
 };
@@ -123,7 +118,7 @@ std::vector<int64_t> token_ids(const json* v, const std::string& source, const s
   auto one = [&](const json& x) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0)
       fail("{}: field '{}': expected a token id (integer >= 0), a list of them or null, found {}",
-           source, field, shown(*v));
+           source, field, shown_json(*v));
     ids.push_back(x.get<int64_t>());
   };
   if (v->is_array()) {
@@ -150,11 +145,11 @@ void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
     fail(
         "{}: field '{}': an active sliding window is not supported (use_sliding_window true, "
         "sliding_window {})",
-        d.source, d.name("use_sliding_window"), w ? shown(*w) : "absent");
+        d.source, d.name("use_sliding_window"), w ? shown_json(*w) : "absent");
   }
   if (const json* act = d.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
     fail("{}: field '{}': expected \"silu\", found {}", d.source, d.name("hidden_act"),
-         shown(*act));
+         shown_json(*act));
   if (!moe_architecture) {
     for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts",
                             "num_experts_per_tok", "moe_intermediate_size"}) {
@@ -163,7 +158,7 @@ void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
         fail(
             "{}: field '{}': mixture-of-experts models are not supported for {}, found {} "
             "(expected Qwen3MoeForCausalLM or a Qwen3_5Moe architecture)",
-            d.source, d.name(moe), d.top["architectures"][0].get<std::string>(), shown(*v));
+            d.source, d.name(moe), d.top["architectures"][0].get<std::string>(), shown_json(*v));
     }
   }
 }
@@ -186,10 +181,10 @@ void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
   }
   if (!q) return;
   if (!q->is_object())
-    fail("{}: field '{}': expected an object, found {}", d.source, where, shown(*q));
+    fail("{}: field '{}': expected an object, found {}", d.source, where, shown_json(*q));
   if (!q->contains("quant_method") || !(*q)["quant_method"].is_string())
     fail("{}: field '{}.quant_method': expected a string (\"fp8\"), found {}", d.source, where,
-         q->contains("quant_method") ? shown((*q)["quant_method"]) : "nothing");
+         q->contains("quant_method") ? shown_json((*q)["quant_method"]) : "nothing");
   const std::string method = (*q)["quant_method"].get<std::string>();
   if (method != "fp8")
     fail(
@@ -200,7 +195,7 @@ void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
   // 128x128 blocks) apply when a field is absent, as transformers does.
   if (q->contains("fmt") && !(*q)["fmt"].is_null() && (*q)["fmt"] != "e4m3")
     fail("{}: field '{}.fmt': not supported: expected \"e4m3\", found {}", d.source, where,
-         shown((*q)["fmt"]));
+         shown_json((*q)["fmt"]));
   c.fp8.activation_scheme = "dynamic";
   if (q->contains("activation_scheme") && !(*q)["activation_scheme"].is_null()) {
     const json& a = (*q)["activation_scheme"];
@@ -208,7 +203,7 @@ void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
       fail(
           "{}: field '{}.activation_scheme': not supported: expected \"dynamic\" (static "
           "activation scales are not read), found {}",
-          d.source, where, shown(a));
+          d.source, where, shown_json(a));
     c.fp8.activation_scheme = a.get<std::string>();
   }
   c.fp8.block_rows = c.fp8.block_cols = 128;
@@ -216,17 +211,17 @@ void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
     const json& b = (*q)["weight_block_size"];
     if (b != json::array({128, 128}))
       fail("{}: field '{}.weight_block_size': not supported: expected [128, 128], found {}",
-           d.source, where, shown(b));
+           d.source, where, shown_json(b));
   }
   if (q->contains("modules_to_not_convert") && !(*q)["modules_to_not_convert"].is_null()) {
     const json& m = (*q)["modules_to_not_convert"];
     if (!m.is_array())
       fail("{}: field '{}.modules_to_not_convert': expected a list of names, found {}", d.source,
-           where, shown(m));
+           where, shown_json(m));
     for (const json& x : m) {
       if (!x.is_string())
         fail("{}: field '{}.modules_to_not_convert': expected a list of names, found {}", d.source,
-             where, shown(m));
+             where, shown_json(m));
       c.fp8.modules_to_not_convert.push_back(x.get<std::string>());
     }
   }
@@ -238,7 +233,7 @@ void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
   if (types && !types->is_null()) {
     if (!types->is_array())
       fail("{}: field '{}': expected a list of layer types, found {}", d.source,
-           d.name("layer_types"), shown(*types));
+           d.name("layer_types"), shown_json(*types));
     if (static_cast<int64_t>(types->size()) != c.num_layers)
       fail("{}: field '{}': expected {} entries (num_hidden_layers), found {}", d.source,
            d.name("layer_types"), c.num_layers, types->size());
@@ -252,7 +247,7 @@ void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
         fail("{}: field '{}[{}]': expected {}, found {}", d.source, d.name("layer_types"), i,
              c.arch == Arch::kQwen3_5 ? "\"full_attention\" or \"linear_attention\""
                                       : "\"full_attention\"",
-             shown(t));
+             shown_json(t));
       }
     }
     return;
@@ -320,11 +315,11 @@ void read_moe(const ConfigDoc& d, ModelConfig& c) {
   if (const json* v = d.find("mlp_only_layers"); v && !v->is_null()) {
     if (!v->is_array())
       fail("{}: field '{}': expected a list of layer indices, found {}", d.source,
-           d.name("mlp_only_layers"), shown(*v));
+           d.name("mlp_only_layers"), shown_json(*v));
     for (const json& x : *v) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_layers)
         fail("{}: field '{}': expected layer indices in [0, {}), found {}", d.source,
-             d.name("mlp_only_layers"), c.num_layers, shown(x));
+             d.name("mlp_only_layers"), c.num_layers, shown_json(x));
       dense[static_cast<size_t>(x.get<int64_t>())] = true;
     }
   }
@@ -347,7 +342,7 @@ std::pair<const json*, std::string> rope_dict(const ConfigDoc& d, ModelConfig& c
        {std::pair{params, "rope_parameters"}, {scaling, "rope_scaling"}}) {
     if (obj && !obj->is_null() && !obj->is_object())
       fail("{}: field '{}': expected an object or null, found {}", d.source, d.name(field),
-           shown(*obj));
+           shown_json(*obj));
   }
   const bool use_scaling = scaling && scaling->is_object() && !scaling->empty();
   const json* dict = use_scaling ? scaling : (params && params->is_object() ? params : nullptr);
@@ -362,7 +357,7 @@ std::pair<const json*, std::string> rope_dict(const ConfigDoc& d, ModelConfig& c
       const json& t = (*dict)[type_key];
       if (t != "default")
         fail("{}: field '{}.{}': only \"default\" RoPE is supported, found {}", d.source, name,
-             type_key, shown(t));
+             type_key, shown_json(t));
     }
   }
   return {dict, name};
@@ -378,7 +373,8 @@ double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
   if (dict && dict->contains(field) && !(*dict)[field].is_null()) {
     const json& v = (*dict)[field];
     if (!v.is_number())
-      fail("{}: field '{}.{}': expected a number, found {}", d.source, dict_name, field, shown(v));
+      fail("{}: field '{}.{}': expected a number, found {}", d.source, dict_name, field,
+           shown_json(v));
     in_dict = v.get<double>();
   }
   if (in_dict) {
@@ -432,11 +428,11 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
   if (section) {
     if (!section->is_array() || section->size() != 3)
       fail("{}: field '{}': expected 3 integers (temporal, height, width), found {}", d.source,
-           section_name, shown(*section));
+           section_name, shown_json(*section));
     for (const json& x : *section) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > (1 << 20))
         fail("{}: field '{}': expected 3 integers >= 0, found {}", d.source, section_name,
-             shown(*section));
+             shown_json(*section));
       c.rope.mrope_section.push_back(x.get<int64_t>());
     }
   } else {
@@ -451,7 +447,7 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
     if (v != true)
       c.resolution.push_back(fmt::format(
           "mrope_interleaved {} ignored (Qwen3.5's rotary embedding always interleaves)",
-          shown(v)));
+          shown_json(v)));
   }
 }
 
@@ -463,7 +459,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   const json* archs = doc.contains("architectures") ? &doc["architectures"] : nullptr;
   if (!archs || !archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string())
     fail("{}: field 'architectures': expected a list with one architecture name, found {}", source,
-         archs ? shown(*archs) : "nothing");
+         archs ? shown_json(*archs) : "nothing");
   c.hf_architecture = (*archs)[0].get<std::string>();
   bool nested = false;
   bool moe = false;  // a mixture-of-experts class
@@ -493,7 +489,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   }
   if (nested && !(doc.contains("text_config") && doc["text_config"].is_object()))
     fail("{}: field 'text_config': expected an object for {}, found {}", source, c.hf_architecture,
-         doc.contains("text_config") ? shown(doc["text_config"]) : "nothing");
+         doc.contains("text_config") ? shown_json(doc["text_config"]) : "nothing");
   const ConfigDoc d{doc, nested ? doc["text_config"] : doc, source, nested};
 
   if (const json* mt = d.find("model_type"); mt && mt->is_string()) c.model_type = *mt;
@@ -526,7 +522,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   if (const json* eps = d.find("rms_norm_eps")) {
     if (!eps->is_number() || !(eps->get<double>() > 0))
       fail("{}: field '{}': expected a positive number, found {}", source, d.name("rms_norm_eps"),
-           shown(*eps));
+           shown_json(*eps));
     c.rms_norm_eps = eps->get<double>();
   }
 
@@ -538,7 +534,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
         return std::nullopt;
       if (!obj["tie_word_embeddings"].is_boolean())
         fail("{}: field '{}': expected true or false, found {}", source, where,
-             shown(obj["tie_word_embeddings"]));
+             shown_json(obj["tie_word_embeddings"]));
       return obj["tie_word_embeddings"].get<bool>();
     };
     tie_top = read_tie(doc, "tie_word_embeddings");

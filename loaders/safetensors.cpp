@@ -29,14 +29,7 @@ bool has_control_character(std::string_view name) {
 
 namespace {
 
-// A JSON value shown in a message: escaped, and cut short when long.
-std::string shown(const json& j) {
-  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
-std::string quote_name(std::string_view name) { return shown(json(std::string(name))); }
+std::string quote_name(std::string_view name) { return shown_json(json(std::string(name))); }
 
 // A non-negative JSON integer that fits in int64, or -1.
 int64_t as_count(const json& j) {
@@ -65,7 +58,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (has_control_character(name))
     fail("{}: expected a tensor name without control characters", where);
   if (!info.is_object())
-    fail("{}: expected an object with dtype, shape and data_offsets, found {}", where, shown(info));
+    fail("{}: expected an object with dtype, shape and data_offsets, found {}", where,
+         shown_json(info));
   for (const auto& [key, value] : info.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets")
       fail("{}: unexpected field {} (expected only dtype, shape, data_offsets)", where,
@@ -76,18 +70,19 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
 
   Entry e{name, DType::F32, {}, 0, 0};
   const json& dt = info["dtype"];
-  if (!dt.is_string()) fail("{}: field 'dtype': expected a string, found {}", where, shown(dt));
+  if (!dt.is_string())
+    fail("{}: field 'dtype': expected a string, found {}", where, shown_json(dt));
   const auto parsed = parse_dtype(dt.get<std::string>());
   if (!parsed)
     fail(
         "{}: field 'dtype': expected one of BF16 F16 F32 F64 I8 I16 I32 I64 U8 U16 U32 U64 BOOL "
         "F8_E4M3 F8_E5M2, found {}",
-        where, shown(dt));
+        where, shown_json(dt));
   e.dtype = *parsed;
 
   const json& shape = info["shape"];
   if (!shape.is_array())
-    fail("{}: field 'shape': expected an array of integers, found {}", where, shown(shape));
+    fail("{}: field 'shape': expected an array of integers, found {}", where, shown_json(shape));
   if (shape.size() > static_cast<size_t>(kMaxDims))
     fail("{}: field 'shape': expected at most {} dimensions, found {}", where, kMaxDims,
          shape.size());
@@ -96,28 +91,28 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     const int64_t d = as_count(shape[i]);
     if (d < 0)
       fail("{}: field 'shape': expected integers >= 0 that fit in int64, found {} at index {}",
-           where, shown(shape[i]), i);
+           where, shown_json(shape[i]), i);
     if (__builtin_mul_overflow(numel, d, &numel))
-      fail("{}: field 'shape': element count of {} overflows int64", where, shown(shape));
+      fail("{}: field 'shape': element count of {} overflows int64", where, shown_json(shape));
     e.shape.push_back(d);
   }
   int64_t nbytes = 0;
   if (__builtin_mul_overflow(numel, dtype_size(e.dtype), &nbytes))
-    fail("{}: field 'shape': byte size of {} x {} overflows int64", where, shown(shape),
+    fail("{}: field 'shape': byte size of {} x {} overflows int64", where, shown_json(shape),
          dtype_name(e.dtype));
 
   const json& off = info["data_offsets"];
   if (!off.is_array() || off.size() != 2)
-    fail("{}: field 'data_offsets': expected [start, end], found {}", where, shown(off));
+    fail("{}: field 'data_offsets': expected [start, end], found {}", where, shown_json(off));
   e.start = as_count(off[0]);
   e.end = as_count(off[1]);
   if (e.start < 0 || e.end < 0)
-    fail("{}: field 'data_offsets': expected integers >= 0, found {}", where, shown(off));
+    fail("{}: field 'data_offsets': expected integers >= 0, found {}", where, shown_json(off));
   if (e.end < e.start)
-    fail("{}: field 'data_offsets': expected start <= end, found {}", where, shown(off));
+    fail("{}: field 'data_offsets': expected start <= end, found {}", where, shown_json(off));
   if (e.end - e.start != nbytes)
     fail("{}: field 'data_offsets': {} spans {} bytes, but shape {} of {} needs {} bytes", where,
-         shown(off), e.end - e.start, shown(shape), dtype_name(e.dtype), nbytes);
+         shown_json(off), e.end - e.start, shown_json(shape), dtype_name(e.dtype), nbytes);
   return e;
 }
 
@@ -149,11 +144,11 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (key == "__metadata__") {
       if (!value.is_object())
         fail("{}: field '__metadata__': expected an object of strings, found {}", path,
-             shown(value));
+             shown_json(value));
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string())
           fail("{}: field '__metadata__': key {}: expected a string value, found {}", path,
-               quote_name(mk), shown(mv));
+               quote_name(mk), shown_json(mv));
         f->metadata_.emplace(mk, mv.get<std::string>());
       }
       continue;

@@ -12,16 +12,8 @@ using nlohmann::json;
 
 namespace {
 
-// A manifest value in a message: at most 80 bytes, invalid UTF-8 replaced.
-// note: the strict parser capped the nesting, so dump() cannot recurse deep.
-std::string shown(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
 // A value or "absent" (nullptr), for a message.
-std::string shown(const json* v) { return v != nullptr ? shown(*v) : "absent"; }
+std::string shown(const json* v) { return v != nullptr ? shown_json(*v) : "absent"; }
 
 // nullptr: the field is absent (the same on both sides is no disagreement).
 void expect_same(const json* copy, const std::string& copy_field, const json* value,
@@ -42,7 +34,7 @@ const json* member(const json& obj, const char* key) {
 const json* section(const json& m, const char* key, const std::string& where) {
   const json* s = member(m, key);
   if (s != nullptr && !s->is_object())
-    fail("{}: field '{}': expected an object, found {}", where, key, shown(*s));
+    fail("{}: field '{}': expected an object, found {}", where, key, shown_json(*s));
   return s;
 }
 
