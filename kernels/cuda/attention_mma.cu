@@ -388,30 +388,37 @@ constexpr int kScoreLd = kKeys + 4;  // f32 row stride of the shared score tile
 // Row R's tile partials absorbed in key order, exactly as the row kernel
 // absorbs its tiles, then O / l rounded to bf16 (times sigmoid(gate) when
 // gate is given: sigmoid_mul's formula on that bf16) into out_row; by one
-// warp. p: the row's tile 0 partial; n_tiles >= 1.
+// warp. p: the row's tile 0 partial, the next tiles `stride` floats apart,
+// in global memory (kShared false) or shared memory (true).
 // note: each tile's loads are issued before the previous tile is absorbed
 // (the absorbs stay in order): the partials come from L2, and a walk that
 // waited for each tile's loads in turn cost one L2 round trip per tile.
-template <int D>
-__device__ __forceinline__ void merge_row(const float* p, int n_tiles, bf16* out_row,
-                                          const bf16* gate_row) {
+template <int D, bool kShared = false>
+__device__ __forceinline__ void merge_row(const float* p, int n_tiles, int64_t stride,
+                                          bf16* out_row, const bf16* gate_row) {
   const int lane = threadIdx.x & 31;
   constexpr int kPer = (D + 31) / 32;
   float o[kPer], x[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
+  auto ld = [](const float* a) {
+    if constexpr (kShared)
+      return *a;
+    else
+      return __ldcg(a);
+  };
   auto fetch = [&](const float* pt, float(&xv)[kPer], float& mt, float& lt) {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) xv[i] = lane + 32 * i < D ? __ldcg(pt + lane + 32 * i) : 0.0f;
-    mt = __ldcg(pt + D);
-    lt = __ldcg(pt + D + 1);
+    for (int i = 0; i < kPer; ++i) xv[i] = lane + 32 * i < D ? ld(pt + lane + 32 * i) : 0.0f;
+    mt = ld(pt + D);
+    lt = ld(pt + D + 1);
   };
   float mt, lt;
   fetch(p, x, mt, lt);
   for (int kt = 0; kt < n_tiles; ++kt) {
     float xn[kPer], mtn = 0.0f, ltn = 0.0f;
-    if (kt + 1 < n_tiles) fetch(p + (kt + 1) * (D + 2), xn, mtn, ltn);
+    if (kt + 1 < n_tiles) fetch(p + (kt + 1) * stride, xn, mtn, ltn);
     float mn, a, b;
     absorb_factors(m, mt, mn, a, b);
     l = absorb(l, a, lt, b);
@@ -441,149 +448,95 @@ struct FusedInput {
   int64_t tokens = 0;
 };
 
-template <int D, bool kFused>
-__global__ void __launch_bounds__(32 * split_warps<D>())
-    attention_split_kernel(const bf16* __restrict__ q, int64_t ldq, bf16* k_cache, bf16* v_cache,
-                           float* __restrict__ partials, const int32_t* __restrict__ q_start,
-                           const int32_t* __restrict__ seq_len,
-                           const int32_t* __restrict__ block_table, int64_t max_blocks,
-                           int block_size, int hkv, int group, int max_tiles, float scale_log2,
-                           FusedInput fi) {
-  // note: the fused form computes the step's new key itself, and every other
-  // key of the context was stored by an earlier step; the step's arrays
-  // (q_start, seq_len, the block table) are uploaded before its first
-  // kernel. So it reads them, and issues its K and V tile copies, before the
-  // dependency wait, while the qkv projection still runs; only the rows
-  // that projection writes (q, the new key and value) wait.
-  if constexpr (!kFused) pdl_begin();
+// What the fused rows need that no launch of the step writes, per lane:
+// the step's cache slot of token t, its (cos, sin) pairs, the norm weights.
+template <int D>
+struct FusedLane {
+  static constexpr int kPer = D / 32;
+  int64_t slot;
+  LaneRope<kPer> rope;
+  float qn[kPer], kn[kPer];
+};
+template <int D>
+__device__ __forceinline__ FusedLane<D> fused_lane(const FusedInput& fi, int64_t t) {
+  FusedLane<D> f;
+  const DecodeAttentionInput& in = fi.in;
+  f.slot = in.slot_mapping[t];
+  f.rope = lane_rope<D / 32>(in.positions, fi.tokens, t, in.rope);
+  if (in.q_norm != nullptr) lane_norm_weights(f.qn, in.q_norm, D);
+  if (in.k_norm != nullptr) lane_norm_weights(f.kn, in.k_norm, D);
+  return f;
+}
+
+// The fused rows, after the dependency wait: the group's query rows
+// (q_norm + RoPE) into qs and, when new_k is given, the step's key (k_norm +
+// RoPE) and value into new_k / new_v and into the cache slot. One warp per
+// row (warp, warp + warps, ...; kRowsPerWarp >= (group + 2) / warps), with
+// qk_norm_rope's arithmetic (dev::norm_lane, dev::rope_lane) and its bf16
+// rounding, so the values are the ones the unfused kernels store.
+// note: every row of the warp is loaded before any is normed (one L2 round
+// trip for all of them instead of one per row).
+template <int D, int kRowsPerWarp>
+__device__ __forceinline__ void fused_rows(const FusedInput& fi, const FusedLane<D>& f,
+                                           const bf16* q, int64_t ldq, int64_t t, int kvh,
+                                           int group, int64_t width, bf16* k_cache, bf16* v_cache,
+                                           bf16* qs, bf16* new_k, bf16* new_v, int warp, int warps,
+                                           int lane) {
+  static_assert(D % 32 == 0, "fused rows: D / 32 columns per lane");
+  constexpr int kPer = D / 32, kLd = D + kPad;
+  const DecodeAttentionInput& in = fi.in;
+  const int rows = group + (new_k != nullptr ? 2 : 0);
+  auto source = [&](int r) {
+    return r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
+           : r == group ? in.k + t * in.ldk + static_cast<int64_t>(kvh) * D
+                        : in.v + t * in.ldv + static_cast<int64_t>(kvh) * D;
+  };
+  float v[kRowsPerWarp][kPer];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + warps * j;
+    if (r >= rows) continue;
+    const bf16* src = source(r);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[j][i] = to_f(src[lane + 32 * i]);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + warps * j;
+    if (r >= rows) continue;
+    if (r <= group) {
+      const float* nw = r < group ? in.q_norm : in.k_norm;
+      if (nw != nullptr) norm_lane<kPer>(v[j], D, r < group ? f.qn : f.kn, in.eps);
+      rope_lane<kPer>(v[j], f.rope);
+    }
+    bf16* dst = r < group ? qs + r * kLd : r == group ? new_k : new_v;
+    bf16* cache = r < group || f.slot < 0 ? nullptr
+                                          : (r == group ? k_cache : v_cache) + f.slot * width +
+                                                static_cast<int64_t>(kvh) * D;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const bf16 y = from_f<bf16>(v[j][i]);
+      dst[lane + 32 * i] = y;
+      if (cache != nullptr) cache[lane + 32 * i] = y;
+    }
+  }
+}
+
+// One key tile's partial by the kW = split_warps<D>() warps of a group
+// (`warp` its index in the group): the arithmetic of the note above
+// merge_row. k_ready() / v_ready() wait until the tile's K / V copies (and
+// every write of the group before them) are visible to the group; part(r)
+// is where row r's partial [O_t (D), m_t, l_t] goes.
+template <int D, class KReady, class VReady, class Part>
+__device__ __forceinline__ void tile_partial(const bf16* qs, const bf16* ks, const bf16* vs,
+                                             float* ss, int group, int n_keys, int kt,
+                                             float scale_log2, int warp, int lane, KReady&& k_ready,
+                                             VReady&& v_ready, Part&& part) {
   constexpr int kW = split_warps<D>();
   constexpr int kWarpKeys = kKeys / kW;  // scores per warp
   constexpr int kWarpCols = D / kW;      // output columns per warp
   constexpr int kLd = D + kPad;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // note: only the group's rows of Q and of the scores are stored (rows g >=
-  // group of the 16-row mma fragments read a zero Q row and are masked to
-  // -inf, as in the row kernel): 43.5 -> 36.7 KB for group 2, 6 blocks per
-  // SM instead of 5.
-  bf16* ks = reinterpret_cast<bf16*>(smem_raw);                  // bf16 [kKeys][kLd]
-  bf16* vs = ks + kKeys * kLd;                                   // bf16 [kKeys][kLd]
-  bf16* qs = vs + kKeys * kLd;                                   // bf16 [group + 1][kLd]
-  float* ss = reinterpret_cast<float*>(qs + (group + 1) * kLd);  // f32 [group][kScoreLd]
-  const int s = blockIdx.x / max_tiles, kt = blockIdx.x % max_tiles, kvh = blockIdx.y;
-  __shared__ int64_t key_off[kKeys];  // each key's row offset in the cache, -1 past the context
-  const int n_keys = seq_len[s];
-  if (kt * kKeys >= n_keys) {
-    if constexpr (kFused) pdl_begin();
-    return;
-  }
-  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
-  // fused: the last tile's block owns the step's new key (tile row new_key).
-  const bool new_here = kFused && kt == n_tiles - 1;
-  const int new_key = n_keys - 1 - kt * kKeys;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t t = q_start[s];  // the step's one token of sequence s
-  const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
-  const int64_t width = static_cast<int64_t>(hkv) * D;
-  // The query rows (fused: only the zero row here, the rows below).
-  for (int i = kFused ? group * (D / kVec) + tid : tid; i < (group + 1) * (D / kVec);
-       i += 32 * kW) {
-    const int r = i / (D / kVec), cv = i % (D / kVec);
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < group)
-      val = *reinterpret_cast<const uint4*>(
-          q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D + cv * kVec);
-    *reinterpret_cast<uint4*>(qs + r * kLd + cv * kVec) = val;
-  }
-  // note: each key's cache offset (block table lookup, division by the
-  // block size) is computed once, by one thread, not once per 16-byte copy:
-  // the copies were instruction-bound (ncu: DRAM 48 % of peak at batch 128).
-  // (-1: past the context, zero-filled; -2: the fused step's new key, which
-  // this block computes and stores itself)
-  if (tid < kKeys) {
-    const int j = kt * kKeys + tid;
-    key_off[tid] =
-        new_here && tid == new_key ? -2
-        : j < n_keys
-            ? (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
-                  static_cast<int64_t>(kvh) * D
-            : -1;
-  }
-  __syncthreads();
-  auto load = [&](bf16* dst, const bf16* cache) {
-    for (int i = tid; i < kKeys * (D / kVec); i += 32 * kW) {
-      const int r = i / (D / kVec), cv = i % (D / kVec);
-      const int64_t off = key_off[r];
-      if (kFused && off == -2) continue;  // (the unfused kernel: no test in this loop)
-      cp_async_16(smem_addr(dst + r * kLd + cv * kVec), cache + (off < 0 ? 0 : off + cv * kVec),
-                  off >= 0);
-    }
-  };
-  load(ks, k_cache);
-  cp_async_commit();
-  load(vs, v_cache);
-  cp_async_commit();
-  if constexpr (kFused) {
-    // While the tiles load: the group's query rows (q_norm + RoPE), and in
-    // the last tile's block the new key (k_norm + RoPE) and value, each
-    // into shared memory and (key, value) into the cache slot. One warp per
-    // row, with qk_norm_rope's arithmetic (dev::norm_lane, dev::rope_lane)
-    // and its bf16 rounding, so the values are the ones the unfused kernels
-    // store.
-    static_assert(D % 32 == 0, "fused rows: D / 32 columns per lane");
-    constexpr int kPer = D / 32;
-    constexpr int kRowsPerWarp = (16 + 2 + kW - 1) / kW;  // group <= 16 (split_applies), k, v
-    const DecodeAttentionInput& in = fi.in;
-    // note: before the wait, what no launch of this step writes: the slot
-    // and positions (step arrays, uploaded before its first kernel), the
-    // norm weights, and this lane's (cos, sin) pairs, which every row of
-    // the token shares: at batch 1 each of these was a dependent L2 round
-    // trip per row, behind the wait.
-    const int64_t slot = in.slot_mapping[t];
-    const LaneRope<kPer> rope = lane_rope<kPer>(in.positions, fi.tokens, t, in.rope);
-    float qn[kPer], kn[kPer];
-    if (in.q_norm != nullptr) lane_norm_weights(qn, in.q_norm, D);
-    if (in.k_norm != nullptr) lane_norm_weights(kn, in.k_norm, D);
-    pdl_begin();
-    const int rows = group + (new_here ? 2 : 0);
-    auto source = [&](int r) {
-      return r < group    ? q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D
-             : r == group ? in.k + t * in.ldk + static_cast<int64_t>(kvh) * D
-                          : in.v + t * in.ldv + static_cast<int64_t>(kvh) * D;
-    };
-    // note: every row of the warp is loaded before any is normed (one L2
-    // round trip for all of them instead of one per row).
-    float v[kRowsPerWarp][kPer];
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      const int r = warp + kW * j;
-      if (r >= rows) continue;
-      const bf16* src = source(r);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) v[j][i] = to_f(src[lane + 32 * i]);
-    }
-#pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      const int r = warp + kW * j;
-      if (r >= rows) continue;
-      if (r <= group) {
-        const float* nw = r < group ? in.q_norm : in.k_norm;
-        if (nw != nullptr) norm_lane<kPer>(v[j], D, r < group ? qn : kn, in.eps);
-        rope_lane<kPer>(v[j], rope);
-      }
-      bf16* dst = r < group ? qs + r * kLd : (r == group ? ks : vs) + new_key * kLd;
-      bf16* cache = r < group || slot < 0 ? nullptr
-                                          : (r == group ? k_cache : v_cache) + slot * width +
-                                                static_cast<int64_t>(kvh) * D;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const bf16 y = from_f<bf16>(v[j][i]);
-        dst[lane + 32 * i] = y;
-        if (cache != nullptr) cache[lane + 32 * i] = y;
-      }
-    }
-  }
-  cp_async_wait<1>();  // K landed (V may be in flight)
-  __syncthreads();
+  k_ready();
   const int g = lane >> 2, c = lane & 3;
   const int nk0 = g < group ? n_keys : 0, nk1 = g + 8 < group ? n_keys : 0;
   {
@@ -619,8 +572,7 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
       }
     }
   }
-  cp_async_wait<0>();  // V landed
-  __syncthreads();     // and every warp's scores are in ss
+  v_ready();  // V landed, and every warp's scores are in ss
   float sc[kKeys / 8][4];
 #pragma unroll
   for (int n = 0; n < kKeys / 8; ++n) {
@@ -642,11 +594,6 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   for (int i = 0; i < kWarpCols / 8; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.0f;
   const int col0 = warp * kWarpCols;
   tile_pv<D, kWarpCols>(ot, sc, vs + col0, lane);
-  const int hq = hkv * group;
-  auto part = [&](int r) {
-    const int64_t row = t * hq + static_cast<int64_t>(kvh) * group + r;
-    return partials + (row * kMaxSplitTiles + kt) * (D + 2);
-  };
   if (g < group) {
     float* p = part(g) + col0;
 #pragma unroll
@@ -669,6 +616,253 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
   }
 }
 
+// The cache row offset of key j of sequence s's context (kvh's columns), -1
+// past the context (zero-filled), -2 for the fused step's new key (which
+// the block computes and stores itself).
+__device__ __forceinline__ int64_t key_offset(int j, int n_keys, int new_key, const int32_t* bt,
+                                              int block_size, int64_t width, int kvh, int d) {
+  return j == new_key ? -2
+         : j < n_keys
+             ? (static_cast<int64_t>(bt[j / block_size]) * block_size + j % block_size) * width +
+                   static_cast<int64_t>(kvh) * d
+             : -1;
+}
+
+// 16-byte copies of a tile's rows (offsets `off`, see key_offset) into
+// dst by `n` threads (`i0` this thread's index among them); kFused: rows
+// at -2 are left alone (the unfused kernel: no test in this loop).
+template <int D, bool kFused>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* cache, const int64_t* off, int i0,
+                                          int n) {
+  constexpr int kLd = D + kPad;
+  for (int i = i0; i < kKeys * (D / kVec); i += n) {
+    const int r = i / (D / kVec), cv = i % (D / kVec);
+    const int64_t o = off[r];
+    if (kFused && o == -2) continue;
+    cp_async_16(smem_addr(dst + r * kLd + cv * kVec), cache + (o < 0 ? 0 : o + cv * kVec), o >= 0);
+  }
+}
+
+template <int D, bool kFused>
+__global__ void __launch_bounds__(32 * split_warps<D>())
+    attention_split_kernel(const bf16* __restrict__ q, int64_t ldq, bf16* k_cache, bf16* v_cache,
+                           float* __restrict__ partials, const int32_t* __restrict__ q_start,
+                           const int32_t* __restrict__ seq_len,
+                           const int32_t* __restrict__ block_table, int64_t max_blocks,
+                           int block_size, int hkv, int group, int max_tiles, float scale_log2,
+                           FusedInput fi) {
+  // note: the fused form computes the step's new key itself, and every other
+  // key of the context was stored by an earlier step; the step's arrays
+  // (q_start, seq_len, the block table) are uploaded before its first
+  // kernel. So it reads them, and issues its K and V tile copies, before the
+  // dependency wait, while the qkv projection still runs; only the rows
+  // that projection writes (q, the new key and value) wait.
+  if constexpr (!kFused) pdl_begin();
+  constexpr int kW = split_warps<D>();
+  constexpr int kLd = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // note: only the group's rows of Q and of the scores are stored (rows g >=
+  // group of the 16-row mma fragments read a zero Q row and are masked to
+  // -inf, as in the row kernel): 43.5 -> 36.7 KB for group 2, 6 blocks per
+  // SM instead of 5.
+  bf16* ks = reinterpret_cast<bf16*>(smem_raw);                  // bf16 [kKeys][kLd]
+  bf16* vs = ks + kKeys * kLd;                                   // bf16 [kKeys][kLd]
+  bf16* qs = vs + kKeys * kLd;                                   // bf16 [group + 1][kLd]
+  float* ss = reinterpret_cast<float*>(qs + (group + 1) * kLd);  // f32 [group][kScoreLd]
+  const int s = blockIdx.x / max_tiles, kt = blockIdx.x % max_tiles, kvh = blockIdx.y;
+  __shared__ int64_t key_off[kKeys];  // each key's row offset in the cache (key_offset)
+  const int n_keys = seq_len[s];
+  if (kt * kKeys >= n_keys) {
+    if constexpr (kFused) pdl_begin();
+    return;
+  }
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+  // fused: the last tile's block owns the step's new key (tile row new_key).
+  const bool new_here = kFused && kt == n_tiles - 1;
+  const int new_key = n_keys - 1 - kt * kKeys;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = q_start[s];  // the step's one token of sequence s
+  const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
+  const int64_t width = static_cast<int64_t>(hkv) * D;
+  // The query rows (fused: only the zero row here, the rows below).
+  for (int i = kFused ? group * (D / kVec) + tid : tid; i < (group + 1) * (D / kVec);
+       i += 32 * kW) {
+    const int r = i / (D / kVec), cv = i % (D / kVec);
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < group)
+      val = *reinterpret_cast<const uint4*>(
+          q + t * ldq + (static_cast<int64_t>(kvh) * group + r) * D + cv * kVec);
+    *reinterpret_cast<uint4*>(qs + r * kLd + cv * kVec) = val;
+  }
+  // note: each key's cache offset (block table lookup, division by the
+  // block size) is computed once, by one thread, not once per 16-byte copy:
+  // the copies were instruction-bound (ncu: DRAM 48 % of peak at batch 128).
+  if (tid < kKeys)
+    key_off[tid] = key_offset(kt * kKeys + tid, n_keys, new_here ? n_keys - 1 : -1, bt, block_size,
+                              width, kvh, D);
+  __syncthreads();
+  load_tile<D, kFused>(ks, k_cache, key_off, tid, 32 * kW);
+  cp_async_commit();
+  load_tile<D, kFused>(vs, v_cache, key_off, tid, 32 * kW);
+  cp_async_commit();
+  if constexpr (kFused) {
+    // While the tiles load: the fused rows (the last tile's block also
+    // the new key and value, into its tile row new_key).
+    // note: before the wait, what no launch of this step writes: the slot
+    // and positions (step arrays, uploaded before its first kernel), the
+    // norm weights, and this lane's (cos, sin) pairs, which every row of
+    // the token shares: at batch 1 each of these was a dependent L2 round
+    // trip per row, behind the wait.
+    const FusedLane<D> f = fused_lane<D>(fi, t);
+    pdl_begin();
+    fused_rows<D, (16 + 2 + kW - 1) / kW>(fi, f, q, ldq, t, kvh, group, width, k_cache, v_cache, qs,
+                                          new_here ? ks + new_key * kLd : nullptr,
+                                          vs + new_key * kLd, warp, kW, lane);
+  }
+  const int hq = hkv * group;
+  tile_partial<D>(
+      qs, ks, vs, ss, group, n_keys, kt, scale_log2, warp, lane,
+      [] {
+        cp_async_wait<1>();  // K landed (V may be in flight)
+        __syncthreads();
+      },
+      [] {
+        cp_async_wait<0>();
+        __syncthreads();
+      },
+      [&](int r) {
+        const int64_t row = t * hq + static_cast<int64_t>(kvh) * group + r;
+        return partials + (row * kMaxSplitTiles + kt) * (D + 2);
+      });
+}
+
+// ---- decode steps at small batch: one block walks a row's key tiles ----------
+
+// note: the walk. When a decode step has about one SM's worth of (sequence,
+// kv head) pairs and short contexts (at most kWalkTiles key tiles), one
+// block per pair computes every tile and the merge: kG groups of kW warps
+// take the tiles g, g + kG, g + 2 kG, ..., each with the split kernel's
+// arithmetic (tile_partial) into a partial in shared memory, and after a
+// block barrier the rows absorb the partials in key order with merge_row's
+// arithmetic. The same bits as split + merge, from one launch instead of
+// two and with no partials through global memory (when to walk:
+// walk_groups). Each group holds two tiles' K and V (a ring); its first
+// two are copied before the dependency wait, the next ones as the group
+// frees a slot. The step's new key and value are kept in rows of their own
+// and copied into their tile's slot when the group reaches it (the tile
+// copy skips that row).
+constexpr int kWalkTiles = 8;  // contexts up to 512 keys (the graphs' 512 bucket)
+
+template <int D>
+__host__ __device__ constexpr size_t walk_tile_elems() {
+  return static_cast<size_t>(kKeys) * (D + kPad);
+}
+// kG groups' K/V slots, the query rows and a zero row, the new key and
+// value rows, each group's f32 scores, and the partials of kWalkTiles tiles.
+template <int D>
+constexpr size_t walk_smem_bytes(int groups, int group) {
+  return (static_cast<size_t>(groups) * 4 * walk_tile_elems<D>() +
+          static_cast<size_t>(group + 3) * (D + kPad)) *
+             sizeof(bf16) +
+         (static_cast<size_t>(groups) * group * kScoreLd +
+          static_cast<size_t>(kWalkTiles) * group * (D + 2)) *
+             sizeof(float);
+}
+
+// Named barrier over the kThreadsPerGroup threads of group `id` (ids from 1:
+// 0 is __syncthreads').
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int D, int kG>
+__global__ void __launch_bounds__(32 * split_warps<D>() * kG)
+    attention_walk_kernel(const bf16* __restrict__ q, int64_t ldq, bf16* k_cache, bf16* v_cache,
+                          bf16* __restrict__ out, int64_t ldo, const bf16* __restrict__ gate,
+                          int64_t ldg, const int32_t* __restrict__ q_start,
+                          const int32_t* __restrict__ seq_len,
+                          const int32_t* __restrict__ block_table, int64_t max_blocks,
+                          int block_size, int hkv, int group, float scale_log2, FusedInput fi) {
+  constexpr int kW = split_warps<D>(), kGroupThreads = 32 * kW;
+  constexpr int kLd = D + kPad;
+  constexpr size_t kTile = walk_tile_elems<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* kv = reinterpret_cast<bf16*>(smem_raw);       // bf16 [kG][2 slots][K, V][kKeys][kLd]
+  bf16* qs = kv + kG * 4 * kTile;                     // bf16 [group + 1][kLd]
+  bf16* new_k = qs + (group + 1) * kLd;               // bf16 [kLd]: the step's key
+  bf16* new_v = new_k + kLd;                          // bf16 [kLd]: and value
+  float* ss = reinterpret_cast<float*>(new_v + kLd);  // f32 [kG][group][kScoreLd]
+  float* ps = ss + kG * group * kScoreLd;             // f32 [kWalkTiles][group][D + 2]
+  __shared__ int64_t key_off[kG][2][kKeys];
+  const int s = blockIdx.x, kvh = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gi = warp / kW, gw = warp % kW, gt = tid % kGroupThreads;
+  const int n_keys = seq_len[s];
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+  const int64_t t = q_start[s];
+  const int32_t* bt = block_table + static_cast<int64_t>(s) * max_blocks;
+  const int64_t width = static_cast<int64_t>(hkv) * D;
+  auto k_slot = [&](int i) { return kv + (gi * 4 + (i & 1) * 2) * kTile; };
+  // Slot i & 1 of this group gets its i-th tile, g + i kG (an empty copy
+  // group past the last tile keeps the wait counts below uniform).
+  auto issue = [&](int i) {
+    const int kt = gi + i * kG;
+    if (kt < n_tiles) {
+      int64_t* off = key_off[gi][i & 1];
+      if (gt < kKeys)
+        off[gt] = key_offset(kt * kKeys + gt, n_keys, n_keys - 1, bt, block_size, width, kvh, D);
+      group_barrier(1 + gi, kGroupThreads);
+      load_tile<D, true>(k_slot(i), k_cache, off, gt, kGroupThreads);
+      cp_async_commit();
+      load_tile<D, true>(k_slot(i) + kTile, v_cache, off, gt, kGroupThreads);
+    } else {
+      cp_async_commit();
+    }
+    cp_async_commit();
+  };
+  for (int i = tid; i < D / kVec; i += blockDim.x)  // the zero query row
+    *reinterpret_cast<uint4*>(qs + group * kLd + i * kVec) = make_uint4(0u, 0u, 0u, 0u);
+  issue(0);
+  issue(1);
+  const FusedLane<D> f = fused_lane<D>(fi, t);
+  pdl_begin();
+  if (n_tiles > 0)
+    fused_rows<D, (16 + 2 + kG * kW - 1) / (kG * kW)>(fi, f, q, ldq, t, kvh, group, width, k_cache,
+                                                      v_cache, qs, new_k, new_v, warp, kG * kW,
+                                                      lane);
+  __syncthreads();  // the query rows and the new key and value
+  for (int i = 0; gi + i * kG < n_tiles; ++i) {
+    const int kt = gi + i * kG;
+    bf16* ks = k_slot(i);
+    bf16* vs = ks + kTile;
+    tile_partial<D>(
+        qs, ks, vs, ss + gi * group * kScoreLd, group, n_keys, kt, scale_log2, gw, lane,
+        [&] {
+          if (kt == n_tiles - 1 && gt < 2 * (D / kVec)) {  // the new key and value rows
+            const int r = n_keys - 1 - kt * kKeys, half = gt / (D / kVec), cv = gt % (D / kVec);
+            *reinterpret_cast<uint4*>((half == 0 ? ks : vs) + r * kLd + cv * kVec) =
+                *reinterpret_cast<const uint4*>((half == 0 ? new_k : new_v) + cv * kVec);
+          }
+          cp_async_wait<3>();  // this tile's K (its V and the next tile may be in flight)
+          group_barrier(1 + gi, kGroupThreads);
+        },
+        [&] {
+          cp_async_wait<2>();
+          group_barrier(1 + gi, kGroupThreads);
+        },
+        [&](int r) { return ps + (static_cast<size_t>(kt) * group + r) * (D + 2); });
+    group_barrier(1 + gi, kGroupThreads);  // the slot and the scores are free again
+    issue(i + 2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every tile's partial
+  for (int r = warp; r < group; r += kG * kW) {
+    const int64_t col = static_cast<int64_t>(kvh * group + r) * D;
+    merge_row<D, true>(ps + static_cast<size_t>(r) * (D + 2), n_tiles, group * (D + 2),
+                       out + t * ldo + col, gate != nullptr ? gate + t * ldg + col : nullptr);
+  }
+}
+
 template <int D>
 __global__ void attention_merge_kernel(const float* __restrict__ partials, bf16* __restrict__ out,
                                        int64_t ldo, const bf16* __restrict__ gate, int64_t ldg,
@@ -677,7 +871,7 @@ __global__ void attention_merge_kernel(const float* __restrict__ partials, bf16*
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int64_t t = row / hq, col = (row % hq) * D;
-  merge_row<D>(partials + row * kMaxSplitTiles * (D + 2), (seq_len[t] + kKeys - 1) / kKeys,
+  merge_row<D>(partials + row * kMaxSplitTiles * (D + 2), (seq_len[t] + kKeys - 1) / kKeys, D + 2,
                out + t * ldo + col, gate != nullptr ? gate + t * ldg + col : nullptr);
 }
 
@@ -744,27 +938,100 @@ bool attention_mma_supported(const bf16* q, int64_t ldq, const bf16* out, int64_
   return aligned(q) && aligned(out) && ldq % kVec == 0 && ldo % 2 == 0;
 }
 
+namespace {
+
+// note: the walk (attention_walk_kernel) rather than split + merge when the
+// step's (sequence, kv head) blocks fill at least half of the SMs and at
+// most all of them (one block an SM: its K / V slots take most of the
+// shared memory), and every context fits kWalkTiles tiles (max_seq_len: in
+// captured graphs the context bucket, so a graph keeps its form). H200,
+// decode tok/s walk / split (bench/cuda/RESULTS.md): Qwen3-0.6B batch 12
+// and 16 (128 blocks) +5%, Qwen3-30B-A3B batch 32 (128) +1%; batch 1 (8
+// blocks) -3%: with few blocks the few SMs that hold them fetch every
+// tile's K and V alone. Both give the same bits, so the choice may depend
+// on the batch; b.decode_form forces one (tests).
+template <int D>
+int walk_groups(const AttentionBatch& b, int64_t hkv, int group) {
+  using Form = AttentionBatch::DecodeForm;
+  const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
+  const int64_t blocks = b.num_seqs * hkv;
+  if (b.decode_form == Form::kSplit || max_tiles > kWalkTiles || blocks > sm_count()) return 0;
+  if (b.decode_form == Form::kAuto && 2 * blocks < sm_count()) return 0;
+  for (const int g : {3, 2}) {
+    const size_t key_offsets = static_cast<size_t>(g) * 2 * kKeys * sizeof(int64_t);
+    if (walk_smem_bytes<D>(g, group) + key_offsets <= static_cast<size_t>(max_dynamic_smem()))
+      return g;
+  }
+  return 0;
+}
+
+template <int D, int kG>
+void launch_walk(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
+                 int64_t ldo, const AttentionBatch& b, int64_t hkv, int group, float scale,
+                 const FusedInput& fi, cudaStream_t stream) {
+  const size_t smem = walk_smem_bytes<D>(kG, group);
+  set_max_dynamic_smem(attention_walk_kernel<D, kG>, static_cast<int>(smem));
+  const dim3 grid(static_cast<unsigned>(b.num_seqs), static_cast<unsigned>(hkv));
+  launch_kernel(attention_walk_kernel<D, kG>, grid, 32 * split_warps<D>() * kG, smem, stream, in.q,
+                in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b.q_start, b.seq_len,
+                b.block_table, b.max_blocks, static_cast<int>(b.block_size), static_cast<int>(hkv),
+                group, scale * kLog2e, fi);
+}
+
+template <int D>
+void launch_decode(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
+                   int64_t ldo, const AttentionBatch& b, int64_t hkv, int group, float scale,
+                   const FusedInput& fi, cudaStream_t stream) {
+  switch (walk_groups<D>(b, hkv, group)) {
+    case 3:
+      return launch_walk<D, 3>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
+    case 2:
+      return launch_walk<D, 2>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
+    default:
+      return launch_split<D, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b,
+                                   hkv, group, scale, fi, stream);
+  }
+}
+
+bool decode_applies(const DecodeAttentionInput& in, bf16* out, int64_t ldo, const AttentionBatch& b,
+                    int64_t hq, int64_t hkv, int64_t d) {
+  return attention_mma_supported(in.q, in.ldq, out, ldo, hq, hkv, d) && d % 32 == 0 &&
+         dev::rope_pairs_in_lane(in.rope) && in.rope.rotary_dim <= d &&
+         split_applies(b, hq, static_cast<int>(hq / hkv));
+}
+
+}  // namespace
+
+bool decode_attention_walks(const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d) {
+  if (hkv <= 0 || hq % hkv != 0 || !split_applies(b, hq, static_cast<int>(hq / hkv))) return false;
+  const int group = static_cast<int>(hq / hkv);
+  switch (d) {
+    case 64:
+      return walk_groups<64>(b, hkv, group) > 0;
+    case 128:
+      return walk_groups<128>(b, hkv, group) > 0;
+    case 256:
+      return walk_groups<256>(b, hkv, group) > 0;
+    default:
+      return false;
+  }
+}
+
 bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
                       int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
                       float scale, cudaStream_t stream) {
-  if (!attention_mma_supported(in.q, in.ldq, out, ldo, hq, hkv, d) || d % 32 != 0 ||
-      !dev::rope_pairs_in_lane(in.rope) || in.rope.rotary_dim > d)
-    return false;
+  if (!decode_applies(in, out, ldo, b, hq, hkv, d)) return false;
   const int group = static_cast<int>(hq / hkv);
-  if (!split_applies(b, hq, group)) return false;
   const FusedInput fi{in, b.total_tokens};
   switch (d) {
     case 64:
-      launch_split<64, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
-                             group, scale, fi, stream);
+      launch_decode<64>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
       return true;
     case 128:
-      launch_split<128, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
-                              group, scale, fi, stream);
+      launch_decode<128>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
       return true;
     case 256:
-      launch_split<256, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b, hkv,
-                              group, scale, fi, stream);
+      launch_decode<256>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
       return true;
     default:
       return false;

@@ -162,6 +162,10 @@ struct AttentionBatch {
   // tiles over blocks; the values are the same as without it.
   float* partials = nullptr;
   int64_t partial_rows = 0;  // capacity in (token, query head) rows
+  // decode_attention's form where both apply (the same bits; tests and
+  // measurement): by the batch (kAuto), or the split / the walk forced.
+  enum class DecodeForm : int8_t { kAuto, kSplit, kWalk };
+  DecodeForm decode_form = DecodeForm::kAuto;
 };
 
 // Key tiles (of 64) a decode row may be split into, and the workspace size.
@@ -227,6 +231,13 @@ struct DecodeAttentionInput {
 bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache, bf16* out,
                       int64_t ldo, const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d,
                       float scale, cudaStream_t stream);
+// True when decode_attention (where it applies) runs a step of this shape as
+// the walk: one block per (sequence, kv head) computing every key tile and
+// the merge, instead of a block per key tile plus a merge launch (between
+// half and all of the SMs' worth of blocks, contexts within 8 tiles, or as
+// b.decode_form says; kernels/cuda/attention_mma.cu). The same bits either
+// way.
+bool decode_attention_walks(const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d);
 
 // Causal depthwise conv1d over a varlen batch, continuing each sequence from
 // its state and updating the state in place (prefill chunk and one-token

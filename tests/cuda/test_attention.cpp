@@ -226,9 +226,13 @@ struct FusedCase {
 // kv_cache_write, paged_attention with the split workspace, sigmoid_mul) and
 // decode_attention. The contexts (history in a shuffled, NaN-poisoned
 // cache) span 1 key to kAttentionSplitTiles tiles; one padding row (slot -1)
-// must write nothing. Returns false when decode_attention declined.
+// must write nothing. Returns false when decode_attention declined. form:
+// decode_attention's; walked: whether it took the walk
+// (decode_attention_walks).
 bool fused_matches_separate(const FusedCase& fc, const std::vector<int32_t>& lens,
-                            int64_t block_size, uint32_t seed, std::string* why) {
+                            int64_t block_size, uint32_t seed, std::string* why,
+                            bool* walked = nullptr,
+                            AttentionBatch::DecodeForm form = AttentionBatch::DecodeForm::kAuto) {
   const int64_t D = fc.d, hq = fc.hq, hkv = fc.hkv, kvw = hkv * D, qw = hq * D;
   const int64_t S = static_cast<int64_t>(lens.size()) + 1;  // + the padding row
   // Row layout: [q | gate | k | v] (Qwen3.5) or [q | k | v] (Qwen3), padded.
@@ -290,6 +294,7 @@ bool fused_matches_separate(const FusedCase& fc, const std::vector<int32_t>& len
     DeviceBuffer<bf16> x(raw), kd(kc), vd(vc), out(S * qw);
     DeviceBuffer<float> partials(attention_partials_floats(S * hq, D));
     AttentionBatch bb = b;
+    bb.decode_form = form;
     bb.partials = partials.get();
     bb.partial_rows = S * hq;
     bf16* q = x.get() + q_off;
@@ -297,6 +302,7 @@ bool fused_matches_separate(const FusedCase& fc, const std::vector<int32_t>& len
     bf16* v = x.get() + v_off;
     const bf16* g = fc.gate ? x.get() + g_off : nullptr;
     if (fused) {
+      if (walked != nullptr) *walked = decode_attention_walks(bb, hq, hkv, D);
       DecodeAttentionInput in;
       in.q = q;
       in.k = k;
@@ -360,11 +366,57 @@ TEST(DecodeAttention, OneLaunchEqualsSeparateKernels) {
   for (const auto& fc : cases)
     for (const int64_t bs : {int64_t{16}, int64_t{5}}) {
       std::string why;
-      ASSERT_TRUE(fused_matches_separate(fc, lens, bs, 900 + static_cast<uint32_t>(fc.d), &why))
+      bool walked = true;
+      ASSERT_TRUE(
+          fused_matches_separate(fc, lens, bs, 900 + static_cast<uint32_t>(fc.d), &why, &walked))
           << "decode_attention declined D " << fc.d << " group " << fc.hq / fc.hkv;
+      EXPECT_FALSE(walked) << "contexts of 32 tiles split over blocks";
       EXPECT_TRUE(why.empty()) << "D " << fc.d << " group " << fc.hq / fc.hkv << " block size "
                                << bs << ":" << why;
     }
+}
+
+// The walk (one block per sequence and kv head computes every key tile and
+// the merge; by default where those blocks fill half the GPU): the same bits as the
+// separate kernels, whose attention splits the tiles over blocks and merges
+// them in another launch. Contexts up to 8 tiles, so that a group of warps
+// reuses its K/V slots (tiles past the first 2 per group) and the step's new
+// key lands in a reused slot; GQA groups 1 to 16 (2 or 3 warp groups by
+// shared memory); D 256 does not fit and splits.
+TEST(DecodeAttention, ShortContextsWalkedInOneBlockEqualSeparateKernels) {
+  const RopeParams plain = plain_rope(), mrope = qwen35_mrope();
+  RopeParams r64 = plain;
+  r64.rotary_dim = 64;
+  struct WalkCase {
+    FusedCase fc;
+    bool walks;
+  };
+  const std::vector<WalkCase> cases = {
+      {{16, 8, 128, plain, false, true}, true},  // Qwen3-0.6B: 3 groups of warps
+      {{32, 4, 128, plain, false, true}, true},  // Qwen3-30B-A3B: group 8, 2 groups
+      {{32, 2, 128, plain, false, true}, true},  // group 16
+      {{4, 4, 64, r64, true, false}, true},      // group 1, D 64, gated
+      {{8, 2, 256, mrope, true, false}, false},  // Qwen3.5-0.8B: D 256 splits
+  };
+  const std::vector<std::vector<int32_t>> lens = {
+      {1, 2, 63, 64, 65, 129, 300, 447, 449, 511, 512, 77, 190},
+      {512},
+      {5},
+      {130, 385},
+  };
+  for (const auto& wc : cases)
+    for (const auto& l : lens)
+      for (const int64_t bs : {int64_t{16}, int64_t{5}}) {
+        std::string why;
+        bool walked = false;
+        ASSERT_TRUE(fused_matches_separate(wc.fc, l, bs, 700 + static_cast<uint32_t>(l.size()),
+                                           &why, &walked, AttentionBatch::DecodeForm::kWalk))
+            << "decode_attention declined D " << wc.fc.d;
+        EXPECT_EQ(walked, wc.walks) << "D " << wc.fc.d << " group " << wc.fc.hq / wc.fc.hkv;
+        EXPECT_TRUE(why.empty()) << "D " << wc.fc.d << " group " << wc.fc.hq / wc.fc.hkv
+                                 << " block size " << bs << " lens ending " << l.back() << ":"
+                                 << why;
+      }
 }
 
 // Where the one-launch form does not apply it launches nothing and says so.
