@@ -751,7 +751,8 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
 // frees a slot. The step's new key and value are kept in rows of their own
 // and copied into their tile's slot when the group reaches it (the tile
 // copy skips that row).
-constexpr int kWalkTiles = 8;  // contexts up to 512 keys (the graphs' 512 bucket)
+constexpr int kWalkTiles = 8;       // contexts up to 512 keys (the graphs' 512 bucket)
+constexpr int kWalkShortTiles = 2;  // up to 128 keys: a tile per group, one round
 
 template <int D>
 __host__ __device__ constexpr size_t walk_tile_elems() {
@@ -940,24 +941,30 @@ bool attention_mma_supported(const bf16* q, int64_t ldq, const bf16* out, int64_
 
 namespace {
 
-// note: the walk (attention_walk_kernel) rather than split + merge when the
-// step's (sequence, kv head) blocks fill at least half of the SMs and at
-// most all of them (one block an SM: its K / V slots take most of the
-// shared memory), and every context fits kWalkTiles tiles (max_seq_len: in
-// captured graphs the context bucket, so a graph keeps its form). H200,
-// decode tok/s walk / split (bench/cuda/RESULTS.md): Qwen3-0.6B batch 12
-// and 16 (128 blocks) +5%, Qwen3-30B-A3B batch 32 (128) +1%; batch 1 (8
-// blocks) -3%: with few blocks the few SMs that hold them fetch every
-// tile's K and V alone. Both give the same bits, so the choice may depend
-// on the batch; b.decode_form forces one (tests).
+// note: the walk (attention_walk_kernel) rather than split + merge when
+// every context fits kWalkTiles tiles and either fits kWalkShortTiles (two
+// groups of warps, one round of tiles; the smaller block of 2 x 2 K / V
+// slots, which can share an SM with a block of the qkv projection, measured
+// as fast as three groups or faster)
+// or the step's (sequence, kv head) blocks fill half to all of the SMs (one
+// block an SM). max_seq_len is, in captured graphs, the context bucket
+// (decode_graphs.h), so a graph keeps its form. H200, decode tok/s walk /
+// split (bench/cuda/RESULTS.md): Qwen3-0.6B contexts <= 96 keys batch 1-8
+// +3-5%, contexts <= 384 batch 12-16 (128 blocks) +5%; Qwen3-30B-A3B batch
+// 32 +1%. Not at batch 1 past 2 tiles (-3%): the few SMs holding the
+// blocks then fetch up to 8 tiles' K and V each where the split spreads
+// them over a block a tile. Both give the same bits, so the choice may
+// depend on the batch; b.decode_form forces one (tests).
 template <int D>
 int walk_groups(const AttentionBatch& b, int64_t hkv, int group) {
   using Form = AttentionBatch::DecodeForm;
   const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
   const int64_t blocks = b.num_seqs * hkv;
   if (b.decode_form == Form::kSplit || max_tiles > kWalkTiles || blocks > sm_count()) return 0;
-  if (b.decode_form == Form::kAuto && 2 * blocks < sm_count()) return 0;
+  const bool short_contexts = max_tiles <= kWalkShortTiles;
+  if (b.decode_form == Form::kAuto && !short_contexts && 2 * blocks < sm_count()) return 0;
   for (const int g : {3, 2}) {
+    if (short_contexts && g == 3) continue;
     const size_t key_offsets = static_cast<size_t>(g) * 2 * kKeys * sizeof(int64_t);
     if (walk_smem_bytes<D>(g, group) + key_offsets <= static_cast<size_t>(max_dynamic_smem()))
       return g;

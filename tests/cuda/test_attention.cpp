@@ -417,6 +417,14 @@ TEST(DecodeAttention, ShortContextsWalkedInOneBlockEqualSeparateKernels) {
                                  << " block size " << bs << " lens ending " << l.back() << ":"
                                  << why;
       }
+  // By default contexts within 2 tiles walk at any batch.
+  for (const auto& wc : cases) {
+    std::string why;
+    bool walked = false;
+    ASSERT_TRUE(fused_matches_separate(wc.fc, {5, 64, 100, 128}, 16, 77, &why, &walked));
+    EXPECT_EQ(walked, wc.walks) << "D " << wc.fc.d << " group " << wc.fc.hq / wc.fc.hkv;
+    EXPECT_TRUE(why.empty()) << "D " << wc.fc.d << ":" << why;
+  }
 }
 
 // Where the one-launch form does not apply it launches nothing and says so.

@@ -28,10 +28,12 @@ namespace qtk::cuda {
 
 inline bool decode_graphs_enabled() { return tuning().cuda_graphs; }
 
-// Attention's shared memory is sized by the step's longest context; graphs
-// capture a power-of-two bound of it (at least 256).
+// Attention's shared memory and its form are chosen by the step's longest
+// context; graphs capture a power-of-two bound of it (at least 128: up to
+// 128 keys the decode attention walks its tiles in one block per sequence
+// and kv head, kernels/cuda/attention_mma.cu).
 inline int64_t context_bucket(int64_t len) {
-  int64_t b = 256;
+  int64_t b = 128;
   while (b < len) b *= 2;
   return b;
 }
