@@ -42,6 +42,18 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
   return c;
 }
 
+// note: one result per id. A batch that reuses an id gets an error line
+// for the reuse (generate), so an id may also have error lines; two
+// results for one id would make the comparison depend on which is read.
+void refuse_second_result(const CompareCase& c, const std::string& where,
+                          std::unordered_map<std::string, std::string>& first_use) {
+  if (!c.error.empty()) return;
+  auto [it, fresh] = first_use.emplace(c.id, where);
+  if (!fresh)
+    fail("{}: id {}: expected one result per id, found a second one (the first at {})", where, c.id,
+         it->second.substr(it->second.rfind(": ") + 2));
+}
+
 }  // namespace
 
 std::vector<CompareCase> read_compare_file(const std::string& path) {
@@ -60,8 +72,11 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
     nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
     if (!doc.is_discarded() && doc.is_object() && doc.contains("cases")) {
       if (!doc["cases"].is_array()) fail("{}: field 'cases': expected an array", path);
+      std::unordered_map<std::string, std::string> first_use;
       for (size_t i = 0; i < doc["cases"].size(); ++i) {
-        cases.push_back(read_case(doc["cases"][i], fmt::format("{}: cases[{}]", path, i)));
+        const std::string where = fmt::format("{}: cases[{}]", path, i);
+        cases.push_back(read_case(doc["cases"][i], where));
+        refuse_second_result(cases.back(), where, first_use);
       }
       return cases;
     }
@@ -69,6 +84,7 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
   std::istringstream lines(text);
   std::string line;
   int64_t n = 0;
+  std::unordered_map<std::string, std::string> first_use;
   while (std::getline(lines, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -83,7 +99,9 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
       fail("{}: line {}: malformed JSON: {}", path, n,
            cut == std::string::npos ? what : what.substr(cut + 2));
     }
-    cases.push_back(read_case(j, fmt::format("{}: line {}", path, n)));
+    const std::string where = fmt::format("{}: line {}", path, n);
+    cases.push_back(read_case(j, where));
+    refuse_second_result(cases.back(), where, first_use);
   }
   if (cases.empty())
     fail("{}: expected result lines or a golden.json, found {}", path,

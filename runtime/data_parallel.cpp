@@ -384,7 +384,7 @@ int run_data_parallel(const DataParallelJob& job) {
   mo.force = true;  // note: OUT was checked above, under OUT.lock
   if (sharded) mo.as_shard = shard;
   mo.extra["devices"] = job.devices;
-  const int64_t lines = run_merge(mo);
+  const int64_t lines = run_merge(mo).lines;
   for (const std::string& p : parts) {
     std::remove(p.c_str());
     std::remove((p + ".meta.json").c_str());

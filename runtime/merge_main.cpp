@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
         "Join the results files of `generate --shard K/N` tasks (each with its .meta.json next "
         "to it) into OUT.jsonl, byte-identical to one generate run over the whole batch. "
         "Checks that every shard 0..N-1 is present once, complete, and of the same pack, "
-        "prompts file and settings.");
+        "prompts file and settings. Exit status: 0, 1 on a refusal (nothing written), 3 when "
+        "OUT holds error lines (as generate's).");
     opts.positional_help("OUT.jsonl SHARD.jsonl...");
     opts.add_options()("force", "replace an existing OUT.jsonl")("h,help", "show this help")(
         "files", "OUT.jsonl then the shard results", cxxopts::value<std::vector<std::string>>());
@@ -35,9 +36,12 @@ int main(int argc, char** argv) {
     o.out = files[0];
     o.shards.assign(files.begin() + 1, files.end());
     o.force = args.count("force") > 0;
-    qtk::run_merge(o);
-    std::fprintf(stderr, "merge: %zu shards -> %s\n", o.shards.size(), o.out.c_str());
-    return 0;
+    const qtk::MergeResult r = qtk::run_merge(o);
+    std::fprintf(stderr, "merge: %zu shards -> %s (%lld lines, %lld error line%s)\n",
+                 o.shards.size(), o.out.c_str(), static_cast<long long>(r.lines),
+                 static_cast<long long>(r.error_lines), r.error_lines == 1 ? "" : "s");
+    // note: generate's exit status: 3 when some prompt got an error line.
+    return r.error_lines > 0 ? 3 : 0;
   } catch (const std::exception& e) {
     // note: one line prefixed with the program's name, as generate's,
     // convert's and compare's messages are.

@@ -216,6 +216,10 @@ std::string render_chat_line(std::string_view text, const nlohmann::json& doc,
 }  // namespace
 
 PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d) {
+  // note: a UTF-8 byte order mark opening the file (editors on Windows
+  // write one) is not part of the first line's JSON; compare and tokenize
+  // skip it too.
+  if (line_no == 1 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   PromptLine out;
   out.line_no = line_no;
   out.id = line_no;

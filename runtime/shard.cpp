@@ -147,13 +147,31 @@ const char* const kSameInEveryShard[] = {
     "/settings/tensor_parallel",
 };
 
+// True when a and b name the same existing file (through links too).
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 }  // namespace
 
-int64_t run_merge(const MergeOptions& o) {
+MergeResult run_merge(const MergeOptions& o) {
   if (o.shards.empty()) fail("expected OUT.jsonl and at least one SHARD.jsonl");
+  if (o.out == "-")
+    fail("OUT: expected a file path, found '-' (merge writes OUT.jsonl and OUT.jsonl.meta.json)");
   struct stat st {};
   if (!o.force && ::stat(o.out.c_str(), &st) == 0)
     fail("{}: already exists (pass --force to replace it)", o.out);
+  const std::string out_meta = o.meta.empty() ? o.out + ".meta.json" : o.meta;
+  // note: --force must never replace an input: the merge would destroy the
+  // shard it reads (generate refuses the same for its own inputs).
+  for (const std::string& p : o.shards)
+    for (const std::string& in : {p, p + ".meta.json"})
+      for (const std::string& target : {o.out, out_meta})
+        if (same_file(target, in))
+          fail("{}: is the shard file {} (merge would overwrite its own input)", target, in);
   std::vector<ShardFile> shards;
   for (const std::string& p : o.shards) shards.push_back(load_shard(p));
 
@@ -196,12 +214,30 @@ int64_t run_merge(const MergeOptions& o) {
 
   // note: input line i is line i / count of shard i % count; the merged
   // file holds the lines i = whole.index + whole.count * t in order.
+  // note: each line is checked to be one of generate's result lines, and
+  // no id may have two results (a reused id gets an error line, so error
+  // lines may repeat one): a line copied in from another shard would
+  // otherwise merge silently.
   std::string merged;
-  const int64_t lines = whole.lines_of(total);
-  for (int64_t t = 0; t < lines; ++t) {
+  MergeResult result;
+  result.lines = whole.lines_of(total);
+  std::map<std::string, std::string> result_of;  // id (JSON text) -> where its result is
+  for (int64_t t = 0; t < result.lines; ++t) {
     const int64_t i = whole.index + whole.count * t;
     const ShardFile& s = *by_index[i % count];
-    merged.append(s.lines[static_cast<size_t>(i / count)]);
+    const std::string_view line = s.lines[static_cast<size_t>(i / count)];
+    const std::string where = fmt::format("{}: line {}", s.path, i / count + 1);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("id"))
+      fail("{}: expected a result line of generate (a JSON object with an 'id'), found {}", where,
+           j.is_discarded() ? std::string("malformed JSON") : std::string(j.type_name()));
+    if (j.contains("error")) {
+      ++result.error_lines;
+    } else if (auto [it, fresh] = result_of.emplace(j["id"].dump(), where); !fresh) {
+      fail("{}: id {} has a result already ({}): expected one result per id", where, j["id"].dump(),
+           it->second);
+    }
+    merged.append(line);
     merged.push_back('\n');
   }
   nlohmann::json meta = first.meta;
@@ -212,7 +248,7 @@ int64_t run_merge(const MergeOptions& o) {
   // note: each shard's own stats (timings, memory) stay with its entry;
   // the merged stats hold only what adds up: lines and token counts.
   meta["merged_from"] = nlohmann::json::array();
-  meta["stats"] = {{"lines", lines}};
+  meta["stats"] = {{"lines", result.lines}};
   int64_t prompt_tokens = 0, generated_tokens = 0;
   bool counted = true;
   for (const auto& [k, s] : by_index) {
@@ -237,8 +273,8 @@ int64_t run_merge(const MergeOptions& o) {
   // note: the results first: a meta file saying complete never points at a
   // results file that is not there.
   write_file_atomic(o.out, merged);
-  write_file_atomic(o.meta.empty() ? o.out + ".meta.json" : o.meta, meta.dump(2) + "\n");
-  return lines;
+  write_file_atomic(out_meta, meta.dump(2) + "\n");
+  return result;
 }
 
 }  // namespace qtk

@@ -46,8 +46,10 @@ nlohmann::json shard_json(const ShardSpec& s, int64_t lines_total, const std::st
 // come from one job (same pack digest, prompts digest, result-changing
 // settings, shard count), that every shard of 0..N-1 is present once and
 // complete with the line count it owns, then writes OUT (the lines in input
-// order) and OUT.meta.json atomically. Returns the lines written. Throws
-// qtk::Error naming the shard.
+// order) and OUT.meta.json atomically. Also refused: OUT (or its meta file)
+// being one of the shards' files, and a result line (not an error line)
+// for an id that another result line already has. Throws qtk::Error naming
+// the shard.
 //
 // With `as_shard` K/N the shards are the M sub-shards K + N*j (j = 0..M-1)
 // of N*M that together own exactly shard K/N's lines (`generate --shard K/N
@@ -62,6 +64,13 @@ struct MergeOptions {
   std::optional<ShardSpec> as_shard;
   nlohmann::json extra = nlohmann::json::object();  // top-level entries added to OUT's meta
 };
-int64_t run_merge(const MergeOptions& options);
+// What run_merge wrote: the lines, and how many of them are error lines
+// ({"id", "error"}: a prompt that failed; `merge` then exits 3, as generate
+// does).
+struct MergeResult {
+  int64_t lines = 0;
+  int64_t error_lines = 0;
+};
+MergeResult run_merge(const MergeOptions& options);
 
 }  // namespace qtk

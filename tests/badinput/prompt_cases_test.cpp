@@ -138,6 +138,26 @@ TEST_F(BadPrompts, LineErrorsNameTheLine) {
   }
 }
 
+// A UTF-8 byte order mark opening the batch (Windows editors write one) is
+// skipped, as compare and tokenize skip it; one anywhere else is an error.
+TEST_F(BadPrompts, ByteOrderMarkOpeningTheBatchIsSkipped) {
+  TempDir t;
+  const std::string bom = "\xEF\xBB\xBF";
+  write_file(t / "prompts.jsonl",
+             bom + R"({"id": "a", "prompt_token_ids": [1, 2], "max_tokens": 1})" + "\n" + bom +
+                 R"({"id": "b", "prompt_token_ids": [3]})" + "\n");
+  const RunResult r =
+      run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                   t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
+  ASSERT_EQ(r.signal, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // line 2's mark is an error
+  const auto out = split_lines(read_file(t / "out.jsonl"));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("output_token_ids")) << out[0];
+  EXPECT_NE(nlohmann::json::parse(out[1]).value("error", "").find("line 2"), std::string::npos)
+      << out[1];
+}
+
 TEST_F(BadPrompts, UnreadableBatchOrOutputFailsCleanly) {
   TempDir t;
   // Missing batch file: exit 1, nothing written.

@@ -121,6 +121,24 @@ TEST(Compare, MalformedInputIsOneErrorLine) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// Two results for one id (in either file) are refused, naming both lines;
+// an error line beside a result (generate's answer to a reused id) is not.
+TEST(Compare, SecondResultForAnIdIsRefused) {
+  const std::string err_line = "{\"id\": \"a\", \"error\": \"id reused\"}\n";
+  for (const bool in_actual : {true, false}) {
+    const std::string twice = line("a", {1}) + line("b", {2}) + line("a", {3});
+    RunResult r = in_actual ? compare(line("a", {1}) + line("b", {2}), twice)
+                            : compare(twice, line("a", {1}) + line("b", {2}));
+    EXPECT_EQ(r.status, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find(in_actual ? "actual.jsonl: line 3: id \"a\"" : "expected.jsonl: line 3"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("a second one (the first at line 1)"), std::string::npos) << r.err;
+  }
+  RunResult ok = compare(line("a", {1}), line("a", {1}) + err_line);
+  EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
+}
+
 // A file with nothing to compare, or a directory, is an error naming it,
 // not a report of every case missing.
 TEST(Compare, NothingToCompareIsAnError) {

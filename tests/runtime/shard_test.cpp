@@ -69,7 +69,10 @@ TEST(Shard, MergedShardsAreTheSingleRunByteForByte) {
     const std::string files = run_shards(fmt::format("n{}", n), n, "--max-num-seqs 3");
     const std::string merged = fmt::format("{}/merged{}.jsonl", work_dir(), n);
     const RunResult m = run(merge_cmd(merged + files));
-    ASSERT_EQ(m.status, 0) << m.err;
+    // (3: the batch's duplicate id and malformed line are error lines, as
+    // in the single run)
+    ASSERT_EQ(m.status, 3) << m.err;
+    EXPECT_NE(m.err.find("(22 lines, 2 error lines)"), std::string::npos) << m.err;
     EXPECT_EQ(read_text(merged), read_text(job().full)) << n << " shards";
     const auto meta = load_json(merged + ".meta.json");
     EXPECT_EQ(meta["status"], "complete");
@@ -178,6 +181,25 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   EXPECT_NE(merge_err(d + "/exists.jsonl " + s0 + " " + s1 + " " + s2).find("already exists"),
             std::string::npos);
   EXPECT_EQ(read_text(d + "/exists.jsonl"), "x\n");
+  // --force never replaces an input: OUT, or its meta file, is a shard's file.
+  const std::string s0_text = read_text(s0), s1_meta = read_text(s1 + ".meta.json");
+  for (const std::string& out : {s0, s1 + ".meta.json"})
+    EXPECT_NE(merge_err("--force " + out + " " + s0 + " " + s1 + " " + s2)
+                  .find("merge would overwrite its own input"),
+              std::string::npos);
+  EXPECT_EQ(read_text(s0), s0_text);
+  EXPECT_EQ(read_text(s1 + ".meta.json"), s1_meta);
+  // OUT '-' (merge writes files, not standard output).
+  EXPECT_NE(merge_err("- " + s0 + " " + s1 + " " + s2).find("found '-'"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists("-"));
+  // A result line copied over another shard's: its id then has two results.
+  const std::string s1_text = read_text(s1), s2_text = read_text(s2);
+  write_text(s1,
+             s2_text.substr(0, s2_text.find('\n') + 1) + s1_text.substr(s1_text.find('\n') + 1));
+  EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2).find("has a result already"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(d + "/m7.jsonl"));
+  write_text(s1, s1_text);
 }
 
 TEST(Shard, FlagParsing) {
