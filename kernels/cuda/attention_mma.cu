@@ -738,9 +738,10 @@ __global__ void __launch_bounds__(32 * split_warps<D>())
 
 // ---- decode steps at small batch: one block walks a row's key tiles ----------
 
-// note: the walk. When a decode step has about one SM's worth of (sequence,
-// kv head) pairs and short contexts (at most kWalkTiles key tiles), one
-// block per pair computes every tile and the merge: kG groups of kW warps
+// note: the walk. When a decode step's contexts are short (at most
+// kWalkTiles key tiles) and its (sequence, kv head) pairs fit the GPU at
+// once (walk_groups says when it pays), one block per pair computes every
+// tile and the merge: kG groups of kW warps
 // take the tiles g, g + kG, g + 2 kG, ..., each with the split kernel's
 // arithmetic (tile_partial) into a partial in shared memory, and after a
 // block barrier the rows absorb the partials in key order with merge_row's
@@ -770,7 +771,7 @@ constexpr size_t walk_smem_bytes(int groups, int group) {
              sizeof(float);
 }
 
-// Named barrier over the kThreadsPerGroup threads of group `id` (ids from 1:
+// Named barrier `id` over `threads` threads (a group of warps; ids from 1:
 // 0 is __syncthreads').
 __device__ __forceinline__ void group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
