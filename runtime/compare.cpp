@@ -45,13 +45,14 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
 // note: one result per id. A batch that reuses an id gets an error line
 // for the reuse (generate), so an id may also have error lines; two
 // results for one id would make the comparison depend on which is read.
-void refuse_second_result(const CompareCase& c, const std::string& where,
+// first_use: each id's first result, by its place ("line 3", "cases[2]").
+void refuse_second_result(const CompareCase& c, const std::string& path, const std::string& place,
                           std::unordered_map<std::string, std::string>& first_use) {
   if (!c.error.empty()) return;
-  auto [it, fresh] = first_use.emplace(c.id, where);
+  auto [it, fresh] = first_use.emplace(c.id, place);
   if (!fresh)
-    fail("{}: id {}: expected one result per id, found a second one (the first at {})", where, c.id,
-         it->second.substr(it->second.rfind(": ") + 2));
+    fail("{}: {}: id {}: expected one result per id, found a second one (the first at {})", path,
+         place, c.id, it->second);
 }
 
 }  // namespace
@@ -74,9 +75,9 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
       if (!doc["cases"].is_array()) fail("{}: field 'cases': expected an array", path);
       std::unordered_map<std::string, std::string> first_use;
       for (size_t i = 0; i < doc["cases"].size(); ++i) {
-        const std::string where = fmt::format("{}: cases[{}]", path, i);
-        cases.push_back(read_case(doc["cases"][i], where));
-        refuse_second_result(cases.back(), where, first_use);
+        const std::string place = fmt::format("cases[{}]", i);
+        cases.push_back(read_case(doc["cases"][i], path + ": " + place));
+        refuse_second_result(cases.back(), path, place, first_use);
       }
       return cases;
     }
@@ -99,9 +100,9 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
       fail("{}: line {}: malformed JSON: {}", path, n,
            cut == std::string::npos ? what : what.substr(cut + 2));
     }
-    const std::string where = fmt::format("{}: line {}", path, n);
-    cases.push_back(read_case(j, where));
-    refuse_second_result(cases.back(), where, first_use);
+    const std::string place = fmt::format("line {}", n);
+    cases.push_back(read_case(j, path + ": " + place));
+    refuse_second_result(cases.back(), path, place, first_use);
   }
   if (cases.empty())
     fail("{}: expected result lines or a golden.json, found {}", path,

@@ -103,8 +103,8 @@ void check_output_path(const char* flag, const std::string& path, const std::str
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail("{} {}: is a directory; expected a file name", flag, path);
 }
-// Whether two paths name one file: the same path once made absolute and
-// normalised, or the same inode where both exist.
+}  // namespace
+
 bool same_file(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -114,7 +114,6 @@ bool same_file(const std::string& a, const std::string& b) {
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
-}  // namespace
 
 void check_meta_path(const std::string& meta) {
   check_output_path("--meta", meta, "--meta " + meta, "the run header");

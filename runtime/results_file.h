@@ -38,6 +38,10 @@ struct ResultsPaths {
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
+// Whether two paths name one file: the same path once made absolute and
+// normalised, or the same inode (after symlinks) where both exist.
+bool same_file(const std::string& a, const std::string& b);
+
 // A --meta path: a file name in an existing directory, not a directory.
 void check_meta_path(const std::string& meta);
 

@@ -147,14 +147,6 @@ const char* const kSameInEveryShard[] = {
     "/settings/tensor_parallel",
 };
 
-// True when a and b name the same existing file (through links too).
-bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {
-  }, sb{};
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
 }  // namespace
 
 MergeResult run_merge(const MergeOptions& o) {
