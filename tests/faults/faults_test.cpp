@@ -5,9 +5,10 @@
 //                   is then absent or passes `inspect --verify` (and with
 //                   --force over an old pack, it is the old or the new one).
 //   ConvertDiskFull: `ulimit -f` in the child's shell; clear error, no output.
-//   GenerateKilled: SIGKILL `generate` at random moments; the results file
-//                   holds only complete lines, a prefix of an uninterrupted
-//                   run, and `generate --resume` completes it byte for byte.
+//   GenerateKilled: SIGKILL `generate` at random moments and once its
+//                   partial file holds some lines; the results file holds
+//                   only complete lines, a prefix of an uninterrupted run,
+//                   and `generate --resume` completes it byte for byte.
 //   FullDiskFailsCleanlyAndResumes: `ulimit -f` for generate: one clear
 //                   line, then --resume completes the file byte for byte.
 //   KvCacheTooSmall: a tiny --kv-cache-blocks gives the same tokens
@@ -287,6 +288,33 @@ class GenerateFaults : public ::testing::Test {
 };
 TempDir* GenerateFaults::dir_ = nullptr;
 
+// Checks what a killed generate left at OUT and OUT.partial against the
+// uninterrupted run `ref`, then resumes it (killing the resume too when
+// `kill_resume_after_s` > 0) and checks the result is `ref` byte for byte.
+// Returns true when the kill left some but not all lines in OUT.partial.
+bool check_killed_then_resume(const std::string& ref, const std::string& out,
+                              const std::vector<std::string>& resume_argv,
+                              double kill_resume_after_s) {
+  bool mid_output = false;
+  // note: a run in progress writes OUT.partial; OUT appears only complete.
+  if (file_exists(out)) {
+    EXPECT_EQ(read_file(out), ref) << "OUT exists but is not complete";
+  }
+  if (file_exists(out + ".partial")) {
+    const std::string part = read_file(out + ".partial");
+    // Only complete lines, and exactly the first lines of the full run.
+    EXPECT_TRUE(part.empty() || part.back() == '\n') << "partial last line after SIGKILL";
+    EXPECT_EQ(ref.compare(0, part.size(), part), 0)
+        << "killed output is not a prefix of the full run";
+    mid_output = !part.empty() && part.size() < ref.size();
+  }
+  if (kill_resume_after_s > 0) run_and_kill(resume_argv, kill_resume_after_s);
+  const RunResult res = run_program(resume_argv);
+  EXPECT_EQ(res.exit_code, 0) << res.err;
+  EXPECT_EQ(read_file(out), ref) << "resumed results differ from the uninterrupted run";
+  return mid_output;
+}
+
 TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
   TempDir t;
   const RunResult r = run_program(generate_argv(t / "ref.jsonl"));
@@ -296,50 +324,59 @@ TEST_F(GenerateFaults, KilledAtRandomMomentsThenResumedIsByteIdentical) {
 
   // note: each kill time is drawn over the length of an uninterrupted run
   // timed just before it, not once at the start: under ctest -j the runs'
-  // length moves with the load (0.2-0.5 s here), and kills drawn from a
-  // stale length land mostly before the first line or after the last. At
-  // least kMinIterations kills; more (up to kMaxIterations) until one has
-  // landed while lines were being written.
+  // length moves with the load (0.2-0.7 s), and kills drawn from a stale
+  // length land mostly before the first line or after the last.
   std::mt19937_64 rng(fault_seed() + 1);
-  constexpr int kMinIterations = 8, kMaxIterations = 24;
-  int killed_mid_output = 0, iterations = 0;
-  double last_full_s = 0.0;
-  for (int i = 0; i < kMaxIterations && (i < kMinIterations || killed_mid_output == 0); ++i) {
-    ++iterations;
+  constexpr int kIterations = 8;
+  int killed_mid_output = 0;
+  for (int i = 0; i < kIterations; ++i) {
     const std::string timing = t / "timing.jsonl";
     const auto t0 = Clock::now();
     ASSERT_EQ(run_program(generate_argv(timing)).exit_code, 0);
-    last_full_s = seconds_since(t0);
+    const double full_s = seconds_since(t0);
     fs::remove(timing);
     fs::remove(timing + ".meta.json");
-    std::uniform_real_distribution<double> when(0.0, last_full_s);
+    std::uniform_real_distribution<double> when(0.0, full_s);
     const std::string out = t / ("out" + std::to_string(i) + ".jsonl");
     const double delay = when(rng);
     SCOPED_TRACE("iteration " + std::to_string(i) + ", kill after " + std::to_string(delay) + " s");
     run_and_kill(generate_argv(out), delay);
-    // note: a run in progress writes OUT.partial; OUT appears only complete.
-    if (file_exists(out)) {
-      EXPECT_EQ(read_file(out), ref) << "OUT exists but is not complete";
-    }
-    if (file_exists(out + ".partial")) {
-      const std::string part = read_file(out + ".partial");
-      // Only complete lines, and exactly the first lines of the full run.
-      EXPECT_TRUE(part.empty() || part.back() == '\n') << "partial last line after SIGKILL";
-      EXPECT_EQ(ref.compare(0, part.size(), part), 0)
-          << "killed output is not a prefix of the full run";
-      if (!part.empty() && part.size() < ref.size()) ++killed_mid_output;
-    }
     // A second kill during the resume, sometimes.
-    if (i % 3 == 2) run_and_kill(generate_argv(out, {"--resume"}), when(rng) / 2);
-    const RunResult res = run_program(generate_argv(out, {"--resume"}));
-    ASSERT_EQ(res.exit_code, 0) << res.err;
-    EXPECT_EQ(read_file(out), ref) << "resumed results differ from the uninterrupted run";
+    const double resume_kill = i % 3 == 2 ? when(rng) / 2 : 0.0;
+    killed_mid_output +=
+        check_killed_then_resume(ref, out, generate_argv(out, {"--resume"}), resume_kill);
+  }
+
+  // note: random times alone may never hit the stretch while lines are
+  // written (on a loaded machine most of a run can be start-up), so these
+  // kills watch OUT.partial and land once it holds a drawn number of lines,
+  // 1 to 23: the kill then always falls between two lines of the output.
+  constexpr int kWatchedAttempts = 12;
+  int watched_mid_output = 0;
+  for (int i = 0; i < kWatchedAttempts && watched_mid_output < 3; ++i) {
+    const std::string out = t / ("watched" + std::to_string(i) + ".jsonl");
+    const size_t lines = std::uniform_int_distribution<size_t>(1, 23)(rng);
+    SCOPED_TRACE("watched kill " + std::to_string(i) + " after " + std::to_string(lines) +
+                 " lines");
+    const pid_t pid = spawn_program(generate_argv(out));
+    bool exited = false;
+    for (int poll = 0; poll < 200000 && !exited; ++poll) {
+      exited = ::waitpid(pid, nullptr, WNOHANG) == pid;
+      if (file_exists(out + ".partial") && split_lines(read_file(out + ".partial")).size() >= lines)
+        break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (!exited) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    watched_mid_output += check_killed_then_resume(ref, out, generate_argv(out, {"--resume"}), 0.0);
   }
   std::fprintf(stderr,
-               "faults: generate killed with some lines written in %d of %d iterations (last full "
-               "run %.3f s)\n",
-               killed_mid_output, iterations, last_full_s);
-  EXPECT_GE(killed_mid_output, 1) << "no kill landed while results were being written";
+               "faults: generate killed with some lines written in %d of %d random kills, %d "
+               "watched kills\n",
+               killed_mid_output, kIterations, watched_mid_output);
+  EXPECT_GE(watched_mid_output, 1) << "no kill landed while results were being written";
 }
 
 TEST_F(GenerateFaults, ResumeDropsATrailingPartialLine) {
