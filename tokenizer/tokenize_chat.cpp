@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "tokenizer/chat/chat_request.h"
 
 namespace qtk {
@@ -15,27 +16,27 @@ std::string dump(const ojson& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string error_out(const ojson& id, const std::string& message) {
+TokenizedLine error_out(const ojson& id, const std::string& message) {
   ojson out;
   out["id"] = id;
   out["error"] = message;
-  return dump(out);
+  return {dump(out), true};
 }
 
 }  // namespace
 
-std::string chat_tokenize_line(const ChatLineContext& c, const std::string& line,
+TokenizedLine chat_tokenize_line(const ChatLineContext& c, const std::string& line,
                                size_t line_number) {
   ojson id = line_number;
   ojson input;
-  if (chat::json_nesting_depth(line) > chat::kMaxRequestNesting) {
-    return error_out(id, fmt::format("line {}: JSON nested deeper than {} levels", line_number,
-                                     chat::kMaxRequestNesting));
-  }
+  // note: the strict parse (generate's: UTF-8 checked, duplicate keys and
+  // nesting past 128 levels refused) decides validity and words the error;
+  // the line is parsed again with its key order kept for the template.
   try {
+    parse_json_strict(line, fmt::format("line {}", line_number));
     input = ojson::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    return error_out(id, fmt::format("line {}: invalid JSON: {}", line_number, e.what()));
+  } catch (const Error& e) {
+    return error_out(id, e.what());
   }
   if (!input.is_object()) {
     return error_out(id, fmt::format("line {}: expected a JSON object with \"messages\", found {}",
@@ -70,7 +71,7 @@ std::string chat_tokenize_line(const ChatLineContext& c, const std::string& line
   out["id"] = id;
   out["text"] = text;
   out["ids"] = ids;
-  return dump(out);
+  return {dump(out), false};
 }
 
 }  // namespace qtk

@@ -22,9 +22,15 @@ struct ChatLineContext {
   std::vector<std::pair<std::string, nlohmann::ordered_json>> special_tokens;
 };
 
-// The output line (no newline) for input line `line_number` (1-based; the
-// id when the line has none).
-std::string chat_tokenize_line(const ChatLineContext& c, const std::string& line,
+// One output line of tokenize (no newline), and whether it is an error line.
+struct TokenizedLine {
+  std::string json;
+  bool error = false;
+};
+
+// The output line for input line `line_number` (1-based; the id when the
+// line has none).
+TokenizedLine chat_tokenize_line(const ChatLineContext& c, const std::string& line,
                                size_t line_number);
 
 }  // namespace qtk

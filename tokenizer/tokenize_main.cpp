@@ -8,8 +8,9 @@
 // Each input line {"text": "..."} gives {"ids": [...]}; with --decode each
 // {"ids": [...]} gives {"text": "..."}. A bad line gives
 // {"line": N, "error": "..."} (N counts from 1) and the other lines still come
-// out, in order. Exit status: 0 when the input was read, even with bad lines;
-// 1 for bad flags or an unusable tokenizer (then nothing is written to stdout).
+// out, in order. Exit status: 0 when every line has a result; 3 when some line
+// got an error line (one summary line on stderr); 1 for bad flags or an
+// unusable tokenizer (then nothing is written to stdout).
 //
 // With --chat, each line is a chat request ({"id", "messages", "tools",
 // "add_generation_prompt", "enable_thinking", "chat_template_kwargs"})
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "loaders/cli_args.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenize_chat.h"
@@ -224,11 +226,11 @@ class LineReader {
   size_t pos_ = 0;
 };
 
-std::string error_line(size_t line_number, const std::string& message,
-                       const nlohmann::json* id = nullptr) {
+qtk::TokenizedLine error_line(size_t line_number, const std::string& message,
+                              const nlohmann::json* id = nullptr) {
   nlohmann::json j = {{"line", line_number}, {"error", message}};
   if (id != nullptr) j["id"] = *id;
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return {j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), true};
 }
 
 // An input line's "id" (a string or an integer), passed through to its
@@ -240,13 +242,14 @@ const nlohmann::json* id_of(const nlohmann::json& input) {
   return &*it;
 }
 
-std::string with_id(const nlohmann::json* id, const std::string& body) {
-  if (id == nullptr) return "{" + body + "}";
-  return "{\"id\":" + id->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "," +
-         body + "}";
+qtk::TokenizedLine with_id(const nlohmann::json* id, const std::string& body) {
+  if (id == nullptr) return {"{" + body + "}", false};
+  return {"{\"id\":" + id->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "," +
+              body + "}",
+          false};
 }
 
-std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
+qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
                          size_t line_number) {
   // note: a raw NUL byte is never valid JSON; the parser would stop there
   // and drop the rest of the line silently.
@@ -256,9 +259,11 @@ std::string process_line(const qtk::Tokenizer& tokenizer, bool decode, const std
   }
   nlohmann::json input;
   try {
-    input = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    return error_line(line_number, fmt::format("line {}: invalid JSON: {}", line_number, e.what()));
+    // note: generate's strict parse: UTF-8 checked, duplicate keys and
+    // nesting past 128 levels refused, messages that say where.
+    input = qtk::parse_json_strict(line, fmt::format("line {}", line_number));
+  } catch (const qtk::Error& e) {
+    return error_line(line_number, e.what());
   }
   const nlohmann::json* id = id_of(input);
   try {
@@ -310,8 +315,8 @@ cxxopts::Options tokenize_options() {
       "keeps them. A bad input line gives {\"line\": N, \"error\": \"...\"} and the other lines "
       "still\n"
       "come out, in input order. An input \"id\" (string or integer) is copied to its\n"
-      "output line. Exit status 0 once the tokenizer loads (even with bad lines),\n"
-      "1 for bad flags or an unusable tokenizer.");
+      "output line. Exit status 0 when every line has a result, 3 when some line got\n"
+      "an error line (a summary on stderr), 1 for bad flags or an unusable tokenizer.");
   options.add_options()("tokenizer",
                         "tokenizer.json, a model directory holding one, or a .pack file",
                         cxxopts::value<std::string>())(
@@ -330,16 +335,23 @@ cxxopts::Options tokenize_options() {
   return options;
 }
 
+// What process_lines wrote: lines, and how many were error lines (the
+// first one's number, 0 when none).
+struct LineCounts {
+  size_t lines = 0, errors = 0, first_error = 0;
+};
+
 // Writes process(line, line number) for every line of `input` to stdout, in
 // input order, with `threads` threads (the calling thread one of them).
 template <typename Process>
-void process_lines(std::FILE* input, const std::string& input_name, size_t threads,
+LineCounts process_lines(std::FILE* input, const std::string& input_name, size_t threads,
                    const Process& process) {
   // note: lines are processed in blocks so memory stays bounded on huge inputs
   // while threads share the work; output keeps the input order.
   constexpr size_t kBlockLines = 8192;
   std::vector<std::string> lines;
-  std::vector<std::string> outputs;
+  std::vector<qtk::TokenizedLine> outputs;
+  LineCounts counts;
   size_t first_line_number = 1;
   std::atomic<size_t> next{0};
   // note: lines are taken 64 at a time: one atomic per line and neighbouring
@@ -379,22 +391,25 @@ void process_lines(std::FILE* input, const std::string& input_name, size_t threa
       lines.push_back(std::move(line));
     }
     if (lines.empty()) break;
-    outputs.assign(lines.size(), std::string());
+    outputs.assign(lines.size(), qtk::TokenizedLine());
     next.store(0);
     start.arrive_and_wait();
     work();
     finish.arrive_and_wait();
     std::string block;
-    for (const std::string& o : outputs) {
-      block += o;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      block += outputs[i].json;
       block += '\n';
+      if (outputs[i].error && counts.errors++ == 0) counts.first_error = first_line_number + i;
     }
     std::fwrite(block.data(), 1, block.size(), stdout);
     first_line_number += lines.size();
+    counts.lines += lines.size();
   }
   stop = true;
   start.arrive_and_wait();
   for (std::thread& t : pool) t.join();
+  return counts;
 }
 
 int run(int argc, char** argv) {
@@ -438,13 +453,20 @@ int run(int argc, char** argv) {
   const size_t threads = threads_flag == 0 ? std::max(1u, std::thread::hardware_concurrency())
                                            : static_cast<size_t>(threads_flag);
 
-  process_lines(input, input_path == "-" ? std::string("stdin") : input_path, threads,
-                [&](const std::string& line, size_t line_number) {
-                  return chat ? qtk::chat_tokenize_line(chat_context, line, line_number)
-                              : process_line(tokenizer, decode, line, line_number);
-                });
-  std::fflush(stdout);
-  return 0;
+  const std::string input_name = input_path == "-" ? std::string("stdin") : input_path;
+  const LineCounts counts = process_lines(
+      input, input_name, threads, [&](const std::string& line, size_t line_number) {
+        return chat ? qtk::chat_tokenize_line(chat_context, line, line_number)
+                    : process_line(tokenizer, decode, line, line_number);
+      });
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    fail("cannot write the output to stdout: {}", std::strerror(errno));
+  // note: as generate and merge: 3 when some line got an error line, with
+  // one summary line on stderr, so a script sees the failure.
+  if (counts.errors == 0) return 0;
+  std::fprintf(stderr, "tokenize: %s: %zu of %zu lines failed (the first: line %zu)\n",
+               input_name.c_str(), counts.errors, counts.lines, counts.first_error);
+  return 3;
 }
 
 }  // namespace

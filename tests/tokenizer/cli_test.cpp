@@ -54,8 +54,9 @@ TEST(Cli, EncodesLinesAndReportsBadOnesInPlace) {
       "\n"
       "{\"text\": \"<|im_start|>user\\nHello!<|im_end|>\"}\n";
   const RunResult r = run_tokenize("--tokenizer '" + kQwen3 + "'", input);
-  EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.err, "");
+  // Exit status 3 and one summary line: some lines got an error line.
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(r.err, "tokenize: stdin: 3 of 5 lines failed (the first: line 2)\n");
   ASSERT_EQ(r.out_lines.size(), 5u);
   EXPECT_EQ(json::parse(r.out_lines[0]),
             json::parse(R"({"ids":[9707,11,1879,0]})"));  // reference fixture
@@ -68,6 +69,10 @@ TEST(Cli, EncodesLinesAndReportsBadOnesInPlace) {
   }
   EXPECT_NE(r.out_lines[2].find("expected a string field \\\"text\\\""), std::string::npos)
       << r.out_lines[2];
+  // The JSON error says where, in the project's words (no library prefix).
+  EXPECT_NE(r.out_lines[1].find("line 2: invalid JSON at byte"), std::string::npos)
+      << r.out_lines[1];
+  EXPECT_EQ(r.out_lines[1].find("json.exception"), std::string::npos) << r.out_lines[1];
   const auto rows =
       test::read_jsonl(data_path("tests/data/tokenizer/qwen3/reference_encodings.jsonl"));
   for (const auto& row : rows) {
@@ -82,7 +87,8 @@ TEST(Cli, DecodesAndNamesUnknownIds) {
       run_tokenize("--decode --tokenizer '" + kQwen3 + "'",
                    "{\"ids\": [9707, 11, 1879, 0]}\n{\"ids\": [5, 999999]}\n{\"ids\": [\"x\"]}\n"
                    "{\"ids\": []}\n");
-  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(r.err, "tokenize: stdin: 2 of 4 lines failed (the first: line 2)\n");
   ASSERT_EQ(r.out_lines.size(), 4u);
   EXPECT_EQ(json::parse(r.out_lines[0]), json::parse(R"({"text":"Hello, world!"})"));
   EXPECT_EQ(json::parse(r.out_lines[1])["line"], 2);
