@@ -1,5 +1,6 @@
 #include "runtime/compare.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +15,47 @@ namespace qtk {
 
 namespace {
 
+std::vector<int32_t> read_token_ids(const nlohmann::json& j, const char* field,
+                                    const std::string& where) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_array()) fail("{}: field '{}': expected an array", where, field);
+  std::vector<int32_t> ids;
+  ids.reserve(it->size());
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX) {
+      fail("{}: field '{}': expected integer token ids, found {}", where, field,
+           t.is_number() ? t.dump() : std::string(t.type_name()));
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+// The first position where two prompts differ, in words.
+std::string prompt_difference(const std::vector<int32_t>& x, const std::vector<int32_t>& a) {
+  size_t k = 0;
+  while (k < x.size() && k < a.size() && x[k] == a[k]) ++k;
+  if (k < x.size() && k < a.size())
+    return fmt::format("at position {}: expected token {}, got {}", k, x[k], a[k]);
+  return fmt::format("expected {} prompt tokens, got {}", x.size(), a.size());
+}
+
+// Each id once, in the order of its first line, standing for its result
+// when it has one (else its first error line).
+std::vector<const CompareCase*> one_case_per_id(const std::vector<CompareCase>& cases) {
+  std::vector<const CompareCase*> order;
+  std::unordered_map<std::string, size_t> at;
+  for (const CompareCase& c : cases) {
+    auto [it, fresh] = at.emplace(c.id, order.size());
+    if (fresh) {
+      order.push_back(&c);
+    } else if (!order[it->second]->error.empty() && c.error.empty()) {
+      order[it->second] = &c;
+    }
+  }
+  return order;
+}
+
 CompareCase read_case(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) fail("{}: expected a JSON object, found {}", where, j.type_name());
   CompareCase c;
@@ -26,15 +68,10 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
     c.error = e->is_string() ? e->get<std::string>() : std::string(e->type_name());
     return c;
   }
-  auto out = j.find("output_token_ids");
-  if (out == j.end() || !out->is_array())
-    fail("{}: field 'output_token_ids': expected an array", where);
-  for (const auto& t : *out) {
-    if (!t.is_number_integer()) {
-      fail("{}: field 'output_token_ids': expected integers, found {}", where,
-           t.is_number() ? t.dump() : std::string(t.type_name()));
-    }
-    c.tokens.push_back(t.get<int32_t>());
+  c.tokens = read_token_ids(j, "output_token_ids", where);
+  if (j.contains("prompt_token_ids")) {
+    c.prompt = read_token_ids(j, "prompt_token_ids", where);
+    c.has_prompt = true;
   }
   if (auto m = j.find("top1_margin"); m != j.end() && m->is_array()) {
     for (const auto& v : *m) c.margins.push_back(v.is_number() ? v.get<double>() : 0.0);
@@ -115,9 +152,10 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
                             bool only_present) {
   CompareReport rep;
   std::unordered_map<std::string, const CompareCase*> by_id;
-  for (const auto& a : actual) by_id.emplace(a.id, &a);
+  for (const CompareCase* a : one_case_per_id(actual)) by_id.emplace(a->id, a);
   std::unordered_map<std::string, bool> seen;
-  for (const auto& e : expected) {
+  for (const CompareCase* ep : one_case_per_id(expected)) {
+    const CompareCase& e = *ep;
     seen[e.id] = true;
     CaseReport r;
     r.id = e.id;
@@ -130,10 +168,22 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
       r.verdict = CaseVerdict::kMissing;
       r.detail = "missing from the actual file";
       ++rep.missing;
+    } else if (!e.error.empty()) {
+      r.verdict = CaseVerdict::kError;
+      r.detail = "error in the expected file (no expected tokens): " + e.error;
+      ++rep.errors;
     } else if (!it->second->error.empty()) {
       r.verdict = CaseVerdict::kError;
       r.detail = "error: " + it->second->error;
       ++rep.errors;
+    } else if (e.has_prompt && it->second->has_prompt && e.prompt != it->second->prompt) {
+      // note: the tokens of two different prompts are not comparable;
+      // calling this a divergence would send the user after a model bug.
+      r.verdict = CaseVerdict::kOtherPrompt;
+      r.detail = "OTHER PROMPT: prompt_token_ids differ " +
+                 prompt_difference(e.prompt, it->second->prompt) +
+                 " (a different prompts file for this id?)";
+      ++rep.other_prompt;
     } else {
       const auto& a = it->second->tokens;
       const auto& x = e.tokens;
@@ -172,8 +222,8 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
     }
     rep.cases.push_back(std::move(r));
   }
-  for (const auto& a : actual) {
-    if (!seen.count(a.id)) rep.extra_ids.push_back(a.id);
+  for (const CompareCase* a : one_case_per_id(actual)) {
+    if (!seen.count(a->id)) rep.extra_ids.push_back(a->id);
   }
   return rep;
 }

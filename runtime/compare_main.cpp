@@ -68,10 +68,13 @@ int main(int argc, char** argv) {
       fmt::print("note: {} case(s) only in the actual file (ignored), first: {}\n",
                  rep.extra_ids.size(), rep.extra_ids.front());
     }
+    // note: "with another prompt" only when some case has one, so the
+    // usual summary line keeps its form.
     fmt::print(
-        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors{} -> "
+        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors{}{} -> "
         "{}\n",
         rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
+        rep.other_prompt ? fmt::format(", {} with another prompt", rep.other_prompt) : "",
         only_present ? fmt::format(", {} skipped", rep.skipped) : "", rep.ok() ? "OK" : "FAIL");
     return rep.ok() ? 0 : 1;
   } catch (const std::exception& e) {

@@ -61,6 +61,52 @@ TEST(Compare, MissingAndErrorCasesFail) {
   EXPECT_NE(e.out.find("error: empty prompt"), std::string::npos) << e.out;
 }
 
+// An error line in EXPECTED has no tokens to compare: an error naming the
+// expected file, not "expected 0 tokens". An id's error line before its
+// result (a reused id) does not hide the result, and the id counts once.
+TEST(Compare, ErrorLineInExpectedIsAnErrorNotADivergence) {
+  const std::string err_line = "{\"id\": \"a\", \"error\": \"prompt too long\"}\n";
+  RunResult r = compare(err_line + line("b", {2}), line("a", {1}) + line("b", {2}));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("\"a\": error in the expected file (no expected tokens): prompt too long"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("expected 0 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compare: 2 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 1 errors"),
+            std::string::npos)
+      << r.out;
+  const std::string reused = "{\"id\": \"a\", \"error\": \"id reused\"}\n";
+  RunResult ok = compare(reused + line("a", {1}), reused + line("a", {1}) + reused);
+  EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("compare: 1 cases: 1 identical"), std::string::npos) << ok.out;
+}
+
+// Both files give the id's prompt and they differ: the tokens are of
+// another prompt, reported as such (not as a model divergence).
+TEST(Compare, DifferentPromptForAnIdIsReportedAsSuch) {
+  auto with_prompt = [](const std::string& id, const std::vector<int>& prompt,
+                        const std::vector<int>& toks) {
+    return nlohmann::json{{"id", id}, {"prompt_token_ids", prompt}, {"output_token_ids", toks}}
+               .dump() +
+           "\n";
+  };
+  RunResult r = compare(with_prompt("a", {5, 6, 7}, {1, 2}) + with_prompt("b", {8}, {3}),
+                        with_prompt("a", {5, 9, 7}, {4, 4}) + with_prompt("b", {8}, {3}));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("\"a\": OTHER PROMPT: prompt_token_ids differ at position 1: expected "
+                       "token 6, got 9"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("DIVERGED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 errors, 1 with another prompt -> FAIL"), std::string::npos) << r.out;
+  // One file without prompts: the tokens are compared as before.
+  RunResult plain = compare(with_prompt("a", {5, 6, 7}, {1, 2}), line("a", {1, 2}));
+  EXPECT_EQ(plain.status, 0) << plain.out;
+  // A prompt that is a prefix of the other.
+  RunResult shorter = compare(with_prompt("a", {5, 6}, {1}), with_prompt("a", {5, 6, 7}, {1}));
+  EXPECT_NE(shorter.out.find("expected 2 prompt tokens, got 3"), std::string::npos) << shorter.out;
+}
+
 TEST(Compare, LengthMismatchIsADivergence) {
   RunResult r = compare(line("a", {1, 2, 3}, {1, 1, 1}), line("a", {1, 2}));
   EXPECT_EQ(r.status, 1);
