@@ -21,6 +21,7 @@ char g_emergency[kEmergencySlots][PATH_MAX];
 volatile sig_atomic_t g_emergency_used[kEmergencySlots] = {};
 
 struct sigaction g_saved[3];
+bool g_installed[3] = {};
 struct sigaction g_saved_xfsz;
 
 extern "C" void on_signal(int sig) {
@@ -35,13 +36,18 @@ extern "C" void on_signal(int sig) {
 
 }  // namespace
 
-InterruptScope::InterruptScope() {
+InterruptScope::InterruptScope(Syscalls syscalls) {
   g_signal = 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // note: no SA_RESTART, so a blocked read/write returns EINTR promptly
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &g_saved[i]);
+  // note: without SA_RESTART a blocked read/write returns EINTR promptly.
+  sa.sa_flags = syscalls == Syscalls::kRestarted ? SA_RESTART : 0;
+  for (int i = 0; i < 3; ++i) {
+    struct sigaction cur {};
+    g_installed[i] = sigaction(kSignals[i], nullptr, &cur) == 0 && cur.sa_handler != SIG_IGN &&
+                     sigaction(kSignals[i], &sa, &g_saved[i]) == 0;
+  }
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
@@ -49,17 +55,22 @@ InterruptScope::InterruptScope() {
 }
 
 InterruptScope::~InterruptScope() {
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_saved[i], nullptr);
+  for (int i = 0; i < 3; ++i)
+    if (g_installed[i]) sigaction(kSignals[i], &g_saved[i], nullptr);
   sigaction(SIGXFSZ, &g_saved_xfsz, nullptr);
 }
 
 int interrupt_signal() { return g_signal; }
 
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
+}
+
 void check_interrupted(const std::string& what) {
   const int sig = g_signal;
   if (sig == 0) return;
-  const char* abbrev = sigabbrev_np(sig);
-  fail("{}: interrupted by {}", what, abbrev ? std::string("SIG") + abbrev : std::to_string(sig));
+  fail("{}: interrupted by {}", what, signal_name(sig));
 }
 
 void register_emergency_unlink(const std::string& path) {

@@ -1,8 +1,10 @@
-// SIGINT/SIGTERM/SIGHUP handling for `convert`: the handler only records the
-// signal; the writer and the archive extractor poll interrupted() between
-// chunks and throw, so the normal unwinding removes the temporary pack and
-// the extraction directory. The program then re-raises the signal so its
-// exit status says it was killed.
+// SIGINT/SIGTERM/SIGHUP handling for `convert` and `generate`: the handler
+// only records the signal; convert's writer and archive extractor poll it
+// between chunks, generate between steps, and throw, so the normal
+// unwinding removes the temporary pack and the extraction directory, or
+// marks generate's partial run "interrupted". The program then re-raises the
+// signal so its exit status says it was killed. A second signal ends the
+// process at once (after unlinking the registered files).
 //
 // note: a signal handler can only reach static storage, so the state here is
 // process-wide by necessity; InterruptScope installs and removes it.
@@ -14,9 +16,14 @@ namespace qtk {
 
 class InterruptScope {
  public:
+  enum class Syscalls { kInterrupted, kRestarted };
   // Installs the handlers and makes SIGXFSZ non-fatal, so that writing past
   // `ulimit -f` fails with EFBIG (and is reported) instead of killing us.
-  InterruptScope();
+  // A signal the process ignores stays ignored (nohup's SIGHUP, SIGINT of a
+  // shell's background job). kInterrupted: a blocking call returns EINTR at
+  // the signal (convert's reads and writes stop promptly); kRestarted: calls
+  // restart (generate, whose libraries do not all retry on EINTR).
+  explicit InterruptScope(Syscalls syscalls = Syscalls::kInterrupted);
   // Restores the previous dispositions.
   ~InterruptScope();
   InterruptScope(const InterruptScope&) = delete;
@@ -25,6 +32,9 @@ class InterruptScope {
 
 // The signal number received since the scope was installed, or 0.
 int interrupt_signal();
+
+// "SIGTERM" for SIGTERM; the number for a signal without a name.
+std::string signal_name(int sig);
 
 // Throws qtk::Error("... interrupted by SIGINT") when a signal arrived.
 void check_interrupted(const std::string& what);

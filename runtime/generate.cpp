@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/tuning.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
@@ -509,6 +510,12 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   flush();
   std::vector<int64_t> finished;
   while (sched.has_work()) {
+    if (const int sig = interrupt_signal()) {
+      fail("{}: interrupted by {} after {} of {} lines{}", o.out, signal_name(sig), next,
+           lines.size(),
+           o.out == "-" ? std::string()
+                        : fmt::format(" ({}.partial keeps them; --resume finishes the run)", o.out));
+    }
     finished.clear();
     sched.step(finished);
     if (*first_token_seconds < 0 && sched.stats().generated_tokens > 0)
@@ -681,11 +688,17 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // write and ours alone.
   const bool to_stdout = o.out == "-";
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
+  // note: SIGINT/SIGTERM/SIGHUP are recorded and acted on between steps:
+  // the lines done stay in OUT.partial, its header says "interrupted", the
+  // lock goes, and main re-raises the signal. Installed before the lock, so
+  // the lock leaves the signals to it.
+  InterruptScope interrupts(InterruptScope::Syscalls::kRestarted);
   std::optional<OutputLock> lock;
   const ResumeSource source = claim_outputs(o, paths, sharded, lock);
 
   LoadedModel m;
   load(o, dev, m);
+  check_interrupted(fmt::format("{}: loading {}", o.out, o.model));
   const ModelConfig& cfg = m.pack->config();
   const ChatTemplateSetup chat = load_chat_template(o, *m.pack);
 

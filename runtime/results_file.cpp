@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace qtk {
 
@@ -235,6 +236,10 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
         // note: the lock holds without the pid; a second process then says "unknown".
       }
       armed_ = arm_lock_unlink(path_);
+      // note: where the signals have a handler already (an InterruptScope:
+      // generate's, a --devices parent's) the unwinding removes the file; a
+      // second signal ends the process at once, and removes it then.
+      if (!armed_) register_emergency_unlink(path_);
       return;
     }
     ::close(fd_);
@@ -246,6 +251,7 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
 OutputLock::~OutputLock() {
   if (fd_ < 0) return;
   if (armed_) disarm_lock_unlink();
+  unregister_emergency_unlink(path_);
   ::unlink(path_.c_str());  // note: while still holding the lock (see the constructor)
   ::close(fd_);
 }
@@ -397,7 +403,9 @@ void ResultsWriter::mark_failed() noexcept {
       if (::ftruncate(fd_, static_cast<off_t>(complete_bytes_)) != 0) {
       }
     }
-    meta_["status"] = "failed";
+    // note: a run stopped by a signal is "interrupted" (its lines are good
+    // and --resume finishes it), not "failed".
+    meta_["status"] = interrupt_signal() != 0 ? "interrupted" : "failed";
     if (!failure_.empty()) meta_["error"] = failure_;
     try {
       write_file_atomic(work_meta_, meta_.dump(2) + "\n");

@@ -7,7 +7,9 @@
 //                     line (each line one write(2)); an interrupted run
 //                     leaves it for --resume
 //   OUT.partial.meta.json  the run header of OUT.partial: "running", then
-//                     "failed" (with the error) if the run fails
+//                     "failed" (with the error) if the run fails, or
+//                     "interrupted" if SIGINT/SIGTERM/SIGHUP stopped it
+//                     (SIGKILL leaves "running")
 //   OUT.lock          held (flock) by the one generate writing OUT, holding
 //                     its pid; removed at exit, also when SIGINT or SIGTERM
 //                     stops the run

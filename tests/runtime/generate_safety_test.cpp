@@ -517,13 +517,15 @@ size_t complete_lines(const std::string& path) {
   return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
 }
 
-// Starts `argv` with SIGINT and SIGTERM at their default dispositions (as
-// from a terminal, whatever the test runner inherited).
-pid_t start_with_default_signals(const std::vector<std::string>& argv) {
+// Starts `argv` with SIGINT, SIGTERM and SIGHUP at their default
+// dispositions (as from a terminal, whatever the test runner inherited),
+// or SIGHUP ignored (as under nohup).
+pid_t start_with_default_signals(const std::vector<std::string>& argv, bool nohup = false) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::signal(SIGINT, SIG_DFL);
   ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGHUP, nohup ? SIG_IGN : SIG_DFL);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -533,8 +535,10 @@ pid_t start_with_default_signals(const std::vector<std::string>& argv) {
   ::_exit(127);
 }
 
-// A run stopped by SIGTERM or SIGINT removes its lock file (a SIGKILL
-// cannot), ends by that signal, and keeps its partial results for --resume.
+// A run stopped by SIGTERM, SIGINT or SIGHUP removes its lock file (a
+// SIGKILL cannot), ends by that signal, keeps its partial results for
+// --resume, and its header says "interrupted"; under nohup a SIGHUP does
+// not stop it.
 TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
   const std::string pack = pack_of(kTiny);
   ASSERT_FALSE(pack.empty());
@@ -546,7 +550,7 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
                 .dump() +
             "\n";
   const std::string in = batch_file("signal.jsonl", text);
-  for (int sig : {SIGTERM, SIGINT}) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     SCOPED_TRACE(sigabbrev_np(sig));
     const std::string out = fmt::format("{}/signal.{}.jsonl", work_dir(), sig);
     const pid_t pid = start_with_default_signals({QTK_GENERATE_BIN, "--model", pack, "--batch", in,
@@ -575,6 +579,16 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
     EXPECT_EQ(partial.back(), '\n');
     EXPECT_LT(complete_lines(out + ".partial"), kLines);
     EXPECT_FALSE(std::filesystem::exists(out));
+    // The header of the partial results says the run was interrupted, by
+    // what, after how many lines, and how to finish it.
+    const nlohmann::json meta = load_json(out + ".partial.meta.json");
+    EXPECT_EQ(meta.value("status", ""), "interrupted") << meta.dump(2);
+    const std::string error = meta.value("error", "");
+    EXPECT_NE(error.find(fmt::format("interrupted by SIG{} after {} of {} lines", sigabbrev_np(sig),
+                                     complete_lines(out + ".partial"), kLines)),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("--resume finishes the run"), std::string::npos) << error;
     // A rerun takes over and finishes the results.
     const RunResult again =
         generate(pack, in, out, "--ignore-eos --threads 1 --max-num-seqs 1 --resume");
@@ -583,6 +597,24 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
     EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
     EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
   }
+  // Under nohup (SIGHUP ignored) a hang-up does not stop the run.
+  const std::string out = work_dir() + "/signal.nohup.jsonl";
+  size_t cut = 0;
+  for (size_t i = 0; i < kLines / 10; ++i) cut = text.find('\n', cut) + 1;
+  const std::string small = batch_file("signal_nohup.jsonl", text.substr(0, cut));
+  const pid_t pid = start_with_default_signals(
+      {QTK_GENERATE_BIN, "--model", pack, "--batch", small, "--out", out, "--ignore-eos",
+       "--threads", "1", "--max-num-seqs", "1", "--no-progress"},
+      /*nohup=*/true);
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 6000 && complete_lines(out + ".partial") < 2 && !std::filesystem::exists(out);
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(pid, SIGHUP);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_EQ(complete_lines(out), kLines / 10);
 }
 
 }  // namespace
