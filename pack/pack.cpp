@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/tuning.h"
+#include "pack/crc32.h"
 #include "pack/manifest_copies.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
@@ -319,7 +320,7 @@ std::string shown_name(std::string_view name) {
 // starts: aligned, and with the data inside the entry area.
 uint64_t check_local_header(const std::string& where, const uint8_t* base, uint64_t local,
                             uint64_t cd_offset, const std::string& name, uint64_t csize,
-                            uint64_t usize) {
+                            uint64_t usize, uint32_t crc) {
   if (local > cd_offset || cd_offset - local < kLocalHeaderSize)
     fail("{}: local header offset {} is outside the entry area", where, local);
   const uint8_t* l = base + local;
@@ -343,6 +344,9 @@ uint64_t check_local_header(const std::string& where, const uint8_t* base, uint6
   if (l_csize != csize || l_usize != usize)
     fail("{}: local header sizes ({}, {}) differ from the central directory ({}, {})", where,
          l_csize, l_usize, csize, usize);
+  if (le32(l + 14) != crc)
+    fail("{}: local header CRC-32 {:08x} differs from the central directory's {:08x}", where,
+         le32(l + 14), crc);
   if (header_end % kPackAlignment != 0)
     fail("{}: data starts at offset {}, which is not {}-byte aligned", where, header_end,
          kPackAlignment);
@@ -461,10 +465,11 @@ void Pack::read_zip_entries(const std::string& path) {
       fail("{}: compressed size {} != size {} for a STORED entry", where, csize, usize);
     if (!names.insert(name).second) fail("{}: appears twice in the central directory", where);
 
+    const uint32_t crc = le32(c + 16);
     const uint64_t header_end =
-        check_local_header(where, base, local, cd_offset, name, csize, usize);
+        check_local_header(where, base, local, cd_offset, name, csize, usize, crc);
     spans.push_back({local, header_end + usize, name});
-    entries_.push_back({name, header_end, usize});
+    entries_.push_back({name, header_end, usize, crc});
     pos += kCentralHeaderSize + name_len + extra_len + comment_len;
   }
   if (pos != cd_offset + cd_size)
@@ -553,6 +558,15 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   const std::string mwhere = path + ": manifest.json";
   const auto manifest_bytes = pack->entry("manifest.json");
   if (!manifest_bytes) fail("{}: has no manifest.json entry; not a pack", path);
+  // note: the tensors' XXH64 checksums live in the manifest, so nothing
+  // else would notice a damaged manifest (a changed rms_norm_eps loads and
+  // silently computes other numbers); its zip CRC-32 costs microseconds.
+  for (const auto& r : pack->entries_) {
+    if (r.name != "manifest.json") continue;
+    const uint32_t got = crc32_update(0, manifest_bytes->data(), manifest_bytes->size());
+    if (got != r.crc)
+      fail("{}: damaged: its CRC-32 is {:08x}, the zip directory says {:08x}", mwhere, got, r.crc);
+  }
   // note: the strict parser validates UTF-8, rejects duplicate keys and caps
   // nesting depth, so no later message can recurse through a hostile value.
   pack->manifest_ = parse_json_strict(*manifest_bytes, mwhere);

@@ -158,6 +158,7 @@ class Pack {
     std::string name;
     uint64_t offset = 0;  // of the data in the file
     uint64_t size = 0;
+    uint32_t crc = 0;  // the central directory's CRC-32 of the data
   };
   std::vector<RawEntry> entries_;
   std::string digest_;

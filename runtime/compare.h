@@ -11,7 +11,7 @@
 namespace qtk {
 
 struct CompareCase {
-  std::string id;  // JSON text of the id ("\"len1\"", "3")
+  std::string id;               // JSON text of the id ("\"len1\"", "3")
   std::vector<int32_t> prompt;  // prompt_token_ids, when the line has them
   bool has_prompt = false;
   std::vector<int32_t> tokens;

@@ -513,8 +513,9 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
     if (const int sig = interrupt_signal()) {
       fail("{}: interrupted by {} after {} of {} lines{}", o.out, signal_name(sig), next,
            lines.size(),
-           o.out == "-" ? std::string()
-                        : fmt::format(" ({}.partial keeps them; --resume finishes the run)", o.out));
+           o.out == "-"
+               ? std::string()
+               : fmt::format(" ({}.partial keeps them; --resume finishes the run)", o.out));
     }
     finished.clear();
     sched.step(finished);

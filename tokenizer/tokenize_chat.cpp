@@ -26,7 +26,7 @@ TokenizedLine error_out(const ojson& id, const std::string& message) {
 }  // namespace
 
 TokenizedLine chat_tokenize_line(const ChatLineContext& c, const std::string& line,
-                               size_t line_number) {
+                                 size_t line_number) {
   ojson id = line_number;
   ojson input;
   // note: the strict parse (generate's: UTF-8 checked, duplicate keys and

@@ -31,6 +31,6 @@ struct TokenizedLine {
 // The output line for input line `line_number` (1-based; the id when the
 // line has none).
 TokenizedLine chat_tokenize_line(const ChatLineContext& c, const std::string& line,
-                               size_t line_number);
+                                 size_t line_number);
 
 }  // namespace qtk

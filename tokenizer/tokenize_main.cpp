@@ -249,8 +249,8 @@ qtk::TokenizedLine with_id(const nlohmann::json* id, const std::string& body) {
           false};
 }
 
-qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode, const std::string& line,
-                         size_t line_number) {
+qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode,
+                                const std::string& line, size_t line_number) {
   // note: a raw NUL byte is never valid JSON; the parser would stop there
   // and drop the rest of the line silently.
   if (const size_t nul = line.find('\0'); nul != std::string::npos) {
@@ -267,6 +267,11 @@ qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode, co
   }
   const nlohmann::json* id = id_of(input);
   try {
+    if (input.is_object() && input.contains("id") && id == nullptr) {
+      const nlohmann::json& v = input["id"];
+      fail("line {}: field 'id': expected a string or an integer, found {}", line_number,
+           v.is_number() ? v.dump() : std::string(v.type_name()));
+    }
     if (!input.is_object()) {
       fail("line {}: expected a JSON object with \"{}\", found {}", line_number,
            decode ? "ids" : "text", input.type_name());
@@ -345,7 +350,7 @@ struct LineCounts {
 // input order, with `threads` threads (the calling thread one of them).
 template <typename Process>
 LineCounts process_lines(std::FILE* input, const std::string& input_name, size_t threads,
-                   const Process& process) {
+                         const Process& process) {
   // note: lines are processed in blocks so memory stays bounded on huge inputs
   // while threads share the work; output keeps the input order.
   constexpr size_t kBlockLines = 8192;
@@ -454,8 +459,8 @@ int run(int argc, char** argv) {
                                            : static_cast<size_t>(threads_flag);
 
   const std::string input_name = input_path == "-" ? std::string("stdin") : input_path;
-  const LineCounts counts = process_lines(
-      input, input_name, threads, [&](const std::string& line, size_t line_number) {
+  const LineCounts counts =
+      process_lines(input, input_name, threads, [&](const std::string& line, size_t line_number) {
         return chat ? qtk::chat_tokenize_line(chat_context, line, line_number)
                     : process_line(tokenizer, decode, line, line_number);
       });

@@ -22,6 +22,17 @@ uint16_t get16(const std::string& s, size_t at) {
   return v;
 }
 void set32(std::string& s, size_t at, uint32_t v) { std::memcpy(s.data() + at, &v, 4); }
+
+// CRC-32 as zip stores it, bit by bit (the test's own, independent of the
+// pack code's).
+uint32_t zip_crc32(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
 void set16(std::string& s, size_t at, uint16_t v) { std::memcpy(s.data() + at, &v, 2); }
 
 struct ZipEntry {
@@ -65,8 +76,8 @@ ZipLayout parse_zip(const std::string& z) {
 }
 
 // Replaces the data of the entry stored last (the manifest, as convert
-// writes it) with `bytes` of any length, fixing sizes and offsets so that
-// the zip structure stays valid.
+// writes it) with `bytes` of any length, fixing sizes, CRC-32 and offsets
+// so that the zip structure stays valid.
 std::string replace_last_entry(const std::string& z, const std::string& name,
                                const std::string& bytes) {
   const ZipLayout L = parse_zip(z);
@@ -78,9 +89,10 @@ std::string replace_last_entry(const std::string& z, const std::string& name,
   const size_t new_cd = out.size();
   std::string dir = z.substr(cd, L.eocd - cd);
   const std::string end = z.substr(L.eocd);
-  const uint32_t n = static_cast<uint32_t>(bytes.size());
-  set32(out, e.local + 18, n), set32(out, e.local + 22, n);
-  set32(dir, e.central - cd + 20, n), set32(dir, e.central - cd + 24, n);
+  const uint32_t n = static_cast<uint32_t>(bytes.size()), crc = zip_crc32(bytes);
+  set32(out, e.local + 14, crc), set32(out, e.local + 18, n), set32(out, e.local + 22, n);
+  set32(dir, e.central - cd + 16, crc), set32(dir, e.central - cd + 20, n),
+      set32(dir, e.central - cd + 24, n);
   out += dir;
   const size_t eocd = out.size();
   out += end;
@@ -161,6 +173,26 @@ TEST_F(BadPack, ManifestEdits) {
   expect_rejected(replace_last_entry(*good_, "manifest.json", "{\"format\": "), {"manifest.json"});
 }
 
+// The tensors' checksums live in the manifest, so a damaged manifest (one
+// changed digit of rms_norm_eps loads and computes other numbers) is found
+// by its zip CRC-32, at every load; so is a CRC-32 field that differs
+// between the local header and the central directory.
+TEST_F(BadPack, DamagedManifestIsFoundByItsCrc) {
+  const ZipEntry m = parse_zip(*good_).find("manifest.json");
+  const size_t eps = good_->find("\"rms_norm_eps\"", m.data);
+  ASSERT_NE(eps, std::string::npos);
+  const size_t digit = good_->find_first_of("123456789", eps + 15);
+  ASSERT_LT(digit, m.data + m.size);
+  std::string flipped = *good_;
+  flipped[digit] = flipped[digit] == '1' ? '2' : '1';
+  expect_rejected(flipped, {"manifest.json", "damaged", "CRC-32"});
+  expect_rejected(flipped, {"manifest.json", "damaged", "CRC-32"}, /*verify=*/true);
+  const ZipEntry t = parse_zip(*good_).entries.front();
+  std::string local_crc = *good_;
+  local_crc[t.local + 14] ^= 1;
+  expect_rejected(local_crc, {t.name, "local header CRC-32", "central directory"});
+}
+
 // Issue 20 item 12: `inspect --verify` runs every check generate runs at
 // load; these packs have a valid zip structure, manifest and checksums, so
 // the old --verify (checksums only) passed them while generate refused them.
@@ -207,12 +239,12 @@ TEST_F(BadPack, DeeplyNestedManifest) {
 }
 
 TEST_F(BadPack, WrongVersion) {
-  std::string z = *good_;
-  const ZipEntry m = parse_zip(z).find("manifest.json");
-  const size_t v = z.find("\"version\": \"1.", m.data);
+  const ZipEntry m = parse_zip(*good_).find("manifest.json");
+  std::string manifest = good_->substr(m.data, m.size);
+  const size_t v = manifest.find("\"version\": \"1.");
   ASSERT_NE(v, std::string::npos);
-  z[v + std::strlen("\"version\": \"")] = '7';
-  expect_rejected(z, {"version", "7."});
+  manifest[v + std::strlen("\"version\": \"")] = '7';
+  expect_rejected(replace_last_entry(*good_, "manifest.json", manifest), {"version", "7."});
 }
 
 TEST_F(BadPack, CompressedEntry) {

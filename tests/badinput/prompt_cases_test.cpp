@@ -227,7 +227,7 @@ TEST(BadTokenizerInput, DeeplyNestedIdsLine) {
                                    source_path("samples/qwen3-sample/tokenizer.json"), "--decode"},
                                   t / "in.jsonl");
   ASSERT_EQ(r.signal, 0) << "tokenize died of a signal on a deeply nested line";
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
   const auto out = split_lines(r.out);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_TRUE(nlohmann::json::parse(out[0]).contains("error")) << out[0].substr(0, 200);
@@ -243,7 +243,7 @@ TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
       {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample/tokenizer.json")},
       t / "in.jsonl");
   ASSERT_EQ(r.signal, 0);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
   const auto out = split_lines(r.out);
   ASSERT_EQ(out.size(), 5u) << r.out;
   EXPECT_NE(out[0].find("\"ids\""), std::string::npos);
@@ -264,7 +264,7 @@ TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
                  std::string("{\"text\": \"x\"}\0{\"text\": \"y\"}\n", 28));
   const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
   const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;
   const auto out = split_lines(r.out);
   ASSERT_EQ(out.size(), 3u) << r.out;
   const auto a = nlohmann::json::parse(out[0]);
@@ -278,11 +278,42 @@ TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
   EXPECT_NE(c["error"].get<std::string>().find("NUL"), std::string::npos) << out[2];
   // "-" is stdin, as without an argument.
   const RunResult d = run_program({program("tokenize"), "--tokenizer", tok, "-"}, t / "in.jsonl");
-  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(d.exit_code, 3) << d.err;
   EXPECT_EQ(d.out, r.out);
   const RunResult missing =
       run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
   expect_clean_failure(missing, "tokenize", {"nope.jsonl"});
+}
+
+// An "id" that is not a string or an integer is an error, not dropped; a
+// key given twice is malformed JSON (as for generate); output that cannot
+// be written is a failure, not exit 0.
+TEST(BadTokenizerInput, BadIdsDuplicateKeysAndUnwritableOutput) {
+  TempDir t;
+  write_file(t / "in.jsonl",
+             "{\"id\": 1.5, \"text\": \"a\"}\n{\"id\": null, \"ids\": [5]}\n"
+             "{\"text\": \"a\", \"text\": \"b\"}\n{\"id\": \"ok\", \"text\": \"a\"}\n");
+  const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
+  const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 4u) << r.out;
+  EXPECT_NE(out[0].find("line 1: field 'id': expected a string or an integer, found 1.5"),
+            std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find("field 'id': expected a string or an integer, found null"),
+            std::string::npos)
+      << out[1];
+  EXPECT_NE(out[2].find("duplicate JSON key 'text'"), std::string::npos) << out[2];
+  EXPECT_NE(out[3].find("\"id\":\"ok\""), std::string::npos) << out[3];
+  // stdout on a full device: exit 1 and one line saying so.
+  std::string many;
+  for (int i = 0; i < 20000; ++i) many += "{\"text\": \"hello world\"}\n";
+  write_file(t / "many.jsonl", many);
+  const RunResult full =
+      run_program({"/bin/sh", "-c", "exec \"$0\" --tokenizer \"$1\" \"$2\" > /dev/full",
+                   program("tokenize"), tok, t / "many.jsonl"});
+  expect_clean_failure(full, "tokenize", {"cannot write the output"});
 }
 
 }  // namespace

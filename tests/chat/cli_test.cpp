@@ -217,8 +217,7 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   EXPECT_NE(out[2]["error"].get<std::string>().find("line 3: invalid JSON at byte"),
             std::string::npos)
       << out[2];
-  EXPECT_EQ(out[2]["error"].get<std::string>().find("json.exception"), std::string::npos)
-      << out[2];
+  EXPECT_EQ(out[2]["error"].get<std::string>().find("json.exception"), std::string::npos) << out[2];
   EXPECT_NE(out[3]["error"].get<std::string>().find("field 'tools'[0]"), std::string::npos)
       << out[3];
   // chat_template_kwargs reach the template: the same text as the reference's enable_thinking=false
@@ -254,7 +253,8 @@ TEST(TokenizeChat, DeeplyNestedLineIsRefused) {
   ASSERT_EQ(r.status, 3) << r.err;
   const auto out = lines_of(r.out);
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_NE(out[0]["error"].get<std::string>().find("nested at most 128 levels deep"), std::string::npos)
+  EXPECT_NE(out[0]["error"].get<std::string>().find("nested at most 128 levels deep"),
+            std::string::npos)
       << out[0];
 }
 

@@ -72,8 +72,9 @@ TEST(Compare, ErrorLineInExpectedIsAnErrorNotADivergence) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("expected 0 tokens"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("compare: 2 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 1 errors"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("compare: 2 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 1 errors"),
+      std::string::npos)
       << r.out;
   const std::string reused = "{\"id\": \"a\", \"error\": \"id reused\"}\n";
   RunResult ok = compare(reused + line("a", {1}), reused + line("a", {1}) + reused);
