@@ -278,6 +278,29 @@ void check_flags(const GenerateOptions& o) {
 
 // `--out -` writes the results to stdout: nothing to resume, and --show
 // would mix its text into them.
+void check_stdout_flags(const GenerateOptions& o);
+
+// The files generate reads, by flag, which no output may be.
+std::vector<std::pair<std::string, std::string>> generate_inputs(const GenerateOptions& o) {
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
+                                                             {"--batch", o.batch}};
+  if (!o.chat_template.empty()) inputs.emplace_back("--chat-template", o.chat_template);
+  return inputs;
+}
+
+// Every output path is safe to write before anything is opened: none is an
+// input, none is a directory, device or FIFO, and an existing --meta file
+// is replaced only with --force or --resume (--shard implies --resume).
+void check_outputs(const GenerateOptions& o) {
+  const bool may_replace = o.force || o.resume || !o.shard.empty();
+  if (o.out == "-") {
+    check_stdout_flags(o);
+    if (!o.meta.empty()) check_meta_path(o.meta, generate_inputs(o), may_replace);
+    return;
+  }
+  refuse_outputs_that_are_inputs(ResultsPaths::of(o.out, o.meta), generate_inputs(o), may_replace);
+}
+
 void check_stdout_flags(const GenerateOptions& o) {
   if (o.resume)
     fail("--resume: expected --out FILE; results written to stdout (--out -) cannot be resumed");
@@ -574,17 +597,7 @@ std::string summary_line(const GenerateSummary& s) {
 // run starts fresh or resumes (stdout: always fresh).
 ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, bool sharded,
                            std::optional<OutputLock>& lock) {
-  const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
-                                                                   {"--batch", o.batch}};
-  if (o.out == "-") {
-    check_stdout_flags(o);
-    if (!o.meta.empty()) {
-      check_meta_path(o.meta);
-      refuse_output_that_is_an_input("--meta " + o.meta, o.meta, inputs);
-    }
-    return {};
-  }
-  refuse_outputs_that_are_inputs(paths, inputs);
+  check_outputs(o);
   lock.emplace(paths.lock, o.out);
   // note: --shard implies --resume: a retried task runs the same command.
   return choose_start(paths, o.force               ? StartMode::kForce
@@ -653,16 +666,7 @@ void check_generate_inputs(const GenerateOptions& o) {
   resolve_device(o);
   check_flags(o);
   if (!o.shard.empty()) parse_shard("--shard", o.shard, ::getenv);
-  if (!o.tune_only) {
-    const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", o.model},
-                                                                     {"--batch", o.batch}};
-    if (o.out == "-") {
-      check_stdout_flags(o);
-      if (!o.meta.empty()) check_meta_path(o.meta);
-    } else {
-      refuse_outputs_that_are_inputs(ResultsPaths::of(o.out, o.meta), inputs);
-    }
-  }
+  if (!o.tune_only) check_outputs(o);
   Pack::open(o.model);
   if (!o.chat_template.empty()) read_whole_file(o.chat_template, "the chat template");
   if (o.tune_only || o.batch == "-") return;  // note: stdin is read once, by the run

@@ -103,6 +103,15 @@ void check_output_path(const char* flag, const std::string& path, const std::str
     fail("{}: cannot write {}: directory {} does not exist", where, what, dir);
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail("{} {}: is a directory; expected a file name", flag, path);
+  // note: outputs are written to a temporary file and renamed over the
+  // path; a device or FIFO there would be replaced by a plain file.
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("{} {}: is {}; expected a regular file (or a new file name)", flag, path,
+         S_ISCHR(st.st_mode)    ? "a character device"
+         : S_ISBLK(st.st_mode)  ? "a block device"
+         : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISSOCK(st.st_mode) ? "a socket"
+                                : "not a regular file");
 }
 }  // namespace
 
@@ -116,15 +125,25 @@ bool same_file(const std::string& a, const std::string& b) {
          sa.st_ino == sb.st_ino;
 }
 
-void check_meta_path(const std::string& meta) {
+void check_meta_path(const std::string& meta,
+                     const std::vector<std::pair<std::string, std::string>>& inputs,
+                     bool may_replace) {
   check_output_path("--meta", meta, "--meta " + meta, "the run header");
+  refuse_output_that_is_an_input("--meta " + meta, meta, inputs);
+  struct stat st {};
+  if (!may_replace && ::lstat(meta.c_str(), &st) == 0)
+    fail(
+        "--meta {}: already exists (pass --force to replace it, or --resume to finish the run it "
+        "belongs to)",
+        meta);
 }
 
-void refuse_outputs_that_are_inputs(
-    const ResultsPaths& paths, const std::vector<std::pair<std::string, std::string>>& inputs) {
+void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
+                                    const std::vector<std::pair<std::string, std::string>>& inputs,
+                                    bool may_replace) {
   check_output_path("--out", paths.out, paths.out, "the results");
   if (paths.meta_given) {
-    check_meta_path(paths.meta);
+    check_output_path("--meta", paths.meta, "--meta " + paths.meta, "the run header");
     for (const auto& [what, other] : {std::pair<const char*, std::string>{"--out", paths.out},
                                       {"the partial results", paths.partial},
                                       {"the partial results' header", paths.partial_meta},
@@ -136,8 +155,11 @@ void refuse_outputs_that_are_inputs(
   const std::string out_flag = "--out " + paths.out;
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
     refuse_output_that_is_an_input(out_flag, out, inputs);
-  refuse_output_that_is_an_input(paths.meta_given ? "--meta " + paths.meta : out_flag, paths.meta,
-                                 inputs);
+  if (paths.meta_given) {
+    check_meta_path(paths.meta, inputs, may_replace);
+  } else {
+    refuse_output_that_is_an_input(out_flag, paths.meta, inputs);
+  }
 }
 
 namespace {

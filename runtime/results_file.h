@@ -33,19 +33,25 @@ struct ResultsPaths {
 };
 
 // Fails (qtk::Error) when any file generate may write is, by inode after
-// symlinks, one of the `inputs` ({flag, path} pairs: the pack, the prompts),
-// or when OUT's directory does not exist or OUT is a directory; a --meta
-// path the same way, and when it is one of the other outputs. Called
-// before anything is opened for writing.
+// symlinks, one of the `inputs` ({flag, path} pairs: the pack, the prompts,
+// the chat template), or when OUT's directory does not exist or OUT is a
+// directory, device or FIFO; a --meta path the same way, when it is one of
+// the other outputs, and (unless may_replace) when it exists. Called before
+// anything is opened for writing.
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
-                                    const std::vector<std::pair<std::string, std::string>>& inputs);
+                                    const std::vector<std::pair<std::string, std::string>>& inputs,
+                                    bool may_replace);
 
 // Whether two paths name one file: the same path once made absolute and
 // normalised, or the same inode (after symlinks) where both exist.
 bool same_file(const std::string& a, const std::string& b);
 
-// A --meta path: a file name in an existing directory, not a directory.
-void check_meta_path(const std::string& meta);
+// A --meta path: a file name in an existing directory, not a directory,
+// device or FIFO, not one of the `inputs`; unless may_replace (--force,
+// --resume), not an existing file.
+void check_meta_path(const std::string& meta,
+                     const std::vector<std::pair<std::string, std::string>>& inputs,
+                     bool may_replace);
 
 // The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,

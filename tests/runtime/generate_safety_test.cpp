@@ -108,6 +108,38 @@ TEST(GenerateSafety, MetaPathIsCheckedBeforeTheRun) {
                                 QTK_GENERATE_BIN, pack, in, dir));
   EXPECT_EQ(s.status, 1) << s.err;
   EXPECT_NE(s.err.find("does not exist"), std::string::npos) << s.err;
+  // An existing file is replaced only with --force (or --resume); a device
+  // is never replaced; the chat template is an input like the others.
+  const std::string other = work_dir() + "/meta_check_other";
+  std::filesystem::create_directories(other);
+  const std::string kept = other + "/kept.json", tmpl = other + "/t.jinja";
+  write_text(kept, "precious\n");
+  write_text(tmpl, "{{ messages[0]['content'] }}");
+  for (const std::string& o : {other + "/r.jsonl", std::string("-")}) {
+    SCOPED_TRACE(o);
+    RunResult e = run(fmt::format("{} --model {} --batch {} --out {} --meta {} --threads 1",
+                                  QTK_GENERATE_BIN, pack, in, o, kept));
+    EXPECT_EQ(e.status, 1) << e.err;
+    EXPECT_NE(e.err.find("--meta " + kept + ": already exists (pass --force"), std::string::npos)
+        << e.err;
+    EXPECT_EQ(read_text(kept), "precious\n");
+  }
+  RunResult dev = generate(pack, in, other + "/r.jsonl", "--force --meta /dev/null");
+  EXPECT_EQ(dev.status, 1) << dev.err;
+  EXPECT_NE(dev.err.find("--meta /dev/null: is a character device"), std::string::npos) << dev.err;
+  for (const std::string& flags : {"--force --meta " + tmpl, "--force --out " + tmpl}) {
+    RunResult t = generate(pack, in, other + "/r.jsonl", flags + " --chat-template " + tmpl);
+    EXPECT_EQ(t.status, 1) << t.err;
+    EXPECT_NE(t.err.find("which is the --chat-template file"), std::string::npos) << t.err;
+  }
+  EXPECT_EQ(read_text(tmpl), "{{ messages[0]['content'] }}");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(other),
+                          std::filesystem::directory_iterator{}),
+            2)
+      << "something was written";
+  RunResult forced = generate(pack, in, other + "/r.jsonl", "--force --meta " + kept);
+  EXPECT_EQ(forced.status, 0) << forced.err;
+  EXPECT_EQ(load_json(kept).value("status", ""), "complete");
 }
 
 // Item 2: an existing --out is refused without --force or --resume; a failed
