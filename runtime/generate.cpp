@@ -737,14 +737,19 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   if (sharded && source.resume) check_same_shard(source, meta);
   ResumePoint rp;
   if (source.resume) rp = check_resume(source, meta, lines, o.batch);
-  if (sharded && source.resume) {
-    // A retried task whose shard is already complete does nothing.
-    if (source.path == paths.out && rp.lines_done == lines.size()) {
+  // note: resuming a complete OUT (a retried shard task, a repeated
+  // command) does nothing: its results and header stay as that run left
+  // them, statistics included.
+  if (source.resume && source.path == paths.out && rp.lines_done == lines.size()) {
+    if (sharded) {
       std::fprintf(stderr, "generate: shard %lld/%lld of %s is already complete in %s\n",
                    static_cast<long long>(shard.index), static_cast<long long>(shard.count),
                    o.batch.c_str(), o.out.c_str());
-      return summary_of(lines, static_cast<int64_t>(lines.size()));
+    } else {
+      std::fprintf(stderr, "generate: %s is already complete (every line of %s); left as it is\n",
+                   o.out.c_str(), o.batch.c_str());
     }
+    return summary_of(lines, static_cast<int64_t>(lines.size()));
   }
   std::optional<ResultsWriter> out;
   if (to_stdout) {

@@ -159,6 +159,11 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     // note: a header without allow_unknown_fields or logprobs predates the
     // flag, which was then off.
     if (was.is_null() && (now == false || now == 0)) continue;
+    // note: a template is the same template by its XXH64, whatever path
+    // named it (a requeued job may run from another directory).
+    if (std::string(key) == "chat_template" && was.is_object() && now.is_object() &&
+        was.value("xxh64", "") == now.value("xxh64", ""))
+      continue;
     if (was != now) {
       fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", source.meta,
            key, was.dump(), now.dump());

@@ -447,6 +447,18 @@ TEST(GenerateChat, FieldContractOutputFlagsAndResume) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("setting 'chat_template'"), std::string::npos) << r.err;
   EXPECT_EQ(read_text(out), before);
+  // one template named by another path (a copy of it) is the same template
+  const std::string copy_a = work_dir() + "/tmpl_a.jinja", copy_b = work_dir() + "/tmpl_b.jinja";
+  fs::copy_file(data_path("tests/data/chat/qwen3.jinja"), copy_a,
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(copy_a, copy_b, fs::copy_options::overwrite_existing);
+  const std::string out3 = work_dir() + "/gen_contract_paths.jsonl";
+  r = generate(pack, lines, out3, "--chat-template '" + copy_a + "'");
+  ASSERT_EQ(r.status, 3) << r.err;
+  const std::string first = read_text(out3);
+  r = generate(pack, lines, out3, "--resume --chat-template '" + copy_b + "'");
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(read_text(out3), first);
 
   // a batch without chat lines records no template, and resumes as before
   const std::string plain_out = work_dir() + "/gen_contract_plain.jsonl";

@@ -142,6 +142,24 @@ TEST(GenerateSafety, MetaPathIsCheckedBeforeTheRun) {
   EXPECT_EQ(load_json(kept).value("status", ""), "complete");
 }
 
+// --resume of a complete results file (a repeated command) leaves the file
+// and its header as that run wrote them, statistics and settings included,
+// whatever scheduling flags the repeat gives.
+TEST(GenerateSafety, ResumingACompleteRunLeavesItsHeader) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("complete.jsonl", prompts(3));
+  const std::string out = work_dir() + "/complete.out.jsonl";
+  ASSERT_EQ(generate(pack, in, out, "--threads 1 --max-num-seqs 2").status, 0);
+  const std::string results = read_text(out), header = read_text(out + ".meta.json");
+  RunResult r = generate(pack, in, out, "--threads 1 --max-num-seqs 5 --resume");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("is already complete"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(out), results);
+  EXPECT_EQ(read_text(out + ".meta.json"), header);
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+}
+
 // Item 2: an existing --out is refused without --force or --resume; a failed
 // --force run leaves the previous results and header untouched.
 TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
