@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -412,6 +413,35 @@ SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, co
   return so;
 }
 
+// /proc/meminfo's MemAvailable in bytes, or -1 where it cannot be read.
+int64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return -1;
+  int64_t kib = -1;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %" SCNd64 " kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+// An explicit --kv-cache-blocks on the CPU must fit in the memory there is:
+// the cache is allocated and zeroed up front, and a size past the machine
+// would swap or be killed by the kernel, with no word said.
+void check_cpu_cache_fits(const GenerateOptions& o, const CacheSpec& spec,
+                          const SchedulerOptions& so) {
+  if (o.kv_cache_blocks <= 0) return;  // note: the default is capped by --kv-cache-bytes
+  const int64_t bytes = sat_mul(so.num_blocks, KvCache::block_bytes(spec, o.block_size));
+  const int64_t available = available_memory_bytes();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (available > 0 && bytes > available)
+    fail(
+        "--kv-cache-blocks {}: {} blocks of {} tokens need {:.1f} GiB of KV cache, more than the "
+        "{:.1f} GiB of memory available (MemAvailable); lower --kv-cache-blocks or --block-size",
+        o.kv_cache_blocks, so.num_blocks, o.block_size, static_cast<double>(bytes) / kGiB,
+        static_cast<double>(available) / kGiB);
+}
+
 std::vector<std::string> ignored_fields(const std::vector<PromptLine>& lines) {
   std::set<std::string> names;
   for (const auto& l : lines) names.insert(l.ignored_fields.begin(), l.ignored_fields.end());
@@ -721,6 +751,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   if (sharded) keep_shard_lines(lines, shard);
 
   const SchedulerOptions so = size_cache(o, cfg, m.model->cache_spec(), lines);
+  if (dev.device == "cpu") check_cpu_cache_fits(o, m.model->cache_spec(), so);
   Scheduler sched(*m.model, so);
   // Refuse up front what can never fit (context or cache); it gets an error line.
   for (auto& l : lines) {

@@ -344,11 +344,30 @@ void write_file_atomic(const std::string& path, const std::string& data) {
   }
 }
 
+namespace {
+// note: the header of a run in progress is padded with this many spaces
+// (JSON allows trailing whitespace): a run that fails on a full disk
+// rewrites it in place, and the room keeps its error message there.
+constexpr size_t kErrorRoom = 1024;
+
+std::string running_header(const nlohmann::json& meta) {
+  return meta.dump(2) + std::string(kErrorRoom, ' ') + "\n";
+}
+
+// `text` cut to at most `bytes` bytes at a UTF-8 character boundary.
+std::string utf8_prefix(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t n = bytes;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  return text.substr(0, n);
+}
+}  // namespace
+
 ResultsWriter::ResultsWriter(const ResultsPaths& paths, nlohmann::json meta)
     : paths_(paths), work_(paths.partial), work_meta_(paths.partial_meta), meta_(std::move(meta)) {
   // note: the header goes first, so a killed run always leaves one for --resume.
   meta_["status"] = "running";
-  write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+  write_file_atomic(work_meta_, running_header(meta_));
   open_for_append(work_, 0, true);
 }
 
@@ -356,7 +375,7 @@ ResultsWriter::ResultsWriter(const ResultsPaths& paths, const ResumeSource& sour
                              nlohmann::json meta, uint64_t keep_bytes)
     : paths_(paths), work_(source.path), work_meta_(source.meta), meta_(std::move(meta)) {
   meta_["status"] = "running";
-  write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+  write_file_atomic(work_meta_, running_header(meta_));
   open_for_append(work_, keep_bytes, false);
 }
 
@@ -368,7 +387,7 @@ ResultsWriter::ResultsWriter(int fd, const std::string& meta_path, nlohmann::jso
       fd_(fd),
       stream_(true) {
   meta_["status"] = "running";
-  if (!work_meta_.empty()) write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+  if (!work_meta_.empty()) write_file_atomic(work_meta_, running_header(meta_));
 }
 
 void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes, bool create) {
@@ -432,8 +451,17 @@ void ResultsWriter::mark_failed() noexcept {
     try {
       write_file_atomic(work_meta_, meta_.dump(2) + "\n");
     } catch (...) {
-      meta_.erase("error");
-      overwrite_in_place(work_meta_, meta_.dump(2) + "\n");
+      // A full disk: rewrite the header in place, in the room it was
+      // written with, the error shortened if it must be.
+      for (size_t keep = failure_.size();; keep = keep / 2) {
+        if (failure_.empty() || keep < 16) {
+          meta_.erase("error");
+          overwrite_in_place(work_meta_, meta_.dump(2) + "\n");
+          break;
+        }
+        meta_["error"] = keep < failure_.size() ? utf8_prefix(failure_, keep) + "..." : failure_;
+        if (overwrite_in_place(work_meta_, meta_.dump(2) + "\n")) break;
+      }
     }
   } catch (...) {
   }

@@ -433,6 +433,7 @@ TEST_F(GenerateFaults, FullDiskFailsCleanlyAndResumes) {
           << "no run header for the partial results";
       const auto meta = nlohmann::json::parse(read_file(out + ".partial.meta.json"));
       EXPECT_EQ(meta["status"], "failed") << meta.dump(2);
+      EXPECT_NE(meta.value("error", "").find("write failed"), std::string::npos) << meta.dump(2);
       const std::string part = read_file(out + ".partial");
       EXPECT_TRUE(part.empty() || part.back() == '\n') << "a partial last line was kept";
       EXPECT_EQ(ref.compare(0, part.size(), part), 0) << "the partial results are not a prefix";

@@ -160,6 +160,24 @@ TEST(GenerateSafety, ResumingACompleteRunLeavesItsHeader) {
   EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
 }
 
+// An explicit --kv-cache-blocks bigger than the memory there is is refused
+// up front with the sizes, nothing written (it used to allocate and zero
+// until the machine swapped).
+TEST(GenerateSafety, KvCacheBeyondMemoryIsRefused) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("kv_huge.jsonl", prompts(2));
+  const std::string out = work_dir() + "/kv_huge.out.jsonl";
+  RunResult r = generate(pack, in, out, "--threads 1 --block-size 16384 --kv-cache-blocks 1000000");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("--kv-cache-blocks 1000000: 1000000 blocks of 16384 tokens need"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("GiB of memory available"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+}
+
 // Item 2: an existing --out is refused without --force or --resume; a failed
 // --force run leaves the previous results and header untouched.
 TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
