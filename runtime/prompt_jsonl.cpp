@@ -78,7 +78,20 @@ std::string read_max_tokens(const nlohmann::json& doc, const PromptDefaults& d, 
 // allow_unknown_fields, their names in `ignored`).
 std::string check_fields(const nlohmann::json& doc, const PromptDefaults& d,
                          std::vector<std::string>& ignored) {
+  const bool chat = doc.contains("messages");
   for (const auto& [key, value] : doc.items()) {
+    // note: a chat field on a 'prompt' or 'prompt_token_ids' line would be
+    // ignored without a word (no template renders that line).
+    if (!chat && is_chat_field(key)) {
+      if (d.allow_unknown_fields) {
+        ignored.push_back(key);
+        continue;
+      }
+      return fmt::format(
+          "field '{}' is for chat requests ('messages'), and this line has none; it would be "
+          "ignored (pass --allow-unknown-fields to ignore such fields)",
+          key);
+    }
     if (is_request_field(key)) continue;
     if (d.allow_unknown_fields) {
       ignored.push_back(key);

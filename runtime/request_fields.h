@@ -18,12 +18,16 @@ inline constexpr std::array<std::string_view, 8> kRequestFields = {
 // note: the chat fields (messages, tools, add_generation_prompt, template
 // keyword arguments, ...) are chat::kChatRequestFields, the list the chat
 // reader itself reads; they never count as unknown.
-inline bool is_request_field(std::string_view name) {
-  for (std::string_view f : kRequestFields)
-    if (f == name) return true;
+inline bool is_chat_field(std::string_view name) {
   for (std::string_view f : chat::kChatRequestFields)
     if (f == name) return true;
   return false;
+}
+
+inline bool is_request_field(std::string_view name) {
+  for (std::string_view f : kRequestFields)
+    if (f == name) return true;
+  return is_chat_field(name);
 }
 
 }  // namespace qtk

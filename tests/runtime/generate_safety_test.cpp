@@ -338,7 +338,12 @@ TEST(GenerateSafety, Item8_RequestFieldContract) {
   EXPECT_NE(res[2]["error"].get<std::string>().find("max_new_tokens"), std::string::npos);
   ASSERT_TRUE(res[3].contains("error")) << res[3];
   EXPECT_NE(res[3]["error"].get<std::string>().find("'temperature'"), std::string::npos) << res[3];
-  EXPECT_FALSE(res[4].contains("error")) << res[4];
+  // A chat field on a line without 'messages' would be ignored: an error too.
+  ASSERT_TRUE(res[4].contains("error")) << res[4];
+  EXPECT_NE(res[4]["error"].get<std::string>().find(
+                "field 'chat_template_kwargs' is for chat requests ('messages')"),
+            std::string::npos)
+      << res[4];
   EXPECT_EQ(load_json(out + ".meta.json")["settings"]["allow_unknown_fields"], false);
 
   const std::string out2 = work_dir() + "/fields.allowed.jsonl";
@@ -346,9 +351,11 @@ TEST(GenerateSafety, Item8_RequestFieldContract) {
   EXPECT_EQ(a.status, 3) << a.err;  // "differ" still fails
   res = read_jsonl(out2);
   EXPECT_EQ(res[3]["output_token_ids"].size(), 2u) << res[3];
+  EXPECT_EQ(res[4]["output_token_ids"].size(), 2u) << res[4];
   const auto meta = load_json(out2 + ".meta.json");
   EXPECT_EQ(meta["settings"]["allow_unknown_fields"], true);
-  EXPECT_EQ(meta["unknown_fields_ignored"], nlohmann::json({"temperature"}));
+  EXPECT_EQ(meta["unknown_fields_ignored"],
+            nlohmann::json({"chat_template_kwargs", "enable_thinking", "temperature"}));
 }
 
 // Item 9: exit 3 and a one-line summary when lines failed, even all of them;
