@@ -42,12 +42,16 @@ std::string read_ids(const nlohmann::json& j, const char* field, int64_t vocab,
       return fmt::format("field '{}'[{}]: expected an integer token id, found {}", field, i,
                          describe(e));
     }
-    const int64_t v = e.get<int64_t>();
-    if (v < 0 || v >= vocab) {
+    // note: an id past INT64_MAX is an unsigned JSON number; get<int64_t>
+    // would wrap it to a negative one.
+    const bool in_vocab = e.is_number_unsigned()
+                              ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                              : e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
+    if (!in_vocab) {
       return fmt::format("field '{}'[{}]: unknown token id {} (the vocabulary has ids 0..{})",
-                         field, i, v, vocab - 1);
+                         field, i, e.dump(), vocab - 1);
     }
-    out.push_back(static_cast<int32_t>(v));
+    out.push_back(static_cast<int32_t>(e.get<int64_t>()));
   }
   return {};
 }
@@ -236,6 +240,12 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   PromptLine out;
   out.line_no = line_no;
   out.id = line_no;
+  // note: a blank line keeps its place (an error line of its own, so that
+  // output line N is input line N), named as what it is.
+  if (text.find_first_not_of(" \t\r") == std::string_view::npos) {
+    out.error = fmt::format("line {}: blank line; expected a JSON object (a prompt line)", line_no);
+    return out;
+  }
   // note: a raw NUL byte is never valid JSON (inside a string it must be
   // written \u0000); the JSON parser would stop at it and silently drop the
   // rest of the line.
@@ -262,7 +272,7 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   if (auto it = doc.find("id"); it != doc.end()) {
     if (!it->is_string() && !it->is_number_integer()) {
       out.error =
-          fmt::format("field 'id': expected a string or an integer, found {}", type_name(*it));
+          fmt::format("field 'id': expected a string or an integer, found {}", describe(*it));
       return out;
     }
     out.id = *it;

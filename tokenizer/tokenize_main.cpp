@@ -292,7 +292,9 @@ qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode,
     ids.reserve(ids_field->size());
     for (size_t k = 0; k < ids_field->size(); ++k) {
       const nlohmann::json& v = (*ids_field)[k];
-      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
+      // note: a number past INT64_MAX is unsigned; get<int64_t> would wrap it.
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) ||
+          v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
         // note: only numbers are shown; dump() of a deeply nested value would
         // recurse until the stack overflows.
         fail("line {}: ids[{}] must be an integer token id, found {}", line_number, k,

@@ -55,6 +55,13 @@ TEST_F(BadPrompts, EachBadLineGetsItsOwnErrorAndTheRestRun) {
       {R"({"id": {"nested": 1}, "prompt_token_ids": [1]})", 15, "id"},
       {R"({"id": "mrope", "prompt_token_ids": [1], "mrope_position_ids": [[0], [0], [0]]})",
        "mrope", "m-rope"},
+      // numbers past INT64_MAX are named as written, not wrapped
+      {R"({"id": "huge", "prompt_token_ids": [18446744073709551615]})", "huge",
+       "unknown token id 18446744073709551615"},
+      {R"({"id": "huge_stop", "prompt_token_ids": [1], "stop_token_ids": [9223372036854775808]})",
+       "huge_stop", "unknown token id 9223372036854775808"},
+      {R"({"id": 7.5, "prompt_token_ids": [1]})", 19, "expected a string or an integer, found 7.5"},
+      {"", 20, "line 20: blank line; expected a JSON object"},
       {R"({"id": "ok2", "prompt_token_ids": [10, 11, 12], "max_tokens": 2})", "ok2", ""},
   };
   TempDir t;
