@@ -500,6 +500,21 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
   return meta;
 }
 
+// Model text as --show prints it: newlines and tabs kept, every other
+// control byte (a NUL, an ESC that would drive the terminal) escaped.
+std::string shown_text(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (is_control_byte(u) && c != '\n' && c != '\t')
+      append_control_escape(out, u);
+    else
+      out += c;
+  }
+  return out;
+}
+
 // One result line; prints it with --show.
 std::string format_result(const GenerateOptions& o, const PromptLine& l, const SequenceResult& r,
                           const std::optional<Tokenizer>& tokenizer) {
@@ -516,8 +531,10 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
     const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
     // The continuation in bold on a terminal.
     const bool tty = ::isatty(1);
-    std::fprintf(stdout, "=== %s\n%s%s%s%s\n", l.id.dump().c_str(), prompt_text.c_str(),
-                 tty ? "\033[1m" : "", cont.c_str(), tty ? "\033[0m" : "");
+    const std::string shown =
+        fmt::format("=== {}\n{}{}{}{}\n", l.id.dump(), shown_text(prompt_text),
+                    tty ? "\033[1m" : "", shown_text(cont), tty ? "\033[0m" : "");
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
   }
   std::string line =

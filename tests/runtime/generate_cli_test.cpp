@@ -163,6 +163,14 @@ TEST(GenerateCli, ShowPrintsContinuations) {
   EXPECT_NE(r.out.find("=== \"x\"\ndef add(a, b):\n"), std::string::npos) << r.out;
   const auto res = read_jsonl(out).at(0);
   EXPECT_NE(r.out.find(res["output_text"].get<std::string>()), std::string::npos);
+  // A NUL or an escape sequence in the text is shown escaped: the rest of
+  // the prompt is not cut at the NUL, and the terminal is not driven.
+  write_text(in, "{\"id\": \"c\", \"prompt\": \"A\\u0000B\\u001b[31mC\"}\n");
+  r = generate(pack, in, out, "--max-tokens 2 --show --force");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("=== \"c\"\nA\\x00B\\x1b[31mC"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\0'), std::string::npos);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
 }
 
 std::string resume_prompts() {
