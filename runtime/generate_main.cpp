@@ -38,16 +38,14 @@ cxxopts::Options generate_flags() {
       "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
       cxxopts::value<std::string>())(
       "meta", "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
-      cxxopts::value<std::string>()->default_value(""))(
+      cxxopts::value<std::string>())(
       "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
       cxxopts::value<std::string>()->default_value("cpu"))(
       "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
-      cxxopts::value<std::string>()->default_value(""))(
-      "threads", "worker threads (default: all CPUs available)",
-      cxxopts::value<std::string>()->default_value("0"))(
+      cxxopts::value<std::string>())("threads", "worker threads (default: all CPUs available)",
+                                     cxxopts::value<std::string>())(
       "max-tokens", "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
-      cxxopts::value<std::string>()->default_value("0"))("ignore-eos",
-                                                         "do not stop at the model's EOS tokens")(
+      cxxopts::value<std::string>())("ignore-eos", "do not stop at the model's EOS tokens")(
       "max-num-seqs", "most sequences running at once",
       cxxopts::value<std::string>()->default_value("64"))(
       "max-batched-tokens",
@@ -57,8 +55,8 @@ cxxopts::Options generate_flags() {
       "block-size", "tokens per KV-cache block",
       cxxopts::value<std::string>()->default_value("16"))(
       "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
-      cxxopts::value<std::string>()->default_value("0"))(
-      "margins", "write top1_margin (logit(top1) - logit(top2)) per step")(
+      cxxopts::value<std::string>())("margins",
+                                     "write top1_margin (logit(top1) - logit(top2)) per step")(
       "logprobs",
       "write the K most likely tokens per step with their log-probabilities (0: off, up to 20; "
       "--device cpu)",
@@ -92,7 +90,7 @@ cxxopts::Options generate_flags() {
       "with --device cuda: the GEMM plan cache file, or 'off' (default: "
       "$QTK_PLAN_CACHE if set, else a file per GPU and model under "
       "$XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans)",
-      cxxopts::value<std::string>()->default_value(""))(
+      cxxopts::value<std::string>())(
       "tensor-parallel",
       "split the model over N ranks (heads and widths / N, one all-reduce per block in a fixed "
       "rank order): with --device cuda one rank per GPU (GPUs 0..N-1 of CUDA_VISIBLE_DEVICES), "
@@ -106,7 +104,7 @@ cxxopts::Options generate_flags() {
       "chat-template",
       "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
       "tokenizer_config.json's chat_template)",
-      cxxopts::value<std::string>()->default_value(""))("h,help", "show this help");
+      cxxopts::value<std::string>())("h,help", "show this help");
   return opts;
 }
 
@@ -119,17 +117,25 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   qtk::cli::no_extra_arguments(args);
   // note: the upper bounds are far above any useful setting; past them the
   // run would overflow its sizes or exhaust memory instead of failing here.
-  auto int_flag = [&args](const std::string& name, int64_t min, int64_t max, const char* expected) {
-    return qtk::cli::parse_int_flag("--" + name, args[name].as<std::string>(), min, max, expected);
+  // note: flags whose help says what their absence means have no cxxopts
+  // default (its "(default: 0)" beside ours read as a contradiction); absent,
+  // they read as this empty or zero value.
+  auto text = [&args](const std::string& name, const char* absent = "") {
+    return args.count(name) || args[name].has_default() ? args[name].as<std::string>()
+                                                        : std::string(absent);
+  };
+  auto int_flag = [&args, &text](const std::string& name, int64_t min, int64_t max,
+                                 const char* expected) {
+    return qtk::cli::parse_int_flag("--" + name, text(name, "0"), min, max, expected);
   };
   constexpr const char* kPositive = "a positive integer";
   o.model = args["model"].as<std::string>();
   if (args.count("batch")) o.batch = args["batch"].as<std::string>();
   if (args.count("out")) o.out = args["out"].as<std::string>();
-  o.meta = args["meta"].as<std::string>();
+  o.meta = text("meta");
   o.device =
       qtk::cli::parse_choice_flag("--device", args["device"].as<std::string>(), {"cpu", "cuda"});
-  o.precision = args["precision"].as<std::string>();
+  o.precision = text("precision");
   if (!o.precision.empty())  // "" = the device's default
     qtk::cli::parse_choice_flag("--precision", o.precision, {"f32", "bf16"});
   o.threads =
@@ -155,7 +161,7 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.force = args.count("force") > 0;
   o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
   o.verify = args.count("no-verify") == 0;
-  o.chat_template = args["chat-template"].as<std::string>();
+  o.chat_template = text("chat-template");
   return o;
 }
 
@@ -184,7 +190,8 @@ void set_run_tuning(const cxxopts::ParseResult& args) {
   // benchmark can run with the cache off or in a scratch file); the value
   // used is written to the run header with the other switches.
   qtk::Tuning tuning = qtk::Tuning::from_environment();
-  if (const std::string flag = args["plan-cache"].as<std::string>(); !flag.empty())
+  if (const std::string flag = args.count("plan-cache") ? args["plan-cache"].as<std::string>() : "";
+      !flag.empty())
     tuning.plan_cache = flag;
   qtk::set_tuning(tuning);
 }

@@ -332,9 +332,8 @@ cxxopts::Options tokenize_options() {
       "read chat requests {\"id\", \"messages\", ...} and write {\"id\", \"text\", \"ids\"}: the "
       "prompt the model's chat template makes of them")(
       "chat-template", "Jinja chat template file for --chat (default: the one beside PATH)",
-      cxxopts::value<std::string>()->default_value(""))(
-      "threads", "worker threads (0 = all cores)",
-      cxxopts::value<std::string>()->default_value("1"))(
+      cxxopts::value<std::string>())("threads", "worker threads (0 = all cores)",
+                                     cxxopts::value<std::string>()->default_value("1"))(
       "input", "the JSONL input file (default, or -: stdin)",
       cxxopts::value<std::string>()->default_value("-"))("h,help", "print this help");
   options.parse_positional({"input"});
@@ -435,14 +434,14 @@ int run(int argc, char** argv) {
   const bool decode = args.count("decode") > 0;
   const bool chat = args.count("chat") > 0;
   if (chat && decode) fail("--chat and --decode: expected at most one of them");
-  if (!chat && !args["chat-template"].as<std::string>().empty())
-    fail("--chat-template: only used with --chat");
+  const std::string template_flag =
+      args.count("chat-template") ? args["chat-template"].as<std::string>() : "";
+  if (!chat && !template_flag.empty()) fail("--chat-template: only used with --chat");
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
   std::optional<qtk::jinja::Template> chat_template;
   qtk::ChatLineContext chat_context;
   if (chat) {
-    chat_context = load_chat(args["tokenizer"].as<std::string>(),
-                             args["chat-template"].as<std::string>(), chat_template);
+    chat_context = load_chat(args["tokenizer"].as<std::string>(), template_flag, chat_template);
     chat_context.tokenizer = &tokenizer;
   }
   const std::string input_path = args["input"].as<std::string>();
