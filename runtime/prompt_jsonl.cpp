@@ -147,7 +147,10 @@ std::string parse_body(const nlohmann::json& doc, const PromptDefaults& d, Promp
       return e;
     }
   }
-  if (r.prompt.empty()) return "empty prompt: expected at least one token";
+  if (r.prompt.empty()) {
+    return out.is_chat ? "empty prompt: the chat template rendered these messages as no text"
+                       : "empty prompt: expected at least one token";
+  }
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   if (n + 1 > d.max_context) {
     return fmt::format(

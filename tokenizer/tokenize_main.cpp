@@ -17,6 +17,7 @@
 // rendered with the model's chat template (PATH's chat_template.jinja or
 // tokenizer_config.json "chat_template", or --chat-template FILE) and
 // written as {"id", "text", "ids"} or {"id", "error"}.
+#include <sys/stat.h>
 #include <zip.h>
 
 #include <fmt/format.h>
@@ -449,6 +450,12 @@ int run(int argc, char** argv) {
   if (input_path != "-") {
     input = std::fopen(input_path.c_str(), "rb");
     if (input == nullptr) fail("{}: cannot open the input: {}", input_path, std::strerror(errno));
+    // note: fopen opens a directory for reading; the first read then fails.
+    struct stat st {};
+    if (::fstat(::fileno(input), &st) == 0 && S_ISDIR(st.st_mode)) {
+      std::fclose(input);
+      fail("{}: is a directory; expected a JSONL file (or - for stdin)", input_path);
+    }
   }
   struct Closer {
     std::FILE* f;

@@ -290,6 +290,8 @@ TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
   const RunResult missing =
       run_program({program("tokenize"), "--tokenizer", tok, t / "nope.jsonl"});
   expect_clean_failure(missing, "tokenize", {"nope.jsonl"});
+  const RunResult dir = run_program({program("tokenize"), "--tokenizer", tok, t.path()});
+  expect_clean_failure(dir, "tokenize", {"is a directory", "expected a JSONL file"});
 }
 
 // An "id" that is not a string or an integer is an error, not dropped; a

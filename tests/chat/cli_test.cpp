@@ -395,6 +395,17 @@ TEST(GenerateChat, TemplateErrorsArePerLine) {
             std::string::npos)
       << res[2];
 
+  // a template that renders no text says so (not only "empty prompt")
+  write_text(work_dir() + "/empty.jinja", "{% if false %}x{% endif %}");
+  const std::string out_empty = work_dir() + "/gen_empty.jsonl";
+  r = generate(pack, case_line("user_single", "e").dump() + "\n", out_empty,
+               "--chat-template '" + work_dir() + "/empty.jinja'");
+  ASSERT_EQ(r.status, 3) << r.err;
+  EXPECT_NE(read_jsonl(out_empty).at(0)["error"].get<std::string>().find(
+                "the chat template rendered these messages as no text"),
+            std::string::npos)
+      << read_text(out_empty);
+
   // a --chat-template that does not parse stops the run: one line, no output
   write_text(work_dir() + "/broken.jinja", "{{ x");
   const std::string out2 = work_dir() + "/gen_broken.jsonl";
