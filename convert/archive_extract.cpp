@@ -7,14 +7,17 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "convert/stale_temporaries.h"
@@ -51,6 +54,58 @@ const char* kind_name(mode_t type) {
     default:
       return "not a regular file or directory";
   }
+}
+
+// libarchive's message for the last error, without the newline some of its
+// messages end with (it was printed as a literal "\n" at the end of the line).
+std::string libarchive_error(archive* a) {
+  const char* m = archive_error_string(a);
+  std::string s = m != nullptr ? m : "unknown error";
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// An input file libarchive cannot read as a tar or zip: names what it is when
+// that is recognisable, in the words `inspect` uses for the same files (a
+// GGUF or safetensors file, a compressed file that holds no tar), else gives
+// libarchive's reason.
+[[noreturn]] void fail_not_an_archive(const std::string& path, const std::string& why) {
+  char head[16] = {};
+  size_t n = 0;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    n = std::fread(head, 1, sizeof(head), f);
+    std::fclose(f);
+  }
+  const auto starts_with = [&](std::string_view magic) {
+    return n >= magic.size() && std::memcmp(head, magic.data(), magic.size()) == 0;
+  };
+  if (starts_with("GGUF")) {
+    fail(
+        "{}: this looks like a GGUF file (llama.cpp's format), not a checkpoint; convert the "
+        "Hugging Face checkpoint (safetensors) instead: its directory, or a tar or zip of it",
+        path);
+  }
+  // note: safetensors starts with a little-endian u64 header length, then '{'.
+  if (n >= 9 && head[8] == '{' && head[6] == 0 && head[7] == 0) {
+    fail(
+        "{}: this looks like a safetensors file, not a checkpoint; run convert on its checkpoint "
+        "directory (the folder with config.json) or a tar or zip of it",
+        path);
+  }
+  constexpr char kXzMagic[] = {'\xfd', '7', 'z', 'X', 'Z', '\0'};
+  const char* compressed = starts_with("\x1f\x8b")           ? "a gzip-compressed file"
+                           : starts_with("\x28\xb5\x2f\xfd") ? "a zstd-compressed file"
+                           : starts_with(std::string_view(kXzMagic, sizeof(kXzMagic)))
+                               ? "an xz-compressed file"
+                           : starts_with("BZh") ? "a bzip2-compressed file"
+                                                : nullptr;
+  if (compressed != nullptr) {
+    fail(
+        "{}: this is {} that does not hold a tar archive (expected a tar or zip of the "
+        "checkpoint directory)",
+        path, compressed);
+  }
+  fail("{}: not a readable tar or zip archive: {}", path, why);
 }
 
 // Splits an archive path into safe components; throws on absolute paths and
@@ -197,7 +252,7 @@ void ExtractedArchive::extract_entries(const std::string& path, const ArchiveLim
   archive_read_support_format_zip(a.get());
   // note: 1 MiB blocks keep the syscall count low for multi-GB shards.
   if (archive_read_open_filename(a.get(), path.c_str(), 1 << 20) != ARCHIVE_OK)
-    fail("{}: not a readable tar or zip archive: {}", path, archive_error_string(a.get()));
+    fail_not_an_archive(path, libarchive_error(a.get()));
 
   std::set<std::string> seen;
   for (;;) {
@@ -206,10 +261,9 @@ void ExtractedArchive::extract_entries(const std::string& path, const ArchiveLim
     const int rc = archive_read_next_header(a.get(), &e);
     if (rc == ARCHIVE_EOF) break;
     if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
-      if (entries_ == 0)
-        fail("{}: not a readable tar or zip archive: {}", path, archive_error_string(a.get()));
+      if (entries_ == 0) fail_not_an_archive(path, libarchive_error(a.get()));
       fail("{}: archive is damaged after {} entries: {}", path, entries_,
-           archive_error_string(a.get()));
+           libarchive_error(a.get()));
     }
     const char* raw = archive_entry_pathname(e);
     const std::string name = raw ? raw : "";
@@ -261,11 +315,10 @@ void ExtractedArchive::extract_entries(const std::string& path, const ArchiveLim
       if (r == ARCHIVE_EOF) break;
       // note: libarchive reports a zip entry whose data fails its CRC-32 as
       // a warning, after handing over the data: damaged weights, so an error.
-      if (r == ARCHIVE_WARN)
-        fail("{}: its data is damaged: {}", where, archive_error_string(a.get()));
+      if (r == ARCHIVE_WARN) fail("{}: its data is damaged: {}", where, libarchive_error(a.get()));
       if (r != ARCHIVE_OK)
         fail("{}: cannot read its data (truncated or damaged archive?): {}", where,
-             archive_error_string(a.get()));
+             libarchive_error(a.get()));
       if (offset < 0 || static_cast<uint64_t>(offset) != written)
         fail("{}: data has holes (offset {} after {} bytes); not accepted", where, offset, written);
       if (len > limits.max_bytes - std::min(bytes_ + written, limits.max_bytes))
@@ -305,6 +358,23 @@ void ExtractedArchive::extract_entries(const std::string& path, const ArchiveLim
       ::stat((temp_dir_ + "/" + top[0] + "/config.json").c_str(), &st) == 0) {
     checkpoint_dir_ = temp_dir_ + "/" + top[0];
     return;
+  }
+  // note: more than one checkpoint (a/config.json, b/config.json) is named
+  // as such: which one to convert is the user's choice, not ours.
+  std::vector<std::string> with_config;
+  for (const std::string& t : top)
+    if (std::filesystem::is_directory(temp_dir_ + "/" + t) &&
+        ::stat((temp_dir_ + "/" + t + "/config.json").c_str(), &st) == 0)
+      with_config.push_back(t + "/");
+  if (with_config.size() > 1) {
+    std::sort(with_config.begin(), with_config.end());
+    std::string folders;
+    for (const std::string& f : with_config) folders += (folders.empty() ? "" : ", ") + f;
+    fail(
+        "{}: holds {} checkpoints (a config.json in each of the folders {}); expected one, at its "
+        "top level or in a single top-level folder (convert each from its own archive or "
+        "directory)",
+        path, with_config.size(), folders);
   }
   fail("{}: holds no config.json at its top level or in a single top-level folder", path);
 }

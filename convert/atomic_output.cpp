@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstring>
 #include <random>
 
 #include "core/error.h"
@@ -25,6 +27,29 @@ std::string basename_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+namespace {
+
+// "DIR/.NAME.tmp.<pid>." (the random hex follows), with NAME cut short when
+// the whole name would pass the directory's name length limit.
+// note: the suffix adds up to 22 bytes, so a valid OUT name close to
+// NAME_MAX had no temporary name; the cut is at a UTF-8 character boundary,
+// and stale-temporary cleanup reads only the ".tmp.<pid>.<hex>" tail, so a
+// shortened name is recognised as one of ours all the same.
+std::string temp_name_prefix(const std::string& dir, const std::string& name) {
+  const std::string tail = fmt::format(".tmp.{}.", ::getpid());
+  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name_max = limit > 0 ? static_cast<size_t>(limit) : NAME_MAX;
+  const size_t fixed = 1 + tail.size() + 8;  // ".", the tail, the hex digits
+  size_t keep = name.size();
+  if (fixed + keep > name_max) {
+    keep = name_max > fixed + 1 ? name_max - fixed : 1;
+    while (keep > 1 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
+  }
+  return fmt::format("{}/.{}{}", dir, name.substr(0, keep), tail);
+}
+
+}  // namespace
+
 AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
     : path_(path), dir_(directory_of(path)), overwrite_(overwrite) {
   if (path.empty() || path.back() == '/') fail("{}: output must be a file name", path);
@@ -33,11 +58,23 @@ AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
     if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected a file name for the pack", path);
     if (!S_ISREG(st.st_mode)) fail("{}: exists and is not a regular file; not replacing it", path);
     if (!overwrite) fail("{}: already exists (pass --force to replace it)", path);
+  } else if (const int stat_errno = errno; ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    // note: a symbolic link that leads nowhere (its target missing, or a
+    // loop) is still a name in the way: the final rename would refuse it
+    // after the whole conversion. With --force it is replaced as any
+    // existing OUT is: the rename replaces the link itself, never writes
+    // through it (a link to an existing file is replaced the same way).
+    if (!overwrite) {
+      fail("{}: already exists ({}); pass --force to replace it", path,
+           stat_errno == ENOENT ? "a symbolic link to a missing file"
+                                : fmt::format("a symbolic link that cannot be followed: {}",
+                                              std::strerror(stat_errno)));
+    }
   }
+  const std::string prefix = temp_name_prefix(dir_, basename_of(path));
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
-    const std::string name =
-        fmt::format("{}/.{}.tmp.{}.{:08x}", dir_, basename_of(path), ::getpid(), rd());
+    const std::string name = fmt::format("{}{:08x}", prefix, rd());
     fd_ = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ >= 0) {
       temp_path_ = name;

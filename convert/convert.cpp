@@ -20,6 +20,8 @@
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_writer.h"
+#include "tokenizer/chat/chat_request.h"
+#include "tokenizer/chat/jinja_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qtk {
@@ -51,13 +53,52 @@ const char* file_kind(mode_t mode) {
   return "not a regular file";
 }
 
+// Parses a chat template with the runtime's Jinja parser; a syntax error
+// names `what` ("PATH: field 'chat_template'" or "PATH") and the position.
+void parse_chat_template(const std::string& text, const std::string& path,
+                         const std::string& what) {
+  try {
+    (void)jinja::Template::parse(text, path);
+  } catch (const jinja::TemplateError& e) {
+    const std::string where =
+        e.line() > 0 ? fmt::format(" (line {} column {} of the template)", e.line(), e.column())
+                     : "";
+    fail("{}: expected a Jinja template the runtime can parse, found one that does not{}: {}", what,
+         where, e.python_form());
+  }
+}
+
+// Refuses a chat template the runtime could not use: `chat_template` of
+// tokenizer_config.json (a string, or a list of {"name", "template"} with
+// one named "default") and chat_template.jinja are each read with the
+// runtime's own reader (chat::template_from_config) and parsed with its Jinja
+// parser, so a template that reaches the pack parses at generate time.
+// note: generate gives a broken template to the chat lines only (per-line
+// errors), so without this check a pack passed `inspect --verify` and then
+// failed every "messages" request. Both are checked when both are present
+// (generate then uses chat_template.jinja): the pack carries both files.
+void check_chat_templates(const Checkpoint& ckpt, const nlohmann::json* tokenizer_config,
+                          const std::optional<std::string>& jinja_text) {
+  if (tokenizer_config != nullptr) {
+    const std::string path = ckpt.file_path("tokenizer_config.json");
+    if (auto text = chat::template_from_config(tokenizer_config, path, std::nullopt))
+      parse_chat_template(*text, path, path + ": field 'chat_template'");
+  }
+  if (jinja_text) {
+    const std::string path = ckpt.file_path("chat_template.jinja");
+    parse_chat_template(*jinja_text, path, path);
+  }
+}
+
 // Every file carried into the pack is refused unless it is a regular file
 // (after symlinks) that the runtime will read as it is: tokenizer.json is
-// parsed by the runtime's own tokenizer, the JSON files by the strict parser
-// (chat_template.jinja is checked only as a regular file).
+// parsed by the runtime's own tokenizer, the JSON files by the strict parser,
+// the chat templates by the runtime's Jinja parser (check_chat_templates).
 // note: a FIFO or a link to a device used to be skipped silently (or could
 // block the read forever); a tokenizer the runtime refuses used to be packed.
 void check_carried_files(const Checkpoint& ckpt) {
+  std::optional<nlohmann::json> tokenizer_config;
+  std::optional<std::string> jinja_text;
   for (const char* f : kCarriedFiles) {
     const std::string path = ckpt.file_path(f);
     struct stat lst {};
@@ -69,16 +110,18 @@ void check_carried_files(const Checkpoint& ckpt) {
       fail("{}: expected a regular file to carry into the pack, found {}", path,
            file_kind(st.st_mode));
     }
-    const std::string text = read_file(path);
+    std::string text = read_file(path);
     if (std::string_view(f) == "tokenizer.json") {
       (void)Tokenizer::from_json_text(text, path);
     } else if (std::string_view(f) == "chat_template.jinja") {
-      // note: Jinja text, not JSON; generate gives a template that does not
-      // parse to the chat lines only (per-line errors), so it is carried as is.
+      jinja_text = std::move(text);
+    } else if (std::string_view(f) == "tokenizer_config.json") {
+      tokenizer_config = parse_json_strict(text, path);
     } else {
       (void)parse_json_strict(text, path);
     }
   }
+  check_chat_templates(ckpt, tokenizer_config ? &*tokenizer_config : nullptr, jinja_text);
 }
 
 // XXH64 of a whole file, read with pread in large blocks.

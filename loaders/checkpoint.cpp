@@ -332,10 +332,16 @@ void Checkpoint::claim_expected_tensors(TensorsByName& by_canonical) {
     const size_t at = name.find(".mlp.experts.");
     if (at == std::string::npos) continue;
     const std::string layer = name.substr(0, at + 1);
-    const char next = name[at + std::string_view(".mlp.experts.").size()];
-    if (next >= '0' && next <= '9')
+    // note: "experts.N.*" (N digits) is the per-expert layout and a name
+    // with no further dot ("experts.gate_up_proj") the fused one; anything
+    // else ("experts.-1.gate_proj.weight", "experts. 1.*") is neither and is
+    // left to the unexpected-tensor check, which names it.
+    const std::string_view rest =
+        std::string_view(name).substr(at + std::string_view(".mlp.experts.").size());
+    const size_t digits = rest.find_first_not_of("0123456789");
+    if (digits > 0 && digits != std::string_view::npos && rest[digits] == '.')
       per_expert_in.emplace(layer, where.second->name);
-    else
+    else if (rest.find('.') == std::string_view::npos)
       fused_in.emplace(layer, where.second->name);
   }
   for (const auto& [layer, fused_name] : fused_in)

@@ -40,6 +40,7 @@
 //                        Absent: false (both classes' default).
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -72,18 +73,35 @@ struct ConfigDoc {
     if (nested && top.contains(field)) return &top[field];
     return nullptr;
   }
-  // "text_config.hidden_size" or "hidden_size", for messages.
+  // A text-model field's name for messages: "text_config.hidden_size" in
+  // the multimodal layout (R1: read there only, also when it is missing),
+  // else "hidden_size".
   std::string name(const char* field) const {
-    return nested && text.contains(field) ? fmt::format("text_config.{}", field) : field;
+    return nested ? fmt::format("text_config.{}", field) : field;
+  }
+  // A token id field's name: where find_token_ids found it (text_config
+  // first, then the top level).
+  std::string token_id_name(const char* field) const {
+    return nested && !text.contains(field) && top.contains(field) ? std::string(field)
+                                                                  : name(field);
   }
 
+  // note: sizes above 2^40 are refused: a product of two of them (a
+  // tensor's element count) must stay far from int64 overflow.
+  static constexpr uint64_t kMaxSize = uint64_t{1} << 40;
   int64_t positive_int(const char* field) const {
     const json* v = find(field);
     if (!v) fail("{}: missing field '{}' (expected a positive integer)", source, name(field));
-    if (!v->is_number_integer() || v->get<int64_t>() <= 0 ||
-        (v->is_number_unsigned() && v->get<uint64_t>() > (1ull << 40)))
+    const bool positive = v->is_number_unsigned() ? v->get<uint64_t>() > 0
+                                                  : v->is_number_integer() && v->get<int64_t>() > 0;
+    if (!positive)
       fail("{}: field '{}': expected a positive integer, found {}", source, name(field),
            shown_json(*v));
+    const uint64_t n =
+        v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+    if (n > kMaxSize)
+      fail("{}: field '{}': expected a positive integer of at most 2^40 = {}, found {}", source,
+           name(field), kMaxSize, shown_json(*v));
     return v->get<int64_t>();
   }
   std::optional<bool> optional_bool(const char* field) const {
@@ -130,9 +148,10 @@ std::vector<int64_t> token_ids(const json* v, const std::string& source, const s
 }
 
 int64_t single_token_id(const ConfigDoc& d, const char* field) {
-  const auto ids = token_ids(d.find_token_ids(field), d.source, d.name(field));
+  const auto ids = token_ids(d.find_token_ids(field), d.source, d.token_id_name(field));
   if (ids.size() > 1)
-    fail("{}: field '{}': expected one token id, found {}", d.source, d.name(field), ids.size());
+    fail("{}: field '{}': expected one token id, found {}", d.source, d.token_id_name(field),
+         ids.size());
   return ids.empty() ? -1 : ids[0];
 }
 
@@ -163,6 +182,24 @@ void reject_unsupported(const ConfigDoc& d, bool moe_architecture) {
   }
 }
 
+// Where two JSON objects first differ, for a message that shows both: " (at
+// key 'fmt': "e4m3" vs absent)"; "" when they are not both objects.
+// note: shown_json cuts a long value, which can hide the difference.
+std::string first_difference(const json& a, const json& b) {
+  if (!a.is_object() || !b.is_object()) return "";
+  const auto shown = [](const json& o, const std::string& k) {
+    return o.contains(k) ? shown_json(o[k]) : std::string("absent");
+  };
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a.items()) keys.insert(k);
+  for (const auto& [k, v] : b.items()) keys.insert(k);
+  for (const std::string& k : keys) {
+    if (!a.contains(k) || !b.contains(k) || a[k] != b[k])
+      return fmt::format(" (at key '{}': {} vs {})", k, shown(a, k), shown(b, k));
+  }
+  return "";
+}
+
 // quantization_config: block-FP8 (quant_method "fp8", the format of Qwen's
 // FP8 releases) is read; every other method is refused by name.
 void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
@@ -174,8 +211,11 @@ void read_fp8_quantization(const ConfigDoc& d, ModelConfig& c) {
     if (!d.nested && obj == &d.text && std::string_view(name) != "quantization_config")
       continue;  // d.text is d.top
     if (q && *q != (*obj)["quantization_config"])
-      fail("{}: fields 'quantization_config' and 'text_config.quantization_config' disagree",
-           d.source);
+      fail(
+          "{}: fields 'quantization_config' ({}) and 'text_config.quantization_config' ({}) "
+          "disagree{}",
+          d.source, shown_json(*q), shown_json((*obj)["quantization_config"]),
+          first_difference(*q, (*obj)["quantization_config"]));
     q = &(*obj)["quantization_config"];
     where = name;
   }
@@ -257,8 +297,8 @@ void read_layer_plan(const ConfigDoc& d, ModelConfig& c) {
     return;
   }
   if (!d.find("full_attention_interval"))
-    fail("{}: missing field 'layer_types' (or 'full_attention_interval') for {}", d.source,
-         c.hf_architecture);
+    fail("{}: missing field '{}' (or '{}') for {}", d.source, d.name("layer_types"),
+         d.name("full_attention_interval"), c.hf_architecture);
   const int64_t interval = d.positive_int("full_attention_interval");
   // note: transformers' rule: layer i is full attention when (i + 1) % interval == 0.
   for (int64_t i = 0; i < c.num_layers; ++i)
@@ -277,8 +317,8 @@ void read_moe(const ConfigDoc& d, ModelConfig& c) {
   if (ne && ne->is_null()) ne = nullptr;
   if (nl && nl->is_null()) nl = nullptr;
   if (!ne && !nl)
-    fail("{}: missing field 'num_experts' (or 'num_local_experts') for {}", d.source,
-         c.hf_architecture);
+    fail("{}: missing field '{}' (or '{}') for {}", d.source, d.name("num_experts"),
+         d.name("num_local_experts"), c.hf_architecture);
   if (ne) {
     m.num_experts = d.positive_int("num_experts");
     m.num_experts_field = d.name("num_experts");
@@ -364,10 +404,13 @@ std::pair<const json*, std::string> rope_dict(const ConfigDoc& d, ModelConfig& c
 }
 
 // R3, R4: a number from the RoPE dict, else the top level, else `fallback`;
-// records a disagreeing duplicate as ignored.
+// records a disagreeing duplicate as ignored. `from` gets the field's name as
+// it is in the file ("rope_parameters.rope_theta", "rope_theta"), for
+// messages about the value.
 double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
                    const std::string& dict_name, const char* field, double fallback,
-                   const char* fallback_why) {
+                   const char* fallback_why, std::string& from) {
+  from = d.name(field);
   const auto top = d.optional_text_number(field);
   std::optional<double> in_dict;
   if (dict && dict->contains(field) && !(*dict)[field].is_null()) {
@@ -378,6 +421,7 @@ double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
     in_dict = v.get<double>();
   }
   if (in_dict) {
+    from = fmt::format("{}.{}", dict_name, field);
     if (top && *top != *in_dict)
       c.resolution.push_back(fmt::format("{}: {} from {} ('{}' {} ignored)", field,
                                          number_text(*in_dict), dict_name, d.name(field),
@@ -393,17 +437,18 @@ double rope_number(const ConfigDoc& d, ModelConfig& c, const json* dict,
 void read_rope(const ConfigDoc& d, ModelConfig& c) {
   const auto [dict, dict_name] = rope_dict(d, c);
 
-  c.rope.theta =
-      rope_number(d, c, dict, dict_name, "rope_theta", 10000.0, "transformers' default_theta");
+  std::string from;
+  c.rope.theta = rope_number(d, c, dict, dict_name, "rope_theta", 10000.0,
+                             "transformers' default_theta", from);
   if (!(c.rope.theta > 0) || !std::isfinite(c.rope.theta))
-    fail("{}: field 'rope_theta': expected a positive number, found {}", d.source, c.rope.theta);
+    fail("{}: field '{}': expected a positive number, found {}", d.source, from, c.rope.theta);
 
   const bool qwen35 = c.arch == Arch::kQwen3_5;
   c.rope.partial_factor =
       rope_number(d, c, dict, dict_name, "partial_rotary_factor", qwen35 ? 0.25 : 1.0,
-                  qwen35 ? "Qwen3_5TextConfig's default" : "full rotary, as Qwen3 computes");
+                  qwen35 ? "Qwen3_5TextConfig's default" : "full rotary, as Qwen3 computes", from);
   if (!(c.rope.partial_factor > 0 && c.rope.partial_factor <= 1))
-    fail("{}: field 'partial_rotary_factor': expected a number in (0, 1], found {}", d.source,
+    fail("{}: field '{}': expected a number in (0, 1], found {}", d.source, from,
          c.rope.partial_factor);
   // note: transformers takes int(head_dim * partial_rotary_factor): the
   // product in double precision, truncated (an odd result is refused by
@@ -431,8 +476,8 @@ void read_rope(const ConfigDoc& d, ModelConfig& c) {
            section_name, shown_json(*section));
     for (const json& x : *section) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > (1 << 20))
-        fail("{}: field '{}': expected 3 integers >= 0, found {}", d.source, section_name,
-             shown_json(*section));
+        fail("{}: field '{}': expected 3 integers in [0, 2^20 = 1048576], found {}", d.source,
+             section_name, shown_json(*section));
       c.rope.mrope_section.push_back(x.get<int64_t>());
     }
   } else {
@@ -565,7 +610,8 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   if (moe) read_moe(d, c);
   read_rope(d, c);
 
-  c.eos_token_ids = token_ids(d.find_token_ids("eos_token_id"), source, d.name("eos_token_id"));
+  c.eos_token_ids =
+      token_ids(d.find_token_ids("eos_token_id"), source, d.token_id_name("eos_token_id"));
   c.bos_token_id = single_token_id(d, "bos_token_id");
   c.pad_token_id = single_token_id(d, "pad_token_id");
 

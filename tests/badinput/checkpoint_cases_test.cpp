@@ -283,6 +283,50 @@ TEST(BadCarriedFiles, TokenizerAndSideFilesAreCheckedAsTheRuntimeReadsThem) {
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
+// A chat template the runtime cannot use is refused by convert, naming the
+// file and the field (it used to be carried into the pack, which `inspect
+// --verify` passed and generate then failed on every "messages" line).
+TEST(BadCarriedFiles, ChatTemplatesAreParsedAsTheRuntimeParsesThem) {
+  const auto tokenizer_config = [](const std::string& value) {
+    return [value](const std::string& ckpt) {
+      write_file(ckpt + "/tokenizer_config.json", "{\"chat_template\": " + value + "}");
+    };
+  };
+  expect_convert_rejects(
+      "qwen3-tiny", tokenizer_config("5"),
+      {"tokenizer_config.json", "field 'chat_template'", "expected a string", "number"});
+  expect_convert_rejects(
+      "qwen3-tiny", tokenizer_config("\"{% for x in %}\""),
+      {"tokenizer_config.json", "field 'chat_template'", "does not", "TemplateSyntaxError"});
+  expect_convert_rejects("qwen3-tiny",
+                         tokenizer_config("[{\"name\": \"tool_use\", \"template\": \"{{ x }}\"}]"),
+                         {"tokenizer_config.json", "field 'chat_template'", "'default'"});
+  // The "default" entry of a list is parsed too.
+  expect_convert_rejects("qwen3-tiny",
+                         tokenizer_config("[{\"name\": \"default\", \"template\": \"{% if %}\"}]"),
+                         {"tokenizer_config.json", "field 'chat_template'", "TemplateSyntaxError"});
+  expect_convert_rejects("qwen3-tiny",
+                         [](const std::string& ckpt) {
+                           write_file(ckpt + "/chat_template.jinja", "{{ messages[0].content ");
+                         },
+                         {"chat_template.jinja", "TemplateSyntaxError", "line 1"});
+  // Control: valid templates (a string, a named list, a .jinja file) are
+  // carried.
+  for (const std::string& value :
+       {std::string("\"{% for m in messages %}{{ m.content }}{% endfor %}\""),
+        std::string("[{\"name\": \"default\", \"template\": \"{{ bos_token }}\"}, "
+                    "{\"name\": \"tool_use\", \"template\": \"x\"}]"),
+        std::string("null")}) {
+    SCOPED_TRACE(value);
+    TempDir t;
+    copy_checkpoint("qwen3-tiny", t / "ckpt");
+    tokenizer_config(value)(t / "ckpt");
+    write_file(t / "ckpt/chat_template.jinja", "{% for m in messages %}{{ m.role }}{% endfor %}");
+    const RunResult ok = run_program({program("convert"), t / "ckpt", t / "ok.pack"});
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  }
+}
+
 // ---- mixture of experts --------------------------------------------------------
 
 TEST(BadMoe, ConfigContradictsTheExperts) {
@@ -381,6 +425,33 @@ TEST(BadMoe, LayerWithBothExpertLayoutsNamed) {
       {"layer layers.1", "both expert layouts",
        "model.language_model.layers.1.mlp.experts.down_proj",
        "model.language_model.layers.1.mlp.experts.0.down_proj.weight"});
+}
+
+// An expert tensor whose expert index is not a plain number ("-1", "+1",
+// " 1") belongs to neither expert layout: it is named as an unexpected
+// tensor, as "experts.07" is (it was reported as a fused tensor of a layer
+// holding both layouts).
+TEST(BadMoe, ExpertIndexThatIsNotANumber) {
+  for (const std::string index : {"-1", "+1", " 1", "07"}) {
+    SCOPED_TRACE(index);
+    const std::string extra = "model.layers.0.mlp.experts." + index + ".gate_proj.weight";
+    expect_convert_rejects(
+        "qwen3-moe-tiny",
+        [&](const std::string& ckpt) {
+          const std::string shard = "model-00001-of-00002.safetensors";
+          edit_json(ckpt + "/" + kIndex, [&](ordered_json& j) { j["weight_map"][extra] = shard; });
+          SafetensorsParts p = read_safetensors(ckpt + "/" + shard);
+          ordered_json like = p.header["model.layers.0.mlp.experts.0.gate_proj.weight"];
+          const uint64_t bytes =
+              like["data_offsets"][1].get<uint64_t>() - like["data_offsets"][0].get<uint64_t>();
+          const uint64_t end = p.data.size();
+          like["data_offsets"] = {end, end + bytes};
+          p.header[extra] = like;
+          p.data.append(bytes, '\0');
+          write_file(ckpt + "/" + shard, build_safetensors(p.header, p.data));
+        },
+        {"tensor \"" + extra + "\"", "unexpected tensor"});
+  }
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
+
 #include "convert/convert.h"
 #include "convert_test_util.h"
 
@@ -243,6 +245,30 @@ TEST(ArchiveReject, ChecksumMismatch) {
   zip[zip.size() / 2] = static_cast<char>(zip[zip.size() / 2] ^ 0x01);  // inside model.safetensors
   testing::write_file(tmp.file("crc.zip"), zip);
   expect_rejected(tmp.file("crc.zip"), "its data is damaged");
+  // A deflated entry whose recorded size is 4 bytes more than its data:
+  // libarchive's message for it ends with a newline, which used to be
+  // printed as a literal "\n" at the end of the line.
+  ASSERT_EQ(
+      run_shell("cd " + src + " && zip -q " + quote(tmp.file("size.zip")) + " config.json").status,
+      0);
+  std::string sized = testing::read_file(tmp.file("size.zip"));
+  ASSERT_EQ(sized.substr(0, 4), std::string("PK\x03\x04", 4));
+  const size_t central = sized.find(std::string("PK\x01\x02", 4));
+  ASSERT_NE(central, std::string::npos);
+  for (const size_t at : {size_t{22}, central + 24}) {  // the uncompressed size fields
+    uint32_t v = 0;
+    std::memcpy(&v, sized.data() + at, 4);
+    v += 4;
+    std::memcpy(sized.data() + at, &v, 4);
+  }
+  testing::write_file(tmp.file("size-bad.zip"), sized);
+  expect_rejected(tmp.file("size-bad.zip"),
+                  "its data is damaged: ZIP uncompressed data is wrong size");
+  TempDir out_dir;
+  const auto r = run_shell(convert_bin() + " " + quote(tmp.file("size-bad.zip")) + " " +
+                           quote(out_dir.file("m.pack")));
+  EXPECT_EQ(r.err.find("\\n"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.err.ends_with(")\n")) << r.err;
 }
 
 TEST(ArchiveReject, NotAnArchive) {
@@ -251,11 +277,43 @@ TEST(ArchiveReject, NotAnArchive) {
   expect_rejected(tmp.file("notes.txt"), "not a readable tar or zip archive");
 }
 
+// A file that is not an archive but recognisable is named as `inspect`
+// names it, not with libarchive's "Unrecognized archive format".
+TEST(ArchiveReject, RecognisableNonArchivesAreNamed) {
+  TempDir tmp;
+  const std::string st = testing::source_path(kTiny + "/model.safetensors");
+  expect_rejected(st, "this looks like a safetensors file, not a checkpoint");
+  testing::write_file(tmp.file("m.gguf"), std::string("GGUF\x03\0\0\0", 8) + std::string(64, 'x'));
+  expect_rejected(tmp.file("m.gguf"), "this looks like a GGUF file (llama.cpp's format)");
+  ASSERT_EQ(run_shell("cp " + quote(st) + " " + quote(tmp.file("m.safetensors")) + " && gzip " +
+                      quote(tmp.file("m.safetensors")))
+                .status,
+            0);
+  expect_rejected(tmp.file("m.safetensors.gz"),
+                  "this is a gzip-compressed file that does not hold a tar archive");
+  for (const char* name : {"m.gguf", "m.safetensors.gz"}) {
+    TempDir out_dir;
+    const auto r = run_shell(convert_bin() + " " + quote(tmp.file(name)) + " " +
+                             quote(out_dir.file("m.pack")));
+    EXPECT_EQ(r.err.find("Unrecognized"), std::string::npos) << r.err;
+  }
+}
+
 TEST(ArchiveReject, NoCheckpointInside) {
   TempDir tmp;
-  write_tar(tmp.file("a.tar"), {{"a/config.json", AE_IFREG, tiny_config()},
-                                {"b/config.json", AE_IFREG, tiny_config()}});
-  expect_rejected(tmp.file("a.tar"), "no config.json");
+  write_tar(tmp.file("a.tar"), {{"a/notes.txt", AE_IFREG, "x"}, {"b/notes.txt", AE_IFREG, "y"}});
+  expect_rejected(tmp.file("a.tar"), "holds no config.json");
+}
+
+// Two checkpoints in one archive: named as such, with their folders (it
+// used to say "holds no config.json").
+TEST(ArchiveReject, TwoCheckpointsInside) {
+  TempDir tmp;
+  write_tar(tmp.file("a.tar"), {{"b/config.json", AE_IFREG, tiny_config()},
+                                {"a/config.json", AE_IFREG, tiny_config()},
+                                {"c/notes.txt", AE_IFREG, "x"}});
+  expect_rejected(tmp.file("a.tar"),
+                  "holds 2 checkpoints (a config.json in each of the folders a/, b/)");
 }
 
 TEST(ConvertReject, TruncatedShard) {

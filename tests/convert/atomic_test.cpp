@@ -130,6 +130,85 @@ TEST(Atomic, OutputThatIsADirectory) {
   EXPECT_EQ(tmp.listing(), std::set<std::string>{"d"});
 }
 
+// An OUT that is a symbolic link to a missing file is refused before any
+// work (it used to fail only at the final rename, "appeared while
+// converting"). --force replaces the link itself, as it replaces a link to
+// an existing file: nothing is ever written through the link.
+TEST(Atomic, DanglingSymlinkOutput) {
+  TempDir tmp;
+  const std::string out = tmp.file("x.pack");
+  const std::string gone = tmp.file("gone.pack");
+  std::filesystem::create_symlink(gone, out);
+  // An input that fails late: refused at the start means the output is
+  // named, not the (broken) checkpoint.
+  const std::string dir = tmp.file("broken");
+  std::filesystem::create_directories(dir);
+  testing::write_file(dir + "/config.json", "{ not json");
+  for (const std::string& in : {dir, testing::source_path(kModel)}) {
+    const auto r = run_shell(cli(in, out));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(out + ": already exists (a symbolic link to a missing file); pass "
+                               "--force to replace it"),
+              std::string::npos)
+        << r.err;
+    EXPECT_TRUE(std::filesystem::is_symlink(out));
+    EXPECT_FALSE(std::filesystem::exists(gone));
+  }
+  EXPECT_EQ(tmp.listing(), (std::set<std::string>{"x.pack", "broken"}));
+
+  const auto forced = run_shell(cli(testing::source_path(kModel), out, "--force"));
+  EXPECT_EQ(forced.status, 0) << forced.err;
+  EXPECT_FALSE(std::filesystem::is_symlink(out));
+  EXPECT_FALSE(std::filesystem::exists(gone));
+  EXPECT_NO_THROW(Pack::open(out));
+
+  // A link to an existing file: --force replaces the link, not its target.
+  const std::string target = tmp.file("target.pack");
+  testing::write_file(target, "previous content");
+  std::filesystem::remove(out);
+  std::filesystem::create_symlink(target, out);
+  const auto kept = run_shell(cli(testing::source_path(kModel), out));
+  EXPECT_EQ(kept.status, 1) << kept.err;
+  EXPECT_NE(kept.err.find("already exists (pass --force"), std::string::npos) << kept.err;
+  const auto replaced = run_shell(cli(testing::source_path(kModel), out, "--force"));
+  EXPECT_EQ(replaced.status, 0) << replaced.err;
+  EXPECT_FALSE(std::filesystem::is_symlink(out));
+  EXPECT_EQ(testing::read_file(target), "previous content");
+}
+
+// Any valid output name works, also one whose temporary name
+// (".NAME.tmp.<pid>.<hex>") would pass NAME_MAX: the temporary name is cut
+// short (at a UTF-8 character boundary) and nothing is left behind.
+TEST(Atomic, LongOutputName) {
+  TempDir tmp;
+  std::string two_byte;  // 250 bytes of "é" and ".pack": 255 bytes
+  for (int i = 0; i < 125; ++i) two_byte += "\xc3\xa9";
+  for (const std::string& name :
+       {std::string(240, 'a') + ".pack", std::string(250, 'b') + ".pack", two_byte + ".pack"}) {
+    SCOPED_TRACE(name.size());
+    const auto r = run_shell(cli(testing::source_path(kModel), tmp.file(name)));
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(tmp.listing(), std::set<std::string>{name});
+    EXPECT_NO_THROW(Pack::open(tmp.file(name)));
+    std::filesystem::remove(tmp.file(name));
+  }
+  // A shortened temporary name left by a killed convert is still recognised
+  // as one of ours and removed by the next convert into the directory.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // a pid no process has now
+  const std::string tail = ".tmp." + std::to_string(child) + ".0123abcd";
+  const std::string stale = "." + std::string(255 - 1 - tail.size(), 'a') + tail;
+  ASSERT_EQ(stale.size(), 255u);
+  testing::write_file(tmp.file(stale), "left by a killed convert");
+  const auto r = run_shell(cli(testing::source_path(kModel), tmp.file("m.pack")));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("removed stale temporary file"), std::string::npos) << r.err;
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
+}
+
 TEST(Atomic, BadInputLeavesNothing) {
   TempDir tmp;
   const std::string dir = tmp.file("broken");

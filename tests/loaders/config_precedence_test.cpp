@@ -79,7 +79,7 @@ TEST(ConfigPrecedence, R1TextConfigOnlyInMultimodalLayout) {
   json moved = load(kQwen35Vlm);
   moved["vocab_size"] = moved["text_config"]["vocab_size"];
   moved["text_config"].erase("vocab_size");
-  expect_has(reject(moved), "missing field 'vocab_size'");
+  expect_has(reject(moved), "missing field 'text_config.vocab_size'");
   // Token ids do not change the forward pass: they fall back to the top level.
   json ids = load(kQwen35Vlm);
   ids["text_config"].erase("eos_token_id");

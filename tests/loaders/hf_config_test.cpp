@@ -382,9 +382,9 @@ std::vector<Reject> rejects() {
        "field 'intermediate_size': expected a positive integer, found 0"},
       {"moe35_no_shared_expert", kQwen35MoeVlm,
        [](json& j) { j["text_config"].erase("shared_expert_intermediate_size"); },
-       "missing field 'shared_expert_intermediate_size'"},
+       "missing field 'text_config.shared_expert_intermediate_size'"},
       {"moe35_no_experts", kQwen35MoeVlm, [](json& j) { j["text_config"].erase("num_experts"); },
-       "missing field 'num_experts' (or 'num_local_experts') for "
+       "missing field 'text_config.num_experts' (or 'text_config.num_local_experts') for "
        "Qwen3_5MoeForConditionalGeneration"},
       {"quant_awq", kQwen3Tiny,
        [](json& j) {
@@ -431,7 +431,9 @@ std::vector<Reject> rejects() {
          j["quantization_config"] = {{"quant_method", "fp8"}};
          j["text_config"]["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
        },
-       "fields 'quantization_config' and 'text_config.quantization_config' disagree"},
+       "fields 'quantization_config' ({\"quant_method\":\"fp8\"}) and "
+       "'text_config.quantization_config' ({\"fmt\":\"e4m3\",\"quant_method\":\"fp8\"}) "
+       "disagree (at key 'fmt': absent vs \"e4m3\")"},
       {"layer_types_length", kQwen35Tiny, [](json& j) { j["layer_types"].erase(0); },
        "field 'layer_types': expected 8 entries (num_hidden_layers), found 7"},
       {"layer_type_unknown", kQwen35Tiny, [](json& j) { j["layer_types"][0] = "mamba"; },
@@ -455,6 +457,42 @@ std::vector<Reject> rejects() {
        "rotary dim head_dim 32 x 0.3 = 9 must be even"},
       {"hidden_size_negative", kQwen3Tiny, [](json& j) { j["hidden_size"] = -64; },
        "field 'hidden_size': expected a positive integer, found -64"},
+      // Over the limit: the message says the limit.
+      {"hidden_size_huge", kQwen3Tiny, [](json& j) { j["hidden_size"] = int64_t{1} << 62; },
+       "field 'hidden_size': expected a positive integer of at most 2^40 = 1099511627776, found "
+       "4611686018427387904"},
+      {"vocab_size_huge", kQwen3Tiny, [](json& j) { j["vocab_size"] = int64_t{1} << 62; },
+       "field 'vocab_size': expected a positive integer of at most 2^40 = 1099511627776, found "
+       "4611686018427387904"},
+      {"mrope_section_huge", kQwen35Tiny,
+       [](json& j) {
+         j["rope_parameters"]["mrope_section"] = {int64_t{1} << 40, 1, 1};
+       },
+       "field 'rope_parameters.mrope_section': expected 3 integers in [0, 2^20 = 1048576], found "
+       "[1099511627776,1,1]"},
+      // A RoPE value is named where it is in the file.
+      {"rope_theta_in_rope_parameters", kQwen3Tiny,
+       [](json& j) { j["rope_parameters"]["rope_theta"] = -1; },
+       "field 'rope_parameters.rope_theta': expected a positive number, found -1"},
+      {"rope_theta_zero_in_rope_parameters", kQwen35Vlm,
+       [](json& j) { j["text_config"]["rope_parameters"]["rope_theta"] = 0; },
+       "field 'text_config.rope_parameters.rope_theta': expected a positive number, found 0"},
+      {"rope_theta_top_level", kQwen3Tiny,
+       [](json& j) {
+         j["rope_parameters"].erase("rope_theta");
+         j["rope_theta"] = 0;
+       },
+       "field 'rope_theta': expected a positive number, found 0"},
+      {"partial_factor_zero_in_rope_parameters", kQwen35Tiny,
+       [](json& j) { j["rope_parameters"]["partial_rotary_factor"] = 0; },
+       "field 'rope_parameters.partial_rotary_factor': expected a number in (0, 1], found 0"},
+      {"partial_factor_two_in_rope_parameters", kQwen35Tiny,
+       [](json& j) { j["rope_parameters"]["partial_rotary_factor"] = 2; },
+       "field 'rope_parameters.partial_rotary_factor': expected a number in (0, 1], found 2"},
+      // A text-model field missing from text_config is named there.
+      {"vlm_hidden_size_missing", kQwen35Vlm,
+       [](json& j) { j["text_config"].erase("hidden_size"); },
+       "missing field 'text_config.hidden_size' (expected a positive integer)"},
       {"linear_dim_missing", kQwen35Tiny, [](json& j) { j.erase("linear_key_head_dim"); },
        "missing field 'linear_key_head_dim'"},
       {"no_text_config", kQwen35Vlm, [](json& j) { j.erase("text_config"); },
