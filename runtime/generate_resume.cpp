@@ -173,6 +173,17 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   check_same_prompts(old, meta, source.meta, batch);
 
   const std::string existing = read_whole_file(source.path, "the results");
+  // note: a complete run's header holds its results' XXH64 (headers made by
+  // an older qtk do not); a results file changed since is not resumed over.
+  if (const nlohmann::json digest = at(old, "/results_xxh64");
+      digest.is_string() && at(old, "/status") == "complete") {
+    const std::string now = checksum_hex(xxh64(existing.data(), existing.size()));
+    if (now != digest.get<std::string>())
+      fail(
+          "{}: cannot resume: its XXH64 is {}, but its run header {} says {} (the file was "
+          "changed after the run completed); start over with --force",
+          source.path, now, source.meta, digest.get<std::string>());
+  }
   const size_t last_newline = existing.rfind('\n');
   const size_t keep = last_newline == std::string::npos ? 0 : last_newline + 1;
   const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));

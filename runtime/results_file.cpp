@@ -15,6 +15,8 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "pack/pack_checksum.h"
+#include "runtime/generate_resume.h"
 
 namespace qtk {
 
@@ -414,13 +416,17 @@ void ResultsWriter::append(const std::string& line) {
 void ResultsWriter::complete(const nlohmann::json& stats) {
   meta_["status"] = "complete";
   meta_["stats"] = stats;
-  const std::string text = meta_.dump(2) + "\n";
   if (stream_) {
-    if (!work_meta_.empty()) write_file_atomic(work_meta_, text);
+    if (!work_meta_.empty()) write_file_atomic(work_meta_, meta_.dump(2) + "\n");
     done_ = true;
     return;
   }
   if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync failed", paths_.out));
+  // note: the digest of the whole results file lets merge and --resume tell
+  // a results file that was edited, or a meta file that is another's.
+  const std::string results = read_whole_file(work_, "the results");
+  meta_["results_xxh64"] = checksum_hex(xxh64(results.data(), results.size()));
+  const std::string text = meta_.dump(2) + "\n";
   // note: the final header is written before the results are renamed: a kill
   // between the two leaves OUT.partial, which --resume then finishes (all
   // its lines are there) and renames.

@@ -51,11 +51,41 @@ struct HandEntry {
   uint32_t offset = 0;  // filled in by hand_zip
 };
 
+// CRC-32 as zip stores it, bit by bit (independent of the pack code's).
+uint32_t zip_crc32(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
 std::string local_header(const HandEntry& e, uint16_t extra_len) {
-  return u32(0x04034b50) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) + u32(0) +
-         u32(static_cast<uint32_t>(e.data.size())) + u32(static_cast<uint32_t>(e.data.size())) +
-         u16(static_cast<uint16_t>(e.name.size())) + u16(extra_len) + e.name +
-         std::string(extra_len, '\0');
+  return u32(0x04034b50) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) +
+         u32(zip_crc32(e.data)) + u32(static_cast<uint32_t>(e.data.size())) +
+         u32(static_cast<uint32_t>(e.data.size())) + u16(static_cast<uint16_t>(e.name.size())) +
+         u16(extra_len) + e.name + std::string(extra_len, '\0');
+}
+
+// Sets the CRC-32 of entry `name` of zip `z` (local header and central
+// directory) to its data's, after the data was edited in place.
+void fix_crc(std::string& z, const std::string& name) {
+  const size_t eocd = z.rfind(std::string("PK\x05\x06", 4));
+  size_t pos = get32(z, eocd + 16);
+  for (uint16_t i = 0; i < get16(z, eocd + 10); ++i) {
+    const uint16_t name_len = get16(z, pos + 28);
+    if (z.compare(pos + 46, name_len, name) == 0) {
+      const uint32_t local = get32(z, pos + 42), size = get32(z, pos + 24);
+      const size_t data = local + 30 + get16(z, local + 26) + get16(z, local + 28);
+      const uint32_t crc = zip_crc32(z.substr(data, size));
+      put32(z, local + 14, crc);
+      put32(z, pos + 16, crc);
+      return;
+    }
+    pos += 46 + name_len + get16(z, pos + 30) + get16(z, pos + 32);
+  }
+  throw std::runtime_error("no entry " + name);
 }
 
 // Sequential zip; with `align`, pads each local header so data is 64-aligned.
@@ -79,7 +109,7 @@ std::string hand_zip(std::vector<HandEntry> es, bool align) {
   const size_t cd = z.size();
   for (const auto& e : es)
     z += u32(0x02014b50) + u16(20) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) +
-         u32(0) + u32(static_cast<uint32_t>(e.data.size())) +
+         u32(zip_crc32(e.data)) + u32(static_cast<uint32_t>(e.data.size())) +
          u32(static_cast<uint32_t>(e.data.size())) + u16(static_cast<uint16_t>(e.name.size())) +
          u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(e.offset) + e.name;
   z += u32(0x06054b50) + u16(0) + u16(0) + u16(static_cast<uint16_t>(es.size())) +
@@ -143,6 +173,7 @@ TEST_F(ReaderReject, UnknownMajorVersion) {
   const size_t at = z.find("\"version\": \"1.0\"");
   ASSERT_NE(at, std::string::npos);
   z.replace(at, 16, "\"version\": \"2.0\"");
+  fix_crc(z, "manifest.json");
   const std::string p = dir_->file("v2.pack");
   EXPECT_EQ(open_error(z, "v2.pack"),
             p + ": pack format version 2.0 is not supported (this build reads 1.x)");
@@ -153,6 +184,7 @@ TEST_F(ReaderReject, UnknownChecksumAlgorithm) {
   const size_t at = z.find("\"checksum_algorithm\": \"xxh64\"");
   ASSERT_NE(at, std::string::npos);
   z.replace(at + 23, 5, "xxh32");
+  fix_crc(z, "manifest.json");
   EXPECT_NE(open_error(z).find("field \"checksum_algorithm\": expected \"xxh64\", found \"xxh32\""),
             std::string::npos)
       << open_error(z);
@@ -162,6 +194,7 @@ TEST_F(ReaderReject, NewerMinorVersionIsRead) {
   std::string z = *good_;
   const size_t at = z.find("\"version\": \"1.0\"");
   z.replace(at, 16, "\"version\": \"1.7\"");
+  fix_crc(z, "manifest.json");
   const std::string p = dir_->file("v17.pack");
   testing::write_file(p, z);
   EXPECT_NO_THROW(Pack::open(p));
@@ -275,9 +308,9 @@ TEST_F(ReaderReject, OverlappingEntries) {
   const size_t eocd = z.size() - 22;
   const size_t cd = get32(z, eocd + 16);
   std::string central = z.substr(cd, eocd - cd);
-  central += u32(0x02014b50) + u16(20) + u16(20) + u16(0) + u16(0) + u16(0) + u16(0x21) + u32(0) +
-             u32(32) + u32(32) + u16(1) + u16(0) + u16(0) + u16(0) + u16(0) + u32(0) + u32(128) +
-             "b";
+  central += u32(0x02014b50) + u16(20) + u16(20) + u16(0) + u16(0) + u16(0) + u16(0x21) +
+             u32(zip_crc32(b.data)) + u32(32) + u32(32) + u16(1) + u16(0) + u16(0) + u16(0) +
+             u16(0) + u32(0) + u32(128) + "b";
   z = z.substr(0, cd) + central + u32(0x06054b50) + u16(0) + u16(0) + u16(2) + u16(2) +
       u32(static_cast<uint32_t>(central.size())) + u32(static_cast<uint32_t>(cd)) + u16(0);
   EXPECT_NE(open_error(z).find("overlap"), std::string::npos);

@@ -294,7 +294,10 @@ TEST(GenerateSafety, Item7_ResumeRefusesAnotherPromptsFile) {
   const std::string expected = read_text(full);
   const std::string part = work_dir() + "/digest.part.jsonl";
   write_text(part, expected.substr(0, expected.find('\n') + 1));
-  std::filesystem::copy_file(full + ".meta.json", part + ".meta.json");
+  // note: as an older qtk left it, without the results' digest.
+  auto header = load_json(full + ".meta.json");
+  header.erase("results_xxh64");
+  write_text(part + ".meta.json", header.dump(2));
   // Line 3 changed, ids kept (default line-number ids would behave the same).
   auto lines = read_jsonl(in);
   lines[2]["prompt_token_ids"][0] = 99;

@@ -192,14 +192,35 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   // OUT '-' (merge writes files, not standard output).
   EXPECT_NE(merge_err("- " + s0 + " " + s1 + " " + s2).find("found '-'"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists("-"));
-  // A result line copied over another shard's: its id then has two results.
+  // A result line copied over another shard's: the shard's digest (in its
+  // meta file) no longer matches; without a digest (a meta file of an older
+  // qtk), its id has two results.
   const std::string s1_text = read_text(s1), s2_text = read_text(s2);
   write_text(s1,
              s2_text.substr(0, s2_text.find('\n') + 1) + s1_text.substr(s1_text.find('\n') + 1));
+  EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2)
+                .find("the results were changed after the shard completed"),
+            std::string::npos);
+  auto s1_meta_json = load_json(s1 + ".meta.json");
+  ASSERT_TRUE(s1_meta_json.contains("results_xxh64"));
+  s1_meta_json.erase("results_xxh64");
+  write_text(s1 + ".meta.json", s1_meta_json.dump(2));
   EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2).find("has a result already"),
             std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(d + "/m7.jsonl"));
   write_text(s1, s1_text);
+  write_text(s1 + ".meta.json", s1_meta);
+  // Two shards' meta files swapped: each names the other's shard index.
+  const std::string s0_meta = read_text(s0 + ".meta.json");
+  write_text(s0 + ".meta.json", s1_meta);
+  write_text(s1 + ".meta.json", s0_meta);
+  EXPECT_NE(merge_err(d + "/m8.jsonl " + s0 + " " + s1 + " " + s2)
+                .find("or the meta file is another shard's"),
+            std::string::npos);
+  write_text(s0 + ".meta.json", s0_meta);
+  write_text(s1 + ".meta.json", s1_meta);
+  EXPECT_EQ(run(merge_cmd(d + "/m9.jsonl " + s0 + " " + s1 + " " + s2)).status, 3);
+  EXPECT_EQ(read_text(d + "/m9.jsonl"), read_text(job().full));
 }
 
 TEST(Shard, FlagParsing) {

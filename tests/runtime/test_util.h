@@ -86,7 +86,8 @@ inline std::string pack_of(const std::string& model_rel) {
   static std::map<std::string, std::string> done;
   if (auto it = done.find(model_rel); it != done.end()) return it->second;
   std::string name = model_rel;
-  for (char& c : name) if (c == '/') c = '_';
+  for (char& c : name)
+    if (c == '/') c = '_';
   const std::string pack = fmt::format("{}/{}.pack", work_dir(), name);
   RunResult r = run(fmt::format("{} {} {} --force", QTK_CONVERT_BIN, src(model_rel), pack));
   if (r.status != 0) {
@@ -97,19 +98,36 @@ inline std::string pack_of(const std::string& model_rel) {
   return pack;
 }
 
-inline nlohmann::json load_json(const std::string& path) { return nlohmann::json::parse(read_text(path)); }
+inline nlohmann::json load_json(const std::string& path) {
+  return nlohmann::json::parse(read_text(path));
+}
+
+// Leaves what a run killed after `done` (its first complete lines) leaves:
+// OUT.partial and its header, "running", made from `complete_meta` (a
+// complete run's header) without what only completion writes.
+inline void write_killed_run(const std::string& out, const std::string& done,
+                             const std::string& complete_meta) {
+  nlohmann::json header = load_json(complete_meta);
+  header["status"] = "running";
+  header.erase("results_xxh64");
+  header.erase("stats");
+  write_text(out + ".partial.meta.json", header.dump(2));
+  write_text(out + ".partial", done);
+}
 
 // generate with extra flags; returns the run result.
 inline RunResult generate(const std::string& pack, const std::string& batch, const std::string& out,
                           const std::string& flags) {
-  return run(fmt::format("{} --model {} --batch {} --out {} {}", QTK_GENERATE_BIN, pack, batch, out, flags));
+  return run(fmt::format("{} --model {} --batch {} --out {} {}", QTK_GENERATE_BIN, pack, batch, out,
+                         flags));
 }
 
 // Prompt lines for every golden case (token ids, max_new_tokens, mrope).
 inline std::string golden_prompts(const nlohmann::json& golden) {
   std::string s;
   for (const auto& c : golden["cases"]) {
-    nlohmann::json j = {{"id", c["id"]}, {"prompt_token_ids", c["prompt_token_ids"]},
+    nlohmann::json j = {{"id", c["id"]},
+                        {"prompt_token_ids", c["prompt_token_ids"]},
                         {"max_tokens", c["max_new_tokens"]}};
     if (c.contains("mrope_position_ids")) j["mrope_position_ids"] = c["mrope_position_ids"];
     s += j.dump() + "\n";

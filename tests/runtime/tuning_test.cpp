@@ -387,9 +387,7 @@ RunResult resume_under(const std::string& first_env, const std::string& env,
             0);
   *expected = read_text(full);
   const std::string part = work_dir() + "/" + name + ".part.jsonl";
-  write_text(part, expected->substr(0, expected->find('\n') + 1));
-  std::filesystem::copy_file(full + ".meta.json", part + ".meta.json",
-                             std::filesystem::copy_options::overwrite_existing);
+  write_killed_run(part, expected->substr(0, expected->find('\n') + 1), full + ".meta.json");
   RunResult r = run(fmt::format("{} {} --model {} --batch {} --out {} --resume", env,
                                 QTK_GENERATE_BIN, pack, in, part));
   if (r.status == 0) {
