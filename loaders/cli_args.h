@@ -178,6 +178,7 @@ namespace detail {
 
 struct FlagSpec {
   bool takes_value = false;  // false: a switch
+  std::string name;          // its long name (for a short flag too), for messages
 };
 
 inline size_t edit_distance(std::string_view a, std::string_view b) {
@@ -222,6 +223,7 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
     for (const cxxopts::HelpOptionDetails& o : options.group_help(group).options) {
       detail::FlagSpec spec;
       spec.takes_value = !o.is_boolean && !o.has_implicit;
+      spec.name = o.l.empty() ? std::string(1, o.s.empty() ? '?' : o.s[0]) : o.l.front();
       for (const std::string& l : o.l) longs[l] = spec;
       if (o.s.size() == 1) shorts[o.s[0]] = spec;
     }
@@ -243,6 +245,16 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
     if (!next.empty() && longs.count(next) > 0)
       fail("{}: expected a value after the flag, found the flag --{}", shown, next);
   };
+  // note: cxxopts keeps the last of two values (--out a.jsonl ... --out
+  // b.jsonl ran into b.jsonl without a word); the same value twice is fine.
+  std::map<std::string, std::string> values;
+  auto note_value = [&](const detail::FlagSpec& spec, std::string_view shown,
+                        std::string_view value) {
+    auto [it, fresh] = values.emplace(spec.name, std::string(value));
+    if (!fresh && it->second != value)
+      fail("{}: given twice, as {} and {}; expected one value", shown, quote_text(it->second),
+           quote_text(value));
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--") break;                         // the rest are positional arguments
@@ -259,11 +271,13 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
         // switches by count, so it meant ON; a switch takes no value at all.
         if (!spec.takes_value)
           fail("{}: takes no value, found {}", shown, quote_text(arg.substr(eq + 1)));
+        note_value(spec, shown, arg.substr(eq + 1));
         continue;
       }
       if (spec.takes_value) {
         check_value_follows(shown, i);
         ++i;  // skip the value
+        note_value(spec, shown, argv[i]);
       }
       continue;
     }
@@ -278,6 +292,9 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
       if (k + 1 == arg.size()) {
         check_value_follows(shown, i);
         ++i;
+        note_value(it->second, shown, argv[i]);
+      } else {
+        note_value(it->second, shown, arg.substr(k + 1));
       }
       break;
     }

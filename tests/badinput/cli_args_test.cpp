@@ -161,6 +161,17 @@ TEST_F(ParseFlags, UnknownFlags) {
   EXPECT_EQ(error({std::string("-\x01")}), "-\\x01: unknown flag (see --help)");
 }
 
+// A value flag given twice with different values is refused (cxxopts kept
+// the last); the same value twice, and a switch twice, are fine.
+TEST_F(ParseFlags, AValueGivenTwice) {
+  EXPECT_EQ(error({"--model", "a.pack", "--model", "b.pack"}),
+            "--model: given twice, as \"a.pack\" and \"b.pack\"; expected one value");
+  EXPECT_EQ(error({"--threads=2", "--threads", "3"}),
+            "--threads: given twice, as \"2\" and \"3\"; expected one value");
+  EXPECT_EQ(error({"--model", "a.pack", "--model=a.pack"}), "");
+  EXPECT_EQ(error({"--force", "--force", "-v", "-v"}), "");
+}
+
 TEST_F(ParseFlags, MissingValues) {
   EXPECT_EQ(error({"--model"}),
             "--model: expected a value after the flag, found the end of the arguments");

@@ -109,6 +109,8 @@ TEST_F(BadRuntimeFlags, GenerateUnknownMissingAndEnumFlags) {
       {{"--margins=false"}, {"--margins", "takes no value", "\"false\""}},
       {{"--show=true"}, {"--show", "takes no value", "\"true\""}},
       {{"prompts.jsonl"}, {"unexpected argument", "prompts.jsonl"}},
+      // a value flag given twice (cxxopts kept the last without a word)
+      {{"--max-tokens", "4", "--max-tokens", "8"}, {"--max-tokens", "given twice", "\"8\""}},
   };
   for (const FlagCase& c : cases) expect_generate_rejects(c);
 }

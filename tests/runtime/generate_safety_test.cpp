@@ -127,8 +127,9 @@ TEST(GenerateSafety, MetaPathIsCheckedBeforeTheRun) {
   RunResult dev = generate(pack, in, other + "/r.jsonl", "--force --meta /dev/null");
   EXPECT_EQ(dev.status, 1) << dev.err;
   EXPECT_NE(dev.err.find("--meta /dev/null: is a character device"), std::string::npos) << dev.err;
-  for (const std::string& flags : {"--force --meta " + tmpl, "--force --out " + tmpl}) {
-    RunResult t = generate(pack, in, other + "/r.jsonl", flags + " --chat-template " + tmpl);
+  for (const auto& [o, flags] : std::vector<std::pair<std::string, std::string>>{
+           {other + "/r.jsonl", "--force --meta " + tmpl}, {tmpl, "--force"}}) {
+    RunResult t = generate(pack, in, o, flags + " --chat-template " + tmpl);
     EXPECT_EQ(t.status, 1) << t.err;
     EXPECT_NE(t.err.find("which is the --chat-template file"), std::string::npos) << t.err;
   }
