@@ -11,6 +11,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <set>
 
@@ -282,10 +283,44 @@ std::string visible_device_of(int ordinal, const char* parent) {
   return std::string(list.substr(0, list.find(',')));
 }
 
+// Refuses to start while OUT's directory holds parts of a --devices run over
+// another number of devices (OUT.part-K-of-M..., M != `count`): this run
+// would neither finish nor remove them, and --resume would silently start
+// over. note: never deleted here, also not with --force: they may be the
+// only copy of hours of results.
+void refuse_parts_of_another_count(const std::string& out, int64_t count) {
+  namespace fs = std::filesystem;
+  const fs::path out_path(out);
+  const std::string prefix = out_path.filename().string() + ".part-";
+  std::error_code ec;
+  const fs::path dir = out_path.has_parent_path() ? out_path.parent_path() : fs::path(".");
+  std::set<std::string> found;
+  int64_t other = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    long long k = -1, m = -1;
+    int used = 0;
+    if (std::sscanf(name.c_str() + prefix.size(), "%lld-of-%lld%n", &k, &m, &used) != 2) continue;
+    if (m == count || m < 2 || k < 0 || k >= m) continue;
+    other = m;
+    found.insert(name);
+  }
+  if (found.empty()) return;
+  fail(
+      "--devices: {} holds {} file(s) of a run over {} devices ({}{}); this run over {} would "
+      "neither finish nor remove them: give {} devices with --resume to finish that run, or "
+      "remove them",
+      dir.string(), found.size(), other, *found.begin(), found.size() > 1 ? ", ..." : "", count,
+      other);
+}
+
 int run_data_parallel(const DataParallelJob& job) {
   const GenerateOptions& o = job.options;
   const auto start = Clock::now();
   check_generate_inputs(o);
+  if (o.out != "-" && !o.tune_only)
+    refuse_parts_of_another_count(o.out, static_cast<int64_t>(job.devices.size()));
   if (job.devices.size() == 1) return run_on_one_device(job);
   refuse_combinations(o);
   if (o.tune_only) return tune_every_device(job);

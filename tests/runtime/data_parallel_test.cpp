@@ -259,6 +259,17 @@ TEST(DataParallel, ResumeAfterAnInterruptedFanOutGivesTheSameFile) {
   EXPECT_NE(r.err.find("interrupted by SIGTERM"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(killed));
   EXPECT_TRUE(fs::exists(killed + ".part-1-of-2.partial"));
+  // Resumed over another number of devices: refused (it would start over and
+  // leave the two parts behind), naming them; nothing is removed.
+  for (const char* devices : {"0,1,2", "0"}) {
+    r = generate(big_pack, prompts, killed,
+                 fmt::format("--devices {} --threads 2 --resume", devices));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find("of a run over 2 devices (dp_killed.jsonl.part-"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("give 2 devices with --resume"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(killed + ".part-1-of-2.partial"));
+  }
   r = generate(big_pack, prompts, killed, "--devices 0,1 --threads 2 --resume");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(killed), read_text(single));
