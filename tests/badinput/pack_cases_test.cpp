@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tests/badinput/checkpoint_fixture.h"
+#include "tests/zip_crc32.h"
 
 namespace qtk::testing {
 namespace {
@@ -23,16 +24,6 @@ uint16_t get16(const std::string& s, size_t at) {
 }
 void set32(std::string& s, size_t at, uint32_t v) { std::memcpy(s.data() + at, &v, 4); }
 
-// CRC-32 as zip stores it, bit by bit (the test's own, independent of the
-// pack code's).
-uint32_t zip_crc32(const std::string& bytes) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (const unsigned char b : bytes) {
-    crc ^= b;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
 void set16(std::string& s, size_t at, uint16_t v) { std::memcpy(s.data() + at, &v, 2); }
 
 struct ZipEntry {

@@ -8,12 +8,14 @@
 #include "convert/convert.h"
 #include "convert_test_util.h"
 #include "pack/pack.h"
+#include "tests/zip_crc32.h"
 
 namespace qtk {
 namespace {
 
 using testing::error_of;
 using testing::TempDir;
+using testing::zip_crc32;
 
 void put16(std::string& s, size_t p, uint16_t v) {
   s[p] = static_cast<char>(v & 0xFF);
@@ -50,16 +52,6 @@ struct HandEntry {
   uint16_t flags;
   uint32_t offset = 0;  // filled in by hand_zip
 };
-
-// CRC-32 as zip stores it, bit by bit (independent of the pack code's).
-uint32_t zip_crc32(const std::string& bytes) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (const unsigned char b : bytes) {
-    crc ^= b;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
 
 std::string local_header(const HandEntry& e, uint16_t extra_len) {
   return u32(0x04034b50) + u16(20) + u16(e.flags) + u16(e.method) + u16(0) + u16(0x21) +

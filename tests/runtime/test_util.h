@@ -27,6 +27,10 @@ inline std::string src(const std::string& rel) { return std::string(QTK_SOURCE_D
 struct WorkDir {
   std::string path;
   WorkDir() : path(fmt::format("{}/rt-work-{}", QTK_TEST_WORK_DIR, ::getpid())) {
+    // note: one kept from a failed run of an earlier process that had this
+    // pid would hold outputs this run's tests expect not to exist.
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
     std::filesystem::create_directories(path);
   }
   ~WorkDir() {
