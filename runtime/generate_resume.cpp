@@ -197,6 +197,20 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
       fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
            batch, i + 1, lines[i].id.dump());
     }
+    // note: the prompt a result line records must be the one its input line
+    // gives now (a partial file edited, or copied from another run, would
+    // otherwise pass into the final results).
+    if (lines[i].error.empty() && j.contains("prompt_token_ids")) {
+      const nlohmann::json& p = j["prompt_token_ids"];
+      const auto& want = lines[i].request.prompt;
+      bool same = p.is_array() && p.size() == want.size();
+      for (size_t k = 0; same && k < want.size(); ++k) same = p[k] == want[k];
+      if (!same)
+        fail(
+            "{}: cannot resume: line {} records other prompt_token_ids than {} line {} gives (id "
+            "{}; the results file was edited, or is another run's)",
+            source.path, i + 1, batch, i + 1, lines[i].id.dump());
+    }
   }
   return {done_lines.size(), keep};
 }

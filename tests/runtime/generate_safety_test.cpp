@@ -161,6 +161,30 @@ TEST(GenerateSafety, ResumingACompleteRunLeavesItsHeader) {
   EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
 }
 
+// A partial results line whose prompt is not the one its input line gives
+// (the partial file edited) is not resumed over; the untouched one is.
+TEST(GenerateSafety, ResumeChecksThePromptOfEachDoneLine) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("done_prompt.jsonl", prompts(4));
+  const std::string full = work_dir() + "/done_prompt.full.jsonl";
+  ASSERT_EQ(generate(pack, in, full, "--threads 1").status, 0);
+  const std::string ref = read_text(full);
+  const std::string first_two = ref.substr(0, ref.find('\n', ref.find('\n') + 1) + 1);
+  auto second = nlohmann::json::parse(first_two.substr(first_two.find('\n') + 1));
+  second["prompt_token_ids"][0] = second["prompt_token_ids"][0].get<int>() + 1;
+  const std::string out = work_dir() + "/done_prompt.out.jsonl";
+  write_killed_run(out, first_two.substr(0, first_two.find('\n') + 1) + second.dump() + "\n",
+                   full + ".meta.json");
+  RunResult r = generate(pack, in, out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("line 2 records other prompt_token_ids than"), std::string::npos) << r.err;
+  write_killed_run(out, first_two, full + ".meta.json");
+  r = generate(pack, in, out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(out), ref);
+}
+
 // An explicit --kv-cache-blocks bigger than the memory there is is refused
 // up front with the sizes, nothing written (it used to allocate and zero
 // until the machine swapped).
