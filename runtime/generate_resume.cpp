@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cpu_features.h"
 #include "pack/pack_checksum.h"
+#include "runtime/results_file.h"
 
 namespace qtk {
 
@@ -177,7 +178,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   // an older qtk do not); a results file changed since is not resumed over.
   if (const nlohmann::json digest = at(old, "/results_xxh64");
       digest.is_string() && at(old, "/status") == "complete") {
-    const std::string now = checksum_hex(xxh64(existing.data(), existing.size()));
+    const std::string now = results_digest(existing);
     if (now != digest.get<std::string>())
       fail(
           "{}: cannot resume: its XXH64 is {}, but its run header {} says {} (the file was "

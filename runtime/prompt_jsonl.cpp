@@ -86,20 +86,17 @@ std::string check_fields(const nlohmann::json& doc, const PromptDefaults& d,
   for (const auto& [key, value] : doc.items()) {
     // note: a chat field on a 'prompt' or 'prompt_token_ids' line would be
     // ignored without a word (no template renders that line).
-    if (!chat && is_chat_field(key)) {
-      if (d.allow_unknown_fields) {
-        ignored.push_back(key);
-        continue;
-      }
+    const bool chat_only = !chat && is_chat_field(key);
+    if (!chat_only && is_request_field(key)) continue;
+    if (d.allow_unknown_fields) {
+      ignored.push_back(key);
+      continue;
+    }
+    if (chat_only) {
       return fmt::format(
           "field '{}' is for chat requests ('messages'), and this line has none; it would be "
           "ignored (pass --allow-unknown-fields to ignore such fields)",
           key);
-    }
-    if (is_request_field(key)) continue;
-    if (d.allow_unknown_fields) {
-      ignored.push_back(key);
-      continue;
     }
     return fmt::format(
         "unknown field '{}' (generate does greedy decoding and knows only: {}; chat requests: {}); "

@@ -61,6 +61,10 @@ bool overwrite_in_place(const std::string& path, std::string data) {
 
 }  // namespace
 
+std::string results_digest(std::string_view text) {
+  return checksum_hex(xxh64(text.data(), text.size()));
+}
+
 ResultsPaths ResultsPaths::of(const std::string& out, const std::string& meta_override) {
   ResultsPaths p;
   p.out = out;
@@ -425,7 +429,7 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
   // note: the digest of the whole results file lets merge and --resume tell
   // a results file that was edited, or a meta file that is another's.
   const std::string results = read_whole_file(work_, "the results");
-  meta_["results_xxh64"] = checksum_hex(xxh64(results.data(), results.size()));
+  meta_["results_xxh64"] = results_digest(results);
   const std::string text = meta_.dump(2) + "\n";
   // note: the final header is written before the results are renamed: a kill
   // between the two leaves OUT.partial, which --resume then finishes (all

@@ -20,11 +20,16 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace qtk {
+
+// The "results_xxh64" a complete run's header records for its results
+// file (checked by merge and --resume).
+std::string results_digest(std::string_view text);
 
 struct ResultsPaths {
   std::string out, meta, partial, partial_meta, lock;

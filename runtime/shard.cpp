@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "pack/pack_checksum.h"
 #include "runtime/generate_resume.h"
 #include "runtime/results_file.h"
 
@@ -131,7 +130,7 @@ ShardFile load_shard(const std::string& path) {
     fail("{}: the last line is incomplete (the shard did not finish)", path);
   // note: headers made by an older qtk have no digest.
   if (const auto d = f.meta.find("results_xxh64"); d != f.meta.end() && d->is_string()) {
-    const std::string now = checksum_hex(xxh64(f.text.data(), f.text.size()));
+    const std::string now = results_digest(f.text);
     if (now != d->get<std::string>())
       fail(
           "{}: its XXH64 is {}, but {} says {} (the results were changed after the shard "
@@ -273,7 +272,7 @@ MergeResult run_merge(const MergeOptions& o) {
   }
   for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
-  meta["results_xxh64"] = checksum_hex(xxh64(merged.data(), merged.size()));
+  meta["results_xxh64"] = results_digest(merged);
   // note: the results first: a meta file saying complete never points at a
   // results file that is not there.
   write_file_atomic(o.out, merged);
