@@ -380,6 +380,38 @@ int64_t request_tokens(const SequenceRequest& r, int64_t max_context) {
   return p + std::min(r.max_tokens, std::max<int64_t>(0, max_context - p));
 }
 
+// Lines whose prompt plus max_tokens runs past the model's context: they stop
+// at the context end (finish_reason "length"). Says so once on stderr, naming
+// the first, and returns how many there are (the meta file's stats record it).
+// note: capped rather than refused, so that one --max-tokens serves a batch of
+// mixed prompt lengths; a golden file's reader learns it from the note and
+// from context_capped_lines, not from the tokens alone.
+int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_context) {
+  int64_t capped = 0;
+  const PromptLine* first = nullptr;
+  for (const auto& l : lines) {
+    if (!l.error.empty()) continue;
+    const int64_t p = static_cast<int64_t>(l.request.prompt.size());
+    if (l.request.max_tokens > max_context - p) {
+      if (capped++ == 0) first = &l;
+    }
+  }
+  if (capped > 0) {
+    const int64_t p = static_cast<int64_t>(first->request.prompt.size());
+    std::fprintf(stderr,
+                 "generate: note: %lld line%s ask%s for more tokens than the model's context of "
+                 "%lld positions holds and stop%s at its end (finish_reason \"length\"); the "
+                 "first: line %lld (id %s), a %lld-token prompt with max_tokens %lld gets at most "
+                 "%lld\n",
+                 static_cast<long long>(capped), capped == 1 ? "" : "s", capped == 1 ? "s" : "",
+                 static_cast<long long>(max_context), capped == 1 ? "s" : "",
+                 static_cast<long long>(first->line_no), first->id.dump().c_str(),
+                 static_cast<long long>(p), static_cast<long long>(first->request.max_tokens),
+                 static_cast<long long>(max_context - p));
+  }
+  return capped;
+}
+
 // Scheduler settings, with the cache sized for max_num_seqs of the longest
 // request, within the byte budget.
 SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, const CacheSpec& spec,
@@ -775,6 +807,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     if (!l.error.empty()) continue;
     if (auto why = sched.check_fits(l.request); !why.empty()) l.error = why;
   }
+  const int64_t capped = note_context_capped(lines, cfg.max_position_embeddings);
 
   nlohmann::json meta = run_header(o, dev, m, defaults, so, raw_lines, lines,
                                    any_chat ? chat.describe() : nlohmann::json());
@@ -817,7 +850,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     m.backend->finish(entries);
     for (const auto& [key, value] : entries.items()) out->set_header(key, value);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    out->complete(run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m));
+    nlohmann::json stats = run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m);
+    stats["context_capped_lines"] = capped;
+    out->complete(stats);
   } catch (const std::exception& e) {
     out->set_failure(e.what());
     throw;

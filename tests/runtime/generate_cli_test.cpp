@@ -79,6 +79,43 @@ TEST(GenerateCli, PromptThatCanNeverFitIsRefusedUpFront) {
       << res[1];
 }
 
+TEST(GenerateCli, MaxTokensPastTheContextStopsAtItsEndAndSaysSo) {
+  const std::string pack = pack_of(kTiny);
+  const int64_t context =
+      load_json(src(std::string(kTiny) + "/config.json"))["max_position_embeddings"];
+  const std::string in = work_dir() + "/capped.jsonl";
+  std::vector<int> near_end(static_cast<size_t>(context - 4), 7);
+  write_text(
+      in, nlohmann::json{{"id", "short"}, {"prompt_token_ids", {1, 2}}, {"max_tokens", 3}}.dump() +
+              "\n" +
+              nlohmann::json{{"id", "long"}, {"prompt_token_ids", near_end}, {"max_tokens", 10}}
+                  .dump() +
+              "\n");
+  const std::string out = work_dir() + "/capped.results.jsonl";
+  RunResult r = generate(pack, in, out, "--ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto res = read_jsonl(out);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[0]["output_token_ids"].size(), 3u);
+  EXPECT_EQ(res[1]["output_token_ids"].size(), 4u) << "the context holds 4 more tokens";
+  EXPECT_EQ(res[1]["finish_reason"], "length");
+  EXPECT_NE(r.err.find("note: 1 line asks for more tokens than the model's context of " +
+                       std::to_string(context) + " positions"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("line 2 (id \"long\")"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("max_tokens 10 gets at most 4"), std::string::npos) << r.err;
+  EXPECT_EQ(load_json(out + ".meta.json")["stats"]["context_capped_lines"], 1);
+
+  // Nothing capped: no note, and the count says 0.
+  const std::string out2 = work_dir() + "/uncapped.results.jsonl";
+  write_text(in, nlohmann::json{{"prompt_token_ids", {1, 2}}, {"max_tokens", 3}}.dump() + "\n");
+  RunResult r2 = generate(pack, in, out2, "");
+  ASSERT_EQ(r2.status, 0) << r2.err;
+  EXPECT_EQ(r2.err.find("note:"), std::string::npos) << r2.err;
+  EXPECT_EQ(load_json(out2 + ".meta.json")["stats"]["context_capped_lines"], 0);
+}
+
 TEST(GenerateCli, ProgressLineOnRequest) {
   const std::string pack = pack_of(kTiny);
   const std::string in = work_dir() + "/progress.jsonl";
