@@ -24,10 +24,13 @@ std::string describe_char(std::string_view text, size_t pos) {
   return fmt::format("byte 0x{:02X}", c);
 }
 
-// "line L, column C" of byte `pos`, both counted from 1.
+// "line L, column C" of byte `pos`, both counted from 1; "column C" in a
+// text of one line (a JSON Lines line: "line 1" would contradict the file
+// line its caller names).
 // note: computed only for a message, so the reader never tracks lines.
 std::string line_and_column(std::string_view text, size_t pos) {
   pos = std::min(pos, text.size());
+  if (text.find('\n') == std::string_view::npos) return fmt::format("column {}", pos + 1);
   size_t line = 1, line_start = 0;
   for (size_t i = 0; i < pos; ++i) {
     if (text[i] == '\n') ++line, line_start = i + 1;

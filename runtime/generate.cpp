@@ -805,7 +805,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // Refuse up front what can never fit (context or cache); it gets an error line.
   for (auto& l : lines) {
     if (!l.error.empty()) continue;
-    if (auto why = sched.check_fits(l.request); !why.empty()) l.error = why;
+    if (auto why = sched.check_fits(l.request); !why.empty()) {
+      l.error = fmt::format("line {}: {}", l.line_no, why);
+    }
   }
   const int64_t capped = note_context_capped(lines, cfg.max_position_embeddings);
 

@@ -232,7 +232,11 @@ std::string render_chat_line(std::string_view text, const nlohmann::json& doc,
 
 }  // namespace
 
-PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d) {
+namespace {
+
+// The line's request, or its error (the JSON parser's opens with the line
+// number; parse_prompt_line adds it to the others).
+PromptLine parse_line_fields(std::string_view text, int64_t line_no, const PromptDefaults& d) {
   // note: a UTF-8 byte order mark opening the file (editors on Windows
   // write one) is not part of the first line's JSON; compare and tokenize
   // skip it too.
@@ -243,7 +247,7 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   // note: a blank line keeps its place (an error line of its own, so that
   // output line N is input line N), named as what it is.
   if (text.find_first_not_of(" \t\r") == std::string_view::npos) {
-    out.error = fmt::format("line {}: blank line; expected a JSON object (a prompt line)", line_no);
+    out.error = "blank line; expected a JSON object (a prompt line)";
     return out;
   }
   // note: a raw NUL byte is never valid JSON (inside a string it must be
@@ -251,9 +255,9 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   // rest of the line.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     out.error = fmt::format(
-        "malformed JSON: line {}: a raw NUL byte at byte {} (JSON text never contains one; "
-        "inside a string write \\u0000)",
-        line_no, nul + 1);
+        "malformed JSON: a raw NUL byte at byte {} (JSON text never contains one; inside a "
+        "string write \\u0000)",
+        nul + 1);
     return out;
   }
   nlohmann::json doc;
@@ -262,7 +266,7 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
     // and nesting deeper than 128 levels (a bounded DOM for what follows).
     doc = parse_json_strict(text, fmt::format("line {}", line_no));
   } catch (const Error& e) {
-    out.error = fmt::format("malformed JSON: {}", e.what());
+    out.error = e.what();
     return out;
   }
   if (!doc.is_object()) {
@@ -285,15 +289,22 @@ PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const Promp
   if (doc.contains("messages")) {
     out.is_chat = true;
     out.error = render_chat_line(text, doc, d, out.chat_prompt);
-    // note: named by line, as tokenize --chat names them: a request's
-    // messages are where the line number helps most to find the culprit.
-    if (!out.error.empty()) {
-      out.error = fmt::format("line {}: {}", line_no, out.error);
-      return out;
-    }
+    if (!out.error.empty()) return out;
   }
   // ---- end chat requests ----
   out.error = parse_body(doc, d, out);
+  return out;
+}
+
+}  // namespace
+
+// note: every error opens with "line N: ", whatever found it: output line N
+// is input line N, but an error is often read away from its file (a log, a
+// summary), where the line number is what finds the culprit.
+PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d) {
+  PromptLine out = parse_line_fields(text, line_no, d);
+  const std::string prefix = fmt::format("line {}: ", line_no);
+  if (!out.error.empty() && out.error.rfind(prefix, 0) != 0) out.error = prefix + out.error;
   return out;
 }
 

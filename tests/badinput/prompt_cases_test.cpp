@@ -108,7 +108,7 @@ TEST_F(BadPrompts, LineErrorsNameTheLine) {
       {R"({"id": "a", "prompt_token_ids": [3], "max_tokens": 1})", "a",
        "line 2: id \"a\" already used on line 1 (ids must be unique within a batch)"},
       {std::string("{\"id\": \"n\", \"prompt_token_ids\": [1]}\0{}", 39), 3,
-       "malformed JSON: line 3: a raw NUL byte at byte 37 (JSON text never contains one; inside "
+       "line 3: malformed JSON: a raw NUL byte at byte 37 (JSON text never contains one; inside "
        "a string write \\u0000)"},
       {R"({"id": "c", "messages": [{"role": "user", "content": "hi"}, {"content": "x"}]})", "c",
        "line 4: field 'messages[1].role': missing; expected a string such as \"user\" or "

@@ -44,7 +44,9 @@ TEST(GenerateCli, BadLinesGetErrorLinesAndOthersRun) {
   EXPECT_EQ(res[0]["output_token_ids"].size(), 3u);
   EXPECT_EQ(res[0]["finish_reason"], "length");
   EXPECT_EQ(res[1]["id"], 2);  // malformed JSON: the line number
-  EXPECT_NE(res[1]["error"].get<std::string>().find("malformed JSON"), std::string::npos);
+  EXPECT_NE(res[1]["error"].get<std::string>().find("line 2: invalid JSON at byte"),
+            std::string::npos)
+      << res[1];
   EXPECT_NE(res[2]["error"].get<std::string>().find("unknown token id 512"), std::string::npos);
   EXPECT_NE(res[3]["error"].get<std::string>().find("empty prompt"), std::string::npos);
   EXPECT_NE(res[4]["error"].get<std::string>().find("context length"), std::string::npos);
