@@ -412,6 +412,7 @@ int run_data_parallel(const DataParallelJob& job) {
   mo.meta = o.meta;
   mo.shards = parts;
   mo.force = true;  // note: OUT was checked above, under OUT.lock
+  mo.lock = false;  // held above
   if (sharded) mo.as_shard = shard;
   mo.extra["devices"] = job.devices;
   const int64_t lines = run_merge(mo).lines;

@@ -155,7 +155,12 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.no_progress = args.count("no-progress") > 0;
   o.show = args.count("show") > 0;
   o.resume = args.count("resume") > 0;
-  if (args.count("shard")) o.shard = args["shard"].as<std::string>();
+  if (args.count("shard")) {
+    o.shard = args["shard"].as<std::string>();
+    // note: an empty value (a job script's unset variable) would otherwise
+    // read as no --shard at all: every task would run the whole batch.
+    if (o.shard.empty()) qtk::fail("--shard: expected K/N or auto, found an empty value");
+  }
   o.tensor_parallel =
       static_cast<int>(int_flag("tensor-parallel", 1, 64, "a rank count from 1 to 64"));
   o.force = args.count("force") > 0;

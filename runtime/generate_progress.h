@@ -24,6 +24,13 @@ class Progress {
   // context); finished() lowers it when a sequence stops early.
   Progress(bool on, int64_t total_lines, int64_t work_tokens)
       : on_(on), total_(total_lines), work_(work_tokens), start_(Clock::now()), last_(start_) {}
+  // note: a run that ends by an exception (an error, a signal) leaves the
+  // line it drew open; its message must start on a line of its own.
+  ~Progress() {
+    if (open_) std::fputc('\n', stderr);
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   // A sequence stopped `unused` tokens before its budget (a stop token).
   void finished_early(int64_t unused) { work_ -= unused; }
@@ -52,10 +59,12 @@ class Progress {
                  static_cast<double>(st.prompt_tokens) / sec,
                  static_cast<double>(st.generated_tokens) / sec, eta.c_str(), final ? "\n" : "");
     std::fflush(stderr);
+    open_ = !final;
   }
 
  private:
   bool on_;
+  bool open_ = false;  // a progress line is drawn and not yet ended
   int64_t total_, work_;
   Clock::time_point start_, last_;
 };

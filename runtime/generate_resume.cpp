@@ -1,5 +1,7 @@
 #include "runtime/generate_resume.h"
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -74,24 +76,37 @@ nlohmann::json value_before_switch(const std::string& name, const nlohmann::json
   return defaults[name];
 }
 
-void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
-                       const std::string& header) {
+}  // namespace
+
+TuningDifference result_tuning_difference(const nlohmann::json& old, const nlohmann::json& meta) {
   const nlohmann::json was_all = at(old, "/tuning");
   const nlohmann::json defaults = tuning_header(Tuning{});
-  const std::string device = meta["settings"].value("device", "");
+  const std::string device = at(meta, "/settings/device").is_string()
+                                 ? at(meta, "/settings/device").get<std::string>()
+                                 : std::string();
+  const nlohmann::json now_all = at(meta, "/tuning");
   for (const TuningEntry& e : Tuning{}.entries()) {
     if (!changes_results(e.effect, device)) continue;
-    const nlohmann::json now = meta["tuning"].value(e.name, nlohmann::json());
-    nlohmann::json was = was_all.is_object() ? was_all.value(e.name, nlohmann::json()) : nullptr;
     // note: a header without the switch (an older qtk) is taken as a run
     // with what that build computed, its default (QTK_CPU_PATH: this CPU's
     // best path) unless value_before_switch says otherwise: refusing it
     // would strand every interrupted run of an older build.
+    nlohmann::json was = was_all.is_object() ? was_all.value(e.name, nlohmann::json()) : nullptr;
     if (was.is_null()) was = value_before_switch(e.name, defaults);
-    if (was != now) {
-      fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
-           e.name, was.dump(), now.dump(), device);
-    }
+    nlohmann::json now = now_all.is_object() ? now_all.value(e.name, nlohmann::json()) : nullptr;
+    if (now.is_null()) now = value_before_switch(e.name, defaults);
+    if (was != now) return {e.name, was, now};
+  }
+  return {};
+}
+
+namespace {
+
+void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
+                       const std::string& header) {
+  if (const TuningDifference d = result_tuning_difference(old, meta); !d.name.empty()) {
+    fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
+         d.name, d.was.dump(), d.now.dump(), meta["settings"].value("device", ""));
   }
 }
 
@@ -187,6 +202,16 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
   }
   const size_t last_newline = existing.rfind('\n');
   const size_t keep = last_newline == std::string::npos ? 0 : last_newline + 1;
+  // note: generate never writes a raw carriage return (JSON escapes it in a
+  // string): a line ending in CRLF was re-saved by an editor, and keeping it
+  // would make the finished file differ from one run's.
+  if (const size_t cr = std::string_view(existing).substr(0, keep).find('\r');
+      cr != std::string_view::npos) {
+    fail(
+        "{}: cannot resume: line {} holds a carriage return (CRLF line ends?), which generate "
+        "never writes; the file was edited: start over with --force",
+        source.path, std::count(existing.begin(), existing.begin() + cr, '\n') + 1);
+  }
   const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
   if (done_lines.size() > lines.size()) {
     fail("{}: cannot resume: it has {} lines but {} has only {}", source.path, done_lines.size(),
@@ -197,6 +222,20 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
       fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
            batch, i + 1, lines[i].id.dump());
+    }
+    // note: a done line is an error line exactly where this run gives its
+    // input line one (malformed, an unknown token, too long: all decided
+    // before the run), with the same message; a result line edited into an
+    // error (or back) would otherwise be kept, and miscounted.
+    const bool done_error = j.contains("error");
+    if (done_error != !lines[i].error.empty() || (done_error && j["error"] != lines[i].error)) {
+      fail(
+          "{}: cannot resume: line {} is {}, but this run gives {} line {} (id {}) {} (the "
+          "results file was edited, or made by another build); start over with --force",
+          source.path, i + 1, done_error ? "an error line" : "a result", batch, i + 1,
+          lines[i].id.dump(),
+          lines[i].error.empty() ? std::string("a result")
+                                 : fmt::format("the error \"{}\"", lines[i].error));
     }
     // note: the prompt a result line records must be the one its input line
     // gives now (a partial file edited, or copied from another run, would

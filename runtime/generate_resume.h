@@ -25,6 +25,16 @@ std::string input_line_digests(const std::vector<std::string_view>& lines);
 // CPU has when the switch is unset).
 nlohmann::json tuning_header(const Tuning& t);
 
+// The first switch of tuning_header that changes tokens or margins on the
+// device of `meta`'s settings and differs between the two run headers (a
+// header without a switch, from an older qtk, counts as that build's value);
+// an empty name where none does. --resume and merge refuse such a pair.
+struct TuningDifference {
+  std::string name;
+  nlohmann::json was, now;
+};
+TuningDifference result_tuning_difference(const nlohmann::json& old, const nlohmann::json& meta);
+
 struct ResumePoint {
   size_t lines_done = 0;    // result lines already there
   uint64_t keep_bytes = 0;  // their bytes (a partial last line is dropped)

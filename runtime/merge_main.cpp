@@ -1,5 +1,6 @@
 // merge OUT.jsonl SHARD.jsonl... : joins the results of `generate --shard K/N`
 // tasks into the file one `generate` run over the whole batch writes.
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@
 #include "runtime/shard.h"
 
 int main(int argc, char** argv) {
+  // note: over a file-size limit (ulimit -f) the kernel would end merge with
+  // SIGXFSZ half-way through a file; ignored, the write fails with EFBIG
+  // and is reported like a full disk, and OUT is left as it was.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     cxxopts::Options opts(
         "merge",

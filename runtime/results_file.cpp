@@ -164,6 +164,7 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
   if (paths.meta_given) {
     check_meta_path(paths.meta, inputs, may_replace);
   } else {
+    check_output_path("--out", paths.meta, paths.out, "the run header");
     refuse_output_that_is_an_input(out_flag, paths.meta, inputs);
   }
 }
@@ -307,6 +308,14 @@ ResumeSource choose_start(const ResultsPaths& paths, StartMode mode) {
             "{}: an interrupted run left its first results in {} (pass --resume to finish it, "
             "or --force to start over)",
             paths.out, paths.partial);
+      }
+      // note: a header with no results beside it is still someone's file
+      // (an explicit --meta that exists is refused the same way).
+      if (!paths.meta_given && exists(paths.meta)) {
+        fail(
+            "{}: its run header {} exists already, without the results (pass --force to "
+            "replace it)",
+            paths.out, paths.meta);
       }
       return {};
     case StartMode::kResume:

@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -155,6 +158,8 @@ const char* const kSameInEveryShard[] = {
     // note: by its XXH64: one template named by different paths is one job's.
     "/settings/chat_template/xxh64",
     "/settings/tensor_parallel",
+    "/settings/logprobs",
+    "/settings/allow_unknown_fields",
 };
 
 }  // namespace
@@ -163,21 +168,38 @@ MergeResult run_merge(const MergeOptions& o) {
   if (o.shards.empty()) fail("expected OUT.jsonl and at least one SHARD.jsonl");
   if (o.out == "-")
     fail("OUT: expected a file path, found '-' (merge writes OUT.jsonl and OUT.jsonl.meta.json)");
-  struct stat st {};
-  if (!o.force && ::stat(o.out.c_str(), &st) == 0)
-    fail("{}: already exists (pass --force to replace it)", o.out);
-  const std::string out_meta = o.meta.empty() ? o.out + ".meta.json" : o.meta;
+  const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
+  const std::string& out_meta = paths.meta;
   // note: --force must never replace an input: the merge would destroy the
   // shard it reads (generate refuses the same for its own inputs).
-  for (const std::string& p : o.shards)
+  std::vector<std::pair<std::string, std::string>> inputs;
+  for (const std::string& p : o.shards) {
+    inputs.emplace_back("shard", p);
+    inputs.emplace_back("shard header", p + ".meta.json");
     for (const std::string& in : {p, p + ".meta.json"})
       for (const std::string& target : {o.out, out_meta})
         if (same_file(target, in))
           fail("{}: is the shard file {} (merge would overwrite its own input)", target, in);
+  }
+  // note: generate's checks of its outputs: an existing directory, OUT not a
+  // directory, device or FIFO (written by rename, they would become plain
+  // files: `merge /dev/full ... --force` replaced the device), no input.
+  refuse_outputs_that_are_inputs(paths, inputs, o.force);
+  std::optional<OutputLock> lock;
+  if (o.lock) lock.emplace(paths.lock, o.out);
+  if (!o.force) {
+    for (const std::string& p : {o.out, out_meta}) {
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) == 0)
+        fail("{}: already exists (pass --force to replace {})", p,
+             p == o.out ? "it" : "it and " + o.out);
+    }
+  }
   std::vector<ShardFile> shards;
   for (const std::string& p : o.shards) shards.push_back(load_shard(p));
 
   const ShardFile& first = shards.front();
+  bool all_verified = true;
   for (const ShardFile& s : shards) {
     for (const char* field : kSameInEveryShard) {
       const nlohmann::json::json_pointer ptr(field);
@@ -187,6 +209,17 @@ MergeResult run_merge(const MergeOptions& o) {
         fail("{}.meta.json: field '{}' is {}, but {} has {} (the shards are not of one job)",
              s.path, std::string(field).substr(1), b.dump(), first.path, a.dump());
     }
+    // note: the switches that change results on the shards' device
+    // (QTK_CPU_PATH: a Slurm array over nodes with and without AVX-512),
+    // compared as --resume compares them.
+    if (const TuningDifference d = result_tuning_difference(first.meta, s.meta); !d.name.empty())
+      fail(
+          "{}.meta.json: field 'tuning/{}' is {}, but {} has {} (the shards are not of one job: "
+          "it changes tokens and margins)",
+          s.path, d.name, d.now.dump(), first.path, d.was.dump());
+    all_verified =
+        all_verified && s.meta.value(nlohmann::json::json_pointer("/settings/verify_checksums"),
+                                     nlohmann::json(false)) == true;
   }
   const int64_t count = first.spec.count;
   const int64_t total = first.meta["shard"]["lines_total"].get<int64_t>();
@@ -244,6 +277,9 @@ MergeResult run_merge(const MergeOptions& o) {
   }
   nlohmann::json meta = first.meta;
   meta.erase("shard");
+  // note: the whole job's pack was checked only if every shard's was.
+  if (meta.contains("settings") && meta["settings"].contains("verify_checksums"))
+    meta["settings"]["verify_checksums"] = all_verified;
   if (o.as_shard)
     meta["shard"] =
         shard_json(whole, total, first.meta["shard"].value("batch_digest", std::string()));
@@ -273,10 +309,26 @@ MergeResult run_merge(const MergeOptions& o) {
   for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
   meta["results_xxh64"] = results_digest(merged);
-  // note: the results first: a meta file saying complete never points at a
-  // results file that is not there.
-  write_file_atomic(o.out, merged);
-  write_file_atomic(out_meta, meta.dump(2) + "\n");
+  // note: as generate completes a run: the results in a file of their own
+  // beside OUT, then the header, then the results renamed into place. A
+  // failure before the last step (a full disk) leaves OUT and its header as
+  // they were; a header saying complete is written only once its results
+  // are on disk, and a kill between the two renames leaves a header whose
+  // results_xxh64 names the old OUT as not its results.
+  const std::string staged = fmt::format("{}.merge.{}", o.out, ::getpid());
+  write_file_atomic(staged, merged);
+  try {
+    write_file_atomic(out_meta, meta.dump(2) + "\n");
+  } catch (...) {
+    ::unlink(staged.c_str());
+    throw;
+  }
+  if (::rename(staged.c_str(), o.out.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(staged.c_str());
+    errno = err;
+    fail_errno(fmt::format("{}: cannot move the merged results into place", o.out));
+  }
   return result;
 }
 

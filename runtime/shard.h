@@ -61,6 +61,9 @@ struct MergeOptions {
   std::string meta;  // OUT's run header; empty: OUT.meta.json
   std::vector<std::string> shards;
   bool force = false;  // replace an existing OUT
+  // Take OUT.lock for the merge (generate's lock: a merge and a generate, or
+  // two merges, never write one OUT at once); false where the caller holds it.
+  bool lock = true;
   std::optional<ShardSpec> as_shard;
   nlohmann::json extra = nlohmann::json::object();  // top-level entries added to OUT's meta
 };

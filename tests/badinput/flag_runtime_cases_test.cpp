@@ -99,6 +99,9 @@ TEST_F(BadRuntimeFlags, GenerateUnknownMissingAndEnumFlags) {
       {{"--device", "gpu"}, {"--device", "cpu or cuda", "\"gpu\""}},
       {{"--device", "CPU"}, {"--device", "\"CPU\""}},
       {{"--device="}, {"--device", "\"\""}},
+      // an unset variable in a job script: not a whole-batch run
+      {{"--shard", ""}, {"--shard", "expected K/N or auto", "an empty value"}},
+      {{"--shard="}, {"--shard", "an empty value"}},
       {{"--precision", "f16"}, {"--precision", "f32 or bf16", "\"f16\""}},
       {{"--precision=fp32"}, {"--precision", "\"fp32\""}},
       // a switch given a value; a stray argument

@@ -161,8 +161,10 @@ TEST(GenerateSafety, ResumingACompleteRunLeavesItsHeader) {
   EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
 }
 
-// A partial results line whose prompt is not the one its input line gives
-// (the partial file edited) is not resumed over; the untouched one is.
+// A partial results line whose prompt is not the one its input line gives,
+// a line with a CRLF end, or an error line where this run gives a result (or
+// another error), i.e. the partial file edited, is not resumed over; the
+// untouched one is.
 TEST(GenerateSafety, ResumeChecksThePromptOfEachDoneLine) {
   const std::string pack = pack_of(kTiny);
   ASSERT_FALSE(pack.empty());
@@ -179,10 +181,45 @@ TEST(GenerateSafety, ResumeChecksThePromptOfEachDoneLine) {
   RunResult r = generate(pack, in, out, "--threads 1 --resume");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("line 2 records other prompt_token_ids than"), std::string::npos) << r.err;
+  // Its lines re-saved with CRLF ends: the final file would not be one run's.
+  const size_t end1 = first_two.find('\n');
+  const std::string crlf = first_two.substr(0, end1) + "\r" + first_two.substr(end1);
+  write_killed_run(out, crlf, full + ".meta.json");
+  r = generate(pack, in, out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("line 1 holds a carriage return"), std::string::npos) << r.err;
+  // A result edited into an error line (its input line is valid).
+  const nlohmann::json made_up = {{"id", second["id"]}, {"error", "made up"}};
+  write_killed_run(out, first_two.substr(0, first_two.find('\n') + 1) + made_up.dump() + "\n",
+                   full + ".meta.json");
+  r = generate(pack, in, out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("line 2 is an error line, but this run gives"), std::string::npos) << r.err;
   write_killed_run(out, first_two, full + ".meta.json");
   r = generate(pack, in, out, "--threads 1 --resume");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(out), ref);
+
+  // An input line that fails keeps its error line across a resume; the same
+  // error with other words (another build's) is not carried over.
+  std::string bad_text = prompts(2);
+  bad_text.insert(0, "not json\n");
+  const std::string bad_in = batch_file("done_error.jsonl", bad_text);
+  const std::string bad_full = work_dir() + "/done_error.full.jsonl";
+  ASSERT_EQ(generate(pack, bad_in, bad_full, "--threads 1").status, 3);
+  const std::string bad_ref = read_text(bad_full);
+  const std::string bad_first = bad_ref.substr(0, bad_ref.find('\n') + 1);
+  const std::string bad_out = work_dir() + "/done_error.out.jsonl";
+  auto reworded = nlohmann::json::parse(bad_first);
+  reworded["error"] = "malformed JSON: " + reworded["error"].get<std::string>();
+  write_killed_run(bad_out, reworded.dump() + "\n", bad_full + ".meta.json");
+  r = generate(pack, bad_in, bad_out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("line 1 is an error line, but this run gives"), std::string::npos) << r.err;
+  write_killed_run(bad_out, bad_first, bad_full + ".meta.json");
+  r = generate(pack, bad_in, bad_out, "--threads 1 --resume");
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(read_text(bad_out), bad_ref);
 }
 
 // An explicit --kv-cache-blocks bigger than the memory there is is refused
@@ -231,6 +268,19 @@ TEST(GenerateSafety, Item2_ExistingOutputNeedsForceAndSurvivesAFailedRun) {
   EXPECT_EQ(read_text(out + ".meta.json"), first_meta);
   ASSERT_TRUE(std::filesystem::exists(out + ".partial.meta.json"));
   EXPECT_EQ(load_json(out + ".partial.meta.json")["status"], "failed");
+
+  // A header left without its results is kept too, unless --force.
+  const std::string lone = work_dir() + "/exist.lone.jsonl";
+  write_text(lone + ".meta.json", first_meta);
+  RunResult orphan = generate(pack, a, lone, "");
+  EXPECT_EQ(orphan.status, 1) << orphan.err;
+  EXPECT_NE(orphan.err.find("its run header " + lone + ".meta.json exists already"),
+            std::string::npos)
+      << orphan.err;
+  EXPECT_EQ(read_text(lone + ".meta.json"), first_meta);
+  EXPECT_FALSE(std::filesystem::exists(lone));
+  ASSERT_EQ(generate(pack, a, lone, "--force").status, 0);
+  EXPECT_EQ(read_text(lone), first);
 
   // Then without a flag: the partial results are named, not overwritten.
   RunResult named = generate(pack, big, out, "--margins");

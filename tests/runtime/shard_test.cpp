@@ -1,7 +1,11 @@
 // Sharded batch jobs through the real programs: `generate --shard K/N` tasks
 // joined by `merge` give the single run's results file byte for byte; the
 // shard flag's parsing; merge's refusals, each naming the shard.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -221,6 +225,74 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   write_text(s1 + ".meta.json", s1_meta);
   EXPECT_EQ(run(merge_cmd(d + "/m9.jsonl " + s0 + " " + s1 + " " + s2)).status, 3);
   EXPECT_EQ(read_text(d + "/m9.jsonl"), read_text(job().full));
+}
+
+// merge writes its outputs as generate does: not over a device or FIFO, not
+// over a header without --force, not under a running generate's lock; and it
+// refuses shards whose results-changing switches or flags differ.
+TEST(Shard, MergeChecksItsOutputsAndEverySettingAsGenerateDoes) {
+  const std::string files = run_shards("chk", 2);
+  const std::string d = work_dir();
+  const std::string s0 = d + "/chk_0.jsonl", s1 = d + "/chk_1.jsonl";
+  auto merge_err = [&](const std::string& args) {
+    const RunResult r = run(merge_cmd(args));
+    EXPECT_EQ(r.status, 1) << args << ": " << r.err;
+    expect_merge_message(r.err);
+    return r.err;
+  };
+  // A shard computed on another CPU path (a Slurm array over mixed nodes).
+  const std::string scalar = d + "/chk_scalar_1.jsonl";
+  RunResult r =
+      run(fmt::format("QTK_CPU_PATH=scalar {} --model {} --batch {} --out {} --margins "
+                      "--threads 1 --shard 1/2",
+                      QTK_GENERATE_BIN, job().pack, job().prompts, scalar));
+  ASSERT_TRUE(r.status == 0 || r.status == 3) << r.err;
+  EXPECT_NE(merge_err(d + "/c1.jsonl " + s0 + " " + scalar).find("field 'tuning/QTK_CPU_PATH'"),
+            std::string::npos);
+  // A shard with --logprobs, one with --allow-unknown-fields.
+  for (const auto& [flag, field] :
+       {std::pair<std::string, std::string>{"--logprobs 2", "settings/logprobs"},
+        {"--allow-unknown-fields", "settings/allow_unknown_fields"}}) {
+    const std::string other = d + "/chk_other_1.jsonl";
+    r = generate(job().pack, job().prompts, other,
+                 "--margins --threads 1 --force --shard 1/2 " + flag);
+    ASSERT_TRUE(r.status == 0 || r.status == 3) << r.err;
+    EXPECT_NE(merge_err(d + "/c2.jsonl " + s0 + " " + other).find(field), std::string::npos)
+        << flag;
+    EXPECT_FALSE(std::filesystem::exists(d + "/c2.jsonl"));
+  }
+  // A FIFO as OUT, even with --force: it stays a FIFO.
+  const std::string fifo = d + "/c3.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_NE(merge_err("--force " + fifo + " " + s0 + " " + s1).find("is a FIFO"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  // A header without its results: kept unless --force.
+  const std::string c4 = d + "/c4.jsonl";
+  write_text(c4 + ".meta.json", "{\"precious\": true}\n");
+  EXPECT_NE(merge_err(c4 + " " + s0 + " " + s1).find("c4.jsonl.meta.json: already exists"),
+            std::string::npos);
+  EXPECT_EQ(read_text(c4 + ".meta.json"), "{\"precious\": true}\n");
+  EXPECT_FALSE(std::filesystem::exists(c4));
+  // OUT.lock held (a generate writing OUT): refused, even with --force.
+  const std::string c5 = d + "/c5.jsonl";
+  const int fd = ::open((c5 + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  EXPECT_NE(merge_err("--force " + c5 + " " + s0 + " " + s1).find("is writing these results"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(c5));
+  ::close(fd);
+  // Then it merges, and leaves no lock or staging file behind.
+  EXPECT_EQ(run(merge_cmd("--force " + c5 + " " + s0 + " " + s1)).status, 3);
+  EXPECT_EQ(read_text(c5), read_text(job().full));
+  EXPECT_EQ(load_json(c5 + ".meta.json")["settings"]["verify_checksums"], true);
+  for (const auto& e : std::filesystem::directory_iterator(d)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name.rfind("c5.jsonl", 0) != 0 || name == "c5.jsonl" ||
+                name == "c5.jsonl.meta.json")
+        << name;
+  }
 }
 
 TEST(Shard, FlagParsing) {
