@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace qtk {
 
@@ -37,7 +38,7 @@ std::string prompt_difference(const std::vector<int32_t>& x, const std::vector<i
   while (k < x.size() && k < a.size() && x[k] == a[k]) ++k;
   if (k < x.size() && k < a.size())
     return fmt::format("at position {}: expected token {}, got {}", k, x[k], a[k]);
-  return fmt::format("expected {} prompt tokens, got {}", x.size(), a.size());
+  return fmt::format("in length: expected {} prompt tokens, got {}", x.size(), a.size());
 }
 
 // Each id once, in the order of its first line, standing for its result
@@ -126,18 +127,9 @@ std::vector<CompareCase> read_compare_file(const std::string& path) {
   while (std::getline(lines, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      // note: what() starts with "[json.exception.parse_error.N] "; the rest
-      // says where and what.
-      const std::string what = e.what();
-      const size_t cut = what.find("] ");
-      fail("{}: line {}: malformed JSON: {}", path, n,
-           cut == std::string::npos ? what : what.substr(cut + 2));
-    }
     const std::string place = fmt::format("line {}", n);
+    // note: generate's JSON reader (its messages, duplicate keys refused).
+    const nlohmann::json j = parse_json_strict(line, path + ": " + place);
     cases.push_back(read_case(j, path + ": " + place));
     refuse_second_result(cases.back(), path, place, first_use);
   }
@@ -168,9 +160,24 @@ CompareReport compare_cases(const std::vector<CompareCase>& expected,
       r.verdict = CaseVerdict::kMissing;
       r.detail = "missing from the actual file";
       ++rep.missing;
+    } else if (!e.error.empty() && !it->second->error.empty()) {
+      // note: a golden file keeps the error lines of its batch (a prompt
+      // over the context, an unknown token): the same error again is the
+      // same outcome; another error is not.
+      if (e.error == it->second->error) {
+        r.verdict = CaseVerdict::kIdentical;
+        r.detail = "identical (an error line in both: " + e.error + ")";
+        ++rep.identical;
+      } else {
+        r.verdict = CaseVerdict::kError;
+        r.detail = fmt::format("error lines differ: expected \"{}\", got \"{}\"", e.error,
+                               it->second->error);
+        ++rep.errors;
+      }
     } else if (!e.error.empty()) {
       r.verdict = CaseVerdict::kError;
-      r.detail = "error in the expected file (no expected tokens): " + e.error;
+      r.detail =
+          "error in the expected file (no expected tokens), a result in the actual one: " + e.error;
       ++rep.errors;
     } else if (!it->second->error.empty()) {
       r.verdict = CaseVerdict::kError;

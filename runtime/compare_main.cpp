@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
   try {
     cxxopts::Options opts("compare",
                           "Compare generate results against expected results (JSONL or a fixtures "
-                          "golden.json), matching cases by id.");
+                          "golden.json), matching cases by id. Exit status: 0 when every case is "
+                          "identical or a near-tie, 1 when one diverged, is missing, has an error "
+                          "line in one file only (or other errors in the two), or another prompt, "
+                          "and on bad input.");
     opts.add_options()("expected", "expected results (JSONL, or golden.json with \"cases\")",
                        cxxopts::value<std::string>())("actual", "actual results (generate's JSONL)",
                                                       cxxopts::value<std::string>())(
