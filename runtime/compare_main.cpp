@@ -8,6 +8,7 @@
 #include <cxxopts.hpp>
 
 #include "core/error.h"
+#include "core/plural.h"
 #include "loaders/cli_args.h"
 #include "runtime/compare.h"
 
@@ -74,9 +75,10 @@ int main(int argc, char** argv) {
     // note: "with another prompt" only when some case has one, so the
     // usual summary line keeps its form.
     fmt::print(
-        "compare: {} cases: {} identical, {} near-tie, {} diverged, {} missing, {} errors{}{} -> "
+        "compare: {}: {} identical, {} near-tie, {} diverged, {} missing, {}{}{} -> "
         "{}\n",
-        rep.cases.size(), rep.identical, rep.near_tie, rep.diverged, rep.missing, rep.errors,
+        qtk::count_of(static_cast<int64_t>(rep.cases.size()), "case"), rep.identical, rep.near_tie,
+        rep.diverged, rep.missing, qtk::count_of(rep.errors, "error"),
         rep.other_prompt ? fmt::format(", {} with another prompt", rep.other_prompt) : "",
         only_present ? fmt::format(", {} skipped", rep.skipped) : "", rep.ok() ? "OK" : "FAIL");
     return rep.ok() ? 0 : 1;

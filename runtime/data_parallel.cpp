@@ -50,10 +50,11 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// How a worker ended, after "failed": "with exit status 1", "killed by SIGKILL".
 std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFEXITED(status)) return fmt::format("with exit status {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "killed by " + signal_name(WTERMSIG(status));
-  return fmt::format("wait status {}", status);
+  return fmt::format("with wait status {}", status);
 }
 
 // One worker process: `generate` with `args`, on `device`.
@@ -142,7 +143,7 @@ std::string failures(const std::vector<Worker>& workers) {
   std::string s;
   for (const Worker& w : workers)
     if (!succeeded(w))
-      s += fmt::format("{}the worker on {} failed with {}", s.empty() ? "" : "; ", w.what,
+      s += fmt::format("{}the worker on {} failed {}", s.empty() ? "" : "; ", w.what,
                        describe_status(w.status));
   return s;
 }
@@ -392,7 +393,7 @@ int run_data_parallel(const DataParallelJob& job) {
     if (!show_progress) return;
     std::fprintf(stderr, "generate: --devices: %zu/%zu workers done: %s %s after %.1f s\n",
                  finished, workers.size(), w.what.c_str(),
-                 succeeded(w) ? "finished" : ("failed with " + describe_status(w.status)).c_str(),
+                 succeeded(w) ? "finished" : ("failed " + describe_status(w.status)).c_str(),
                  std::chrono::duration<double>(Clock::now() - start).count());
   });
   const std::string kept = fmt::format("{}.part-*-of-{}", o.out, m);

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/plural.h"
 #include "core/tuning.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
@@ -663,9 +664,9 @@ nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, do
 std::string summary_line(const GenerateSummary& s) {
   const double sec = std::max(s.seconds, 1e-9);
   return fmt::format(
-      "generate: {} lines: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
+      "generate: {}: {} ok, {} failed{}; {} prompt + {} generated tokens in {:.2f} s "
       "({:.1f} tok/s generated); wall time {:.2f} s",
-      s.lines, s.lines - s.failed_lines, s.failed_lines,
+      count_of(s.lines, "line"), s.lines - s.failed_lines, s.failed_lines,
       s.resumed_after > 0 ? fmt::format(" ({} done before --resume)", s.resumed_after) : "",
       s.prompt_tokens, s.generated_tokens, s.seconds, static_cast<double>(s.generated_tokens) / sec,
       s.wall_seconds);

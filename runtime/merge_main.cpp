@@ -9,6 +9,7 @@
 #include <cxxopts.hpp>
 
 #include "core/error.h"
+#include "core/plural.h"
 #include "loaders/cli_args.h"
 #include "runtime/shard.h"
 
@@ -42,9 +43,10 @@ int main(int argc, char** argv) {
     o.shards.assign(files.begin() + 1, files.end());
     o.force = args.count("force") > 0;
     const qtk::MergeResult r = qtk::run_merge(o);
-    std::fprintf(stderr, "merge: %zu shards -> %s (%lld lines, %lld error line%s)\n",
-                 o.shards.size(), o.out.c_str(), static_cast<long long>(r.lines),
-                 static_cast<long long>(r.error_lines), r.error_lines == 1 ? "" : "s");
+    std::fprintf(stderr, "merge: %s -> %s (%s, %s)\n",
+                 qtk::count_of(static_cast<int64_t>(o.shards.size()), "shard").c_str(),
+                 o.out.c_str(), qtk::count_of(r.lines, "line").c_str(),
+                 qtk::count_of(r.error_lines, "error line").c_str());
     // note: generate's exit status: 3 when some prompt got an error line.
     return r.error_lines > 0 ? 3 : 0;
   } catch (const std::exception& e) {

@@ -73,14 +73,13 @@ TEST(Compare, ErrorLineInExpectedIsAnErrorNotADivergence) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("expected 0 tokens"), std::string::npos) << r.out;
-  EXPECT_NE(
-      r.out.find("compare: 2 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 1 errors"),
-      std::string::npos)
+  EXPECT_NE(r.out.find("compare: 2 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 1 error"),
+            std::string::npos)
       << r.out;
   const std::string reused = "{\"id\": \"a\", \"error\": \"id reused\"}\n";
   RunResult ok = compare(reused + line("a", {1}), reused + line("a", {1}) + reused);
   EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
-  EXPECT_NE(ok.out.find("compare: 1 cases: 1 identical"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("compare: 1 case: 1 identical"), std::string::npos) << ok.out;
   // A golden file with an error line passes against itself: the same error
   // line is the same outcome; another error is not.
   const std::string golden = err_line + line("b", {2});
@@ -154,7 +153,7 @@ TEST(Compare, OnlyPresentSkipsCasesMissingFromActual) {
   EXPECT_NE(plain.out.find("\"b\": missing"), std::string::npos) << plain.out;
   RunResult r = compare(expected, line("a", {1, 2}), "--only-present");
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("compare: 1 cases: 1 identical, 0 near-tie, 0 diverged, 0 missing, 0 "
+  EXPECT_NE(r.out.find("compare: 1 case: 1 identical, 0 near-tie, 0 diverged, 0 missing, 0 "
                        "errors, 1 skipped -> OK"),
             std::string::npos)
       << r.out;
