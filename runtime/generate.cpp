@@ -722,9 +722,29 @@ void check_same_shard(const ResumeSource& source, const nlohmann::json& meta) {
       nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
   const nlohmann::json was =
       old.is_object() ? old.value("shard", nlohmann::json()) : nlohmann::json();
-  if (was != meta["shard"])
-    fail("{}: cannot resume: it holds shard {}, this run is shard {}", source.meta, was.dump(),
-         meta["shard"].dump());
+  const nlohmann::json now = meta.value("shard", nlohmann::json());
+  if (was == now) return;
+  auto name = [](const nlohmann::json& s) {
+    return fmt::format("shard {}/{}", s.value("index", nlohmann::json()).dump(),
+                       s.value("count", nlohmann::json()).dump());
+  };
+  if (!was.is_object())
+    fail(
+        "{}: cannot resume: it holds a whole run, not a shard; resume it without --shard (or "
+        "start {} over with --force)",
+        source.meta, name(now));
+  if (!now.is_object())
+    fail("{}: cannot resume: it holds {}; resume it with --shard {}/{}", source.meta, name(was),
+         was.value("index", nlohmann::json()).dump(), was.value("count", nlohmann::json()).dump());
+  if (name(was) != name(now))
+    fail("{}: cannot resume: it holds {}, this run is {}", source.meta, name(was), name(now));
+  fail(
+      "{}: cannot resume: its {} is of another prompts file (batch digest {}, {} lines; now {}, "
+      "{} lines); start it over with --force",
+      source.meta, name(was), was.value("batch_digest", nlohmann::json()).dump(),
+      was.value("lines_total", nlohmann::json()).dump(),
+      now.value("batch_digest", nlohmann::json()).dump(),
+      now.value("lines_total", nlohmann::json()).dump());
 }
 
 // The lines, failed lines and resumed lines of a run's summary.
@@ -818,7 +838,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     meta["shard"] = shard_json(
         shard, lines_total, "xxh64:" + checksum_hex(xxh64(batch_text.data(), batch_text.size())));
   }
-  if (sharded && source.resume) check_same_shard(source, meta);
+  if (source.resume) check_same_shard(source, meta);
   ResumePoint rp;
   if (source.resume) rp = check_resume(source, meta, lines, o.batch);
   // note: resuming a complete OUT (a retried shard task, a repeated

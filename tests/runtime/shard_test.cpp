@@ -108,7 +108,21 @@ TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
   // Another shard's command on this shard's file is refused.
   const RunResult wrong = generate(job().pack, job().prompts, s0, "--margins --shard 1/2");
   EXPECT_EQ(wrong.status, 1);
-  EXPECT_NE(wrong.err.find("cannot resume: it holds shard"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("cannot resume: it holds shard 0/2, this run is shard 1/2"),
+            std::string::npos)
+      << wrong.err;
+  // --resume of the shard's file without --shard names the shard to give;
+  // --shard on a whole run's file says it is not a shard.
+  const RunResult plain = generate(job().pack, job().prompts, s0, "--margins --resume");
+  EXPECT_EQ(plain.status, 1);
+  EXPECT_NE(plain.err.find("cannot resume: it holds shard 0/2; resume it with --shard 0/2"),
+            std::string::npos)
+      << plain.err;
+  const RunResult whole = generate(job().pack, job().prompts, job().full, "--margins --shard 0/2");
+  EXPECT_EQ(whole.status, 1);
+  EXPECT_NE(whole.err.find("cannot resume: it holds a whole run, not a shard"), std::string::npos)
+      << whole.err;
+  EXPECT_EQ(read_text(s0), done);
 }
 
 // One stderr line starting "merge: ", as the other programs' messages do.
