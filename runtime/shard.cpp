@@ -111,6 +111,12 @@ ShardFile load_shard(const std::string& path) {
   ShardFile f;
   f.path = path;
   const std::string meta_path = path + ".meta.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && ::stat((path + ".partial").c_str(), &st) == 0)
+    fail(
+        "{}: not there, only {}.partial: the shard has not finished (finish it with `generate "
+        "--shard K/N --resume`, the shard's own command plus --resume)",
+        path, path);
   f.meta =
       nlohmann::json::parse(read_whole_file(meta_path, "the shard's meta file"), nullptr, false);
   if (f.meta.is_discarded() || !f.meta.is_object())

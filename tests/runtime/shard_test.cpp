@@ -192,6 +192,12 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   write_text(s2 + ".meta.json", meta.dump(2));
   EXPECT_NE(merge_err(d + "/m6.jsonl " + s0 + " " + s1 + " " + s2).find("expected \"complete\""),
             std::string::npos);
+  // A shard that has only its partial results.
+  const std::string unfinished = d + "/unfinished_1.jsonl";
+  write_text(unfinished + ".partial", "");
+  EXPECT_NE(merge_err(d + "/m6.jsonl " + s0 + " " + unfinished + " " + s2)
+                .find("only " + unfinished + ".partial: the shard has not finished"),
+            std::string::npos);
   // An existing output without --force.
   write_text(d + "/exists.jsonl", "x\n");
   meta["status"] = "complete";
