@@ -7,10 +7,15 @@
 #
 # Needs root and Debian's slurm-wlm and munge (scripts/setup.sh installs them).
 # State, spool and logs live in DIR; nothing outside it is changed except the
-# munge key (/etc/munge/munge.key), made when missing.
+# munge key (/etc/munge/munge.key), made when missing. `stop` ends the
+# daemons `start` started (their pids are in DIR): slurmd, slurmctld, and
+# munged when start had to start it (a munged already running is left alone).
 set -euo pipefail
 cmd=${1:-} dir=${2:-}
-if [ -z "$cmd" ] || [ -z "$dir" ]; then sed -n '2,9p' "$0" >&2; exit 1; fi
+if [ -z "$cmd" ] || [ -z "$dir" ]; then
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
+  exit 1
+fi
 mkdir -p "$dir"
 dir=$(realpath "$dir")
 conf=$dir/slurm.conf
@@ -22,9 +27,13 @@ start)
   fi
   chown -R munge: /etc/munge /run/munge /var/lib/munge /var/log/munge
   chmod 0400 /etc/munge/munge.key
-  if ! munge -n </dev/null | unmunge >/dev/null 2>&1; then
+  if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    rm -f /run/munge/munged.pid
     su -s /bin/sh munge -c "munged --force" || munged --force
-    for _ in $(seq 50); do munge -n </dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+    for _ in $(seq 50); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+    # note: munged (as the munge user) cannot write DIR; its pid is copied
+    # here for stop, which ends it only when start started it.
+    if [ -s /run/munge/munged.pid ]; then cp /run/munge/munged.pid "$dir/munged.pid"; fi
   fi
   cpus=$(nproc)
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
@@ -65,11 +74,20 @@ CONF
   echo "export SLURM_CONF=$conf"
   ;;
 stop)
-  for d in slurmd slurmctld; do
+  # note: munged last: slurmd and slurmctld use it until they end. A pid
+  # whose process is no longer that daemon (ended, pid reused) is skipped.
+  for d in slurmd slurmctld munged; do
     if [ -f "$dir/$d.pid" ]; then
       pid=$(cat "$dir/$d.pid")
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$d" ]; then
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+          echo "local_cluster.sh: $d (pid $pid) did not end in 5 s; killing it" >&2
+          kill -9 "$pid" 2>/dev/null || true
+        fi
+      fi
+      rm -f "$dir/$d.pid"
     fi
   done
   ;;
