@@ -8,6 +8,19 @@
 
 namespace qtk {
 
+#ifdef QTK_THREAD_POOL_TEST_HOOKS
+namespace pool_test {
+void (*hook)(Point point, int tid, uint32_t generation, int64_t piece) = nullptr;
+}  // namespace pool_test
+#define QTK_POOL_TEST_POINT(point, tid, generation, piece)              \
+  do {                                                                  \
+    if (pool_test::hook != nullptr)                                     \
+      pool_test::hook(pool_test::Point::point, tid, generation, piece); \
+  } while (false)
+#else
+#define QTK_POOL_TEST_POINT(point, tid, generation, piece) ((void)0)
+#endif
+
 namespace {
 
 // Iterations of the spin phase before a worker sleeps (a few tens of µs).
@@ -68,7 +81,12 @@ void ThreadPool::run_pieces(uint32_t generation, int tid) {
     for (;;) {
       if (static_cast<uint32_t>(c >> 32) != generation) return;
       piece = static_cast<int64_t>(c & 0xFFFFFFFFu);
-      pieces = job_pieces_.load(std::memory_order_relaxed);
+      QTK_POOL_TEST_POINT(kClaimRead, tid, generation, piece);
+      // note: the count must be this generation's (see job_pieces_): a
+      // later job's means this one is finished, every piece claimed.
+      const uint64_t tagged = job_pieces_.load(std::memory_order_acquire);
+      if (static_cast<uint32_t>(tagged >> 32) != generation) return;
+      pieces = static_cast<int64_t>(tagged & 0xFFFFFFFFu);
       if (piece >= pieces) return;
       // note: success means claim_ still held (generation, piece), so the
       // job fields read here and below belong to that job.
@@ -109,6 +127,7 @@ void ThreadPool::worker_loop(int tid) {
     if (stop_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
     run_pieces(static_cast<uint32_t>(seen), tid);
+    QTK_POOL_TEST_POINT(kLeft, tid, static_cast<uint32_t>(seen), -1);
   }
 }
 
@@ -124,8 +143,10 @@ void ThreadPool::parallel_for_tid(int64_t n, RangeTidFn fn) {
   const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
   job_.store(&fn, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
-  job_pieces_.store(pieces, std::memory_order_relaxed);
+  job_pieces_.store(((generation & 0xFFFFFFFFu) << 32) | static_cast<uint64_t>(pieces),
+                    std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
+  QTK_POOL_TEST_POINT(kPublished, 0, static_cast<uint32_t>(generation), pieces);
   claim_.store((generation & 0xFFFFFFFFu) << 32, std::memory_order_release);
   {
     // The lock orders the bump with a worker that is about to sleep.

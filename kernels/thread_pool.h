@@ -101,16 +101,43 @@ class ThreadPool {
   // previous job can still be claimed.
   std::atomic<const RangeTidFn*> job_{nullptr};
   std::atomic<int64_t> job_n_{0};
-  std::atomic<int64_t> job_pieces_{0};
+  // (job generation << 32) | its number of pieces.
+  // note: tagged with the generation because the caller writes the next
+  // job's fields while claim_ still holds the finished job's last value
+  // (generation, pieces): a worker that read that value and then this
+  // field's next-job count (larger) used to pass the piece < pieces check
+  // and win the compare-and-swap on the old generation. It then ran a piece
+  // of the next job that another thread ran as well (a recurrent-state
+  // update applied twice) and counted it in done_, so parallel_for could
+  // return while a piece was still running, or, with job_ read later, run
+  // a finished job's function on its dead stack frame.
+  std::atomic<uint64_t> job_pieces_{0};
   // (job generation << 32) | next unclaimed piece: one compare-and-swap
   // claims a piece of exactly that job, so a worker that wakes up late can
-  // never run a piece of a job that has finished.
+  // never run a piece of a job that has finished, provided the piece was
+  // checked against the piece count of that same generation.
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> done_{0};  // pieces of the current job finished
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
   std::exception_ptr error_;  // first exception thrown by a piece (under mutex_)
 };
+
+#ifdef QTK_THREAD_POOL_TEST_HOOKS
+// Test builds only (tests/kernels/thread_pool_race_test.cpp compiles
+// thread_pool.cpp with this defined; the library never is): called at the
+// points of the claim protocol where one thread's view of the job can be
+// stale, so that a test can hold a thread there while the other goes on.
+namespace pool_test {
+enum class Point {
+  kClaimRead,  // a thread read claim_ = (generation, piece) and will check the piece
+  kLeft,       // a worker's run_pieces(generation) returned: no piece left for it
+  kPublished,  // the caller wrote job `generation`'s fields (piece = its pieces)
+               // and has not opened claim_ yet
+};
+extern void (*hook)(Point point, int tid, uint32_t generation, int64_t piece);
+}  // namespace pool_test
+#endif
 
 // Runs fn over [0, n) on the pool, or inline (one piece) when pool is null.
 inline void parallel_for(ThreadPool* pool, int64_t n, RangeFn fn) {
