@@ -399,16 +399,13 @@ int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_co
   }
   if (capped > 0) {
     const int64_t p = static_cast<int64_t>(first->request.prompt.size());
-    std::fprintf(stderr,
-                 "generate: note: %lld line%s ask%s for more tokens than the model's context of "
-                 "%lld positions holds and stop%s at its end (finish_reason \"length\"); the "
-                 "first: line %lld (id %s), a %lld-token prompt with max_tokens %lld gets at most "
-                 "%lld\n",
-                 static_cast<long long>(capped), capped == 1 ? "" : "s", capped == 1 ? "s" : "",
-                 static_cast<long long>(max_context), capped == 1 ? "s" : "",
-                 static_cast<long long>(first->line_no), first->id.dump().c_str(),
-                 static_cast<long long>(p), static_cast<long long>(first->request.max_tokens),
-                 static_cast<long long>(max_context - p));
+    const char* s = capped == 1 ? "s" : "";  // the verbs' ending
+    fmt::print(stderr,
+               "generate: note: {} ask{} for more tokens than the model's context of {} positions "
+               "holds and stop{} at its end (finish_reason \"length\"); the first: line {} (id "
+               "{}), a {}-token prompt with max_tokens {} gets at most {}\n",
+               count_of(capped, "line"), s, max_context, s, first->line_no, first->id.dump(), p,
+               first->request.max_tokens, max_context - p);
   }
   return capped;
 }

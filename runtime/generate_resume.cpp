@@ -81,9 +81,8 @@ nlohmann::json value_before_switch(const std::string& name, const nlohmann::json
 TuningDifference result_tuning_difference(const nlohmann::json& old, const nlohmann::json& meta) {
   const nlohmann::json was_all = at(old, "/tuning");
   const nlohmann::json defaults = tuning_header(Tuning{});
-  const std::string device = at(meta, "/settings/device").is_string()
-                                 ? at(meta, "/settings/device").get<std::string>()
-                                 : std::string();
+  const nlohmann::json device_json = at(meta, "/settings/device");
+  const std::string device = device_json.is_string() ? device_json.get<std::string>() : "";
   const nlohmann::json now_all = at(meta, "/tuning");
   for (const TuningEntry& e : Tuning{}.entries()) {
     if (!changes_results(e.effect, device)) continue;
