@@ -74,8 +74,22 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
     c.prompt = read_token_ids(j, "prompt_token_ids", where);
     c.has_prompt = true;
   }
-  if (auto m = j.find("top1_margin"); m != j.end() && m->is_array()) {
-    for (const auto& v : *m) c.margins.push_back(v.is_number() ? v.get<double>() : 0.0);
+  // note: a margin decides whether a divergence is excused, so a malformed
+  // one is refused rather than read as 0 (a near-tie) or skipped: each is
+  // logit(top1) - logit(top2) >= 0, one per output token.
+  if (auto m = j.find("top1_margin"); m != j.end()) {
+    if (!m->is_array())
+      fail("{}: field 'top1_margin': expected an array, found {}", where, m->type_name());
+    for (size_t i = 0; i < m->size(); ++i) {
+      const auto& v = (*m)[i];
+      if (!v.is_number() || !(v.get<double>() >= 0.0))
+        fail("{}: field 'top1_margin': expected margins >= 0, found {} at index {}", where,
+             v.is_number() ? v.dump() : std::string(v.type_name()), i);
+      c.margins.push_back(v.get<double>());
+    }
+    if (c.margins.size() != c.tokens.size())
+      fail("{}: field 'top1_margin': expected one margin per output token ({}), found {}", where,
+           c.tokens.size(), c.margins.size());
   }
   return c;
 }

@@ -201,6 +201,25 @@ TEST(Compare, SecondResultForAnIdIsRefused) {
   EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
 }
 
+// A margin decides whether a divergence is excused: a malformed one (not a
+// number, negative, or not one per token) is refused, naming the field,
+// rather than read as a near-tie or skipped.
+TEST(Compare, MalformedMarginsAreRefused) {
+  const std::string tail = ", \"output_token_ids\": [1, 2, 3]}\n";
+  for (const auto& [margins, says] : std::vector<std::pair<std::string, std::string>>{
+           {"[1, null, 1]", "expected margins >= 0, found null at index 1"},
+           {"[1, -0.5, 1]", "expected margins >= 0, found -0.5 at index 1"},
+           {"[1, 1]", "expected one margin per output token (3), found 2"},
+           {"0.5", "expected an array, found number"}}) {
+    const std::string bad = "{\"id\": \"a\", \"top1_margin\": " + margins + tail;
+    RunResult r = compare(bad, line("a", {1, 9, 3}));
+    EXPECT_EQ(r.status, 1) << margins << r.out << r.err;
+    EXPECT_NE(r.err.find("expected.jsonl: line 1: field 'top1_margin': " + says), std::string::npos)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // A file with nothing to compare, or a directory, is an error naming it,
 // not a report of every case missing.
 TEST(Compare, NothingToCompareIsAnError) {
