@@ -289,6 +289,23 @@ MergeResult run_merge(const MergeOptions& o) {
   if (o.as_shard)
     meta["shard"] =
         shard_json(whole, total, first.meta["shard"].value("batch_digest", std::string()));
+  // note: the shards of one job may run with other scheduling settings
+  // (threads, --max-num-seqs, the KV cache: results do not depend on them);
+  // a setting some shard ran with another value of is kept per shard in
+  // its merged_from entry, not reported as shard 0's for the whole job.
+  std::vector<std::string> differing;
+  if (const auto st = meta.find("settings"); st != meta.end() && st->is_object()) {
+    for (const auto& [key, value] : st->items()) {
+      if (key == "verify_checksums") continue;  // (all shards', above)
+      for (const auto& [k, s] : by_index)
+        if (s->meta.value("settings", nlohmann::json::object()).value(key, nlohmann::json()) !=
+            value) {
+          differing.push_back(key);
+          break;
+        }
+    }
+    for (const std::string& key : differing) st->erase(key);
+  }
   // note: each shard's own stats (timings, memory) stay with its entry;
   // the merged stats hold only what adds up: lines and token counts.
   meta["merged_from"] = nlohmann::json::array();
@@ -297,6 +314,12 @@ MergeResult run_merge(const MergeOptions& o) {
   bool counted = true;
   for (const auto& [k, s] : by_index) {
     nlohmann::json entry = {{"shard", k}, {"path", s->path}};
+    if (!differing.empty()) {
+      const nlohmann::json own = s->meta.value("settings", nlohmann::json::object());
+      entry["settings"] = nlohmann::json::object();
+      for (const std::string& key : differing)
+        if (own.contains(key)) entry["settings"][key] = own[key];
+    }
     const nlohmann::json stats = s->meta.value("stats", nlohmann::json());
     if (stats.is_object()) entry["stats"] = stats;
     if (stats.is_object() && stats.value("prompt_tokens", nlohmann::json()).is_number_integer() &&

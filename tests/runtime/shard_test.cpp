@@ -84,6 +84,36 @@ TEST(Shard, MergedShardsAreTheSingleRunByteForByte) {
   }
 }
 
+// Shards run with other scheduling settings (results do not depend on
+// them) merge into the single run's file; the merged header keeps such a
+// setting per shard, not shard 0's value for the whole job.
+TEST(Shard, SettingsThatDifferByShardAreKeptPerShard) {
+  std::string files;
+  for (int k = 0; k < 2; ++k) {
+    const std::string out = fmt::format("{}/mixed_{}.jsonl", work_dir(), k);
+    const RunResult r = generate(
+        job().pack, job().prompts, out,
+        fmt::format("--margins --threads {} --max-num-seqs {} --shard {}/2", k + 1, 3 + k, k));
+    EXPECT_TRUE(r.status == 0 || r.status == 3) << r.err;
+    files += " " + out;
+  }
+  const std::string merged = work_dir() + "/mixed.jsonl";
+  const RunResult m = run(merge_cmd(merged + files));
+  ASSERT_EQ(m.status, 3) << m.err;
+  EXPECT_EQ(read_text(merged), read_text(job().full));
+  const auto meta = load_json(merged + ".meta.json");
+  EXPECT_FALSE(meta["settings"].contains("threads")) << meta["settings"].dump();
+  EXPECT_FALSE(meta["settings"].contains("max_num_seqs")) << meta["settings"].dump();
+  EXPECT_EQ(meta["settings"]["block_size"], 16);  // the same in both: kept
+  ASSERT_EQ(meta["merged_from"].size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    const auto& own = meta["merged_from"][k]["settings"];
+    EXPECT_EQ(own["threads"], k + 1) << own.dump();
+    EXPECT_EQ(own["max_num_seqs"], 3 + k) << own.dump();
+    EXPECT_FALSE(own.contains("block_size")) << own.dump();
+  }
+}
+
 TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
   const std::string files = run_shards("retry", 2);
   const std::string s0 = work_dir() + "/retry_0.jsonl";
