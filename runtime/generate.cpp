@@ -591,9 +591,11 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   }
   std::vector<std::optional<SequenceResult>> results(lines.size());
   size_t next = skip;
+  // note: lines count the whole file (a resumed run starts at the lines
+  // already done); tokens and rates count this run's work only.
   Progress progress((o.progress || ::isatty(2)) && !o.no_progress,
-                    static_cast<int64_t>(lines.size() - skip), work_tokens);
-  int64_t done = 0;
+                    static_cast<int64_t>(lines.size()), work_tokens);
+  int64_t done = static_cast<int64_t>(skip);
   auto flush = [&]() {
     for (; next < lines.size(); ++next, ++done) {
       const PromptLine& l = lines[next];

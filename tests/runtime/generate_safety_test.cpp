@@ -387,9 +387,13 @@ TEST(GenerateSafety, Item7_ResumeRefusesAnotherPromptsFile) {
   RunResult l = generate(pack, longer, part, "--resume");
   EXPECT_EQ(l.status, 1) << l.err;
   EXPECT_EQ(read_text(part), expected.substr(0, expected.find('\n') + 1));
-  // The same file resumes to the uninterrupted result.
-  ASSERT_EQ(generate(pack, in, part, "--resume").status, 0);
+  // The same file resumes to the uninterrupted result; its progress counts
+  // the line already done.
+  const RunResult ok = generate(pack, in, part, "--resume --progress");
+  ASSERT_EQ(ok.status, 0) << ok.err;
   EXPECT_EQ(read_text(part), expected);
+  EXPECT_NE(ok.err.find("generate: 6/6 done"), std::string::npos) << ok.err;
+  EXPECT_EQ(ok.err.find("/5 done"), std::string::npos) << ok.err;
 }
 
 // Item 8: max_new_tokens is max_tokens; an unknown field is a per-line error
