@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/plural.h"
 #include "runtime/backend/backend.h"
 #include "runtime/results_file.h"
 #include "runtime/shard.h"
@@ -284,11 +285,6 @@ std::string visible_device_of(int ordinal, const char* parent) {
   return std::string(list.substr(0, list.find(',')));
 }
 
-// Refuses to start while OUT's directory holds parts of a --devices run over
-// another number of devices (OUT.part-K-of-M..., M != `count`): this run
-// would neither finish nor remove them, and --resume would silently start
-// over. note: never deleted here, also not with --force: they may be the
-// only copy of hours of results.
 void refuse_parts_of_another_count(const std::string& out, int64_t count) {
   namespace fs = std::filesystem;
   const fs::path out_path(out);
@@ -309,11 +305,11 @@ void refuse_parts_of_another_count(const std::string& out, int64_t count) {
   }
   if (found.empty()) return;
   fail(
-      "--devices: {} holds {} file(s) of a run over {} devices ({}{}); this run over {} would "
-      "neither finish nor remove them: give {} devices with --resume to finish that run, or "
-      "remove them",
-      dir.string(), found.size(), other, *found.begin(), found.size() > 1 ? ", ..." : "", count,
-      other);
+      "{}: {} holds {} of a --devices run over {} devices ({}{}); this run on {} would neither "
+      "finish nor remove them: give {} devices with --resume to finish that run, or remove them",
+      count > 1 ? "--devices" : "--out", dir.string(),
+      count_of(static_cast<int64_t>(found.size()), "file"), other, *found.begin(),
+      found.size() > 1 ? ", ..." : "", count_of(count, "device"), other);
 }
 
 int run_data_parallel(const DataParallelJob& job) {

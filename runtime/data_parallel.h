@@ -59,4 +59,11 @@ struct DataParallelJob {
 // caller re-raises it, core/interrupt.h).
 int run_data_parallel(const DataParallelJob& job);
 
+// Refuses to start while OUT's directory holds parts of a --devices run over
+// another number of devices (OUT.part-K-of-M..., M != `count`; a run without
+// --devices is a run on 1): this run would neither finish nor remove them,
+// and --resume would silently start over. note: never deleted, also not with
+// --force: they may be the only copy of hours of results.
+void refuse_parts_of_another_count(const std::string& out, int64_t count);
+
 }  // namespace qtk

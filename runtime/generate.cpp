@@ -31,6 +31,7 @@
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
 #include "runtime/backend/backend.h"
+#include "runtime/data_parallel.h"
 #include "runtime/generate_progress.h"
 #include "runtime/generate_resume.h"
 #include "runtime/kv_cache.h"
@@ -791,6 +792,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // Nothing is opened for writing before the output is known to be safe to
   // write and ours alone.
   const bool to_stdout = o.out == "-";
+  if (!to_stdout) refuse_parts_of_another_count(o.out, 1);
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
   // note: SIGINT/SIGTERM/SIGHUP are recorded and acted on between steps:
   // the lines done stay in OUT.partial, its header says "interrupted", the

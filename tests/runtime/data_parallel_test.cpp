@@ -261,12 +261,21 @@ TEST(DataParallel, ResumeAfterAnInterruptedFanOutGivesTheSameFile) {
   EXPECT_TRUE(fs::exists(killed + ".part-1-of-2.partial"));
   // Resumed over another number of devices: refused (it would start over and
   // leave the two parts behind), naming them; nothing is removed.
-  for (const char* devices : {"0,1,2", "0"}) {
-    r = generate(big_pack, prompts, killed,
-                 fmt::format("--devices {} --threads 2 --resume", devices));
-    EXPECT_EQ(r.status, 1) << r.err;
-    EXPECT_NE(r.err.find("of a run over 2 devices (dp_killed.jsonl.part-"), std::string::npos)
+  // A run without --devices (a run on one device) is refused the same way,
+  // with --force too.
+  for (const char* flags : {"--devices 0,1,2 --threads 2 --resume", "--devices 0 --resume",
+                            "--resume", "--force", ""}) {
+    r = generate(big_pack, prompts, killed, flags);
+    EXPECT_EQ(r.status, 1) << flags << r.err;
+    EXPECT_NE(r.err.find("of a --devices run over 2 devices (dp_killed.jsonl.part-"),
+              std::string::npos)
         << r.err;
+    EXPECT_NE(r.err.find(std::string_view(flags).find("0,1,2") != std::string_view::npos
+                             ? "this run on 3 devices"
+                             : "this run on 1 device would"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(killed)) << flags;
     EXPECT_NE(r.err.find("give 2 devices with --resume"), std::string::npos) << r.err;
     EXPECT_TRUE(fs::exists(killed + ".part-1-of-2.partial"));
   }
