@@ -240,9 +240,13 @@ ChatTemplateSetup load_chat_template(const GenerateOptions& o, const Pack& pack)
 // (A blank line among prompts stays a failed line of its own.)
 void refuse_empty_batch(const std::string& path, const std::vector<std::string_view>& lines) {
   if (lines.empty()) fail("{}: expected at least one prompt line, found an empty file", path);
-  const bool blank = std::all_of(lines.begin(), lines.end(), [](std::string_view l) {
+  // (a byte order mark opening the file is skipped, as the line reader does)
+  const auto is_blank = [](std::string_view l) {
     return l.find_first_not_of(" \t\r") == std::string_view::npos;
-  });
+  };
+  std::string_view first = lines.front();
+  if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
+  const bool blank = is_blank(first) && std::all_of(lines.begin() + 1, lines.end(), is_blank);
   if (blank)
     fail("{}: expected at least one prompt line, found {} blank line{}", path, lines.size(),
          lines.size() == 1 ? "" : "s");
@@ -296,6 +300,10 @@ std::vector<std::pair<std::string, std::string>> generate_inputs(const GenerateO
 // is replaced only with --force or --resume (--shard implies --resume).
 void check_outputs(const GenerateOptions& o) {
   const bool may_replace = o.force || o.resume || !o.shard.empty();
+  if (o.meta == "-")
+    fail(
+        "--meta -: expected a file for the run header (it is never written to stdout; without "
+        "--meta it goes beside --out, or nowhere with --out -)");
   if (o.out == "-") {
     check_stdout_flags(o);
     if (!o.meta.empty()) check_meta_path(o.meta, generate_inputs(o), may_replace);
@@ -559,7 +567,8 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
   if (o.show) {
     const std::string prompt_text = tokenizer ? tokenizer->decode(l.request.prompt)
                                               : fmt::format("{}", fmt::join(l.request.prompt, " "));
-    const std::string cont = tokenizer ? text : fmt::format("{}", fmt::join(r.output, " "));
+    // (ids without a tokenizer: " | " between the prompt's and the output's)
+    const std::string cont = tokenizer ? text : fmt::format(" | {}", fmt::join(r.output, " "));
     // The continuation in bold on a terminal.
     const bool tty = ::isatty(1);
     const std::string shown =
@@ -678,6 +687,9 @@ std::string summary_line(const GenerateSummary& s) {
 ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, bool sharded,
                            std::optional<OutputLock>& lock) {
   check_outputs(o);
+  // note: results on stdout have no file of their own: no lock, nothing to
+  // resume or replace (a file named "-" is someone else's).
+  if (o.out == "-") return ResumeSource{};
   lock.emplace(paths.lock, o.out);
   // note: --shard implies --resume: a retried task runs the same command.
   return choose_start(paths, o.force               ? StartMode::kForce

@@ -165,6 +165,21 @@ TEST_F(BadPrompts, ByteOrderMarkOpeningTheBatchIsSkipped) {
       << out[1];
 }
 
+// A batch holding only the mark (and blank lines) is an empty batch: exit 1,
+// nothing written, as for a file of blank lines.
+TEST_F(BadPrompts, ByteOrderMarkAloneIsAnEmptyBatch) {
+  TempDir t;
+  for (const std::string text : {"\xEF\xBB\xBF", "\xEF\xBB\xBF\n", "\xEF\xBB\xBF \r\n\n"}) {
+    write_file(t / "prompts.jsonl", text);
+    const RunResult r =
+        run_program({program("generate"), "--model", *dir_ / "sample.pack", "--batch",
+                     t / "prompts.jsonl", "--out", t / "out.jsonl", "--threads", "1"});
+    expect_clean_failure(r, "generate", {"prompts.jsonl", "expected at least one prompt line"});
+    EXPECT_FALSE(file_exists(t / "out.jsonl"));
+    EXPECT_FALSE(file_exists(t / "out.jsonl.meta.json"));
+  }
+}
+
 TEST_F(BadPrompts, UnreadableBatchOrOutputFailsCleanly) {
   TempDir t;
   // Missing batch file: exit 1, nothing written.

@@ -210,6 +210,16 @@ TEST(GenerateCli, ShowPrintsContinuations) {
   EXPECT_NE(r.out.find("=== \"c\"\nA\\x00B\\x1b[31mC"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find('\0'), std::string::npos);
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  // A pack without a tokenizer shows ids, the prompt's and the output's apart.
+  const std::string tiny = pack_of("tests/data/models/qwen3-tiny");
+  write_text(in, "{\"id\": \"t\", \"prompt_token_ids\": [1, 2, 3]}\n");
+  r = generate(tiny, in, out, "--max-tokens 2 --show --force");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto ids = read_jsonl(out).at(0)["output_token_ids"];
+  EXPECT_NE(
+      r.out.find(fmt::format("=== \"t\"\n1 2 3 | {} {}", ids[0].get<int>(), ids[1].get<int>())),
+      std::string::npos)
+      << r.out;
 }
 
 std::string resume_prompts() {

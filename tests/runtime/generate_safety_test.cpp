@@ -548,6 +548,25 @@ TEST(GenerateSafety, Item14_StdinAndStdout) {
       run(fmt::format("{} --model {} --batch {} --out - --resume", QTK_GENERATE_BIN, pack, in));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+
+  // Results on stdout have no file: a file named "-" in the working
+  // directory is neither refused as an existing OUT nor locked or touched.
+  const std::string dash_dir = work_dir() + "/stdio-dash";
+  std::filesystem::create_directories(dash_dir);
+  write_text(dash_dir + "/-", "someone else's file\n");
+  RunResult d = run(fmt::format("cd {} && {} --model {} --batch {} --out -", dash_dir,
+                                QTK_GENERATE_BIN, pack, in));
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_EQ(d.out, expected);
+  EXPECT_EQ(read_text(dash_dir + "/-"), "someone else's file\n");
+  EXPECT_FALSE(std::filesystem::exists(dash_dir + "/-.lock"));
+  // --meta - is refused (the header never goes to stdout), writing nothing.
+  RunResult m = run(fmt::format("cd {} && {} --model {} --batch {} --out {}/dash.jsonl --meta -",
+                                dash_dir, QTK_GENERATE_BIN, pack, in, dash_dir));
+  EXPECT_EQ(m.status, 1) << m.err;
+  EXPECT_NE(m.err.find("--meta -: expected a file for the run header"), std::string::npos) << m.err;
+  EXPECT_FALSE(std::filesystem::exists(dash_dir + "/dash.jsonl"));
+  EXPECT_EQ(read_text(dash_dir + "/-"), "someone else's file\n");
 }
 
 // Item 15: one summary line at the end of every run; --progress counts
