@@ -13,19 +13,25 @@ namespace qtk {
 
 namespace {
 
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// note: SIGPIPE too: a reader that goes away (`convert --progress 2>&1 |
+// head`) ended the process at once, leaving its temporary pack behind.
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+constexpr int kNumSignals = sizeof(kSignals) / sizeof(kSignals[0]);
 constexpr int kEmergencySlots = 4;
 
 volatile sig_atomic_t g_signal = 0;
 char g_emergency[kEmergencySlots][PATH_MAX];
 volatile sig_atomic_t g_emergency_used[kEmergencySlots] = {};
 
-struct sigaction g_saved[3];
-bool g_installed[3] = {};
+struct sigaction g_saved[kNumSignals];
+bool g_installed[kNumSignals] = {};
 struct sigaction g_saved_xfsz;
 
 extern "C" void on_signal(int sig) {
   if (g_signal != 0) {
+    // (each further write to the closed pipe raises SIGPIPE again: not a
+    // second request to stop)
+    if (sig == SIGPIPE) return;
     // Second signal: remove what we can with async-signal-safe calls and go.
     for (int i = 0; i < kEmergencySlots; ++i)
       if (g_emergency_used[i]) ::unlink(g_emergency[i]);
@@ -43,7 +49,7 @@ InterruptScope::InterruptScope(Syscalls syscalls) {
   sigemptyset(&sa.sa_mask);
   // note: without SA_RESTART a blocked read/write returns EINTR promptly.
   sa.sa_flags = syscalls == Syscalls::kRestarted ? SA_RESTART : 0;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kNumSignals; ++i) {
     struct sigaction cur {};
     g_installed[i] = sigaction(kSignals[i], nullptr, &cur) == 0 && cur.sa_handler != SIG_IGN &&
                      sigaction(kSignals[i], &sa, &g_saved[i]) == 0;
@@ -55,7 +61,7 @@ InterruptScope::InterruptScope(Syscalls syscalls) {
 }
 
 InterruptScope::~InterruptScope() {
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < kNumSignals; ++i)
     if (g_installed[i]) sigaction(kSignals[i], &g_saved[i], nullptr);
   sigaction(SIGXFSZ, &g_saved_xfsz, nullptr);
 }

@@ -1,4 +1,4 @@
-// SIGINT/SIGTERM/SIGHUP handling for `convert` and `generate`: the handler
+// SIGINT/SIGTERM/SIGHUP/SIGPIPE handling for `convert` and `generate`: the handler
 // only records the signal; convert's writer and archive extractor poll it
 // between chunks, generate between steps, and throw, so the normal
 // unwinding removes the temporary pack and the extraction directory, or

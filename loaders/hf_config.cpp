@@ -544,6 +544,13 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   c.vocab_size = d.positive_int("vocab_size");
   c.hidden_size = d.positive_int("hidden_size");
   c.num_layers = d.positive_int("num_hidden_layers");
+  // note: every reader builds per-layer tables from this count before it
+  // meets the tensors; a damaged or huge value (10^9) would exhaust memory
+  // first. The largest Qwen3 / Qwen3.5 models have 94 layers.
+  constexpr int64_t kMaxLayers = 65536;
+  if (c.num_layers > kMaxLayers)
+    fail("{}: field '{}': expected at most {} layers, found {}", d.source,
+         d.name("num_hidden_layers"), kMaxLayers, c.num_layers);
   // note: an MoE config may omit intermediate_size (Qwen3.5-MoE has no dense
   // MLP); validate_model_config requires it when a layer is dense.
   if (const json* v = d.find("intermediate_size"); !moe || (v && !v->is_null()))

@@ -254,5 +254,69 @@ TEST(Atomic, SignalRemovesTemporaryAndReraises) {
   EXPECT_TRUE(tmp.listing().empty()) << "left behind: " << *tmp.listing().begin();
 }
 
+// SIGPIPE (`convert --progress 2>&1 | head -1`, the reader gone) stops a run
+// like SIGTERM: temporary file removed, the process ends by SIGPIPE. It used
+// to die at once, leaving the temporary pack behind.
+TEST(Atomic, SigpipeRemovesTemporaryAndReraises) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);  // as a shell starts a command
+    int code = 0;
+    {
+      InterruptScope scope;
+      ::raise(SIGPIPE);  // what the first progress line into a closed pipe raises
+      ::raise(SIGPIPE);  // and the next: not a second request to stop at once
+      try {
+        ConvertOptions opt;
+        opt.input = testing::source_path(kModel);
+        opt.output = out;
+        convert_checkpoint(opt);
+        code = 3;  // must not succeed
+      } catch (const Error& e) {
+        code = std::string(e.what()).find("interrupted by SIGPIPE") != std::string::npos ? 4 : 5;
+      }
+    }
+    reraise_interrupt();
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE)
+      << "exit code " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_TRUE(tmp.listing().empty()) << "left behind: " << *tmp.listing().begin();
+}
+
+// The program with its stderr reader gone before it starts: a conversion
+// too small for a progress line before the end finishes, then its last
+// line raises SIGPIPE and it ends by it; the pack is complete, and nothing
+// else is left.
+TEST(Atomic, ClosedProgressPipeLeavesNoTemporary) {
+  TempDir tmp;
+  const std::string out = tmp.file("m.pack");
+  const std::string in = testing::source_path(kModel);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // no reader
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(fds[1], 2);
+    ::execl(QTK_CONVERT_BIN, QTK_CONVERT_BIN, in.c_str(), out.c_str(), "--progress",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE)
+      << "exit code " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_EQ(tmp.listing(), std::set<std::string>{"m.pack"});
+  EXPECT_NO_THROW(Pack::open(out));
+}
+
 }  // namespace
 }  // namespace qtk

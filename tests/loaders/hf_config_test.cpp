@@ -461,6 +461,10 @@ std::vector<Reject> rejects() {
       {"hidden_size_huge", kQwen3Tiny, [](json& j) { j["hidden_size"] = int64_t{1} << 62; },
        "field 'hidden_size': expected a positive integer of at most 2^40 = 1099511627776, found "
        "4611686018427387904"},
+      // Per-layer tables are built from the layer count: a huge one is refused
+      // first (it exhausted memory before the tensors were met).
+      {"num_layers_huge", kQwen3Tiny, [](json& j) { j["num_hidden_layers"] = 1000000000; },
+       "field 'num_hidden_layers': expected at most 65536 layers, found 1000000000"},
       {"vocab_size_huge", kQwen3Tiny, [](json& j) { j["vocab_size"] = int64_t{1} << 62; },
        "field 'vocab_size': expected a positive integer of at most 2^40 = 1099511627776, found "
        "4611686018427387904"},
