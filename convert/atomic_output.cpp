@@ -53,6 +53,12 @@ std::string temp_name_prefix(const std::string& dir, const std::string& name) {
 AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
     : path_(path), dir_(directory_of(path)), overwrite_(overwrite) {
   if (path.empty() || path.back() == '/') fail("{}: output must be a file name", path);
+  // note: a name the directory cannot hold failed only at the final rename,
+  // after the whole conversion.
+  if (const long limit = ::pathconf(dir_.c_str(), _PC_NAME_MAX);
+      limit > 0 && basename_of(path).size() > static_cast<size_t>(limit))
+    fail("{}: the file name is {} bytes, longer than {} allows ({})", path,
+         basename_of(path).size(), dir_, limit);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected a file name for the pack", path);

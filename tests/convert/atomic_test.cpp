@@ -193,6 +193,14 @@ TEST(Atomic, LongOutputName) {
     EXPECT_NO_THROW(Pack::open(tmp.file(name)));
     std::filesystem::remove(tmp.file(name));
   }
+  // A name longer than the directory allows is refused before any work.
+  const auto too_long =
+      run_shell(cli(testing::source_path(kModel), tmp.file(std::string(256, 'c'))));
+  EXPECT_EQ(too_long.status, 1) << too_long.err;
+  EXPECT_NE(too_long.err.find("the file name is 256 bytes, longer than"), std::string::npos)
+      << too_long.err;
+  EXPECT_EQ(testing::count_lines(too_long.err), 1) << too_long.err;
+  EXPECT_TRUE(tmp.listing().empty());
   // A shortened temporary name left by a killed convert is still recognised
   // as one of ours and removed by the next convert into the directory.
   const pid_t child = ::fork();
