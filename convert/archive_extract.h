@@ -35,6 +35,8 @@ class ExtractedArchive {
   // The checkpoint directory: the extraction root when config.json is at
   // the top, else the single top-level folder holding it.
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  // The private directory the entries were extracted into.
+  const std::string& root() const { return temp_dir_; }
   uint64_t bytes() const { return bytes_; }
   uint64_t entries() const { return entries_; }
 

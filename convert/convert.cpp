@@ -185,7 +185,11 @@ MatrixDType parse_matrix_dtype(const std::string& text) {
   fail("--dtype: expected keep, bf16, f16 or f32, found \"{}\"", text);
 }
 
-ConvertResult convert_checkpoint(const ConvertOptions& opt) {
+namespace {
+
+// extraction_root: set to the private directory an archive input was
+// extracted into, for convert_checkpoint's messages.
+ConvertResult convert_checkpoint_at(const ConvertOptions& opt, std::string* extraction_root) {
   // The output first: an existing OUT (without --force) or an unwritable
   // directory fails before any work.
   AtomicOutput out(opt.output, opt.force);
@@ -199,6 +203,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   if (S_ISREG(st.st_mode)) {
     extracted = std::make_unique<ExtractedArchive>(opt.input, directory_of(opt.output), opt.limits);
     dir = extracted->checkpoint_dir();
+    *extraction_root = extracted->root();
   } else if (!S_ISDIR(st.st_mode)) {
     fail("{}: expected a checkpoint directory or an archive file", opt.input);
   }
@@ -308,6 +313,28 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
   check_interrupted(opt.output);
   out.commit();
   return result;
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const ConvertOptions& opt) {
+  std::string root;
+  try {
+    return convert_checkpoint_at(opt, &root);
+  } catch (const Error& e) {
+    // note: a file of an archive input is read from a private directory,
+    // removed by the time the message is read: it is named as the archive's
+    // entry ("model.tar: m/config.json: ...").
+    std::string m = e.what();
+    if (root.empty() || m.find(root) == std::string::npos) throw;
+    const std::string from = root + "/", to = opt.input + ": ";
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size()))
+      m.replace(at, from.size(), to);
+    for (size_t at = m.find(root); at != std::string::npos;
+         at = m.find(root, at + opt.input.size()))
+      m.replace(at, root.size(), opt.input);
+    throw Error(m);
+  }
 }
 
 }  // namespace qtk

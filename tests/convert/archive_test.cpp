@@ -336,6 +336,22 @@ TEST(ConvertReject, TruncatedShardInsideTarGz) {
   expect_rejected(tmp.file("a.tar.gz"), "model.safetensors");
 }
 
+// A bad file inside an archive is named as the archive's entry, never by the
+// private extraction directory (removed by the time the message is read).
+TEST(ConvertReject, FileInsideAnArchiveIsNamedAsItsEntry) {
+  TempDir tmp;
+  const std::string dir = tmp.file("m");
+  testing::copy_dir(testing::source_path(kTiny), dir);
+  testing::write_file(dir + "/config.json", "{ not json");
+  const std::string tar = tmp.file("a.tar");
+  ASSERT_EQ(run_shell("tar -cf " + quote(tar) + " -C " + quote(tmp.str()) + " m").status, 0);
+  const auto r = run_shell(convert_bin() + " " + quote(tar) + " " + quote(tmp.file("o.pack")));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find(tar + ": m/config.json: invalid JSON at byte 2"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find(".qtk-extract"), std::string::npos) << r.err;
+}
+
 TEST(ConvertReject, MissingInputAndBadFlags) {
   expect_rejected("/nonexistent/qtk-model", "/nonexistent/qtk-model");
   expect_rejected(testing::source_path(kTiny), "--dtype", "--dtype f8");
