@@ -163,6 +163,23 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     return a.start != b.start ? a.start < b.start : a.end < b.end;
   });
   const uint64_t buffer = size - 8 - n;
+  // note: the causes first, the consequences after: a tensor past the data
+  // buffer or over another also leaves a gap where it should have been, and
+  // the gap, met first in offset order, would name an innocent tensor.
+  for (const Entry& e : entries)
+    if (static_cast<uint64_t>(e.end) > buffer)
+      fail(
+          "{}: tensor {}: field 'data_offsets': [{}, {}] ends past the {}-byte data buffer "
+          "(file truncated?)",
+          path, quote_name(e.name), e.start, e.end, buffer);
+  const Entry* furthest = nullptr;  // the entry reaching furthest so far
+  for (const Entry& e : entries) {
+    if (furthest != nullptr && e.start < furthest->end && e.end > e.start)
+      fail("{}: tensor {}: field 'data_offsets': [{}, {}] overlaps tensor {} [{}, {}]", path,
+           quote_name(e.name), e.start, e.end, quote_name(furthest->name), furthest->start,
+           furthest->end);
+    if (furthest == nullptr || e.end > furthest->end) furthest = &e;
+  }
   int64_t expected_start = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {

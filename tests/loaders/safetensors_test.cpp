@@ -154,7 +154,22 @@ std::vector<BadCase> bad_cases() {
       {"trailing_bytes", safetensors_bytes(tensor_header(ok_t), 12),
        "data buffer has 12 bytes but the tensors cover 8"},
       {"truncated", safetensors_bytes(tensor_header(ok_t), 6),
-       "ends at 8, past the 6-byte data buffer"},
+       "tensor \"a\": field 'data_offsets': [0, 8] ends past the 6-byte data buffer"},
+      // The cause is named, not the gap it leaves where the tensor should
+      // have been (met first in offset order).
+      {"overlap_leaving_a_gap",
+       safetensors_bytes(
+           tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]})"
+                                R"(,"c":{"dtype":"U8","shape":[4],"data_offsets":[16,20]})"
+                                R"(,"d":{"dtype":"U8","shape":[4],"data_offsets":[16,20]})"),
+           20),
+       "tensor \"d\": field 'data_offsets': [16, 20] overlaps tensor \"c\" [16, 20]"},
+      {"past_the_end_leaving_a_gap",
+       safetensors_bytes(
+           tensor_header(ok_t + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":[12,16]})"
+                                R"(,"c":{"dtype":"U8","shape":[4],"data_offsets":[16,20]})"),
+           16),
+       "tensor \"c\": field 'data_offsets': [16, 20] ends past the 16-byte data buffer"},
       {"empty_name",
        safetensors_bytes(R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
        "expected a non-empty tensor name"},
