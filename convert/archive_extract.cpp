@@ -354,18 +354,19 @@ void ExtractedArchive::extract_entries(const std::string& path, const ArchiveLim
   std::vector<std::string> top;
   for (const auto& d : std::filesystem::directory_iterator(temp_dir_))
     top.push_back(d.path().filename().string());
-  if (top.size() == 1 && std::filesystem::is_directory(temp_dir_ + "/" + top[0]) &&
-      ::stat((temp_dir_ + "/" + top[0] + "/config.json").c_str(), &st) == 0) {
-    checkpoint_dir_ = temp_dir_ + "/" + top[0];
-    return;
-  }
-  // note: more than one checkpoint (a/config.json, b/config.json) is named
-  // as such: which one to convert is the user's choice, not ours.
+  // note: the one top-level folder holding a config.json is the checkpoint,
+  // whatever files lie beside it (a README.md, a LICENSE); more than one
+  // checkpoint (a/config.json, b/config.json) is named as such: which one
+  // to convert is the user's choice, not ours.
   std::vector<std::string> with_config;
   for (const std::string& t : top)
     if (std::filesystem::is_directory(temp_dir_ + "/" + t) &&
         ::stat((temp_dir_ + "/" + t + "/config.json").c_str(), &st) == 0)
       with_config.push_back(t + "/");
+  if (with_config.size() == 1) {
+    checkpoint_dir_ = temp_dir_ + "/" + with_config[0].substr(0, with_config[0].size() - 1);
+    return;
+  }
   if (with_config.size() > 1) {
     std::sort(with_config.begin(), with_config.end());
     std::string folders;

@@ -33,7 +33,7 @@ class ExtractedArchive {
   ExtractedArchive& operator=(const ExtractedArchive&) = delete;
 
   // The checkpoint directory: the extraction root when config.json is at
-  // the top, else the single top-level folder holding it.
+  // the top, else the one top-level folder holding one.
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   // The private directory the entries were extracted into.
   const std::string& root() const { return temp_dir_; }

@@ -93,6 +93,12 @@ TEST_P(ArchiveInput, GivesTheSamePackAsTheDirectory) {
   } else if (kind == "tar.zst") {
     archive = tmp.file("m.tar.zst");
     cmd = "tar --zstd -cf " + quote(archive) + " -C " + quote(model_parent) + " qwen3-tiny";
+  } else if (kind == "tar-folder-and-readme") {
+    // one checkpoint folder, a file beside it at the top level
+    archive = tmp.file("m.tar");
+    testing::write_file(tmp.file("README.md"), "a model\n");
+    cmd = "tar -cf " + quote(archive) + " -C " + quote(model_parent) + " qwen3-tiny -C " +
+          quote(tmp.str()) + " README.md";
   } else if (kind == "zip-folder") {
     archive = tmp.file("m.zip");
     cmd = "cd " + quote(model_parent) + " && zip -qr " + quote(archive) + " qwen3-tiny";
@@ -116,8 +122,8 @@ TEST_P(ArchiveInput, GivesTheSamePackAsTheDirectory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ArchiveInput,
-                         ::testing::Values("tar.gz-folder", "tar.gz-flat", "tar.zst", "zip-folder",
-                                           "zip-flat"),
+                         ::testing::Values("tar.gz-folder", "tar.gz-flat", "tar.zst",
+                                           "tar-folder-and-readme", "zip-folder", "zip-flat"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
