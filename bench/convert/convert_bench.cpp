@@ -217,8 +217,18 @@ int main(int argc, char** argv) {
       "baseline-bin", "also time this convert program, alternating with --convert-bin",
       cxxopts::value<std::string>())("cold",
                                      "drop the source from the page cache before every run")(
-      "out", "also write the JSON here", cxxopts::value<std::string>());
-  const auto args = options.parse(argc, argv);
+      "out", "also write the JSON here", cxxopts::value<std::string>())("h,help", "show this help");
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::fprintf(stderr, "convert_bench: %s (see --help)\n", e.what());
+    return 1;
+  }
+  if (args.count("help")) {
+    std::printf("%s\n", options.help().c_str());
+    return 0;
+  }
   const std::string work = args["work"].as<std::string>();
   std::filesystem::create_directories(work);
   std::string model;

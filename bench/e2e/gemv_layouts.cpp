@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,9 +105,16 @@ void probe(const float*, const uint16_t* w, float* y, int64_t n0, int64_t n1, in
 using Fn = void (*)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t);
 
 int main(int argc, char** argv) {
+  const bool help = argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
   int64_t K = argc > 1 ? atoll(argv[1]) : 1024;
   int threads = argc > 2 ? atoi(argv[2]) : 1;
   int huge = argc > 3 ? atoi(argv[3]) : 1;
+  if (help || argc > 4 || K < 48 || K > (int64_t{1} << 20) || threads < 1 || threads > 1024) {
+    std::fprintf(help ? stdout : stderr,
+                 "usage: gemv_layouts [K=1024, 48..2^20] [threads=1] [hugepages=1]: GB/s of M = 1 "
+                 "bf16 read patterns\n");
+    return help ? 0 : 1;
+  }
   size_t bytes = size_t(768) << 20;
   int64_t N = bytes / 2 / K / 48 * 48;
   bytes = N * K * 2;

@@ -37,6 +37,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,6 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "loaders/cli_args.h"
 #include "loaders/model_config.h"
 #include "loaders/name_table.h"
 
@@ -408,10 +410,10 @@ int run(int argc, char** argv) {
                         "Write a random-weight HF checkpoint (safetensors) for a config.json");
   opts.add_options()("config", "config.json of the model shape", cxxopts::value<std::string>())(
       "out", "output directory (created)", cxxopts::value<std::string>())(
-      "seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))(
+      "seed", "random seed", cxxopts::value<std::string>()->default_value("1"))(
       "dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))(
       "shard-mb", "start a new shard after this many MB (0: one file)",
-      cxxopts::value<int64_t>()->default_value("0"))(
+      cxxopts::value<std::string>()->default_value("0"))(
       "fp8", "block-FP8 layer projections (F8_E4M3 + float32 128x128 scales)")(
       "experts",
       "MoE experts' layout: hub (the Hub's bf16 checkpoints': fused for Qwen3.5-MoE, "
@@ -422,27 +424,37 @@ int run(int argc, char** argv) {
       "0: one random stream in file order (default); N >= 1: N threads, each 128-row band "
       "or 2^20 values drawn from its own stream (the same files for every N, not the "
       "default's)",
-      cxxopts::value<int>()->default_value("0"))(
+      cxxopts::value<std::string>()->default_value("0"))(
       "dry-run",
       "write nothing; print {\"bytes\", \"parameters\", \"tensors\", \"files\"} "
       "of the checkpoint as JSON on stdout")("h,help", "show this help");
   opts.parse_positional({"config", "out"});
   opts.positional_help("CONFIG.json OUT_DIR");
-  auto args = opts.parse(argc, argv);
-  if (args.count("help") || !args.count("config") || !args.count("out")) {
-    std::fputs(opts.help().c_str(), args.count("help") ? stdout : stderr);
-    return args.count("help") ? 0 : 1;
+  // note: the toolkit's flag rules (an unknown flag named, a flag given
+  // twice with two values refused, one line per error).
+  const auto args = cli::parse_flags(opts, argc, argv);
+  if (args.count("help")) {
+    std::fputs(opts.help().c_str(), stdout);
+    return 0;
   }
+  if (!args.count("config") || !args.count("out"))
+    fail(
+        "usage: synth CONFIG.json OUT_DIR [--dtype bf16|f32] [--fp8] [--experts "
+        "hub|per-expert|fused] [--shard-mb N] [--seed N] [--threads N] [--dry-run] (see --help)");
+  cli::no_extra_arguments(args);
   const std::string config_path = args["config"].as<std::string>();
   const std::string out = args["out"].as<std::string>();
-  const std::string dtype = args["dtype"].as<std::string>();
-  if (dtype != "bf16" && dtype != "f32")
-    fail("synth: --dtype: expected bf16 or f32, found \"{}\"", dtype);
-  const std::string experts = args["experts"].as<std::string>();
-  if (experts != "hub" && experts != "per-expert" && experts != "fused")
-    fail("synth: --experts: expected hub, per-expert or fused, found \"{}\"", experts);
-  const int threads = args["threads"].as<int>();
-  if (threads < 0 || threads > 1024) fail("synth: --threads: expected 0..1024, found {}", threads);
+  const std::string dtype =
+      cli::parse_choice_flag("--dtype", args["dtype"].as<std::string>(), {"bf16", "f32"});
+  const std::string experts = cli::parse_choice_flag("--experts", args["experts"].as<std::string>(),
+                                                     {"hub", "per-expert", "fused"});
+  const int threads = static_cast<int>(
+      cli::parse_int_flag("--threads", args["threads"].as<std::string>(), 0, 1024, "0..1024"));
+  const uint64_t seed = static_cast<uint64_t>(
+      cli::parse_int_flag("--seed", args["seed"].as<std::string>(), 0,
+                          std::numeric_limits<int64_t>::max(), "a non-negative integer"));
+  const int64_t shard_mb = cli::parse_int_flag("--shard-mb", args["shard-mb"].as<std::string>(), 0,
+                                               int64_t{1} << 30, "0 or a size in MB");
   const ModelConfig c = load_hf_config(config_path);
   // note: Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration.
   const bool multimodal = c.hf_architecture.ends_with("ForConditionalGeneration");
@@ -471,7 +483,7 @@ int run(int argc, char** argv) {
     all.push_back(std::move(t));
   }
   const bool bf16 = dtype == "bf16";
-  const int64_t shard_bytes = args["shard-mb"].as<int64_t>() << 20;
+  const int64_t shard_bytes = shard_mb << 20;
   std::vector<std::vector<Tensor>> shards(1);
   int64_t in_shard = 0, total = 0, params = 0;
   for (auto& t : all) {
@@ -517,7 +529,6 @@ int run(int argc, char** argv) {
     names.push_back(shards.size() == 1
                         ? std::string("model.safetensors")
                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size()));
-  const uint64_t seed = args["seed"].as<uint64_t>();
   if (threads == 0) {
     Rng rng(seed);
     for (size_t s = 0; s < shards.size(); ++s)

@@ -2,8 +2,10 @@
 // config, sharded or not, and reproducibly for a given seed.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -186,6 +188,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SynthTest,
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+// synth follows the toolkit's flag rules: one line on stderr, exit 1, and a
+// flag given twice with two values refused (it took the last one).
+TEST(SynthFlags, BadFlagsAreOneLineAndExitOne) {
+  const std::string bin = std::string(QTK_BIN_DIR) + "/synth ";
+  const std::string config =
+      std::string(QTK_SOURCE_DIR) + "/tests/data/models/qwen3-tiny/config.json ";
+  const fs::path err = fs::temp_directory_path() / ("qtk-synth-err-" + std::to_string(::getpid()));
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {config + "o --dry-run --dtype bf16 --dtype f32",
+            "synth: --dtype: given twice, as \"bf16\" and \"f32\"; expected one value"},
+           {config + "o --dry-run --bogus", "synth: --bogus: unknown flag (see --help)"},
+           {config + "o --dry-run --dtype f16",
+            "synth: --dtype: expected bf16 or f32, found \"f16\""},
+           {config + "--dry-run", "synth: usage: synth CONFIG.json OUT_DIR"},
+           {config + "o --dry-run --threads -1", "synth: --threads: expected 0..1024"}}) {
+    const int rc = std::system((bin + args + " > /dev/null 2> " + err.string()).c_str());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << args;
+    const std::string text = read_file(err);
+    EXPECT_EQ(text.rfind(says, 0), 0u) << args << ": " << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  }
+  fs::remove(err);
+}
 
 }  // namespace
 }  // namespace qtk
