@@ -73,6 +73,29 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   positive(c.vocab_size, "vocab_size");
   positive(c.hidden_size, "hidden_size");
   positive(c.num_layers, "num_hidden_layers");
+  // note: every tensor shape is a product of these sizes (heads x head_dim,
+  // experts x width x hidden, vocab x hidden); a damaged value must not make
+  // such a product wrap around int64 and pass a shape check by accident (a
+  // pack with 4 + 2^59 heads did, then crashed generate). The bounds are far
+  // above any real model's (hidden 16384, vocab 248320, 512 experts).
+  auto at_most = [&](int64_t v, int64_t max, const char* field) {
+    if (v > max) fail("{}: field '{}': expected at most {}, found {}", source, field, max, v);
+  };
+  constexpr int64_t k16 = int64_t{1} << 16, k20 = int64_t{1} << 20, k24 = int64_t{1} << 24;
+  at_most(c.vocab_size, k24, "vocab_size");
+  at_most(c.hidden_size, k20, "hidden_size");
+  at_most(c.intermediate_size, k24, "intermediate_size");
+  at_most(c.num_attention_heads, k16, "num_attention_heads");
+  at_most(c.num_kv_heads, k16, "num_key_value_heads");
+  at_most(c.head_dim, k16, "head_dim");
+  at_most(c.linear_num_key_heads, k16, "linear_num_key_heads");
+  at_most(c.linear_num_value_heads, k16, "linear_num_value_heads");
+  at_most(c.linear_key_head_dim, k16, "linear_key_head_dim");
+  at_most(c.linear_value_head_dim, k16, "linear_value_head_dim");
+  at_most(c.linear_conv_kernel, k16, "linear_conv_kernel_dim");
+  at_most(c.moe.num_experts, k16, "num_experts");
+  at_most(c.moe.expert_intermediate_size, k24, "moe_intermediate_size");
+  at_most(c.moe.shared_expert_intermediate, k24, "shared_expert_intermediate_size");
   validate_moe(c, source);
   // note: a model whose every layer is a mixture of experts (Qwen3.5-MoE)
   // has no dense MLP and need not say intermediate_size.

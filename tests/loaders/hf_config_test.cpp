@@ -463,6 +463,18 @@ std::vector<Reject> rejects() {
        "4611686018427387904"},
       // Per-layer tables are built from the layer count: a huge one is refused
       // first (it exhausted memory before the tensors were met).
+      // Sizes whose products (heads x head_dim, ...) could wrap around int64
+      // and pass a shape check: bounded one by one (a pack's config too).
+      {"heads_huge", kQwen3Tiny, [](json& j) { j["num_attention_heads"] = int64_t{1} << 20; },
+       "field 'num_attention_heads': expected at most 65536, found 1048576"},
+      {"moe_width_huge", kQwen3Tiny,
+       [](json& j) {
+         j["architectures"] = {"Qwen3MoeForCausalLM"};
+         j["num_experts"] = 8;
+         j["num_experts_per_tok"] = 2;
+         j["moe_intermediate_size"] = int64_t{1} << 30;
+       },
+       "field 'moe_intermediate_size': expected at most 16777216, found 1073741824"},
       {"num_layers_huge", kQwen3Tiny, [](json& j) { j["num_hidden_layers"] = 1000000000; },
        "field 'num_hidden_layers': expected at most 65536 layers, found 1000000000"},
       {"vocab_size_huge", kQwen3Tiny, [](json& j) { j["vocab_size"] = int64_t{1} << 62; },
