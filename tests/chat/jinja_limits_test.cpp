@@ -46,6 +46,22 @@ TEST(JinjaLimits, NestedListsBuiltInALoop) {
   EXPECT_EQ(e.kind(), "LimitError") << e.what();
 }
 
+// A list holding the same list twice, 40 levels deep: a few hundred bytes
+// of values, 2^40 leaves when printed. |string, |tojson and printing it stop
+// at the string cap as the text grows (|string had no cap, |tojson checked
+// only the finished text: minutes and gigabytes before the error).
+TEST(JinjaLimits, SharedListsUnfoldedByStringAndTojson) {
+  const std::string build =
+      "{% set ns = namespace(s=[1]) %}{% for i in range(40) %}{% set ns.s = [ns.s, ns.s] %}"
+      "{% endfor %}";
+  for (const char* use :
+       {"{{ ns.s|string|length }}", "{{ ns.s|tojson|length }}",
+        "{{ ns.s|tojson(indent=2)|length }}", "{{ ns.s }}", "{{ {'a': ns.s}|string|length }}"}) {
+    const TemplateError e = render_error(build + use);
+    EXPECT_EQ(e.kind(), "LimitError") << use << ": " << e.what();
+  }
+}
+
 TEST(JinjaLimits, OutputSize) {
   RenderLimits small;
   small.max_output_bytes = 1000;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "tokenizer/chat/jinja_args.h"
 #include "tokenizer/chat/jinja_error.h"
 #include "tokenizer/chat/py_string.h"
 
@@ -314,6 +315,9 @@ std::string str_at(const Value& v, int depth) {
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) s += ", ";
         s += repr_at(items[i], depth + 1);
+        // note: checked as it grows: a list holding itself twice per level
+        // ([x, x] nested 30 deep) has 2^30 leaves in a few bytes of values.
+        builtin::check_string_size(s.size());
       }
       if (tuple && items.size() == 1) s += ",";
       s += tuple ? ")" : "]";
@@ -331,6 +335,7 @@ std::string str_at(const Value& v, int depth) {
         if (!first) s += ", ";
         first = false;
         s += py_str_repr(k) + ": " + repr_at(e, depth + 1);
+        builtin::check_string_size(s.size());
       }
       return s + "}";
     }
@@ -341,6 +346,7 @@ std::string str_at(const Value& v, int depth) {
         if (!first) s += ", ";
         first = false;
         s += py_str_repr(k) + ": " + repr_at(e, depth + 1);
+        builtin::check_string_size(s.size());
       }
       return s + "}>";
     }
@@ -444,6 +450,9 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
 
 void dump_at(std::string& out, const Value& v, const JsonDumpOptions& o, int level) {
   if (level > kMaxValueDepth) throw_eval("LimitError", "tojson of a value nested too deeply");
+  // note: checked as it grows (every value visited adds to it), not once
+  // at the end: shared lists can unfold into far more than the cap.
+  builtin::check_string_size(out.size());
   auto newline = [&](int lvl) {
     out += '\n';
     for (int i = 0; i < lvl; ++i) out += o.indent;
