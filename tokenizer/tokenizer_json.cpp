@@ -393,9 +393,24 @@ void read_top_level(std::string_view json_text, const std::string& source, TopLe
 // vocabulary string (size UINT32_MAX for an id without one).
 std::vector<Span> index_vocab(const RawModel& raw, const std::vector<AddedToken>& added,
                               const std::string& source, VocabIndex& index, TokenizerModel& model) {
+  // note: the id tables below are sized by the largest id; every id names a
+  // distinct entry, so an id far past the entries' count is damage (one id
+  // of 2^31 - 1 allocated ~16 GB before any check), refused here. The slack
+  // allows a vocabulary with gaps in its ids.
+  const int64_t entries = static_cast<int64_t>(raw.vocab.size() + added.size());
+  const int64_t id_limit = entries + 65536;
   int64_t max_id = -1;
   for (const auto& [span, id] : raw.vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedToken& t : added) max_id = std::max<int64_t>(max_id, t.id);
+  if (max_id >= id_limit)
+    fail(
+        "{}: {} holds id {}, far past its {} entries (model.vocab and added_tokens; expected ids "
+        "below {})",
+        source,
+        std::any_of(added.begin(), added.end(), [&](const AddedToken& t) { return t.id == max_id; })
+            ? "added_tokens"
+            : "model.vocab",
+        max_id, entries, id_limit);
   model.vocab_size = max_id + 1;
   std::vector<Span> token_of_id(static_cast<size_t>(model.vocab_size), Span{0, UINT32_MAX});
   std::vector<uint64_t> hashes(raw.vocab.size());

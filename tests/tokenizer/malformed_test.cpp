@@ -138,6 +138,11 @@ TEST(Malformed, UnsupportedComponentsAreNamed) {
       {"added_wrong_id",
        [](json& j) { j["added_tokens"][0]["id"] = 4000; },
        {"added_tokens[0] \"<|endoftext|>\" has id 4000", "would give it id 0"}},
+      // An id far past the entries is refused before the id tables are sized
+      // by it (2^31 - 1 took ~16 GB first).
+      {"added_id_huge",
+       [](json& j) { j["added_tokens"][0]["id"] = 2147483647; },
+       {"added_tokens holds id 2147483647, far past its", "expected ids below"}},
       {"added_empty",
        [](json& j) { j["added_tokens"][2]["content"] = ""; },
        {"added_tokens[2].content must be a non-empty string"}},
