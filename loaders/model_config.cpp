@@ -93,7 +93,8 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   at_most(c.linear_key_head_dim, k16, "linear_key_head_dim");
   at_most(c.linear_value_head_dim, k16, "linear_value_head_dim");
   at_most(c.linear_conv_kernel, k16, "linear_conv_kernel_dim");
-  at_most(c.moe.num_experts, k16, "num_experts");
+  // (num_experts: a checkpoint's is bounded by the tensors it holds, with a
+  // message naming its router, checkpoint.cpp; a pack's below)
   at_most(c.moe.expert_intermediate_size, k24, "moe_intermediate_size");
   at_most(c.moe.shared_expert_intermediate, k24, "shared_expert_intermediate_size");
   validate_moe(c, source);
@@ -342,9 +343,13 @@ ModelConfig config_from_json(const json& j, const std::string& source) {
              mlp);
       c.moe.mlp_plan.push_back(static_cast<MlpKind>(ch));
     }
-    if (c.moe.num_experts <= 0)
-      fail("{}: field 'config.moe.num_experts': expected a positive integer, found {}", source,
-           c.moe.num_experts);
+    // note: bounded so that no expert tensor's shape product wraps around
+    // int64 (validate_model_config bounds the widths).
+    constexpr int64_t kMaxExperts = int64_t{1} << 16;
+    if (c.moe.num_experts <= 0 || c.moe.num_experts > kMaxExperts)
+      fail(
+          "{}: field 'config.moe.num_experts': expected a positive integer of at most {}, found {}",
+          source, kMaxExperts, c.moe.num_experts);
   }
   validate_model_config(c, source);
   return c;

@@ -119,6 +119,7 @@ void Scheduler::preempt(int64_t handle) {
   // Resumed first: it was admitted before everything still waiting.
   waiting_.push_front(handle);
   ++stats_.preemptions;
+  hold_admission_ = true;
 }
 
 int64_t Scheduler::aligned_end(const Seq& s) const {
@@ -179,7 +180,15 @@ int64_t Scheduler::schedule_running(int64_t budget) {
 }
 
 // 2. Admit waiting sequences (in order) while there is room.
+// note: after a preemption, admission waits for a running sequence to
+// finish: re-admitting the preempted one as soon as its first chunk fits
+// had it preempted again at the older sequences' next block, over and over
+// (a 2,000-token decode beside a 3,000-token prompt on a tight cache
+// recomputed 170x the prompt tokens). Only the schedule changes, never a
+// result.
 void Scheduler::admit_waiting(int64_t budget) {
+  if (hold_admission_ && !running_.empty()) return;
+  hold_admission_ = false;
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     const int64_t h = waiting_.front();
@@ -337,6 +346,7 @@ bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin, 
   s.done = true;
   release(s);
   running_.erase(std::find(running_.begin(), running_.end(), h));
+  hold_admission_ = false;  // its blocks are free
   finished.push_back(h);
   return true;
 }

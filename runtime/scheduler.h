@@ -179,6 +179,10 @@ class Scheduler {
   std::deque<Queued> queued_;
   bool pipeline_ = true;
   bool drain_ = false;  // schedule_running met a preemption with steps queued
+  // A sequence was preempted: nothing is admitted until a running sequence
+  // finishes (or none runs), so the preempted one is not re-admitted at once
+  // only to be preempted again while the older ones still grow.
+  bool hold_admission_ = false;
   std::chrono::steady_clock::time_point mark_;  // end of the last collect (or first submit)
 };
 
