@@ -187,6 +187,13 @@ MatrixDType parse_matrix_dtype(const std::string& text) {
 
 namespace {
 
+// `text` with every `from` replaced by `to`.
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
 // extraction_root: set to the private directory an archive input was
 // extracted into, for convert_checkpoint's messages.
 ConvertResult convert_checkpoint_at(const ConvertOptions& opt, std::string* extraction_root) {
@@ -300,11 +307,8 @@ ConvertResult convert_checkpoint_at(const ConvertOptions& opt, std::string* extr
   } catch (const Error& e) {
     // note: the message names the temporary file, which is gone by the time
     // the user reads it; name the output instead.
-    std::string m = e.what();
-    for (size_t at = m.find(out.temp_path()); at != std::string::npos;
-         at = m.find(out.temp_path(), at + opt.output.size()))
-      m.replace(at, out.temp_path().size(), opt.output);
-    fail("{} (reading back the pack just written)", m);
+    fail("{} (reading back the pack just written)",
+         replace_all(e.what(), out.temp_path(), opt.output));
   }
   struct stat ost {};
   if (::fstat(out.fd(), &ost) == 0) result.pack_bytes = static_cast<uint64_t>(ost.st_size);
@@ -325,15 +329,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& opt) {
     // note: a file of an archive input is read from a private directory,
     // removed by the time the message is read: it is named as the archive's
     // entry ("model.tar: m/config.json: ...").
-    std::string m = e.what();
+    const std::string m = e.what();
     if (root.empty() || m.find(root) == std::string::npos) throw;
-    const std::string from = root + "/", to = opt.input + ": ";
-    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size()))
-      m.replace(at, from.size(), to);
-    for (size_t at = m.find(root); at != std::string::npos;
-         at = m.find(root, at + opt.input.size()))
-      m.replace(at, root.size(), opt.input);
-    throw Error(m);
+    throw Error(replace_all(replace_all(m, root + "/", opt.input + ": "), root, opt.input));
   }
 }
 

@@ -316,9 +316,10 @@ int run_data_parallel(const DataParallelJob& job) {
   const GenerateOptions& o = job.options;
   const auto start = Clock::now();
   check_generate_inputs(o);
+  // (one device: the run itself checks, run_generate)
+  if (job.devices.size() == 1) return run_on_one_device(job);
   if (o.out != "-" && !o.tune_only)
     refuse_parts_of_another_count(o.out, static_cast<int64_t>(job.devices.size()));
-  if (job.devices.size() == 1) return run_on_one_device(job);
   refuse_combinations(o);
   if (o.tune_only) return tune_every_device(job);
 

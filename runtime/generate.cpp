@@ -240,13 +240,11 @@ ChatTemplateSetup load_chat_template(const GenerateOptions& o, const Pack& pack)
 // (A blank line among prompts stays a failed line of its own.)
 void refuse_empty_batch(const std::string& path, const std::vector<std::string_view>& lines) {
   if (lines.empty()) fail("{}: expected at least one prompt line, found an empty file", path);
-  // (a byte order mark opening the file is skipped, as the line reader does)
   const auto is_blank = [](std::string_view l) {
     return l.find_first_not_of(" \t\r") == std::string_view::npos;
   };
-  std::string_view first = lines.front();
-  if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
-  const bool blank = is_blank(first) && std::all_of(lines.begin() + 1, lines.end(), is_blank);
+  const bool blank = is_blank(without_byte_order_mark(lines.front())) &&
+                     std::all_of(lines.begin() + 1, lines.end(), is_blank);
   if (blank)
     fail("{}: expected at least one prompt line, found {} blank line{}", path, lines.size(),
          lines.size() == 1 ? "" : "s");

@@ -237,10 +237,8 @@ namespace {
 // The line's request, or its error (the JSON parser's opens with the line
 // number; parse_prompt_line adds it to the others).
 PromptLine parse_line_fields(std::string_view text, int64_t line_no, const PromptDefaults& d) {
-  // note: a UTF-8 byte order mark opening the file (editors on Windows
-  // write one) is not part of the first line's JSON; compare and tokenize
-  // skip it too.
-  if (line_no == 1 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
+  // note: compare and tokenize skip the byte order mark too.
+  if (line_no == 1) text = without_byte_order_mark(text);
   PromptLine out;
   out.line_no = line_no;
   out.id = line_no;
