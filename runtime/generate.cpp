@@ -584,9 +584,11 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
 
 // Runs every line from `skip` on through the scheduler and appends its
 // result line, in input order, as soon as it and all lines before it are done.
-void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
-               Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
-               int64_t max_context, Clock::time_point since, double* first_token_seconds) {
+// Returns how many of them got an error line from the run itself (a row of
+// non-finite logits: SequenceResult::error).
+int64_t run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
+                  Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
+                  int64_t max_context, Clock::time_point since, double* first_token_seconds) {
   std::vector<int64_t> line_of;  // handle -> input line index
   int64_t work_tokens = 0;
   for (size_t i = skip; i < lines.size(); ++i) {
@@ -604,11 +606,16 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   Progress progress((o.progress || ::isatty(2)) && !o.no_progress,
                     static_cast<int64_t>(lines.size()), work_tokens);
   int64_t done = static_cast<int64_t>(skip);
+  int64_t failed = 0;
   auto flush = [&]() {
     for (; next < lines.size(); ++next, ++done) {
       const PromptLine& l = lines[next];
       if (!l.error.empty()) {
         out.append(error_line(l.id, l.error));
+      } else if (results[next] && !results[next]->error.empty()) {
+        out.append(error_line(l.id, fmt::format("line {}: {}", l.line_no, results[next]->error)));
+        results[next].reset();
+        ++failed;
       } else if (results[next]) {
         out.append(format_result(o, l, *results[next], tokenizer));
         results[next].reset();
@@ -643,6 +650,7 @@ void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, s
   }
   flush();
   progress.update(done, sched.stats(), true);
+  return failed;
 }
 
 nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, double sec,
@@ -757,10 +765,13 @@ void check_same_shard(const ResumeSource& source, const nlohmann::json& meta) {
       now.value("lines_total", nlohmann::json()).dump());
 }
 
-// The lines, failed lines and resumed lines of a run's summary.
-GenerateSummary summary_of(const std::vector<PromptLine>& lines, int64_t resumed_after) {
+// The lines, failed lines and resumed lines of a run's summary; run_failed:
+// the lines whose error line came from the run (kept ones included).
+GenerateSummary summary_of(const std::vector<PromptLine>& lines, int64_t resumed_after,
+                           int64_t run_failed) {
   GenerateSummary s;
   s.lines = static_cast<int64_t>(lines.size());
+  s.failed_lines = run_failed;
   for (const auto& l : lines) s.failed_lines += l.error.empty() ? 0 : 1;
   s.resumed_after = resumed_after;
   return s;
@@ -864,7 +875,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
       std::fprintf(stderr, "generate: %s is already complete (every line of %s); left as it is\n",
                    o.out.c_str(), o.batch.c_str());
     }
-    return summary_of(lines, static_cast<int64_t>(lines.size()));
+    return summary_of(lines, static_cast<int64_t>(lines.size()), rp.run_error_lines);
   }
   std::optional<ResultsWriter> out;
   if (to_stdout) {
@@ -875,9 +886,10 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     out.emplace(paths, meta);
   }
   const auto t0 = Clock::now();
+  int64_t run_failed = rp.run_error_lines;
   try {
-    run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings,
-              m.load_start, &m.first_token_seconds);
+    run_failed += run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out,
+                            cfg.max_position_embeddings, m.load_start, &m.first_token_seconds);
     // The device's header entries (cuda: the plan cache written, "gemm_plan"
     // and "startup"; none on the CPU).
     nlohmann::json entries = nlohmann::json::object();
@@ -891,7 +903,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     out->set_failure(e.what());
     throw;
   }
-  GenerateSummary s = summary_of(lines, static_cast<int64_t>(rp.lines_done));
+  GenerateSummary s = summary_of(lines, static_cast<int64_t>(rp.lines_done), run_failed);
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

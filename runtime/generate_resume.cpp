@@ -14,6 +14,7 @@
 #include "kernels/cpu_features.h"
 #include "pack/pack_checksum.h"
 #include "runtime/results_file.h"
+#include "runtime/scheduler.h"
 
 namespace qtk {
 
@@ -212,6 +213,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
         source.path, std::count(existing.begin(), existing.begin() + cr, '\n') + 1);
   }
   const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
+  ResumePoint rp;
   if (done_lines.size() > lines.size()) {
     fail("{}: cannot resume: it has {} lines but {} has only {}", source.path, done_lines.size(),
          batch, lines.size());
@@ -227,6 +229,14 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     // before the run), with the same message; a result line edited into an
     // error (or back) would otherwise be kept, and miscounted.
     const bool done_error = j.contains("error");
+    // note: an error line the run itself gave (non-finite logits) stands for
+    // a valid input line: the same arithmetic would give it again.
+    if (done_error && lines[i].error.empty() && j["error"].is_string() &&
+        j["error"].get_ref<const std::string&>().starts_with(
+            fmt::format("line {}: {}", lines[i].line_no, kNonFiniteLogits))) {
+      ++rp.run_error_lines;
+      continue;
+    }
     if (done_error != !lines[i].error.empty() || (done_error && j["error"] != lines[i].error)) {
       fail(
           "{}: cannot resume: line {} is {}, but this run gives {} line {} (id {}) {} (the "
@@ -251,7 +261,9 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
             source.path, i + 1, batch, i + 1, lines[i].id.dump());
     }
   }
-  return {done_lines.size(), keep};
+  rp.lines_done = done_lines.size();
+  rp.keep_bytes = keep;
+  return rp;
 }
 
 }  // namespace qtk

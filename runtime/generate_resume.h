@@ -36,8 +36,9 @@ struct TuningDifference {
 TuningDifference result_tuning_difference(const nlohmann::json& old, const nlohmann::json& meta);
 
 struct ResumePoint {
-  size_t lines_done = 0;    // result lines already there
-  uint64_t keep_bytes = 0;  // their bytes (a partial last line is dropped)
+  size_t lines_done = 0;        // result lines already there
+  uint64_t keep_bytes = 0;      // their bytes (a partial last line is dropped)
+  int64_t run_error_lines = 0;  // of them, error lines the run gave (non-finite logits)
 };
 
 // Checks that `source` (an interrupted or complete run) was made from the

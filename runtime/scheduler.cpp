@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -323,6 +324,17 @@ void Scheduler::account_step(std::vector<int64_t>& finished) {
 bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin, int64_t logits_row,
                            std::vector<int64_t>& finished) {
   Seq& s = seqs_[h];
+  if (std::isnan(margin)) {
+    // note: argmax_rows' mark of a NaN or infinite logit. transformers'
+    // argmax would pick a NaN's index; no token here would be what the model
+    // computes, so the sequence ends with an error instead of a result.
+    s.result.error = fmt::format(
+        "{} (NaN or infinity) for output token {} at position {}, so its greedy token is not "
+        "defined",
+        kNonFiniteLogits, s.result.output.size() + 1, index);
+    retire(h, finished);
+    return true;
+  }
   s.result.output.push_back(tok);
   s.result.margins.push_back(margin);
   if (opt_.logprobs > 0) {
@@ -343,12 +355,17 @@ bool Scheduler::take_token(int64_t h, int64_t index, int32_t tok, float margin, 
                       index + 1 >= opt_.max_context;
   if (!stop && !length) return false;
   s.result.stopped = stop;
+  retire(h, finished);
+  return true;
+}
+
+void Scheduler::retire(int64_t h, std::vector<int64_t>& finished) {
+  Seq& s = seqs_[h];
   s.done = true;
   release(s);
   running_.erase(std::find(running_.begin(), running_.end(), h));
   hold_admission_ = false;  // its blocks are free
   finished.push_back(h);
-  return true;
 }
 
 bool Scheduler::finishing(const Seq& s) const {

@@ -39,7 +39,16 @@ struct SequenceResult {
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
   bool stopped = false;  // ended on a stop id (else: length)
+  // Non-empty when the sequence ended without a result: the model computed a
+  // non-finite logit (kNonFiniteLogits) for its next token, so no greedy
+  // token is defined. output holds the tokens before it; an error line is
+  // written instead of them.
+  std::string error;
 };
+
+// The start of SequenceResult::error for a row of logits holding a NaN or an
+// infinity (argmax_rows' NaN margin); --resume keeps such error lines.
+inline constexpr const char* kNonFiniteLogits = "the model computed a non-finite logit";
 
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;
@@ -147,9 +156,12 @@ class Scheduler {
   bool submit(const StepBatch& b);
   void collect(std::vector<int64_t>& finished);
   // The sampled token tok (margin) of s: appended to its result; true when
-  // it ends the sequence (a stop id or the length), which is then retired.
+  // it ends the sequence (a stop id, the length, or a NaN margin: a row of
+  // non-finite logits, which ends it with an error), which is then retired.
   bool take_token(int64_t h, int64_t index, int32_t tok, float margin, int64_t logits_row,
                   std::vector<int64_t>& finished);
+  // s (handle h) is done: its blocks and slot freed, listed in finished.
+  void retire(int64_t h, std::vector<int64_t>& finished);
   // A running sequence whose queued token is its last (length): not scheduled.
   bool finishing(const Seq& s) const;
 

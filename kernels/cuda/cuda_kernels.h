@@ -129,7 +129,9 @@ void embedding_lookup(const void* table, DType table_type, int64_t hidden, const
                       const int32_t* feed = nullptr, const int32_t* fed_ids = nullptr);
 
 // Per row: the index of the largest logit (ties to the lowest id) and
-// margin = top1 - top2 logit. logits f32 [rows, vocab] stride ld. work:
+// margin = top1 - top2 logit; a row with a NaN or infinite logit gets a NaN
+// margin and the argmax of its finite logits (0 when none is finite), as
+// kernels/argmax.h on the host. logits f32 [rows, vocab] stride ld. work:
 // nullptr (one block per row), or argmax_work_bytes(rows) bytes of device
 // memory that lets small batches spread each row over several blocks (the
 // same results).

@@ -94,25 +94,39 @@ struct Top2 {
   float second;
 };
 
+// note: a non-finite logit (NaN, +inf, -inf) never wins; it marks its row
+// by a NaN `second`, which every later fold and merge keeps, so the row's
+// margin comes out NaN, as the host's argmax_rows gives (kernels/argmax.h).
+// Finite rows take exactly the comparisons they took without the marker.
+
 // Merges two candidates; ties keep the lower id. Exact, so the result does not
 // depend on the order of merging.
 __device__ __forceinline__ Top2 merge(Top2 x, Top2 y) {
   const bool x_wins = x.best > y.best || (x.best == y.best && x.id < y.id);
-  if (x_wins) return {x.best, x.id, fmaxf(x.second, y.best)};
-  return {y.best, y.id, fmaxf(y.second, x.best)};
+  Top2 t = x_wins ? Top2{x.best, x.id, fmaxf(x.second, y.best)}
+                  : Top2{y.best, y.id, fmaxf(y.second, x.best)};
+  if (isnan(x.second) || isnan(y.second)) t.second = x.second + y.second;  // NaN
+  return t;
 }
 
 // Folds logit v of column c into t: the same rule as merge(), so the result
 // does not depend on the order in which a thread visits its columns.
 __device__ __forceinline__ void fold(Top2& t, float v, int c) {
-  if (v > t.best || (v == t.best && c < t.id)) {
-    t.second = t.best;
+  if (!(fabsf(v) <= FLT_MAX)) {
+    t.second = __int_as_float(0x7fffffff);  // NaN: the row's marker
+  } else if (v > t.best || (v == t.best && c < t.id)) {
+    if (!isnan(t.second)) t.second = t.best;
     t.best = v;
     t.id = c;
-  } else {
+  } else if (!isnan(t.second)) {
     t.second = fmaxf(t.second, v);
   }
 }
+
+// The id a row's result stores: a row of only non-finite logits has no
+// finite winner (id INT32_MAX, margin NaN); 0 keeps the id a valid token for
+// the step a pipelined decode has already queued on it.
+__device__ __forceinline__ int32_t stored_id(const Top2& t) { return t.id == INT32_MAX ? 0 : t.id; }
 
 // This thread's top two of columns c0 .. c1-1 of a row: float4 groups,
 // kUnroll of them (16 logits) in flight per iteration, when the row is
@@ -185,7 +199,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int64_t ld, int6
     Top2 r = part[0];
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = merge(r, part[w]);
     if (gridDim.x == 1) {
-      ids[blockIdx.y] = r.id;
+      ids[blockIdx.y] = stored_id(r);
       margin[blockIdx.y] = r.best - r.second;
     } else {
       parts[blockIdx.y * gridDim.x + blockIdx.x] = r;
@@ -201,7 +215,7 @@ __global__ void argmax_merge_kernel(const Top2* __restrict__ parts, int split, i
   for (int s = threadIdx.x; s < split; s += 32) t = merge(t, parts[blockIdx.x * split + s]);
   t = warp_merge(t);
   if (threadIdx.x == 0) {
-    ids[blockIdx.x] = t.id;
+    ids[blockIdx.x] = stored_id(t);
     margin[blockIdx.x] = t.best - t.second;
   }
 }

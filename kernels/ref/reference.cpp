@@ -190,16 +190,21 @@ void argmax_rows_ref(const float* logits, int64_t rows, int64_t vocab, int32_t* 
                      float* margin) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i) {
-      if (row[i] > row[best]) best = i;
+    // The argmax over the finite logits; any NaN or infinity makes the margin NaN.
+    bool finite = true;
+    int64_t best = -1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!std::isfinite(row[i]))
+        finite = false;
+      else if (best < 0 || row[i] > row[best])
+        best = i;
     }
     float second = -INFINITY;
     for (int64_t i = 0; i < vocab; ++i) {
-      if (i != best && row[i] > second) second = row[i];
+      if (i != best && std::isfinite(row[i]) && row[i] > second) second = row[i];
     }
-    ids[r] = static_cast<int32_t>(best);
-    if (margin) margin[r] = vocab > 1 ? row[best] - second : 0.0f;
+    ids[r] = static_cast<int32_t>(best < 0 ? 0 : best);
+    if (margin) margin[r] = !finite ? NAN : vocab > 1 ? row[best] - second : 0.0f;
   }
 }
 

@@ -307,6 +307,88 @@ INSTANTIATE_TEST_SUITE_P(
       return name_of(info.param.dir) + (info.param.long_prompts ? "_long" : "");
     });
 
+// A token whose embedding is NaN (tests/runtime/test_util.h): every line
+// whose prompt holds it gets an error line (the model's logits are NaN, no
+// greedy token is defined) and every other line the bits of the undamaged
+// pack, alone and batched, pipelined and step by step, f32 and bf16; generate
+// exits 3 and the device keeps running (the NaN row's argmax gives a valid id
+// to the step already queued on it). Dense, MoE (NaN through the router) and
+// GDN models.
+class CudaNonFinite : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaNonFinite, LinesReachingANaNGetErrorLinesAndTheOthersTheirBits) {
+  const std::string dir = GetParam();
+  const std::string pack = pack_of(dir);
+  ASSERT_FALSE(pack.empty());
+  const std::string bad = pack_with_nan_embedding(pack, 7);
+  ASSERT_FALSE(bad.empty());
+  const auto config = load_json(src(dir + "/config.json"));
+  const int64_t vocab = config.contains("text_config")
+                            ? config["text_config"]["vocab_size"].get<int64_t>()
+                            : config["vocab_size"].get<int64_t>();
+  // 24 prompts; every third holds token 7 somewhere, at its end for some.
+  std::mt19937 rng(77);
+  std::string prompts;
+  std::vector<bool> poisoned;
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int> ids(1 + rng() % 30);
+    for (int& t : ids) t = 8 + static_cast<int>(rng() % (vocab - 8));
+    if (i % 3 == 0) ids[i % 2 ? ids.size() - 1 : rng() % ids.size()] = 7;
+    poisoned.push_back(i % 3 == 0);
+    prompts +=
+        nlohmann::json({{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 1 + i % 9}}).dump() +
+        "\n";
+  }
+  const std::string in = fmt::format("{}/{}.nan.jsonl", work_dir(), name_of(dir));
+  write_text(in, prompts);
+  for (const char* precision : {"f32", "bf16"}) {
+    // env: variables for the generate process (e.g. "QTK_PIPELINE=0 ").
+    auto run_on = [&](const std::string& p, const std::string& tag, const std::string& flags,
+                      int want_status, const std::string& env = "") {
+      const std::string out =
+          fmt::format("{}/{}.nan.{}.{}.jsonl", work_dir(), name_of(dir), precision, tag);
+      const RunResult r = run(
+          fmt::format("{}{} --model {} --batch {} --out {} --device cuda --precision {} --margins "
+                      "--ignore-eos --no-verify {}",
+                      env, QTK_GENERATE_BIN, p, in, out, precision, flags));
+      EXPECT_EQ(r.status, want_status) << precision << " " << tag << ": " << r.err;
+      return read_jsonl(out);
+    };
+    const auto good = run_on(pack, "good", "", 0);
+    ASSERT_EQ(good.size(), 24u);
+    int errors = 0;
+    for (const auto& [tag, flags] :
+         std::vector<std::pair<std::string, std::string>>{{"alone", "--max-num-seqs 1"},
+                                                          {"batched", ""},
+                                                          {"mbt7", "--max-batched-tokens 7"},
+                                                          {"serial", ""}}) {
+      const auto res = run_on(bad, tag, flags, 3, tag == "serial" ? "QTK_PIPELINE=0 " : "");
+      ASSERT_EQ(res.size(), 24u) << precision << " " << tag;
+      for (size_t i = 0; i < 24; ++i) {
+        if (poisoned[i]) {
+          ASSERT_TRUE(res[i].contains("error")) << precision << " " << tag << " " << res[i];
+          EXPECT_NE(res[i]["error"].get<std::string>().find(
+                        "the model computed a non-finite logit (NaN or infinity) for output token"),
+                    std::string::npos)
+              << res[i];
+          ++errors;
+        } else {
+          EXPECT_EQ(res[i], good[i]) << precision << " " << tag << " line " << i + 1;
+        }
+      }
+    }
+    EXPECT_EQ(errors, 4 * 8) << precision;
+    std::printf("[ cuda nan ] %s %s: error lines where token 7 is, other lines identical: %s\n",
+                name_of(dir).c_str(), precision, ::testing::Test::HasFailure() ? "NO" : "yes");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaNonFinite,
+                         ::testing::Values("tests/data/models/qwen3-moe-tiny",
+                                           "tests/data/models/qwen3.5-moe-tiny-vlm",
+                                           "tests/data/models/qwen3.5-tiny-vlm"),
+                         [](const auto& info) { return name_of(info.param); });
+
 // The GEMM plan cache (runtime/backend/cuda/cuda_startup.h) through generate: a run
 // that takes its GEMM choices from the cache file writes the results file
 // of a run that tuned from scratch, byte for byte, whether the file came

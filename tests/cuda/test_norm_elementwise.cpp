@@ -1,6 +1,7 @@
 // Norms, RoPE and elementwise kernels against the float64 references.
 #include <algorithm>
 
+#include "kernels/argmax.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/reference.h"
@@ -421,6 +422,54 @@ TEST(Argmax, RowsSplitOverBlocksGiveTheSameAnswers) {
       EXPECT_EQ(gi[rows - 1], vocab - 1);
       EXPECT_EQ(gm[rows - 1], 0.5f);
     }
+}
+
+// Rows with NaN and infinite logits: the margin is NaN and the id the argmax
+// of the finite logits (0 when none is finite), as the host's argmax_rows
+// gives, whole rows and rows split over blocks alike; the finite rows beside
+// them keep their answers.
+TEST(Argmax, NonFiniteLogitsGiveANaNMarginAndAValidId) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int64_t vocab : {151936, 1001}) {
+    const int64_t rows = 7;
+    auto logits = random_floats(rows * vocab, -10, 10, static_cast<uint32_t>(vocab + 3));
+    logits[0 * vocab + 17] = nan;                                     // one NaN
+    logits[1 * vocab + vocab - 1] = inf;                              // +inf at the end
+    logits[2 * vocab + 5] = -inf;                                     // -inf
+    for (int64_t c = 0; c < vocab; ++c) logits[3 * vocab + c] = nan;  // all NaN
+    logits[4 * vocab + 3] = 40.0f;                                    // finite, clear winner
+    logits[5 * vocab + 3] = 40.0f;                                    // a winner beside a NaN
+    logits[5 * vocab + vocab / 2] = nan;
+    for (int64_t c = 0; c < vocab; ++c) logits[6 * vocab + c] = c % 2 ? -inf : inf;
+    std::vector<int32_t> host_ids(rows);
+    std::vector<float> host_margin(rows);
+    qtk::argmax_rows(logits.data(), rows, vocab, host_ids.data(), host_margin.data());
+    DeviceBuffer<float> dl(logits);
+    for (const bool split : {false, true}) {
+      DeviceBuffer<float> margin(rows);
+      DeviceBuffer<int32_t> ids(rows);
+      DeviceBuffer<char> work(argmax_work_bytes(rows));
+      argmax_rows(dl.get(), vocab, rows, vocab, ids.get(), margin.get(), nullptr,
+                  split ? work.get() : nullptr);
+      const auto gi = ids.download();
+      const auto gm = margin.download();
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::string where = "vocab " + std::to_string(vocab) + " row " + std::to_string(r) +
+                                  (split ? " split" : " whole");
+        EXPECT_EQ(std::isnan(gm[r]), r != 4) << where;
+        EXPECT_TRUE(std::isnan(host_margin[r]) == (r != 4)) << where;
+        EXPECT_EQ(gi[r], host_ids[r]) << where;
+        EXPECT_GE(gi[r], 0) << where;
+        EXPECT_LT(gi[r], vocab) << where;
+      }
+      EXPECT_EQ(gi[3], 0);
+      EXPECT_EQ(gi[4], 3);
+      EXPECT_EQ(gi[5], 3);
+      EXPECT_EQ(gi[6], 0);
+      EXPECT_EQ(gm[4], host_margin[4]);
+    }
+  }
 }
 
 }  // namespace

@@ -117,5 +117,44 @@ TEST(Elementwise, ArgmaxTiesGoToLowestIdAndMarginIsTop1MinusTop2) {
   EXPECT_EQ(a, b);
 }
 
+// A NaN or an infinity anywhere in a row makes its margin NaN (no greedy token
+// is defined); the id is the argmax of the finite logits, 0 when there is none.
+TEST(Elementwise, ArgmaxMarksRowsWithNonFiniteLogits) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int64_t vocab : {1, 2, 5, 1001}) {
+    const int64_t rows = 6;
+    auto logits = test::random_floats(static_cast<size_t>(rows * vocab),
+                                      static_cast<uint32_t>(11 + vocab), 4.0f);
+    logits[0 * vocab + vocab - 1] = nan;
+    logits[1 * vocab + vocab / 2] = inf;
+    logits[2 * vocab] = -inf;
+    for (int64_t c = 0; c < vocab; ++c) logits[3 * vocab + c] = nan;
+    for (int64_t c = 0; c < vocab; ++c) logits[4 * vocab + c] = c % 2 ? nan : inf;
+    // row 5 stays finite
+    std::vector<int32_t> ids(rows), ref_ids(rows);
+    std::vector<float> margin(rows), ref_margin(rows);
+    argmax_rows(logits.data(), rows, vocab, ids.data(), margin.data());
+    ref::argmax_rows_ref(logits.data(), rows, vocab, ref_ids.data(), ref_margin.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(std::isnan(margin[r]), r != 5) << "vocab " << vocab << " row " << r;
+      EXPECT_EQ(std::isnan(ref_margin[r]), r != 5) << "vocab " << vocab << " row " << r;
+      EXPECT_EQ(ids[r], ref_ids[r]) << "vocab " << vocab << " row " << r;
+      EXPECT_GE(ids[r], 0);
+      EXPECT_LT(ids[r], vocab);
+    }
+    EXPECT_EQ(ids[3], 0);
+    EXPECT_EQ(ids[4], 0);
+    EXPECT_FALSE(std::isnan(margin[5]));
+    EXPECT_EQ(margin[5], ref_margin[5]);
+    if (vocab > 1) {  // the finite winner beside the NaN at the end of row 0
+      int32_t best = 0;
+      for (int64_t c = 1; c < vocab - 1; ++c)
+        if (logits[c] > logits[best]) best = static_cast<int32_t>(c);
+      EXPECT_EQ(ids[0], best);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qtk

@@ -309,5 +309,65 @@ TEST(GenerateCli, KilledRunsResumeToTheSameFile) {
   EXPECT_GE(interrupted, 1);
 }
 
+// The lines whose prompt reaches a token with a NaN embedding get an error
+// line naming the output token (no greedy token is defined); every other
+// line's result is byte-identical to the undamaged pack's, and generate exits
+// 3. --resume keeps such error lines. Dense, MoE (NaN through the router) and
+// GDN models.
+TEST(GenerateCli, NonFiniteLogitsGiveThatLineAnErrorLine) {
+  for (const char* model :
+       {"tests/data/models/qwen3-moe-tiny", "tests/data/models/qwen3.5-tiny-vlm",
+        "tests/data/models/qwen3-tiny-sharded-f32"}) {
+    SCOPED_TRACE(model);
+    const std::string pack = pack_of(model);
+    ASSERT_FALSE(pack.empty());
+    const std::string bad = pack_with_nan_embedding(pack, 7);
+    ASSERT_FALSE(bad.empty());
+    const std::string in = work_dir() + "/nan.jsonl";
+    write_text(in,
+               "{\"id\": \"clean\", \"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 5}\n"
+               "{\"id\": \"first\", \"prompt_token_ids\": [7, 8], \"max_tokens\": 5}\n"
+               "{\"id\": \"last\", \"prompt_token_ids\": [5, 6, 7], \"max_tokens\": 5}\n"
+               "{\"id\": \"other\", \"prompt_token_ids\": [9, 10, 11, 12], \"max_tokens\": 5}\n");
+    const std::string good_out = work_dir() + "/nan.good.jsonl",
+                      out = work_dir() + "/nan.bad.jsonl";
+    std::filesystem::remove(out);
+    std::filesystem::remove(out + ".meta.json");
+    std::filesystem::remove(good_out);
+    std::filesystem::remove(good_out + ".meta.json");
+    ASSERT_EQ(generate(pack, in, good_out, "--threads 2").status, 0);
+    const RunResult r = generate(bad, in, out, "--threads 2 --no-verify --max-batched-tokens 3");
+    ASSERT_EQ(r.status, 3) << r.err;
+    const auto good = read_jsonl(good_out), res = read_jsonl(out);
+    ASSERT_EQ(res.size(), 4u);
+    EXPECT_EQ(res[0], good[0]);
+    EXPECT_EQ(res[3], good[3]);
+    for (const size_t i : {1, 2}) {
+      ASSERT_TRUE(res[i].contains("error")) << res[i];
+      EXPECT_FALSE(res[i].contains("output_token_ids")) << res[i];
+      EXPECT_EQ(res[i]["id"], good[i]["id"]);
+      const std::string e = res[i]["error"].get<std::string>();
+      EXPECT_TRUE(
+          e.starts_with(fmt::format("line {}: the model computed a non-finite logit", i + 1)))
+          << e;
+      EXPECT_NE(e.find("(NaN or infinity) for output token 1 at position "), std::string::npos)
+          << e;
+    }
+    EXPECT_NE(r.err.find("2 failed"), std::string::npos) << r.err;
+    // --resume of the complete file: left as it is, the same exit status.
+    const std::string whole = read_text(out);
+    EXPECT_EQ(generate(bad, in, out, "--threads 2 --no-verify --resume").status, 3);
+    EXPECT_EQ(read_text(out), whole);
+    // Killed after the first error line: resumed to the same file.
+    write_killed_run(out, whole.substr(0, whole.find('\n', whole.find('\n') + 1) + 1),
+                     out + ".meta.json");
+    std::filesystem::remove(out);
+    const RunResult resumed =
+        generate(bad, in, out, "--threads 2 --no-verify --max-batched-tokens 3 --resume");
+    EXPECT_EQ(resumed.status, 3) << resumed.err;
+    EXPECT_EQ(read_text(out), whole);
+  }
+}
+
 }  // namespace
 }  // namespace qtk::rt_test

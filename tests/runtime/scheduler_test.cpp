@@ -2,7 +2,10 @@
 // respected, prefill is chunked, sequences join as soon as others finish,
 // and preemption frees blocks and later recomputes.
 #include <algorithm>
+#include <cmath>
 #include <deque>
+
+#include <fmt/format.h>
 
 #include "kernels/argmax.h"
 #include "runtime/kv_cache.h"
@@ -38,11 +41,16 @@ class FakeModel : public Model {
       if (!b.want_logits[s]) continue;
       float* row = logits + r++ * cfg_.vocab_size;
       std::fill(row, row + cfg_.vocab_size, 0.0f);
-      row[(b.token_ids[b.q_start[s + 1] - 1] + 1) % cfg_.vocab_size] = 1.0f;
+      const int32_t last = b.token_ids[b.q_start[s + 1] - 1];
+      row[(last + 1) % cfg_.vocab_size] = 1.0f;
+      // After the poisoned token: a NaN beside the winner, or (odd tokens)
+      // an infinity.
+      if (last == poison) row[(last + 7) % cfg_.vocab_size] = last % 2 ? INFINITY : NAN;
     }
     EXPECT_EQ(r, b.num_logits);
   }
   std::vector<std::pair<int64_t, int64_t>> steps;  // (seqs, tokens)
+  int32_t poison = -1;  // the token after which a row holds a non-finite logit
 
  private:
   ModelConfig cfg_;
@@ -216,6 +224,53 @@ TEST(Scheduler, PipelinedStepsGiveTheSameResults) {
     if (c == 1) {
       EXPECT_GT(a.stats().preemptions, 0);
       EXPECT_GT(b.stats().preemptions, 0);
+    }
+  }
+}
+
+// A row of logits with a NaN or an infinity ends its sequence with an error
+// (no greedy token is defined) and the tokens before it; the other sequences
+// run on unchanged, step by step and pipelined alike, and the cache is whole
+// again at the end.
+TEST(Scheduler, NonFiniteLogitsEndTheirSequenceWithAnError) {
+  for (const int32_t poison : {20, 25}) {  // NaN, infinity
+    auto run = [&](FakeModel& m) {
+      m.poison = poison;
+      Scheduler s(m, options(3, 9, 4, 40, 200));
+      // Sequence i counts on from 10 i + 5; those passing the poison stop there.
+      for (int i = 0; i < 6; ++i) s.add(req(6, 10, 10 * i));
+      auto res = run_all(s, 6);
+      // 20: sequence 1 (outputs 16, 17, ...) stops after 5 tokens; 25: sequence
+      // 2 (its prompt ends on 25) gets none, and sequence 1's 10th output is
+      // 25, whose row no step computes.
+      EXPECT_EQ(s.stats().generated_tokens, poison == 20 ? 55 : 50);
+      EXPECT_EQ(s.stats().preemptions, 0);
+      return res;
+    };
+    FakeModel plain;
+    PipelinedFake piped;
+    const auto ra = run(plain), rb = run(piped);
+    for (int i = 0; i < 6; ++i) {
+      const int first = (10 * i + 5 + 1) % 50;  // the first output token
+      // Output k is first + k: the poisoned row follows the output token poison.
+      int poisoned_at = -1;
+      for (int k = 0; k + 1 < 10 && poisoned_at < 0; ++k)
+        if ((first + k) % 50 == poison) poisoned_at = k + 1;
+      if ((10 * i + 5) % 50 == poison) poisoned_at = 0;  // the prompt's last token
+      for (const auto* r : {&ra[i], &rb[i]}) {
+        if (poisoned_at < 0) {
+          EXPECT_EQ(r->error, "") << "sequence " << i;
+          EXPECT_EQ(r->output.size(), 10u) << "sequence " << i;
+        } else {
+          EXPECT_TRUE(r->error.starts_with(kNonFiniteLogits)) << r->error;
+          EXPECT_NE(r->error.find(fmt::format("output token {} ", poisoned_at + 1)),
+                    std::string::npos)
+              << r->error;
+          EXPECT_EQ(r->output.size(), static_cast<size_t>(poisoned_at)) << "sequence " << i;
+        }
+      }
+      EXPECT_EQ(ra[i].output, rb[i].output) << "sequence " << i;
+      EXPECT_EQ(ra[i].error, rb[i].error) << "sequence " << i;
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -17,6 +18,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "pack/pack.h"
 
 namespace qtk::rt_test {
 
@@ -104,6 +108,30 @@ inline std::string pack_of(const std::string& model_rel) {
 
 inline nlohmann::json load_json(const std::string& path) {
   return nlohmann::json::parse(read_text(path));
+}
+
+// A copy of `pack` whose embedding row `id` is all NaN (as a damaged pack, or
+// an overflow in the model's own arithmetic, would give); its checksums are
+// not updated, so it runs with --no-verify.
+inline std::string pack_with_nan_embedding(const std::string& pack, int32_t id) {
+  const auto p = Pack::open(pack);
+  const TensorView& e = p->tensor("embed_tokens");
+  const size_t width = dtype_size(e.dtype), row_bytes = static_cast<size_t>(e.shape[1]) * width;
+  const std::string_view row(static_cast<const char*>(e.data) + id * row_bytes, row_bytes);
+  std::string bytes = read_text(pack);
+  const size_t at = bytes.find(row);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << pack << ": embedding row " << id << " not found in the file";
+    return {};
+  }
+  EXPECT_EQ(bytes.find(row, at + 1), std::string::npos) << "the row is not unique in the file";
+  const uint32_t nan32 = 0x7fc00000u;
+  const uint16_t nan16 = 0x7fc0u;
+  for (size_t i = 0; i < row_bytes; i += width)
+    std::memcpy(&bytes[at + i], width == 4 ? static_cast<const void*>(&nan32) : &nan16, width);
+  const std::string out = pack + ".nan.pack";
+  write_text(out, bytes);
+  return out;
 }
 
 // Leaves what a run killed after `done` (its first complete lines) leaves:
