@@ -421,16 +421,27 @@ int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_co
 // request, within the byte budget.
 SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, const CacheSpec& spec,
                             const std::vector<PromptLine>& lines) {
-  int64_t longest = 1, all_blocks = 0;
+  int64_t longest = 1, all_blocks = 0, requests = 0, all_tokens = 0;
   for (const auto& l : lines) {
     if (!l.error.empty()) continue;
     const int64_t n = request_tokens(l.request, cfg.max_position_embeddings);
     longest = std::max(longest, n);
     all_blocks = sat_add(all_blocks, (n + o.block_size - 1) / o.block_size);
+    all_tokens = sat_add(all_tokens, n);
+    ++requests;
   }
   SchedulerOptions so;
-  so.max_num_seqs = o.max_num_seqs;
-  so.max_batched_tokens = o.max_batched_tokens;
+  // note: the step buffers (and the GPU's graphs) are sized by these two
+  // limits, so they are capped where this batch can never reach them: no
+  // step holds more sequences than there are requests, nor more tokens than
+  // all requests together (prompt plus output, replays after a preemption
+  // included). A limit that never binds changes no schedule, hence no result;
+  // the header keeps the flags' values. (65,536 sequences and 2^20 tokens
+  // allocated ~9 GB for a 3-prompt file.) The token floor keeps any prefill
+  // alignment (Model::prefill_alignment) below the budget.
+  constexpr int64_t kTokenCapFloor = 4096;
+  so.max_num_seqs = std::min(o.max_num_seqs, std::max<int64_t>(requests, 1));
+  so.max_batched_tokens = std::min(o.max_batched_tokens, std::max(all_tokens, kTokenCapFloor));
   so.block_size = o.block_size;
   so.max_context = cfg.max_position_embeddings;
   so.logprobs = o.logprobs;
@@ -442,7 +453,7 @@ SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, co
     // note: never more than every request at once needs (fewer prompts than
     // --max-num-seqs, or shorter ones than the longest): the cache is zeroed
     // at allocation, and a worst-case size cost seconds of page faults.
-    const int64_t needed = std::min(all_blocks, sat_mul(blocks_per_seq, o.max_num_seqs));
+    const int64_t needed = std::min(all_blocks, sat_mul(blocks_per_seq, so.max_num_seqs));
     so.num_blocks = std::max(blocks_per_seq, std::min(o.kv_cache_bytes / bb, needed));
   }
   // note: the per-sequence block table never needs more than the longest request.
