@@ -26,4 +26,10 @@ size_t utf8_sequence_length(const unsigned char* s, size_t avail);
 // std::string_view::npos when all of it is valid.
 size_t find_invalid_utf8(std::string_view bytes);
 
+// The first line of a JSONL file without the UTF-8 byte order mark that may
+// open the file (editors on Windows write one); it is not part of the JSON.
+inline std::string_view without_byte_order_mark(std::string_view first_line) {
+  return first_line.substr(0, 3) == "\xEF\xBB\xBF" ? first_line.substr(3) : first_line;
+}
+
 }  // namespace qtk

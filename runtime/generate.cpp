@@ -886,7 +886,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
       std::fprintf(stderr, "generate: %s is already complete (every line of %s); left as it is\n",
                    o.out.c_str(), o.batch.c_str());
     }
-    return summary_of(lines, static_cast<int64_t>(lines.size()), rp.run_error_lines);
+    GenerateSummary s = summary_of(lines, static_cast<int64_t>(lines.size()), rp.run_error_lines);
+    s.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return s;
   }
   std::optional<ResultsWriter> out;
   if (to_stdout) {

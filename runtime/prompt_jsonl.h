@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/utf8.h"  // without_byte_order_mark
 #include "runtime/scheduler.h"
 
 namespace qtk {
@@ -48,12 +49,6 @@ struct PromptLine {
 
 // Parses line `line_no` (1-based) of `source`. Never throws for bad content.
 PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d);
-
-// The first line of a batch without the UTF-8 byte order mark that may open
-// the file (editors on Windows write one); it is not part of the JSON.
-inline std::string_view without_byte_order_mark(std::string_view first_line) {
-  return first_line.substr(0, 3) == "\xEF\xBB\xBF" ? first_line.substr(3) : first_line;
-}
 
 // The output lines (without the trailing newline). `prompt_text`, when
 // given (chat requests), is written as "prompt" after the id.

@@ -41,6 +41,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 #include "loaders/cli_args.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenize_chat.h"
@@ -468,7 +469,12 @@ int run(int argc, char** argv) {
 
   const std::string input_name = input_path == "-" ? std::string("stdin") : input_path;
   const LineCounts counts =
-      process_lines(input, input_name, threads, [&](const std::string& line, size_t line_number) {
+      process_lines(input, input_name, threads, [&](const std::string& raw, size_t line_number) {
+        // note: a byte order mark opening the file is not part of its first
+        // line's JSON (generate reads such a file the same way).
+        const std::string stripped =
+            line_number == 1 ? std::string(qtk::without_byte_order_mark(raw)) : std::string();
+        const std::string& line = line_number == 1 ? stripped : raw;
         return chat ? qtk::chat_tokenize_line(chat_context, line, line_number)
                     : process_line(tokenizer, decode, line, line_number);
       });

@@ -277,6 +277,29 @@ TEST(BadTokenizerInput, BadLinesGetPerLineErrors) {
   EXPECT_NE(out[4].find("\"ids\""), std::string::npos);
 }
 
+// tokenize reads a file opened by a byte order mark as generate does: the
+// mark is not part of line 1's JSON; one on a later line is that line's error.
+TEST(BadTokenizerInput, ByteOrderMarkOpeningTheFileIsSkipped) {
+  TempDir t;
+  const std::string bom = "\xEF\xBB\xBF";
+  write_file(t / "in.jsonl", bom + "{\"id\": \"a\", \"text\": \"hello\"}\n" + bom +
+                                 "{\"id\": \"b\", \"text\": \"hello\"}\n");
+  const std::string tok = source_path("samples/qwen3-sample/tokenizer.json");
+  const RunResult r = run_program({program("tokenize"), "--tokenizer", tok, t / "in.jsonl"});
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  const auto out = split_lines(r.out);
+  ASSERT_EQ(out.size(), 2u) << r.out;
+  const auto a = nlohmann::json::parse(out[0]);
+  EXPECT_EQ(a["id"], "a") << out[0];
+  EXPECT_TRUE(a.contains("ids")) << out[0];
+  const auto b = nlohmann::json::parse(out[1]);
+  ASSERT_TRUE(b.contains("error")) << out[1];
+  EXPECT_NE(b["error"].get<std::string>().find("line 2"), std::string::npos) << out[1];
+  // The same from stdin.
+  const RunResult d = run_program({program("tokenize"), "--tokenizer", tok}, t / "in.jsonl");
+  EXPECT_EQ(d.out, r.out);
+}
+
 // Issue 20 item 14: tokenize reads a file argument (or - for stdin) and
 // passes each line's "id" through; item 13: a raw NUL hides no rest of line.
 TEST(BadTokenizerInput, FileArgumentIdsAndRawNul) {
