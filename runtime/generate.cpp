@@ -367,16 +367,17 @@ std::vector<PromptLine> parse_lines(const std::vector<std::string_view>& raw,
                                     const PromptDefaults& defaults) {
   std::vector<PromptLine> lines;
   lines.reserve(raw.size());
-  std::map<std::string, int64_t> first_line;  // id (as JSON) -> the line that used it first
+  std::map<std::string, size_t> first_line;  // id (as JSON) -> the line that used it first
   for (size_t i = 0; i < raw.size(); ++i) {
     lines.push_back(parse_prompt_line(raw[i], static_cast<int64_t>(i) + 1, defaults));
     PromptLine& l = lines.back();
-    const auto [it, fresh] = first_line.emplace(l.id.dump(), l.line_no);
+    const auto [it, fresh] = first_line.emplace(l.id.dump(), i);
     if (!fresh && l.error.empty()) {
+      const PromptLine& first = lines[it->second];
       l.error = fmt::format(
-          "line {}: id {} already used on line {} (ids must be unique within a "
-          "batch)",
-          l.line_no, l.id.dump(), it->second);
+          "line {}: id {} already used on line {}{} (ids must be unique within a batch)", l.line_no,
+          l.id.dump(), first.line_no,
+          first.id_given ? "" : " (it has no \"id\", so its line number is its id)");
     }
   }
   return lines;

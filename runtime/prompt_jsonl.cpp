@@ -278,6 +278,7 @@ PromptLine parse_line_fields(std::string_view text, int64_t line_no, const Promp
       return out;
     }
     out.id = *it;
+    out.id_given = true;
   }
   // note: before a chat line is rendered, so that an unknown field is
   // reported as such on chat and plain lines alike.

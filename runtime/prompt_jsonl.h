@@ -40,6 +40,7 @@ struct PromptDefaults {
 struct PromptLine {
   int64_t line_no = 0;      // 1-based
   nlohmann::json id;        // as given, or the line number
+  bool id_given = false;    // the line's own "id" (else the line number stands for it)
   std::string error;        // non-empty: the line is rejected
   std::string chat_prompt;  // a "messages" line: the rendered text (the output's "prompt")
   bool is_chat = false;

@@ -117,7 +117,8 @@ TEST_F(BadPrompts, LineErrorsNameTheLine) {
        "line 5: field 'messages[0].role': expected a string, found number"},
       {R"({"prompt_token_ids": [4], "max_tokens": 1})", 6, ""},
       {R"({"id": 6, "prompt_token_ids": [4], "max_tokens": 1})", 6,
-       "line 7: id 6 already used on line 6 (ids must be unique within a batch)"},
+       "line 7: id 6 already used on line 6 (it has no \"id\", so its line number is its id) "
+       "(ids must be unique within a batch)"},
       {R"({"id": "ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})", "ok",
        ""},
   };
