@@ -125,6 +125,15 @@ TEST(Compare, LengthMismatchIsADivergence) {
   RunResult r = compare(line("a", {1, 2, 3}, {1, 1, 1}), line("a", {1, 2}));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("expected 3 tokens, got 2"), std::string::npos) << r.out;
+  // A near-tie before the end excuses no length difference (another budget
+  // or stop id, not a flip, made it), whichever file is shorter.
+  for (const auto& [x, a] :
+       {std::pair{line("a", {1, 2, 3, 4}, {1, 5e-4, 1, 1}), line("a", {1, 2, 3})},
+        std::pair{line("a", {1, 2, 3}, {1, 5e-4, 1}), line("a", {1, 2, 3, 4})}}) {
+    RunResult t = compare(x, a);
+    EXPECT_EQ(t.status, 1) << t.out;
+    EXPECT_NE(t.out.find("DIVERGED at step 3"), std::string::npos) << t.out;
+  }
 }
 
 TEST(Compare, AcceptsGoldenJsonAsExpected) {
@@ -170,6 +179,32 @@ TEST(Compare, OnlyPresentSkipsCasesMissingFromActual) {
   EXPECT_NE(none.err.find("found none (2 expected ids, first \"a\"; 1 actual ids, first \"z\")"),
             std::string::npos)
       << none.err;
+}
+
+// Lines that are no result or error line of generate are refused, naming
+// the line, the field and what was found.
+TEST(Compare, MalformedLinesAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"output_token_ids\": [1]}\n", "field 'id': expected a string or an integer, found none"},
+      {"{\"id\": 1.5, \"output_token_ids\": [1]}\n",
+       "field 'id': expected a string or an integer, found 1.5"},
+      {"{\"id\": \"a\"}\n", "field 'output_token_ids': expected an array, found none"},
+      {"{\"id\": \"a\", \"output_token_ids\": \"1 2\"}\n",
+       "field 'output_token_ids': expected an array, found string"},
+      {"{\"id\": \"a\", \"output_token_ids\": [1, -1]}\n",
+       "field 'output_token_ids': expected token ids >= 0, found -1"},
+      {"{\"id\": \"a\", \"error\": 5}\n", "field 'error': expected a string, found 5"},
+      {"{\"id\": \"a\", \"error\": \"x\", \"output_token_ids\": [1]}\n",
+       "an error line with output_token_ids"},
+  };
+  for (const auto& [text, needle] : cases) {
+    for (const bool in_actual : {true, false}) {
+      RunResult r = in_actual ? compare(line("a", {1}), text) : compare(text, line("a", {1}));
+      EXPECT_EQ(r.status, 1) << text;
+      EXPECT_NE(r.err.find("line 1: " + needle), std::string::npos) << text << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    }
+  }
 }
 
 TEST(Compare, MalformedInputIsOneErrorLine) {
