@@ -76,9 +76,9 @@ ResultsPaths ResultsPaths::of(const std::string& out, const std::string& meta_ov
   return p;
 }
 
-void refuse_output_that_is_an_input(
-    const std::string& flag, const std::string& path,
-    const std::vector<std::pair<std::string, std::string>>& inputs) {
+void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,
+                                    const std::vector<std::pair<std::string, std::string>>& inputs,
+                                    const char* tool) {
   struct stat o {};
   // note: stat follows symlinks, so a link to the pack is caught too, and
   // a hard link shares the inode.
@@ -88,9 +88,9 @@ void refuse_output_that_is_an_input(
     struct stat i {};
     if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
       fail(
-          "{}: generate would write {}, which is the {} file {} (the same file, by inode after "
+          "{}: {} would write {}, which is the {} file {} (the same file, by inode after "
           "symlinks); refusing to overwrite an input",
-          flag, path, in_flag, in);
+          flag, tool, path, in_flag, in);
     }
   }
 }
@@ -146,8 +146,8 @@ void check_meta_path(const std::string& meta,
 
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs,
-                                    bool may_replace) {
-  check_output_path("--out", paths.out, paths.out, "the results");
+                                    bool may_replace, const char* tool, const char* out_name) {
+  check_output_path(out_name, paths.out, paths.out, "the results");
   if (paths.meta_given) {
     check_output_path("--meta", paths.meta, "--meta " + paths.meta, "the run header");
     for (const auto& [what, other] : {std::pair<const char*, std::string>{"--out", paths.out},
@@ -158,14 +158,14 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
         fail("--meta {}: is the same file as {} ({}); the run header needs a path of its own",
              paths.meta, what, other);
   }
-  const std::string out_flag = "--out " + paths.out;
+  const std::string out_flag = std::string(out_name) + " " + paths.out;
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
-    refuse_output_that_is_an_input(out_flag, out, inputs);
+    refuse_output_that_is_an_input(out_flag, out, inputs, tool);
   if (paths.meta_given) {
     check_meta_path(paths.meta, inputs, may_replace);
   } else {
-    check_output_path("--out", paths.meta, paths.out, "the run header");
-    refuse_output_that_is_an_input(out_flag, paths.meta, inputs);
+    check_output_path(out_name, paths.meta, paths.out, "the run header");
+    refuse_output_that_is_an_input(out_flag, paths.meta, inputs, tool);
   }
 }
 

@@ -43,9 +43,11 @@ struct ResultsPaths {
 // directory, device or FIFO; a --meta path the same way, when it is one of
 // the other outputs, and (unless may_replace) when it exists. Called before
 // anything is opened for writing.
+// tool and out_name: how messages name the program and OUT ("merge", "OUT").
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs,
-                                    bool may_replace);
+                                    bool may_replace, const char* tool = "generate",
+                                    const char* out_name = "--out");
 
 // Whether two paths name one file: the same path once made absolute and
 // normalised, or the same inode (after symlinks) where both exist.
@@ -60,7 +62,8 @@ void check_meta_path(const std::string& meta,
 
 // The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,
-                                    const std::vector<std::pair<std::string, std::string>>& inputs);
+                                    const std::vector<std::pair<std::string, std::string>>& inputs,
+                                    const char* tool = "generate");
 
 // An exclusive flock on OUT.lock for the whole run; a second generate on the
 // same OUT fails with a message naming the holder's pid. While it is held,

@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -117,6 +119,10 @@ ShardFile load_shard(const std::string& path) {
         "{}: not there, only {}.partial: the shard has not finished (finish it with `generate "
         "--shard K/N --resume`, the shard's own command plus --resume)",
         path, path);
+  if (::stat(path.c_str(), &st) != 0)
+    fail("{}: no such file (expected the results of a `generate --shard K/N` run)", path);
+  if (S_ISDIR(st.st_mode))
+    fail("{}: is a directory; expected the results of a `generate --shard K/N` run", path);
   f.meta =
       nlohmann::json::parse(read_whole_file(meta_path, "the shard's meta file"), nullptr, false);
   if (f.meta.is_discarded() || !f.meta.is_object())
@@ -137,17 +143,35 @@ ShardFile load_shard(const std::string& path) {
   f.text = read_whole_file(path, "the shard's results");
   if (!f.text.empty() && f.text.back() != '\n')
     fail("{}: the last line is incomplete (the shard did not finish)", path);
-  // note: headers made by an older qtk have no digest.
-  if (const auto d = f.meta.find("results_xxh64"); d != f.meta.end() && d->is_string()) {
-    const std::string now = results_digest(f.text);
-    if (now != d->get<std::string>())
-      fail(
-          "{}: its XXH64 is {}, but {} says {} (the results were changed after the shard "
-          "completed, or the meta file is another shard's)",
-          path, now, meta_path, d->get<std::string>());
-  }
+  // note: the digest is what shows the lines are the shard's own: without
+  // it an edited line (a token, two lines swapped) would pass into the
+  // merged file and get a fresh digest there.
+  const auto d = f.meta.find("results_xxh64");
+  if (d == f.meta.end() || !d->is_string())
+    fail(
+        "{}: field 'results_xxh64': expected the XXH64 of the shard's results, which generate "
+        "records when a shard completes, found {} (an older qtk's shard, or an edited meta "
+        "file), so its lines cannot be checked; run the shard again with --force",
+        meta_path, d == f.meta.end() ? "none" : d->dump());
+  const std::string now = results_digest(f.text);
+  if (now != d->get<std::string>())
+    fail(
+        "{}: its XXH64 is {}, but {} says {} (the results were changed after the shard "
+        "completed, or the meta file is another shard's)",
+        path, now, meta_path, d->get<std::string>());
   f.lines = split_lines(f.text);
   return f;
+}
+
+// A shard header's text for a first look, or "" where it cannot be read or
+// is not a plain file of a header's size (load_shard reports those).
+std::string header_text(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) return {};
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 // The meta fields that must agree between the shards of one job.
@@ -186,11 +210,27 @@ MergeResult run_merge(const MergeOptions& o) {
       for (const std::string& target : {o.out, out_meta})
         if (same_file(target, in))
           fail("{}: is the shard file {} (merge would overwrite its own input)", target, in);
+    // note: and not the prompts file, pack or chat template the shard's
+    // header names (as generate refuses them for its own outputs), seen from
+    // here; a header that cannot be read is reported by load_shard below.
+    const nlohmann::json meta =
+        nlohmann::json::parse(header_text(p + ".meta.json"), nullptr, false);
+    if (meta.is_object()) {
+      for (const auto& [what, pointer] :
+           {std::pair{"prompts", "/batch"}, std::pair{"pack", "/pack/path"},
+            std::pair{"chat template", "/settings/chat_template/path"}}) {
+        const nlohmann::json v =
+            meta.value(nlohmann::json::json_pointer(pointer), nlohmann::json());
+        if (v.is_string() && !v.get_ref<const std::string&>().empty() && v != "-")
+          inputs.emplace_back(fmt::format("{} (named by {}.meta.json)", what, p),
+                              v.get<std::string>());
+      }
+    }
   }
   // note: generate's checks of its outputs: an existing directory, OUT not a
   // directory, device or FIFO (written by rename, they would become plain
   // files: `merge /dev/full ... --force` replaced the device), no input.
-  refuse_outputs_that_are_inputs(paths, inputs, o.force);
+  refuse_outputs_that_are_inputs(paths, inputs, o.force, "merge", "OUT");
   std::optional<OutputLock> lock;
   if (o.lock) lock.emplace(paths.lock, o.out);
   if (!o.force) {

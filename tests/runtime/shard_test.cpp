@@ -243,12 +243,44 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
               std::string::npos);
   EXPECT_EQ(read_text(s0), s0_text);
   EXPECT_EQ(read_text(s1 + ".meta.json"), s1_meta);
+  // Nor the prompts file or the pack the shards' headers name (a copy of
+  // each, made the shards' inputs by their headers).
+  {
+    const std::string prompts_copy = d + "/own-prompts.jsonl", pack_copy = d + "/own.pack";
+    write_text(prompts_copy, read_text(job().prompts));
+    std::filesystem::copy_file(job().pack, pack_copy,
+                               std::filesystem::copy_options::overwrite_existing);
+    const std::string m1 = read_text(s1 + ".meta.json");
+    auto h = load_json(s1 + ".meta.json");
+    h["batch"] = prompts_copy;
+    h["pack"]["path"] = pack_copy;
+    write_text(s1 + ".meta.json", h.dump(2));
+    const std::string p_text = read_text(prompts_copy);
+    for (const auto& [out, what] : {std::pair{prompts_copy, "the prompts (named by "},
+                                    std::pair{pack_copy, "the pack (named by "}}) {
+      const std::string err = merge_err("--force " + out + " " + s0 + " " + s1 + " " + s2);
+      EXPECT_NE(err.find("merge would write " + out + ", which is " + what + s1 + ".meta.json)"),
+                std::string::npos)
+          << err;
+      EXPECT_EQ(err.find("--out"), std::string::npos) << err;
+    }
+    EXPECT_EQ(read_text(prompts_copy), p_text);
+    EXPECT_EQ(std::filesystem::file_size(pack_copy), std::filesystem::file_size(job().pack));
+    write_text(s1 + ".meta.json", m1);
+  }
+  // A shard that is a directory, or not there.
+  EXPECT_NE(merge_err(d + "/m6.jsonl " + s0 + " " + s1 + " " + d).find(d + ": is a directory"),
+            std::string::npos);
+  EXPECT_NE(merge_err(d + "/m6.jsonl " + s0 + " " + s1 + " " + d + "/nope.jsonl")
+                .find("nope.jsonl: no such file"),
+            std::string::npos);
   // OUT '-' (merge writes files, not standard output).
   EXPECT_NE(merge_err("- " + s0 + " " + s1 + " " + s2).find("found '-'"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists("-"));
   // A result line copied over another shard's: the shard's digest (in its
-  // meta file) no longer matches; without a digest (a meta file of an older
-  // qtk), its id has two results.
+  // meta file) no longer matches; a meta file without the digest (an older
+  // qtk's, or edited: missing or null) is refused, as its lines cannot be
+  // checked.
   const std::string s1_text = read_text(s1), s2_text = read_text(s2);
   write_text(s1,
              s2_text.substr(0, s2_text.find('\n') + 1) + s1_text.substr(s1_text.find('\n') + 1));
@@ -259,7 +291,13 @@ TEST(Shard, MergeRefusesWhatIsNotOneCompleteJob) {
   ASSERT_TRUE(s1_meta_json.contains("results_xxh64"));
   s1_meta_json.erase("results_xxh64");
   write_text(s1 + ".meta.json", s1_meta_json.dump(2));
-  EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2).find("has a result already"),
+  EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2)
+                .find("field 'results_xxh64': expected the XXH64 of the shard's results, which "
+                      "generate records when a shard completes, found none"),
+            std::string::npos);
+  s1_meta_json["results_xxh64"] = nullptr;
+  write_text(s1 + ".meta.json", s1_meta_json.dump(2));
+  EXPECT_NE(merge_err(d + "/m7.jsonl " + s0 + " " + s1 + " " + s2).find("found null"),
             std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(d + "/m7.jsonl"));
   write_text(s1, s1_text);
