@@ -874,7 +874,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   }
   if (source.resume) check_same_shard(source, meta);
   ResumePoint rp;
-  if (source.resume) rp = check_resume(source, meta, lines, o.batch);
+  if (source.resume) rp = check_resume(source, meta, lines, o.batch, cfg.vocab_size);
   // note: resuming a complete OUT (a retried shard task, a repeated
   // command) does nothing: its results and header stay as that run left
   // them, statistics included.

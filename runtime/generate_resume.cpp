@@ -159,8 +159,51 @@ std::string input_line_digests(const std::vector<std::string_view>& lines) {
   return s;
 }
 
+// Why `j`, a kept line for request `r`, is not a result line generate writes
+// under `settings` (empty when it is one): the output's tokens, their end,
+// margins and log-probabilities as this run would write them.
+std::string not_a_result_line(const nlohmann::json& j, const SequenceRequest& r,
+                              const nlohmann::json& settings, int64_t vocab_size) {
+  const auto out = j.find("output_token_ids");
+  if (out == j.end() || !out->is_array()) return "field 'output_token_ids': expected an array";
+  if (static_cast<int64_t>(out->size()) > r.max_tokens)
+    return fmt::format("field 'output_token_ids': {} tokens, past the request's max_tokens {}",
+                       out->size(), r.max_tokens);
+  const auto stops = [&](int64_t t) {
+    return std::find(r.stop_ids.begin(), r.stop_ids.end(), t) != r.stop_ids.end();
+  };
+  for (size_t k = 0; k < out->size(); ++k) {
+    const auto& t = (*out)[k];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab_size)
+      return fmt::format(
+          "field 'output_token_ids': expected token ids below {}, found {} at index {}", vocab_size,
+          t.dump(), k);
+    if (k + 1 < out->size() && stops(t.get<int64_t>()))
+      return fmt::format("field 'output_token_ids': stop id {} at index {} is not the last token",
+                         t.get<int64_t>(), k);
+  }
+  const auto fr = j.find("finish_reason");
+  const bool last_stops = !out->empty() && stops(out->back().get<int64_t>());
+  if (fr == j.end() || !fr->is_string() || (*fr != "stop" && *fr != "length"))
+    return "field 'finish_reason': expected \"stop\" or \"length\"";
+  if ((*fr == "stop") != last_stops)
+    return fmt::format("field 'finish_reason': {} does not match the last token", fr->dump());
+  const auto margins = j.find("top1_margin");
+  if (settings.value("margins", false) != (margins != j.end()))
+    return "field 'top1_margin': present where the run's --margins setting is off, or missing";
+  if (margins != j.end() && (!margins->is_array() || margins->size() != out->size()))
+    return "field 'top1_margin': expected one margin per output token";
+  const auto logprobs = j.find("logprobs");
+  if ((settings.value("logprobs", 0) > 0) != (logprobs != j.end()))
+    return "field 'logprobs': present where the run's --logprobs setting is 0, or missing";
+  if (logprobs != j.end() && (!logprobs->is_array() || logprobs->size() != out->size()))
+    return "field 'logprobs': expected one entry per output token";
+  return {};
+}
+
 ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
-                         const std::vector<PromptLine>& lines, const std::string& batch) {
+                         const std::vector<PromptLine>& lines, const std::string& batch,
+                         int64_t vocab_size) {
   nlohmann::json old =
       nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
   if (old.is_discarded() || !old.is_object())
@@ -222,7 +265,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     nlohmann::json j = nlohmann::json::parse(done_lines[i], nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || j["id"] != lines[i].id) {
       fail("{}: cannot resume: line {} is not the result of {} line {} (id {})", source.path, i + 1,
-           batch, i + 1, lines[i].id.dump());
+           batch, lines[i].line_no, lines[i].id.dump());
     }
     // note: a done line is an error line exactly where this run gives its
     // input line one (malformed, an unknown token, too long: all decided
@@ -241,10 +284,22 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
       fail(
           "{}: cannot resume: line {} is {}, but this run gives {} line {} (id {}) {} (the "
           "results file was edited, or made by another build); start over with --force",
-          source.path, i + 1, done_error ? "an error line" : "a result", batch, i + 1,
+          source.path, i + 1, done_error ? "an error line" : "a result", batch, lines[i].line_no,
           lines[i].id.dump(),
           lines[i].error.empty() ? std::string("a result")
                                  : fmt::format("the error \"{}\"", lines[i].error));
+    }
+    // note: a kept line goes into the final results as it is: it must be a
+    // result line this run could have written (a partial file edited by hand
+    // would otherwise end in a file marked complete).
+    if (!done_error) {
+      if (const std::string why =
+              not_a_result_line(j, lines[i].request, meta["settings"], vocab_size);
+          !why.empty())
+        fail(
+            "{}: cannot resume: line {} (id {}, {} line {}) is not a result line of generate: {}; "
+            "the file was edited: start over with --force",
+            source.path, i + 1, lines[i].id.dump(), batch, lines[i].line_no, why);
     }
     // note: the prompt a result line records must be the one its input line
     // gives now (a partial file edited, or copied from another run, would
@@ -258,7 +313,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
         fail(
             "{}: cannot resume: line {} records other prompt_token_ids than {} line {} gives (id "
             "{}; the results file was edited, or is another run's)",
-            source.path, i + 1, batch, i + 1, lines[i].id.dump());
+            source.path, i + 1, batch, lines[i].line_no, lines[i].id.dump());
     }
   }
   rp.lines_done = done_lines.size();

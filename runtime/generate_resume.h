@@ -46,7 +46,8 @@ struct ResumePoint {
 // prompts as the run header `meta` describes, and that its lines are the
 // results of the first input lines. Throws qtk::Error naming what differs.
 ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
-                         const std::vector<PromptLine>& lines, const std::string& batch_path);
+                         const std::vector<PromptLine>& lines, const std::string& batch_path,
+                         int64_t vocab_size);
 
 // Reads a whole file (for the batch file and the results being resumed).
 std::string read_whole_file(const std::string& path, const char* what);

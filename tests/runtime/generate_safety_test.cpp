@@ -15,6 +15,8 @@
 #include <cstring>
 #include <thread>
 
+#include <functional>
+
 #include "tests/runtime/test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -195,6 +197,35 @@ TEST(GenerateSafety, ResumeChecksThePromptOfEachDoneLine) {
   r = generate(pack, in, out, "--threads 1 --resume");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("line 2 is an error line, but this run gives"), std::string::npos) << r.err;
+  // A kept line that is not a result line this run could write: the
+  // output's tokens, their end, margins.
+  const auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto j = nlohmann::json::parse(first_two.substr(first_two.find('\n') + 1));
+    edit(j);
+    return first_two.substr(0, first_two.find('\n') + 1) + j.dump() + "\n";
+  };
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad_lines = {
+      {[](nlohmann::json& j) { j.erase("output_token_ids"); },
+       "field 'output_token_ids': expected an array"},
+      {[](nlohmann::json& j) { j["output_token_ids"][0] = 512; },
+       "field 'output_token_ids': expected token ids below 512, found 512 at index 0"},
+      {[](nlohmann::json& j) { j["output_token_ids"].push_back(1); },
+       "field 'output_token_ids': 6 tokens, past the request's max_tokens 5"},
+      {[](nlohmann::json& j) { j.erase("finish_reason"); },
+       "field 'finish_reason': expected \"stop\" or \"length\""},
+      {[](nlohmann::json& j) { j["finish_reason"] = "stop"; },
+       "field 'finish_reason': \"stop\" does not match the last token"},
+      {[](nlohmann::json& j) { j["top1_margin"] = {1.0}; }, "field 'top1_margin': present where"},
+  };
+  for (const auto& [edit, needle] : bad_lines) {
+    write_killed_run(out, edited(edit), full + ".meta.json");
+    r = generate(pack, in, out, "--threads 1 --resume");
+    EXPECT_EQ(r.status, 1) << needle << ": " << r.err;
+    EXPECT_NE(r.err.find("line 2 (id " + second["id"].dump() + ", " + in +
+                         " line 2) is not a result line of generate: " + needle),
+              std::string::npos)
+        << r.err;
+  }
   write_killed_run(out, first_two, full + ".meta.json");
   r = generate(pack, in, out, "--threads 1 --resume");
   EXPECT_EQ(r.status, 0) << r.err;

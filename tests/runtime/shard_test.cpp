@@ -135,6 +135,31 @@ TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
   EXPECT_TRUE(again.status == 0 || again.status == 3) << again.err;
   EXPECT_EQ(read_text(s0), done);
   EXPECT_FALSE(std::filesystem::exists(s0 + ".partial"));
+  // Shard 1's first two lines swapped: the message names their lines of the
+  // prompts file (2 and 4), not their places in the shard.
+  {
+    const std::string s1 = work_dir() + "/retry_1.jsonl";
+    const std::string s1_done = read_text(s1);
+    const size_t a = s1_done.find('\n') + 1, b = s1_done.find('\n', a) + 1;
+    auto m1 = load_json(s1 + ".meta.json");
+    m1["status"] = "running";
+    m1.erase("results_xxh64");
+    write_text(s1 + ".partial.meta.json", m1.dump(2));
+    write_text(s1 + ".partial", s1_done.substr(a, b - a) + s1_done.substr(0, a));
+    std::filesystem::rename(s1, s1 + ".keep");
+    std::filesystem::rename(s1 + ".meta.json", s1 + ".keep.meta.json");
+    const RunResult swapped = generate(job().pack, job().prompts, s1, "--margins --shard 1/2");
+    EXPECT_EQ(swapped.status, 1) << swapped.err;
+    const std::string id = nlohmann::json::parse(s1_done.substr(0, a))["id"].dump();
+    EXPECT_NE(swapped.err.find("line 1 is not the result of " + job().prompts + " line 2 (id " +
+                               id + ")"),
+              std::string::npos)
+        << swapped.err;
+    std::filesystem::remove(s1 + ".partial");
+    std::filesystem::remove(s1 + ".partial.meta.json");
+    std::filesystem::rename(s1 + ".keep", s1);
+    std::filesystem::rename(s1 + ".keep.meta.json", s1 + ".meta.json");
+  }
   // Another shard's command on this shard's file is refused.
   const RunResult wrong = generate(job().pack, job().prompts, s0, "--margins --shard 1/2");
   EXPECT_EQ(wrong.status, 1);

@@ -262,7 +262,7 @@ std::string resume_error(const std::string& device, const Tuning& old_t, const T
   ResumeSource source{true, dir + "/out.partial", dir + "/out.partial.meta.json"};
   write_text(source.meta, old.dump());
   write_text(source.path, "");
-  return error_of([&] { check_resume(source, header(now_t), {}, "prompts.jsonl"); });
+  return error_of([&] { check_resume(source, header(now_t), {}, "prompts.jsonl", 512); });
 }
 
 TEST(Tuning, ResumeRefusesAChangedResultSwitchOnItsDevice) {
