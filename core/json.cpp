@@ -51,8 +51,8 @@ struct JsonReader::PathNode {
   size_t index;
 };
 
-JsonReader::JsonReader(std::string_view text, std::string source)
-    : text_(text), source_(std::move(source)) {}
+JsonReader::JsonReader(std::string_view text, std::string source, WideIntegers wide)
+    : text_(text), source_(std::move(source)), wide_(wide) {}
 
 void JsonReader::fail_here(std::string_view expected) const {
   fail("{}: invalid JSON at byte {} ({}): expected {}, found {}", source_, pos_,
@@ -313,6 +313,12 @@ json JsonReader::read_number() {
       }
     }
   }
+  if (is_integer && wide_ == WideIntegers::kRefuse)
+    fail(
+        "{}: invalid JSON at byte {} ({}): the integer {} does not fit 64 bits (integers in a "
+        "request must; write a string for a larger number)",
+        source_, pos_, line_and_column(text_, pos_),
+        std::string_view(first, std::min<size_t>(static_cast<size_t>(last - first), 40)));
   double v = 0;
   if (std::from_chars(first, last, v).ec == std::errc::result_out_of_range) {
     // note: from_chars refuses a value that rounds to zero; strtod (what
@@ -401,11 +407,11 @@ void JsonReader::expect_end() {
     fail_here("the end of the file after the top-level value");
 }
 
-json parse_json_strict(std::string_view text, const std::string& source) {
+json parse_json_strict(std::string_view text, const std::string& source, WideIntegers wide) {
   const size_t bad = find_invalid_utf8(text);
   if (bad != std::string_view::npos)
     fail("{}: expected UTF-8 JSON, found an invalid UTF-8 byte sequence at byte {}", source, bad);
-  JsonReader reader(text, source);
+  JsonReader reader(text, source, wide);
   json root = reader.read_value();
   reader.expect_end();
   return root;

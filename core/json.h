@@ -45,10 +45,18 @@ inline std::string shown_json(const nlohmann::json& j) {
   return s;
 }
 
+// What the reader does with an integer literal past 64 bits (neither an
+// int64 nor a uint64): a double, as nlohmann's parser makes it, or an error.
+// note: request lines refuse them: a chat template prints a tool's argument
+// with Python's unbounded integers (transformers), and a double would print
+// 12345678901234567890123 as 1.2345678901234568e+22, a different prompt.
+enum class WideIntegers { kAsDouble, kRefuse };
+
 class JsonReader {
  public:
   // `source` names the text in error messages (a file, "line 3", ...).
-  JsonReader(std::string_view text, std::string source);
+  JsonReader(std::string_view text, std::string source,
+             WideIntegers wide = WideIntegers::kAsDouble);
 
   // Object iteration: begin_object(); while (next_member(key)) { read value }
   void begin_object(std::string_view what);
@@ -88,12 +96,14 @@ class JsonReader {
   // One flag per open container: true until its first member/element.
   std::string first_stack_;
   std::string_view base_path_;  // the read_value() in progress
+  WideIntegers wide_ = WideIntegers::kAsDouble;
 };
 
 // Parses `text` as one JSON document (UTF-8 validated first). `source` names
 // the file in error messages. Throws qtk::Error on invalid UTF-8, a syntax
 // error, nesting deeper than kMaxJsonDepth or a duplicated object key.
-nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
+                                 WideIntegers wide = WideIntegers::kAsDouble);
 
 // Reads and parses a whole JSON file (at most 64 MiB) with parse_json_strict.
 nlohmann::json load_json_file(const std::string& path);

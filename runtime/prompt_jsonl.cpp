@@ -262,7 +262,7 @@ PromptLine parse_line_fields(std::string_view text, int64_t line_no, const Promp
   try {
     // note: the strict parser validates UTF-8 first, refuses duplicate keys
     // and nesting deeper than 128 levels (a bounded DOM for what follows).
-    doc = parse_json_strict(text, fmt::format("line {}", line_no));
+    doc = parse_json_strict(text, fmt::format("line {}", line_no), WideIntegers::kRefuse);
   } catch (const Error& e) {
     out.error = e.what();
     return out;

@@ -33,7 +33,7 @@ TokenizedLine chat_tokenize_line(const ChatLineContext& c, const std::string& li
   // nesting past 128 levels refused) decides validity and words the error;
   // the line is parsed again with its key order kept for the template.
   try {
-    parse_json_strict(line, fmt::format("line {}", line_number));
+    parse_json_strict(line, fmt::format("line {}", line_number), WideIntegers::kRefuse);
     input = ojson::parse(line);
   } catch (const Error& e) {
     return error_out(id, e.what());

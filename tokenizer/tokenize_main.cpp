@@ -263,7 +263,8 @@ qtk::TokenizedLine process_line(const qtk::Tokenizer& tokenizer, bool decode,
   try {
     // note: generate's strict parse: UTF-8 checked, duplicate keys and
     // nesting past 128 levels refused, messages that say where.
-    input = qtk::parse_json_strict(line, fmt::format("line {}", line_number));
+    input = qtk::parse_json_strict(line, fmt::format("line {}", line_number),
+                                   qtk::WideIntegers::kRefuse);
   } catch (const qtk::Error& e) {
     return error_line(line_number, e.what());
   }

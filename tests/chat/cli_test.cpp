@@ -244,6 +244,46 @@ TEST(TokenizeChat, BadLinesAndMissingTemplate) {
   EXPECT_NE(bad.err.find("bad.jinja line 3"), std::string::npos) << bad.err;
 }
 
+// Integers in a chat request are printed by the template as Python prints
+// them: every digit of a 64-bit signed one; a larger one (Python's are
+// unbounded, ours would print as a float: another prompt) is the line's
+// error, as it would be in generate.
+TEST(TokenizeChat, IntegersPastSixtyFourBitsAreTheLinesError) {
+  auto call = [](const std::string& v) {
+    return "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+           "\"assistant\", \"content\": \"\", \"tool_calls\": [{\"type\": \"function\", "
+           "\"function\": {\"name\": \"f\", \"arguments\": {\"v\": " +
+           v + "}}}]}], \"add_generation_prompt\": false}\n";
+  };
+  const RunResult r =
+      run(std::string(TOKENIZE_BIN) + " --tokenizer '" + kQwen3Tokenizer +
+              "' --chat --chat-template '" + data_path("tests/data/chat/qwen3.jinja") + "'",
+          call("9223372036854775807") + call("-9223372036854775808") + call("9223372036854775808") +
+              call("18446744073709551616") + call("-9223372036854775809") + call("1e26"));
+  ASSERT_EQ(r.status, 3) << r.err;
+  const auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 6u);
+  for (const auto& [i, digits] : {std::pair{0, "9223372036854775807"},
+                                  std::pair{1, "-9223372036854775808"}, std::pair{5, "1e+26"}}) {
+    ASSERT_TRUE(out[i].contains("text")) << out[i];
+    EXPECT_NE(out[i]["text"].get<std::string>().find(std::string("{\"v\": ") + digits + "}"),
+              std::string::npos)
+        << out[i];
+  }
+  EXPECT_NE(out[2]["error"].get<std::string>().find(
+                "integer 9223372036854775808 is past the template engine's 64-bit signed integers"),
+            std::string::npos)
+      << out[2];
+  for (const auto& [i, digits] :
+       {std::pair{3, "18446744073709551616"}, std::pair{4, "-9223372036854775809"}}) {
+    ASSERT_TRUE(out[i].contains("error")) << out[i];
+    EXPECT_NE(out[i]["error"].get<std::string>().find(std::string("the integer ") + digits +
+                                                      " does not fit 64 bits"),
+              std::string::npos)
+        << out[i];
+  }
+}
+
 TEST(TokenizeChat, DeeplyNestedLineIsRefused) {
   // a million levels: refused by its depth before any recursive copy
   const std::string deep = "{\"id\": \"deep\", \"messages\": " + std::string(1000000, '[') +

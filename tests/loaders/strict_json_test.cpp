@@ -70,6 +70,23 @@ TEST(StrictJson, NumbersAsNlohmannMakesThem) {
         << text;
 }
 
+// Request lines refuse integer literals past 64 bits (kRefuse); numbers
+// within them, and fractions and exponents, read as before.
+TEST(StrictJson, WideIntegersRefusedWhereAsked) {
+  for (const char* text :
+       {"18446744073709551615", "-9223372036854775808", "1e30", "1.5", "[0, -1]"}) {
+    EXPECT_EQ(parse_json_strict(text, "t", WideIntegers::kRefuse), nlohmann::json::parse(text))
+        << text;
+  }
+  for (const char* text :
+       {"18446744073709551616", "-9223372036854775809", "[1, 100000000000000000000000]"}) {
+    const std::string msg =
+        error_of([&] { parse_json_strict(text, "line 4", WideIntegers::kRefuse); });
+    EXPECT_NE(msg.find("line 4: invalid JSON at byte"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("does not fit 64 bits"), std::string::npos) << msg;
+  }
+}
+
 TEST(StrictJson, SyntaxErrorsNameLineAndColumn) {
   const std::string msg = error_of([] { parse_json_strict("{\n  \"a\": x}", "t.json"); });
   EXPECT_NE(msg.find("t.json: invalid JSON at byte 9 (line 2, column 8)"), std::string::npos)

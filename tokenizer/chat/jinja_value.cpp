@@ -155,9 +155,13 @@ Value Value::from_json_at(const nlohmann::ordered_json& j, int depth) {
       return integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const auto u = j.get<uint64_t>();
-      // note: Python ints are unbounded; past int64 we keep the value as a
-      // float (repr then prints e.g. 1.8446744073709552e+19, not the digits).
-      if (u > static_cast<uint64_t>(INT64_MAX)) return number(static_cast<double>(u));
+      // note: Python ints are unbounded, ours are int64: a larger value
+      // would print as a float (1.8446744073709552e+19, not the digits
+      // transformers prints), so it is the request's error instead.
+      if (u > static_cast<uint64_t>(INT64_MAX))
+        throw_eval("ValueError", "integer " + std::to_string(u) +
+                                     " is past the template engine's 64-bit signed integers "
+                                     "(write a string for a larger number)");
       return integer(static_cast<int64_t>(u));
     }
     case nlohmann::ordered_json::value_t::number_float:
