@@ -1,6 +1,7 @@
 #include "core/json.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -126,7 +127,18 @@ bool JsonReader::next_element() {
 }
 
 void JsonReader::read_literal(std::string_view word) {
-  if (text_.substr(pos_, word.size()) != word) fail_here(fmt::format("'{}'", word));
+  if (text_.substr(pos_, word.size()) != word) {
+    // note: the word as written ("not json"), not just its first letter: the
+    // reader was not expecting `word` in particular, only some value.
+    size_t end = pos_;
+    while (end < text_.size() && end - pos_ < 24 &&
+           (std::isalnum(static_cast<unsigned char>(text_[end])) || text_[end] == '_'))
+      ++end;
+    fail(
+        "{}: invalid JSON at byte {} ({}): expected a JSON value, found '{}' (the only value "
+        "starting with '{}' is {})",
+        source_, pos_, line_and_column(text_, pos_), text_.substr(pos_, end - pos_), word[0], word);
+  }
   pos_ += word.size();
 }
 

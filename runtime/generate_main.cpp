@@ -167,6 +167,15 @@ qtk::GenerateOptions read_flags(const cxxopts::Options& opts, const cxxopts::Par
   o.allow_unknown_fields = args.count("allow-unknown-fields") > 0;
   o.verify = args.count("no-verify") == 0;
   o.chat_template = text("chat-template");
+  // note: an empty value (a job script's unset variable) would otherwise
+  // read as the flag not given: --chat-template "" rendered with the pack's
+  // template instead.
+  for (const auto& [name, value] : {std::pair<const char*, const std::string&>{"model", o.model},
+                                    {"batch", o.batch},
+                                    {"meta", o.meta},
+                                    {"chat-template", o.chat_template}})
+    if (args.count(name) && value.empty())
+      qtk::fail("--{}: expected a file name, found an empty value", name);
   return o;
 }
 

@@ -439,6 +439,10 @@ int run(int argc, char** argv) {
   if (chat && decode) fail("--chat and --decode: expected at most one of them");
   const std::string template_flag =
       args.count("chat-template") ? args["chat-template"].as<std::string>() : "";
+  // note: an empty value (an unset variable) would read as no flag: the
+  // default template instead of the one meant.
+  if (args.count("chat-template") && template_flag.empty())
+    fail("--chat-template: expected a file name, found an empty value");
   if (!chat && !template_flag.empty()) fail("--chat-template: only used with --chat");
   const qtk::Tokenizer tokenizer = load_tokenizer(args["tokenizer"].as<std::string>());
   std::optional<qtk::jinja::Template> chat_template;

@@ -102,6 +102,9 @@ TEST_F(BadRuntimeFlags, GenerateUnknownMissingAndEnumFlags) {
       // an unset variable in a job script: not a whole-batch run
       {{"--shard", ""}, {"--shard", "expected K/N or auto", "an empty value"}},
       {{"--shard="}, {"--shard", "an empty value"}},
+      // a file flag with an empty value: not the default file
+      {{"--chat-template", ""}, {"--chat-template", "expected a file name", "an empty value"}},
+      {{"--meta="}, {"--meta", "expected a file name", "an empty value"}},
       {{"--precision", "f16"}, {"--precision", "f32 or bf16", "\"f16\""}},
       {{"--precision=fp32"}, {"--precision", "\"fp32\""}},
       // a switch given a value; a stray argument
@@ -134,6 +137,14 @@ TEST_F(BadRuntimeFlags, GenerateMissingRequiredFlags) {
     for (const auto& g : c.given) argv.insert(argv.end(), g.begin(), g.end());
     const RunResult r = run_program(argv);
     expect_flag_failure(r, "generate", {c.missing, "required flag missing"});
+    expect_no_output(t.path(), "out.jsonl", {});
+  }
+  // --model or --batch with an empty value (an unset variable): named as such.
+  for (const Case& c : std::vector<Case>{{{batch, out}, "--model"}, {{model, out}, "--batch"}}) {
+    std::vector<std::string> argv = {program("generate"), c.missing, ""};
+    for (const auto& g : c.given) argv.insert(argv.end(), g.begin(), g.end());
+    expect_flag_failure(run_program(argv), "generate",
+                        {c.missing, "expected a file name, found an empty value"});
     expect_no_output(t.path(), "out.jsonl", {});
   }
   // A value-taking flag swallowing the next flag's name is reported as the

@@ -306,6 +306,7 @@ TEST(TokenizeChat, BadFlags) {
       {" --chat --decode", "--chat and --decode"},
       {" --chat-template x.jinja", "only used with --chat"},
       {" --chat --chat-template /nonexistent/t.jinja", "/nonexistent/t.jinja"},
+      {" --chat --chat-template ''", "--chat-template: expected a file name, found an empty value"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags);

@@ -87,6 +87,19 @@ TEST(StrictJson, WideIntegersRefusedWhereAsked) {
   }
 }
 
+// A word that is no JSON literal is named as written, not as a 'null' the
+// reader was supposedly waiting for.
+TEST(StrictJson, AMisspelledLiteralIsNamedAsWritten) {
+  EXPECT_NE(error_of([] { parse_json_strict("not json", "line 1"); })
+                .find("line 1: invalid JSON at byte 0 (column 1): expected a JSON value, found "
+                      "'not' (the only value starting with 'n' is null)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_json_strict("[1, tru]", "t"); })
+                .find("expected a JSON value, found 'tru' (the only value starting with 't' is "
+                      "true)"),
+            std::string::npos);
+}
+
 TEST(StrictJson, SyntaxErrorsNameLineAndColumn) {
   const std::string msg = error_of([] { parse_json_strict("{\n  \"a\": x}", "t.json"); });
   EXPECT_NE(msg.find("t.json: invalid JSON at byte 9 (line 2, column 8)"), std::string::npos)
