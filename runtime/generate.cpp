@@ -750,8 +750,14 @@ void keep_shard_lines(std::vector<PromptLine>& lines, const ShardSpec& shard) {
 void check_same_shard(const ResumeSource& source, const nlohmann::json& meta) {
   const nlohmann::json old =
       nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
-  const nlohmann::json was =
-      old.is_object() ? old.value("shard", nlohmann::json()) : nlohmann::json();
+  // note: a header without the entries every run writes is no run's (an
+  // empty object read as "a whole run, not a shard").
+  if (!old.is_object() || !old.contains("pack") || !old.contains("settings"))
+    fail(
+        "{}: cannot resume: not a run header generate wrote (expected a JSON object with 'pack' "
+        "and 'settings'); start over with --force",
+        source.meta);
+  const nlohmann::json was = old.value("shard", nlohmann::json());
   const nlohmann::json now = meta.value("shard", nlohmann::json());
   if (was == now) return;
   auto name = [](const nlohmann::json& s) {

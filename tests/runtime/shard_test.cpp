@@ -155,6 +155,12 @@ TEST(Shard, ARetriedTaskFinishesItsShardOrDoesNothing) {
                                id + ")"),
               std::string::npos)
         << swapped.err;
+    // A header that is no run's (an empty object): said so, not "a whole run".
+    write_text(s1 + ".partial.meta.json", "{}");
+    const RunResult empty = generate(job().pack, job().prompts, s1, "--margins --shard 1/2");
+    EXPECT_EQ(empty.status, 1) << empty.err;
+    EXPECT_NE(empty.err.find("cannot resume: not a run header generate wrote"), std::string::npos)
+        << empty.err;
     std::filesystem::remove(s1 + ".partial");
     std::filesystem::remove(s1 + ".partial.meta.json");
     std::filesystem::rename(s1 + ".keep", s1);
