@@ -437,9 +437,10 @@ SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, co
   // step holds more sequences than there are requests, nor more tokens than
   // all requests together (prompt plus output, replays after a preemption
   // included). A limit that never binds changes no schedule, hence no result;
-  // the header keeps the flags' values. (65,536 sequences and 2^20 tokens
-  // allocated ~9 GB for a 3-prompt file.) The token floor keeps any prefill
-  // alignment (Model::prefill_alignment) below the budget.
+  // the header keeps the flags' values (uncapped, 65,536 sequences and 2^20
+  // tokens take ~7.6 GB for two short prompts on a tiny model). The token
+  // floor keeps any prefill alignment (Model::prefill_alignment) below the
+  // budget.
   constexpr int64_t kTokenCapFloor = 4096;
   so.max_num_seqs = std::min(o.max_num_seqs, std::max<int64_t>(requests, 1));
   so.max_batched_tokens = std::min(o.max_batched_tokens, std::max(all_tokens, kTokenCapFloor));
