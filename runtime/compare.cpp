@@ -97,7 +97,7 @@ CompareCase read_case(const nlohmann::json& j, const std::string& where) {
       const auto& v = (*m)[i];
       if (!v.is_number() || !(v.get<double>() >= 0.0))
         fail("{}: field 'top1_margin': expected margins >= 0, found {} at index {}", where,
-             v.is_number() ? v.dump() : std::string(v.type_name()), i);
+             found(&v), i);
       c.margins.push_back(v.get<double>());
     }
     if (c.margins.size() != c.tokens.size())

@@ -114,13 +114,15 @@ ShardFile load_shard(const std::string& path) {
   f.path = path;
   const std::string meta_path = path + ".meta.json";
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 && ::stat((path + ".partial").c_str(), &st) == 0)
-    fail(
-        "{}: not there, only {}.partial: the shard has not finished (finish it with `generate "
-        "--shard K/N --resume`, the shard's own command plus --resume)",
-        path, path);
-  if (::stat(path.c_str(), &st) != 0)
+  if (::stat(path.c_str(), &st) != 0) {
+    struct stat partial {};
+    if (::stat((path + ".partial").c_str(), &partial) == 0)
+      fail(
+          "{}: not there, only {}.partial: the shard has not finished (finish it with `generate "
+          "--shard K/N --resume`, the shard's own command plus --resume)",
+          path, path);
     fail("{}: no such file (expected the results of a `generate --shard K/N` run)", path);
+  }
   if (S_ISDIR(st.st_mode))
     fail("{}: is a directory; expected the results of a `generate --shard K/N` run", path);
   f.meta =
