@@ -365,6 +365,9 @@ TEST(GenerateCli, NonFiniteLogitsGiveThatLineAnErrorLine) {
     ASSERT_EQ(r.status, 3) << r.err;
     const auto good = read_jsonl(good_out), res = read_jsonl(out);
     ASSERT_EQ(res.size(), 4u);
+    // The clean lines neither hold nor generate (before their last token) token 7.
+    ASSERT_EQ(first_output_token_after_nan({1, 2, 3}, good[0], 7), 0) << good[0];
+    ASSERT_EQ(first_output_token_after_nan({9, 10, 11, 12}, good[3], 7), 0) << good[3];
     EXPECT_EQ(res[0], good[0]);
     EXPECT_EQ(res[3], good[3]);
     for (const size_t i : {1, 2}) {

@@ -134,6 +134,21 @@ inline std::string pack_with_nan_embedding(const std::string& pack, int32_t id) 
   return out;
 }
 
+// Which output token (1-based) of a line must fail on a pack whose embedding
+// row `id` is NaN, given the line's prompt and its result on the undamaged
+// pack (`good`); 0 when none. The prompt holding `id` makes the first output
+// token's logits NaN; a generated `id` does the same to the token after it
+// (it is fed back), unless it is the line's last token.
+inline int64_t first_output_token_after_nan(const std::vector<int>& prompt,
+                                            const nlohmann::json& good, int32_t id) {
+  for (const int t : prompt)
+    if (t == id) return 1;
+  const auto& out = good.at("output_token_ids");
+  for (size_t j = 0; j + 1 < out.size(); ++j)
+    if (out[j].get<int32_t>() == id) return static_cast<int64_t>(j) + 2;
+  return 0;
+}
+
 // Leaves what a run killed after `done` (its first complete lines) leaves:
 // OUT.partial and its header, "running", made from `complete_meta` (a
 // complete run's header) without what only completion writes.
