@@ -44,8 +44,13 @@ cxxopts::Options generate_flags() {
       "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
       cxxopts::value<std::string>())("threads", "worker threads (default: all CPUs available)",
                                      cxxopts::value<std::string>())(
-      "max-tokens", "tokens to generate per prompt (default: the pack's max_new_tokens, else 256)",
-      cxxopts::value<std::string>())("ignore-eos", "do not stop at the model's EOS tokens")(
+      "max-tokens",
+      "tokens to generate per prompt (default: the pack's max_new_tokens, else 256); a "
+      "line's max_tokens overrides it",
+      cxxopts::value<std::string>())("ignore-eos",
+                                  "do not stop at the model's EOS tokens, on every line (a line's "
+                                  "\"ignore_eos\": true does it for that line; false does not "
+                                  "undo the flag)")(
       "max-num-seqs", "most sequences running at once",
       cxxopts::value<std::string>()->default_value("64"))(
       "max-batched-tokens",
