@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -123,6 +124,7 @@ Tuning Tuning::from_environment(const std::function<const char*(const char*)>& g
   flag("QTK_PDL", t.pdl);
   flag("QTK_CUDA_GRAPHS", t.cuda_graphs);
   flag("QTK_PIPELINE", t.pipeline);
+  number("QTK_MEM_AVAILABLE", t.mem_available, 0, std::numeric_limits<int64_t>::max());
   if (auto v = text_of(getenv, "QTK_PLAN_CACHE")) t.plan_cache = std::string(*v);
   return t;
 }
@@ -135,6 +137,7 @@ void Tuning::validate() const {
   if (!state_columns_ok(gdn_state_columns)) bad_state_columns(gdn_state_columns);
   if (!mma_wide_ok(mma_wide)) bad_mma_wide(mma_wide);
   if (!gemm_slices_ok(gemm_slices)) bad_gemm_slices(gemm_slices);
+  check_range("QTK_MEM_AVAILABLE", mem_available, 0, std::numeric_limits<int64_t>::max());
 }
 
 std::vector<TuningEntry> Tuning::entries() const {
@@ -161,7 +164,8 @@ std::vector<TuningEntry> Tuning::entries() const {
   //    same arithmetic per column), QTK_MMA_WIDE (which threads compute a
   //    range sum, the same sums), QTK_PDL (launch overlap), QTK_CUDA_GRAPHS
   //    (the same kernels replayed), QTK_PIPELINE (when the host builds a
-  //    step; the rows do not depend on the batch) and QTK_PLAN_CACHE (a
+  //    step; the rows do not depend on the batch), QTK_MEM_AVAILABLE (the
+  //    KV cache's size: when sequences are preempted) and QTK_PLAN_CACHE (a
   //    cached plan is used only where it gives the plan algorithm's bits)
   //    change speed only.
   return {
@@ -181,6 +185,7 @@ std::vector<TuningEntry> Tuning::entries() const {
       {"QTK_PDL", b(pdl), E::kNone},
       {"QTK_CUDA_GRAPHS", b(cuda_graphs), E::kNone},
       {"QTK_PIPELINE", b(pipeline), E::kNone},
+      {"QTK_MEM_AVAILABLE", mem_available, E::kNone},
       {"QTK_PLAN_CACHE", plan_cache, E::kNone},
   };
 }
@@ -204,8 +209,11 @@ std::string tuning_help() {
   QTK_PDL                0|1                           1        no
   QTK_CUDA_GRAPHS        0|1                           1        no
   QTK_PIPELINE           0|1                           1        no
+  QTK_MEM_AVAILABLE      bytes (0: the system's)       0        no
   QTK_PLAN_CACHE         FILE|off                      (*)      no
   (*) --plan-cache's default; unset: a file per GPU and model under the cache directory.
+QTK_MEM_AVAILABLE is the memory the CPU run's default KV cache fits into (half of it
+at most, never less than the longest request needs).
 Every switch is written to the run header ("tuning"); --resume refuses a changed
 switch that can change tokens or margins on the run's device.
 )";

@@ -119,6 +119,13 @@ struct Tuning {
   // scheduler.h); 0 = one step at a time. Speed only.
   bool pipeline = true;
 
+  // QTK_MEM_AVAILABLE: bytes, default 0 = read from the system (/proc/meminfo's
+  // MemAvailable, lowered to what the cgroup's memory.max leaves): the memory
+  // generate may take on the CPU, which its default KV cache fits into
+  // (runtime/generate.cpp, fit_cpu_cache). Speed only: the cache's size
+  // decides when sequences are preempted, never a result.
+  int64_t mem_available = 0;
+
   // QTK_PLAN_CACHE, the default of generate --plan-cache: the GEMM plan cache
   // file, "off" (none), default "" = a file per GPU and model under
   // $XDG_CACHE_HOME/qtk/plans or ~/.cache/qtk/plans. Start-up time only.

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -463,33 +464,88 @@ SchedulerOptions size_cache(const GenerateOptions& o, const ModelConfig& cfg, co
   return so;
 }
 
-// /proc/meminfo's MemAvailable in bytes, or -1 where it cannot be read.
-int64_t available_memory_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
+// A whole number of bytes read from `path` (its first token), or -1.
+int64_t bytes_in_file(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
   if (f == nullptr) return -1;
-  int64_t kib = -1;
-  char line[256];
-  while (std::fgets(line, sizeof(line), f) != nullptr)
-    if (std::sscanf(line, "MemAvailable: %" SCNd64 " kB", &kib) == 1) break;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
   std::fclose(f);
-  return kib < 0 ? -1 : kib * 1024;
+  return v;
 }
 
-// An explicit --kv-cache-blocks on the CPU must fit in the memory there is:
-// the cache is allocated and zeroed up front, and a size past the machine
-// would swap or be killed by the kernel, with no word said.
-void check_cpu_cache_fits(const GenerateOptions& o, const CacheSpec& spec,
-                          const SchedulerOptions& so) {
-  if (o.kv_cache_blocks <= 0) return;  // note: the default is capped by --kv-cache-bytes
-  const int64_t bytes = sat_mul(so.num_blocks, KvCache::block_bytes(spec, o.block_size));
+// The memory this process may still take, in bytes, or -1 where it cannot be
+// told: QTK_MEM_AVAILABLE where set (core/tuning.h), else /proc/meminfo's
+// MemAvailable, lowered to what the cgroup's memory.max leaves (a
+// container's limit, which MemAvailable does not show).
+int64_t available_memory_bytes() {
+  if (tuning().mem_available > 0) return tuning().mem_available;
+  int64_t available = -1;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r"); f != nullptr) {
+    int64_t kib = -1;
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr)
+      if (std::sscanf(line, "MemAvailable: %" SCNd64 " kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib >= 0) available = kib * 1024;
+  }
+  // note: memory.max is "max" (no limit, read as -1 here) or a byte count.
+  const int64_t limit = bytes_in_file("/sys/fs/cgroup/memory.max"),
+                used = bytes_in_file("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0) {
+    const int64_t left = std::max<int64_t>(limit - used, 0);
+    available = available < 0 ? left : std::min(available, left);
+  }
+  return available;
+}
+
+// The KV cache on the CPU is allocated and zeroed up front: a size past the
+// memory there is would swap, or be killed by the kernel with no word said.
+// An explicit --kv-cache-blocks must fit in the memory available. The
+// default is lowered to half of it where it would take more (the cache's
+// size only decides when sequences are preempted, never a result), but
+// never below what the longest request needs; a request that alone needs
+// more than there is stops the run, named.
+void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelConfig& cfg,
+                   const std::vector<PromptLine>& lines, SchedulerOptions& so) {
+  const int64_t bb = std::max<int64_t>(1, KvCache::block_bytes(spec, o.block_size));
+  const int64_t bytes = sat_mul(so.num_blocks, bb);
   const int64_t available = available_memory_bytes();
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  if (available > 0 && bytes > available)
+  if (available <= 0) return;
+  if (o.kv_cache_blocks > 0) {
+    if (bytes > available)
+      fail(
+          "--kv-cache-blocks {}: {} blocks of {} tokens need {} of KV cache, more than the {} "
+          "of memory available; lower --kv-cache-blocks or --block-size",
+          o.kv_cache_blocks, so.num_blocks, o.block_size, size_of(bytes), size_of(available));
+    return;
+  }
+  if (bytes <= available / 2) return;
+  const PromptLine* longest = nullptr;
+  int64_t longest_tokens = 0;
+  for (const auto& l : lines) {
+    if (!l.error.empty()) continue;
+    const int64_t n = request_tokens(l.request, cfg.max_position_embeddings);
+    if (n > longest_tokens) longest_tokens = n, longest = &l;
+  }
+  const int64_t need = (longest_tokens + o.block_size - 1) / o.block_size;
+  if (longest != nullptr && sat_mul(need, bb) > available)
     fail(
-        "--kv-cache-blocks {}: {} blocks of {} tokens need {:.1f} GiB of KV cache, more than the "
-        "{:.1f} GiB of memory available (MemAvailable); lower --kv-cache-blocks or --block-size",
-        o.kv_cache_blocks, so.num_blocks, o.block_size, static_cast<double>(bytes) / kGiB,
-        static_cast<double>(available) / kGiB);
+        "line {} (id {}): a {}-token prompt with max_tokens {} needs {} KV-cache blocks of {} "
+        "tokens ({} positions), {}, more than the {} of memory available; "
+        "shorten the prompt or lower its max_tokens (or --max-tokens)",
+        longest->line_no, longest->id.dump(), longest->request.prompt.size(),
+        longest->request.max_tokens, need, o.block_size, longest_tokens, size_of(sat_mul(need, bb)),
+        size_of(available));
+  const int64_t was = so.num_blocks;
+  so.num_blocks = std::max(need, available / 2 / bb);
+  fmt::print(stderr,
+             "generate: note: the KV cache takes {} blocks ({}; {}), instead of {} ({}); "
+             "sequences may be preempted and recomputed more often (the results do not change)\n",
+             so.num_blocks, size_of(sat_mul(so.num_blocks, bb)),
+             so.num_blocks == need ? "what the longest request needs"
+                                   : fmt::format("half the {} of memory available", size_of(available)),
+             was, size_of(bytes));
 }
 
 std::vector<std::string> ignored_fields(const std::vector<PromptLine>& lines) {
@@ -861,8 +917,8 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   const int64_t lines_total = static_cast<int64_t>(lines.size());
   if (sharded) keep_shard_lines(lines, shard);
 
-  const SchedulerOptions so = size_cache(o, cfg, m.model->cache_spec(), lines);
-  if (dev.device == "cpu") check_cpu_cache_fits(o, m.model->cache_spec(), so);
+  SchedulerOptions so = size_cache(o, cfg, m.model->cache_spec(), lines);
+  if (dev.device == "cpu") fit_cpu_cache(o, m.model->cache_spec(), cfg, lines, so);
   Scheduler sched(*m.model, so);
   // Refuse up front what can never fit (context or cache); it gets an error line.
   for (auto& l : lines) {

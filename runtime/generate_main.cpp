@@ -59,7 +59,9 @@ cxxopts::Options generate_flags() {
       cxxopts::value<std::string>()->default_value("512"))(
       "block-size", "tokens per KV-cache block",
       cxxopts::value<std::string>()->default_value("16"))(
-      "kv-cache-blocks", "KV-cache blocks (default: sized from the prompts within 4 GiB)",
+      "kv-cache-blocks",
+      "KV-cache blocks (default: what the requests need at once, within 4 GiB and, on the "
+      "CPU, half the memory available, never less than the longest request needs)",
       cxxopts::value<std::string>())("margins",
                                      "write top1_margin (logit(top1) - logit(top2)) per step")(
       "logprobs",

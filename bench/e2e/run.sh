@@ -66,8 +66,8 @@ run_case() {  # NAME PROMPTS MAX_TOKENS EXTRA...
 
 if ((QUICK)); then SEQS="1 8"; fi
 make_prompts 2 512 "$WORK/prefill.prompts.jsonl"
-# note: --max-num-seqs 2 sizes the KV cache for these two prompts (the default
-# of 64 sequences would allocate and zero ~4 GB of cache first).
+# note: --max-num-seqs 2 states the case's batch (generate sizes its KV cache
+# and step buffers by the requests themselves either way).
 run_case prefill "$WORK/prefill.prompts.jsonl" 1 --max-batched-tokens 512 --max-num-seqs 2
 for n in $SEQS; do
   make_prompts "$n" 128 "$WORK/decode$n.prompts.jsonl"

@@ -334,6 +334,89 @@ TEST(GenerateCli, LimitsFarPastTheBatchAllocateOnlyWhatItNeeds) {
       << "the step buffers were sized by the flags, not the batch";
 }
 
+// The default KV cache on the CPU fits the memory available (QTK_MEM_AVAILABLE,
+// core/tuning.h, stands in for /proc/meminfo and the cgroup's limit): where it would take
+// more than half, it shrinks to what the longest request needs or to half
+// (the results do not change, a note says so); a request that alone needs
+// more than there is, and an explicit --kv-cache-blocks past it, stop the
+// run with a message naming it, exit 1, nothing written.
+TEST(GenerateCli, DefaultKvCacheFitsTheMemoryAvailable) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  // Six 300-token prompts, 8 tokens each: 20 blocks of 16 tokens apiece; a
+  // qwen3-tiny block is 16 x 3 layers x 2 kv heads x 32 x (K, V) x 4 bytes = 24 KiB.
+  std::string prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> ids(300);
+    for (size_t k = 0; k < ids.size(); ++k) ids[k] = 8 + static_cast<int>((k * 7 + i * 13) % 150);
+    prompts += nlohmann::json({{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 8}}).dump() + "\n";
+  }
+  const std::string in = work_dir() + "/kvmem.jsonl";
+  write_text(in, prompts);
+  const auto out_of = [&](const char* tag) {
+    const std::string out = fmt::format("{}/kvmem.{}.jsonl", work_dir(), tag);
+    std::filesystem::remove(out);
+    std::filesystem::remove(out + ".meta.json");
+    return out;
+  };
+  const auto gen = [&](const std::string& env, const std::string& out, const std::string& flags) {
+    return run(fmt::format("{} {} --model {} --batch {} --out {} --threads 2 {}", env,
+                           QTK_GENERATE_BIN, pack, in, out, flags));
+  };
+  const std::string plain = out_of("plain");
+  ASSERT_EQ(gen("", plain, "").status, 0);
+  EXPECT_EQ(load_json(plain + ".meta.json")["settings"]["kv_cache_blocks"], 120);
+
+  // 900,000 bytes: the default's 120 blocks (2.8 MiB) shrink to the longest request's 20.
+  const std::string small = out_of("small");
+  const RunResult r = gen("QTK_MEM_AVAILABLE=900000", small, "");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("generate: note: the KV cache takes 20 blocks (480.0 KiB; what the longest "
+                       "request needs), instead of 120 (2.8 MiB)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(load_json(small + ".meta.json")["settings"]["kv_cache_blocks"], 20);
+  EXPECT_EQ(read_text(small), read_text(plain));
+
+  // 2,000,000 bytes: half of it, 40 blocks (more than the longest request needs).
+  const std::string half = out_of("half");
+  const RunResult h = gen("QTK_MEM_AVAILABLE=2000000", half, "");
+  ASSERT_EQ(h.status, 0) << h.err;
+  EXPECT_NE(h.err.find("the KV cache takes 40 blocks (960.0 KiB; half the 1.9 MiB of memory "
+                       "available)"),
+            std::string::npos)
+      << h.err;
+  EXPECT_EQ(read_text(half), read_text(plain));
+
+  // 300,000 bytes: the longest request alone needs 480 KiB.
+  const std::string none = out_of("none");
+  const RunResult n = gen("QTK_MEM_AVAILABLE=300000", none, "");
+  EXPECT_EQ(n.status, 1);
+  EXPECT_EQ(n.err,
+            "generate: line 1 (id 0): a 300-token prompt with max_tokens 8 needs 20 KV-cache "
+            "blocks of 16 tokens (308 positions), 480.0 KiB, more than the 293.0 KiB of memory "
+            "available; shorten the prompt or lower its max_tokens (or --max-tokens)\n");
+  EXPECT_FALSE(std::filesystem::exists(none));
+  EXPECT_FALSE(std::filesystem::exists(none + ".meta.json"));
+
+  // An explicit size past the memory available is refused, not shrunk.
+  const RunResult e = gen("QTK_MEM_AVAILABLE=2000000", none, "--kv-cache-blocks 100");
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.err.find("--kv-cache-blocks 100: 100 blocks of 16 tokens need 2.3 MiB of KV cache, "
+                       "more than the 1.9 MiB of memory available"),
+            std::string::npos)
+      << e.err;
+  EXPECT_FALSE(std::filesystem::exists(none));
+
+  const RunResult bad = gen("QTK_MEM_AVAILABLE=2G", none, "");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("QTK_MEM_AVAILABLE: expected an integer 0..9223372036854775807, found "
+                         "'2G'"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(none));
+}
+
 // The lines whose prompt reaches a token with a NaN embedding get an error
 // line naming the output token (no greedy token is defined); every other
 // line's result is byte-identical to the undamaged pack's, and generate exits

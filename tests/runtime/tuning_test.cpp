@@ -72,12 +72,15 @@ TEST(Tuning, ReadsEverySwitch) {
                           {"QTK_PDL", "0"},
                           {"QTK_CUDA_GRAPHS", "0"},
                           {"QTK_PIPELINE", "0"},
+                          {"QTK_MEM_AVAILABLE", "1048576"},
                           {"QTK_PLAN_CACHE", "off"}});
   EXPECT_EQ(t.cpu_path, "avx2");
   EXPECT_EQ(t.amx_prefetch, 4);
   EXPECT_FALSE(t.tiled || t.hugepages || t.gemm_alternates || t.mma_matmul || t.gdn_chunked ||
                t.pdl || t.cuda_graphs || t.pipeline);
   EXPECT_EQ(t.gemm_ref_m, 65536);
+  EXPECT_EQ(t.mem_available, 1048576);
+  EXPECT_EQ(parse({}).mem_available, 0);
   EXPECT_EQ(t.fused_max_m, 0);
   EXPECT_EQ(t.gemm_slices, 1);
   EXPECT_TRUE(t.gemm_free);
@@ -134,6 +137,9 @@ TEST(Tuning, OutOfRangeAndMalformedNumbersAreRefused) {
   for (const char* v : {"17", "-1", "1.5", " 1", "+1", "1 ", "99999999999999999999"})
     EXPECT_NE(parse_error("QTK_FUSED_MAX_M", v), "") << v;
   for (const char* v : {"0", "65537"}) EXPECT_NE(parse_error("QTK_GEMM_REF_M", v), "") << v;
+  for (const char* v : {"-1", "2G", "1e9", "99999999999999999999"})
+    EXPECT_NE(parse_error("QTK_MEM_AVAILABLE", v), "") << v;
+  EXPECT_EQ(parse_error("QTK_MEM_AVAILABLE", "9223372036854775807"), "");
   EXPECT_EQ(parse_error("QTK_AMX_PREFETCH", "5"),
             "QTK_AMX_PREFETCH: expected an integer 0..4, found '5'");
   for (const char* v : {"8", "64", "1"}) EXPECT_NE(parse_error("QTK_GDN_STATE_COLUMNS", v), "");
@@ -232,7 +238,8 @@ TEST(Tuning, SetTuningValidatesAndIsWhatTuningReturns) {
 TEST(Tuning, HeaderRecordsEverySwitchAndThePathUsed) {
   const nlohmann::json h = tuning_header(Tuning{});
   EXPECT_EQ(h.size(), Tuning{}.entries().size());
-  EXPECT_EQ(h.size(), 17u);
+  EXPECT_EQ(h.size(), 18u);
+  EXPECT_EQ(h["QTK_MEM_AVAILABLE"], 0);
   EXPECT_EQ(h["QTK_CPU_PATH"], std::string(cpu_path_name(supported_cpu_paths().back())));
   EXPECT_EQ(h["QTK_GEMM_REF_M"], 128);
   EXPECT_EQ(h["QTK_PDL"], 1);
