@@ -31,7 +31,11 @@ int main(int argc, char** argv) {
     qtk::InterruptScope interrupts;
     try {
       cxxopts::Options options(
-          "convert", "Convert a Qwen3 / Qwen3.5 Hugging Face checkpoint into one .pack file");
+          "convert",
+          "Convert a Qwen3 / Qwen3.5 Hugging Face checkpoint into one .pack file.\nExit status: "
+          "0 OUT.pack was written; 1 it was not (one line on stderr says why; an existing OUT.pack "
+          "is left as it was, and no temporary file remains); on SIGINT or SIGTERM it removes its "
+          "temporary files and ends by that signal.");
       options.positional_help("INPUT OUT.pack");
       options.add_options()("dtype", "matrix dtype: keep, bf16, f16 or f32",
                             cxxopts::value<std::string>()->default_value("keep"))(

@@ -246,7 +246,8 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
       fail("{}: expected a value after the flag, found the flag --{}", shown, next);
   };
   // note: cxxopts keeps the last of two values (--out a.jsonl ... --out
-  // b.jsonl ran into b.jsonl without a word); the same value twice is fine.
+  // b.jsonl ran into b.jsonl without a word); the same text twice is fine
+  // (values are compared as written, not as what they mean).
   std::map<std::string, std::string> values;
   auto note_value = [&](const detail::FlagSpec& spec, std::string_view shown,
                         std::string_view value) {
@@ -287,6 +288,13 @@ inline cxxopts::ParseResult parse_flags(cxxopts::Options& options, int argc, cha
       const char c = arg[k];
       const std::string shown = std::string("-") + c;
       const auto it = shorts.find(c);
+      // note: a word whose first letter is no short flag is most likely a
+      // long flag with one dash (-max-tokens): named whole, with the long
+      // flag it is nearest to, rather than as "-m".
+      if (it == shorts.end() && k == 1 && arg.size() > 2) {
+        const std::string_view word = arg.substr(0, arg.find('='));
+        detail::unknown_flag(word, word.substr(1), longs);
+      }
       if (it == shorts.end()) detail::unknown_flag(shown, std::string(1, c), longs);
       if (!it->second.takes_value) continue;
       if (k + 1 == arg.size()) {

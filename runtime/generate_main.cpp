@@ -42,11 +42,12 @@ cxxopts::Options generate_flags() {
       "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
       cxxopts::value<std::string>()->default_value("cpu"))(
       "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
-      cxxopts::value<std::string>())("threads", "worker threads (default: all CPUs available)",
+      cxxopts::value<std::string>())("threads", "worker threads (default, and 0: all CPUs available)",
                                      cxxopts::value<std::string>())(
       "max-tokens",
-      "tokens to generate per prompt (default: the pack's max_new_tokens, else 256); a "
-      "line's max_tokens overrides it",
+      "tokens to generate per prompt (default, and 0: the pack's max_new_tokens, else 256); a "
+      "line's max_tokens overrides it; a prompt plus its output stops at the model's context "
+      "(max_position_embeddings, shown by inspect)",
       cxxopts::value<std::string>())("ignore-eos",
                                   "do not stop at the model's EOS tokens, on every line (a line's "
                                   "\"ignore_eos\": true does it for that line; false does not "
@@ -60,7 +61,7 @@ cxxopts::Options generate_flags() {
       "block-size", "tokens per KV-cache block",
       cxxopts::value<std::string>()->default_value("16"))(
       "kv-cache-blocks",
-      "KV-cache blocks (default: what the requests need at once, within 4 GiB and, on the "
+      "KV-cache blocks (default, and 0: what the requests need at once, within 4 GiB and, on the "
       "CPU, half the memory available, never less than the longest request needs)",
       cxxopts::value<std::string>())("margins",
                                      "write top1_margin (logit(top1) - logit(top2)) per step")(

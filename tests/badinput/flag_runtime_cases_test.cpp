@@ -90,6 +90,9 @@ TEST_F(BadRuntimeFlags, GenerateUnknownMissingAndEnumFlags) {
       {{"--max-num-seq", "4"}, {"--max-num-seq", "unknown flag", "did you mean --max-num-seqs"}},
       {{"--temperature", "0.7"}, {"--temperature", "unknown flag"}},
       {{"-n", "4"}, {"-n", "unknown flag"}},
+      // a long flag with one dash: named whole, with its nearest long flag
+      {{"-max-tokens", "4"}, {"-max-tokens", "unknown flag", "did you mean --max-tokens"}},
+      {{"-max-tokens=4"}, {"-max-tokens: unknown flag", "did you mean --max-tokens"}},
       {{"---threads", "1"}, {"---threads", "unknown flag"}},
       // missing value: at the end, or followed by another flag
       {{"--threads"}, {"--threads", "expected a value", "end of the arguments"}},

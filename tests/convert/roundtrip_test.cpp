@@ -446,7 +446,8 @@ namespace qtk {
 namespace {
 
 // `inspect X.pack` on MoE packs: experts, top-k, renormalisation, shared
-// expert, the mlp plan and the stack_experts transform where it applied.
+// expert, the mlp plan, the context and the stack_experts transform where it
+// applied.
 TEST(RoundTrip, InspectShowsExperts) {
   testing::TempDir tmp;
   for (const char* model : {"qwen3-moe-tiny", "qwen3.5-moe-tiny-vlm"}) {
@@ -466,6 +467,10 @@ TEST(RoundTrip, InspectShowsExperts) {
     EXPECT_NE(r.out.find(want_experts), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(q35 ? "mlp plan:      EEEE  dense layers: none\n"
                              : "mlp plan:      EEE  dense layers: none\n"),
+              std::string::npos)
+        << r.out;
+    // The context (a prompt plus its output stops there) is shown too.
+    EXPECT_NE(r.out.find("context:       4096 positions (max_position_embeddings"),
               std::string::npos)
         << r.out;
     // Per-expert sources are stacked (stack_experts); fused 3-D ones are copied.

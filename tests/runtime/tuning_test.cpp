@@ -371,7 +371,7 @@ TEST(TuningGenerate, RunHeaderRecordsTheSwitches) {
                       QTK_GENERATE_BIN, pack, in, out));
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json t = load_json(out + ".meta.json")["tuning"];
-  EXPECT_EQ(t.size(), 17u) << t.dump();
+  EXPECT_EQ(t.size(), 18u) << t.dump();
   EXPECT_EQ(t["QTK_MMA_MATMUL"], 1);
   EXPECT_EQ(t["QTK_AMX_PREFETCH"], 3);
   EXPECT_EQ(t["QTK_HUGEPAGES"], 0);
