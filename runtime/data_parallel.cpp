@@ -22,6 +22,7 @@
 #include "core/interrupt.h"
 #include "core/plural.h"
 #include "runtime/backend/backend.h"
+#include "runtime/host_memory.h"
 #include "runtime/results_file.h"
 #include "runtime/shard.h"
 
@@ -67,15 +68,21 @@ struct Worker {
   bool done = false;
 };
 
-// The environment of a worker: ours, with CUDA_VISIBLE_DEVICES set on cuda.
-std::vector<std::string> worker_environment(const std::string& device, int ordinal) {
+// The environment of a worker: ours, with CUDA_VISIBLE_DEVICES set on cuda,
+// and QTK_MEM_AVAILABLE set to `memory_share` bytes where that is positive.
+// note: CPU workers share one machine's memory, which each would otherwise
+// take as its own when it sizes its KV cache (runtime/host_memory.h).
+std::vector<std::string> worker_environment(const std::string& device, int ordinal,
+                                            int64_t memory_share = 0) {
   std::vector<std::string> env;
   const char* parent = ::getenv("CUDA_VISIBLE_DEVICES");
   for (char** e = environ; *e != nullptr; ++e) {
     if (device == "cuda" && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0) continue;
+    if (memory_share > 0 && strncmp(*e, "QTK_MEM_AVAILABLE=", 18) == 0) continue;
     env.emplace_back(*e);
   }
   if (device == "cuda") env.push_back("CUDA_VISIBLE_DEVICES=" + visible_device_of(ordinal, parent));
+  if (memory_share > 0) env.push_back(fmt::format("QTK_MEM_AVAILABLE={}", memory_share));
   return env;
 }
 
@@ -363,6 +370,8 @@ int run_data_parallel(const DataParallelJob& job) {
   // sub-shard K + N*k of N*M: the M sub-shards own exactly shard K/N's lines.
   InterruptScope interrupts;
   std::vector<Worker> workers;
+  const int64_t available = o.device == "cpu" ? available_memory_bytes() : -1;
+  const int64_t memory_share = available > 0 ? std::max<int64_t>(available / m, 1) : 0;
   const std::set<std::string> replaced = {"out",   "meta",        "shard",  "progress",
                                           "force", "no-progress", "resume", "threads"};
   for (int64_t k = 0; k < m; ++k) {
@@ -380,7 +389,7 @@ int run_data_parallel(const DataParallelJob& job) {
     w.device = job.devices[static_cast<size_t>(k)];
     w.what = fmt::format("device {} (shard {}/{} into {})", w.device, index, count,
                          parts[static_cast<size_t>(k)]);
-    w.pid = spawn_worker(std::move(args), worker_environment(o.device, w.device));
+    w.pid = spawn_worker(std::move(args), worker_environment(o.device, w.device, memory_share));
     workers.push_back(std::move(w));
   }
   const bool show_progress = (o.progress || ::isatty(2)) && !o.no_progress;

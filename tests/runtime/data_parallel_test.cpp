@@ -105,6 +105,23 @@ TEST(DataParallel, CpuWorkersGiveTheSingleRunByteForByte) {
   }
 }
 
+// CPU workers share the machine's memory: each gets its part as its
+// QTK_MEM_AVAILABLE (the memory its default KV cache fits into), recorded in
+// the header's tuning; the results are the single run's, byte for byte.
+TEST(DataParallel, CpuWorkersShareTheMemoryAvailable) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string out = work_dir() + "/dp_mem.jsonl";
+  const RunResult r = run(fmt::format(
+      "QTK_MEM_AVAILABLE=300000000 {} --model {} --batch {} --out {} --margins --threads 2 "
+      "--devices 0,1,2",
+      QTK_GENERATE_BIN, j.pack, j.prompts, out));
+  ASSERT_EQ(r.status, j.status) << r.err;
+  EXPECT_EQ(read_text(out), read_text(j.full));
+  const auto meta = load_json(out + ".meta.json");
+  EXPECT_EQ(meta["tuning"]["QTK_MEM_AVAILABLE"], 100000000);
+  ASSERT_EQ(meta["merged_from"].size(), 3u);
+}
+
 TEST(DataParallel, OneDeviceIsAPlainRun) {
   const Job& j = job_of("tests/data/models/qwen3-tiny");
   const std::string out = work_dir() + "/dp_one.jsonl";
