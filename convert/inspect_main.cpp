@@ -148,11 +148,12 @@ void print_checkpoint(const Checkpoint& ck) {
 }
 
 int run(int argc, char** argv) {
-  cxxopts::Options opts("inspect",
-                        "Summarise a Hugging Face checkpoint directory (architecture, "
-                        "hyperparameters, layer plan, tensors, skipped groups) or a .pack file.\nExit "
-                        "status: 0 shown (with --verify: and every check passed); 1 the input "
-                        "is unreadable or invalid (one line on stderr says why).");
+  cxxopts::Options opts(
+      "inspect",
+      "Summarise a Hugging Face checkpoint directory (architecture, "
+      "hyperparameters, layer plan, tensors, skipped groups) or a .pack file.\nExit "
+      "status: 0 shown (with --verify: and every check passed); 1 the input "
+      "is unreadable or invalid (one line on stderr says why).");
   opts.positional_help("MODEL_DIR|X.pack");
   opts.add_options()("verify",
                      "for a .pack: recompute every checksum and run every check generate runs "

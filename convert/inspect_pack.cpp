@@ -45,9 +45,10 @@ int inspect_pack(const std::string& path, bool verify) {
     line(fmt::format("linear attn:   key heads {} x {}, value heads {} x {}, conv kernel {}",
                      c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
                      c.linear_value_head_dim, c.linear_conv_kernel));
-  line(fmt::format("context:       {} positions (max_position_embeddings: a prompt plus its "
-                   "output stops there)",
-                   c.max_position_embeddings));
+  line(
+      fmt::format("context:       {} positions (max_position_embeddings: a prompt plus its "
+                  "output stops there)",
+                  c.max_position_embeddings));
   line(fmt::format("rope:          theta {}, rotary dim {}, mrope section [{}]{}", c.rope.theta,
                    c.rope.rotary_dim, fmt::join(c.rope.mrope_section, ", "),
                    c.rope.mrope_interleaved ? " interleaved" : ""));

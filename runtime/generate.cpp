@@ -509,8 +509,9 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
              "generate: note: the KV cache takes {} blocks ({}; {}), instead of {} ({}); "
              "sequences may be preempted and recomputed more often (the results do not change)\n",
              so.num_blocks, size_of(sat_mul(so.num_blocks, bb)),
-             so.num_blocks == need ? "what the longest request needs"
-                                   : fmt::format("half the {} of memory available", size_of(available)),
+             so.num_blocks == need
+                 ? "what the longest request needs"
+                 : fmt::format("half the {} of memory available", size_of(available)),
              was, size_of(bytes));
 }
 

@@ -42,18 +42,19 @@ cxxopts::Options generate_flags() {
       "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
       cxxopts::value<std::string>()->default_value("cpu"))(
       "precision", "f32 or bf16 (default: f32 on cpu, its only precision; bf16 on cuda)",
-      cxxopts::value<std::string>())("threads", "worker threads (default, and 0: all CPUs available)",
+      cxxopts::value<std::string>())("threads",
+                                     "worker threads (default, and 0: all CPUs available)",
                                      cxxopts::value<std::string>())(
       "max-tokens",
       "tokens to generate per prompt (default, and 0: the pack's max_new_tokens, else 256); a "
       "line's max_tokens overrides it; a prompt plus its output stops at the model's context "
       "(max_position_embeddings, shown by inspect)",
-      cxxopts::value<std::string>())("ignore-eos",
-                                  "do not stop at the model's EOS tokens, on every line (a line's "
-                                  "\"ignore_eos\": true does it for that line; false does not "
-                                  "undo the flag)")(
-      "max-num-seqs", "most sequences running at once",
-      cxxopts::value<std::string>()->default_value("64"))(
+      cxxopts::value<std::string>())(
+      "ignore-eos",
+      "do not stop at the model's EOS tokens, on every line (a line's "
+      "\"ignore_eos\": true does it for that line; false does not "
+      "undo the flag)")("max-num-seqs", "most sequences running at once",
+                        cxxopts::value<std::string>()->default_value("64"))(
       "max-batched-tokens",
       "most tokens computed per step (prefill chunks + decode); Qwen3.5 on cuda with bf16 never "
       "splits a prompt's full 64-token chunks, so a budget below 64 is raised to 64 for them",

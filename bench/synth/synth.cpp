@@ -406,10 +406,11 @@ void write_shards_parallel(const std::vector<std::string>& paths,
 }
 
 int run(int argc, char** argv) {
-  cxxopts::Options opts("synth",
-                        "Write a random-weight HF checkpoint (safetensors) for a config.json.\nExit "
-                        "status: 0 written (with --dry-run: sized); 1 not (one line on stderr "
-                        "says why).");
+  cxxopts::Options opts(
+      "synth",
+      "Write a random-weight HF checkpoint (safetensors) for a config.json.\nExit "
+      "status: 0 written (with --dry-run: sized); 1 not (one line on stderr "
+      "says why).");
   opts.add_options()("config", "config.json of the model shape", cxxopts::value<std::string>())(
       "out", "output directory (created)", cxxopts::value<std::string>())(
       "seed", "random seed", cxxopts::value<std::string>()->default_value("1"))(

@@ -311,10 +311,9 @@ INSTANTIATE_TEST_SUITE_P(
 // whose prompt holds it, or whose undamaged result generates it before its
 // last token (it is then fed back), gets an error line naming the first output
 // token whose logits are NaN (no greedy token is defined) and every other line
-// the bits of the undamaged pack, alone and batched, pipelined and step by step, f32 and bf16; generate
-// exits 3 and the device keeps running (the NaN row's argmax gives a valid id
-// to the step already queued on it). Dense, MoE (NaN through the router) and
-// GDN models.
+// the bits of the undamaged pack, alone and batched, pipelined and step by step, f32 and bf16;
+// generate exits 3 and the device keeps running (the NaN row's argmax gives a valid id to the step
+// already queued on it). Dense, MoE (NaN through the router) and GDN models.
 class CudaNonFinite : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaNonFinite, LinesReachingANaNGetErrorLinesAndTheOthersTheirBits) {

@@ -349,7 +349,8 @@ TEST(GenerateCli, DefaultKvCacheFitsTheMemoryAvailable) {
   for (int i = 0; i < 6; ++i) {
     std::vector<int> ids(300);
     for (size_t k = 0; k < ids.size(); ++k) ids[k] = 8 + static_cast<int>((k * 7 + i * 13) % 150);
-    prompts += nlohmann::json({{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 8}}).dump() + "\n";
+    prompts +=
+        nlohmann::json({{"id", i}, {"prompt_token_ids", ids}, {"max_tokens", 8}}).dump() + "\n";
   }
   const std::string in = work_dir() + "/kvmem.jsonl";
   write_text(in, prompts);
