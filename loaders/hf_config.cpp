@@ -344,13 +344,27 @@ void read_moe(const ConfigDoc& d, ModelConfig& c) {
     m.norm_topk_prob = true;
     m.shared_expert_intermediate = d.positive_int("shared_expert_intermediate_size");
     m.mlp_plan.assign(static_cast<size_t>(c.num_layers), MlpKind::kMoe);
+    // note: said, since a checkpoint that sets them expects an effect.
+    for (const char* field : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
+      if (const json* v = d.find(field); v && !v->is_null())
+        c.resolution.push_back(fmt::format(
+            "'{}' ({}) ignored ({} has no such switch: every layer is MoE and the top-k "
+            "weights are always renormalised)",
+            d.name(field), shown_json(*v), c.hf_architecture));
     return;
   }
   // Qwen3-MoE: Qwen3MoeConfig defaults norm_topk_prob false, step 1, no dense layers.
-  m.norm_topk_prob = d.optional_bool("norm_topk_prob").value_or(false);
+  const std::optional<bool> norm = d.optional_bool("norm_topk_prob");
+  m.norm_topk_prob = norm.value_or(false);
+  if (!norm)
+    c.resolution.push_back(
+        "norm_topk_prob: absent, false used (Qwen3MoeConfig's default: the top-k weights are "
+        "not renormalised; the Qwen3-MoE releases set true)");
   int64_t step = 1;
   if (const json* v = d.find("decoder_sparse_step"); v && !v->is_null())
     step = d.positive_int("decoder_sparse_step");
+  else
+    c.resolution.push_back("decoder_sparse_step: absent, 1 used (Qwen3MoeConfig's default)");
   std::vector<bool> dense(static_cast<size_t>(c.num_layers), false);
   if (const json* v = d.find("mlp_only_layers"); v && !v->is_null()) {
     if (!v->is_array())
@@ -622,7 +636,7 @@ ModelConfig parse_hf_config(const json& doc, const std::string& source) {
   c.bos_token_id = single_token_id(d, "bos_token_id");
   c.pad_token_id = single_token_id(d, "pad_token_id");
 
-  validate_model_config(c, source);
+  validate_model_config(c, source, d.name(""));
   return c;
 }
 

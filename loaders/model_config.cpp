@@ -35,40 +35,44 @@ std::string ModelConfig::mlp_plan_string() const {
 namespace {
 
 // The mixture-of-experts fields, when the model has experts.
-void validate_moe(const ModelConfig& c, const std::string& source) {
+void validate_moe(const ModelConfig& c, const std::string& source, const std::string& prefix) {
   const MoeConfig& m = c.moe;
   if (m.num_experts == 0) {
     if (!m.mlp_plan.empty())
-      fail("{}: field 'mlp_plan': a model without experts has no MoE layer plan, found {}", source,
-           c.mlp_plan_string());
+      fail("{}: field '{}mlp_plan': a model without experts has no MoE layer plan, found {}",
+           source, prefix, c.mlp_plan_string());
     return;
   }
   if (m.num_experts < 0)
-    fail("{}: field 'num_experts': expected a positive integer, found {}", source, m.num_experts);
+    fail("{}: field '{}num_experts': expected a positive integer, found {}", source, prefix,
+         m.num_experts);
   if (m.top_k <= 0 || m.top_k > m.num_experts)
-    fail("{}: field 'num_experts_per_tok': expected an integer in [1, num_experts = {}], found {}",
-         source, m.num_experts, m.top_k);
+    fail(
+        "{}: field '{}num_experts_per_tok': expected an integer in [1, num_experts = {}], found {}",
+        source, prefix, m.num_experts, m.top_k);
   if (m.expert_intermediate_size <= 0)
-    fail("{}: field 'moe_intermediate_size': expected a positive integer, found {}", source,
-         m.expert_intermediate_size);
+    fail("{}: field '{}moe_intermediate_size': expected a positive integer, found {}", source,
+         prefix, m.expert_intermediate_size);
   if (m.shared_expert_intermediate < 0)
-    fail("{}: field 'shared_expert_intermediate_size': expected an integer >= 0, found {}", source,
-         m.shared_expert_intermediate);
+    fail("{}: field '{}shared_expert_intermediate_size': expected an integer >= 0, found {}",
+         source, prefix, m.shared_expert_intermediate);
   if (static_cast<int64_t>(m.mlp_plan.size()) != c.num_layers)
-    fail("{}: field 'mlp_plan': expected {} layers (num_hidden_layers), found {}", source,
+    fail("{}: field '{}mlp_plan': expected {} layers (num_hidden_layers), found {}", source, prefix,
          c.num_layers, m.mlp_plan.size());
   for (MlpKind k : m.mlp_plan)
     if (k != MlpKind::kDense && k != MlpKind::kMoe)
-      fail("{}: field 'mlp_plan': unknown MLP kind '{}'", source, static_cast<char>(k));
+      fail("{}: field '{}mlp_plan': unknown MLP kind '{}'", source, prefix, static_cast<char>(k));
 }
 
 }  // namespace
 
 const char* arch_name(Arch a) { return a == Arch::kQwen3 ? "qwen3" : "qwen3_5"; }
 
-void validate_model_config(const ModelConfig& c, const std::string& source) {
+void validate_model_config(const ModelConfig& c, const std::string& source,
+                           const std::string& prefix) {
   auto positive = [&](int64_t v, const char* field) {
-    if (v <= 0) fail("{}: field '{}': expected a positive integer, found {}", source, field, v);
+    if (v <= 0)
+      fail("{}: field '{}{}': expected a positive integer, found {}", source, prefix, field, v);
   };
   positive(c.vocab_size, "vocab_size");
   positive(c.hidden_size, "hidden_size");
@@ -79,7 +83,8 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   // pack with 4 + 2^59 heads did, then crashed generate). The bounds are far
   // above any real model's (hidden 16384, vocab 248320, 512 experts).
   auto at_most = [&](int64_t v, int64_t max, const char* field) {
-    if (v > max) fail("{}: field '{}': expected at most {}, found {}", source, field, max, v);
+    if (v > max)
+      fail("{}: field '{}{}': expected at most {}, found {}", source, prefix, field, max, v);
   };
   constexpr int64_t k16 = int64_t{1} << 16, k20 = int64_t{1} << 20, k24 = int64_t{1} << 24;
   at_most(c.vocab_size, k24, "vocab_size");
@@ -97,7 +102,7 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   // message naming its router, checkpoint.cpp; a pack's below)
   at_most(c.moe.expert_intermediate_size, k24, "moe_intermediate_size");
   at_most(c.moe.shared_expert_intermediate, k24, "shared_expert_intermediate_size");
-  validate_moe(c, source);
+  validate_moe(c, source, prefix);
   // note: a model whose every layer is a mixture of experts (Qwen3.5-MoE)
   // has no dense MLP and need not say intermediate_size.
   if (c.has_dense_mlp()) positive(c.intermediate_size, "intermediate_size");
@@ -106,21 +111,23 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
   positive(c.head_dim, "head_dim");
   if (c.num_attention_heads % c.num_kv_heads != 0)
     fail(
-        "{}: field 'num_key_value_heads': expected a divisor of num_attention_heads ({}), found {}",
-        source, c.num_attention_heads, c.num_kv_heads);
+        "{}: field '{}num_key_value_heads': expected a divisor of num_attention_heads ({}), found "
+        "{}",
+        source, prefix, c.num_attention_heads, c.num_kv_heads);
   if (static_cast<int64_t>(c.layer_plan.size()) != c.num_layers)
-    fail("{}: field 'layer_types': expected {} layers (num_hidden_layers), found {}", source,
-         c.num_layers, c.layer_plan.size());
+    fail("{}: field '{}layer_types': expected {} layers (num_hidden_layers), found {}", source,
+         prefix, c.num_layers, c.layer_plan.size());
   bool any_linear = false;
   for (LayerKind k : c.layer_plan) {
     if (k != LayerKind::kFull && k != LayerKind::kLinear)
-      fail("{}: field 'layer_types': unknown layer kind '{}'", source, static_cast<char>(k));
+      fail("{}: field '{}layer_types': unknown layer kind '{}'", source, prefix,
+           static_cast<char>(k));
     any_linear |= k == LayerKind::kLinear;
   }
   if (c.arch == Arch::kQwen3) {
     if (any_linear)
-      fail("{}: field 'layer_types': Qwen3 has only full attention layers, found plan {}", source,
-           c.plan_string());
+      fail("{}: field '{}layer_types': Qwen3 has only full attention layers, found plan {}", source,
+           prefix, c.plan_string());
   } else {
     positive(c.linear_num_key_heads, "linear_num_key_heads");
     positive(c.linear_num_value_heads, "linear_num_value_heads");
@@ -129,38 +136,38 @@ void validate_model_config(const ModelConfig& c, const std::string& source) {
     positive(c.linear_conv_kernel, "linear_conv_kernel_dim");
     if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
       fail(
-          "{}: field 'linear_num_value_heads': expected a multiple of linear_num_key_heads ({}), "
+          "{}: field '{}linear_num_value_heads': expected a multiple of linear_num_key_heads ({}), "
           "found {}",
-          source, c.linear_num_key_heads, c.linear_num_value_heads);
+          source, prefix, c.linear_num_key_heads, c.linear_num_value_heads);
   }
   const int64_t rd = c.rope.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > c.head_dim)
     fail(
-        "{}: field 'partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
+        "{}: field '{}partial_rotary_factor': rotary dim head_dim {} x {} = {} must be even, "
         "positive and <= head_dim",
-        source, c.head_dim, c.rope.partial_factor, rd);
+        source, prefix, c.head_dim, c.rope.partial_factor, rd);
   if (!c.rope.mrope_section.empty() && !c.rope.mrope_interleaved) {
     int64_t sum = 0;
     for (int64_t s : c.rope.mrope_section) sum += s;
     if (sum != rd / 2)
       fail(
-          "{}: field 'mrope_section': expected entries summing to rotary_dim / 2 = {}, found {} "
+          "{}: field '{}mrope_section': expected entries summing to rotary_dim / 2 = {}, found {} "
           "(sum {})",
-          source, rd / 2, json(c.rope.mrope_section).dump(), sum);
+          source, prefix, rd / 2, json(c.rope.mrope_section).dump(), sum);
   }
   // note: an eps of 1 or more would swamp any hidden state's mean square
   // (every model uses 1e-6 or 1e-5); a zero, negative or infinite RoPE base
   // gives no usable rotation.
   if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
-    fail("{}: field 'rms_norm_eps': expected a positive number below 1, found {}", source,
+    fail("{}: field '{}rms_norm_eps': expected a positive number below 1, found {}", source, prefix,
          c.rms_norm_eps);
   if (!(c.rope.theta > 0 && std::isfinite(c.rope.theta)))
-    fail("{}: field 'rope_theta': expected a positive finite number, found {}", source,
+    fail("{}: field '{}rope_theta': expected a positive finite number, found {}", source, prefix,
          c.rope.theta);
   positive(c.max_position_embeddings, "max_position_embeddings");
   for (int64_t s : c.rope.mrope_section)
     if (s < 0)
-      fail("{}: field 'mrope_section': expected entries of 0 or more, found {}", source,
+      fail("{}: field '{}mrope_section': expected entries of 0 or more, found {}", source, prefix,
            json(c.rope.mrope_section).dump());
   for (int64_t id : c.eos_token_ids)
     if (id < 0 || id >= c.vocab_size)

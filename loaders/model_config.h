@@ -126,8 +126,10 @@ ModelConfig load_hf_config(const std::string& path);
 // Checks the invariants every consumer relies on (heads divisible by kv
 // heads, value heads by key heads, layer_plan length, rotary_dim even and
 // <= head_dim, mrope_section summing to rotary_dim / 2, token ids < vocab).
-// Throws qtk::Error naming `source` and the field.
-void validate_model_config(const ModelConfig& c, const std::string& source);
+// Throws qtk::Error naming `source` and the field (as `prefix` + its name:
+// "text_config." for a config.json that nests the text model's fields).
+void validate_model_config(const ModelConfig& c, const std::string& source,
+                           const std::string& prefix = "");
 
 // "qwen3" / "qwen3_5"
 const char* arch_name(Arch a);

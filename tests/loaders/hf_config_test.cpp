@@ -161,12 +161,40 @@ TEST(HfConfigMoe, ExpertCountEitherSpelling) {
   EXPECT_EQ(parse(j).moe.num_experts, 8);  // the Hub's spelling alone
 }
 
+// The resolution lines of `c` that mention `needle`, joined.
+std::string resolution_with(const ModelConfig& c, const std::string& needle) {
+  std::string out;
+  for (const std::string& r : c.resolution)
+    if (r.find(needle) != std::string::npos) out += r + "\n";
+  return out;
+}
+
+// Qwen3MoeConfig's default, said in a resolution line (inspect's "config:"),
+// since the Qwen3-MoE releases set true.
 TEST(HfConfigMoe, NormTopkProbDefaultsFalseForQwen3Moe) {
   json j = load(kQwen3Moe);
+  EXPECT_EQ(resolution_with(parse(j), "norm_topk_prob"), "");
   j.erase("norm_topk_prob");
-  EXPECT_FALSE(parse(j).moe.norm_topk_prob);  // Qwen3MoeConfig's default
+  const ModelConfig absent = parse(j);
+  EXPECT_FALSE(absent.moe.norm_topk_prob);  // Qwen3MoeConfig's default
+  EXPECT_EQ(resolution_with(absent, "norm_topk_prob"),
+            "norm_topk_prob: absent, false used (Qwen3MoeConfig's default: the top-k weights are "
+            "not renormalised; the Qwen3-MoE releases set true)\n");
   j["norm_topk_prob"] = false;
   EXPECT_FALSE(parse(j).moe.norm_topk_prob);
+  EXPECT_EQ(resolution_with(parse(j), "norm_topk_prob"), "");
+  j.erase("decoder_sparse_step");
+  EXPECT_EQ(resolution_with(parse(j), "decoder_sparse_step"),
+            "decoder_sparse_step: absent, 1 used (Qwen3MoeConfig's default)\n");
+}
+
+// A field outside the model's text config block is named with its prefix.
+TEST(HfConfigMoe, BoundsNameTheNestedField) {
+  json j = load(kQwen35MoeVlm);
+  j["text_config"]["moe_intermediate_size"] = int64_t{1000000000000};
+  EXPECT_EQ(error_of([&] { parse(j); }),
+            "cfg.json: field 'text_config.moe_intermediate_size': expected at most 16777216, "
+            "found 1000000000000");
 }
 
 // transformers' rule: layer i is MoE when i is not in mlp_only_layers and
@@ -212,9 +240,17 @@ TEST(HfConfigMoe, Qwen35MoeTextOnlyAndAlwaysRenormalised) {
   json j = vlm["text_config"];
   j["architectures"] = {"Qwen3_5MoeForCausalLM"};
   j["norm_topk_prob"] = false;  // Qwen3_5MoeSparseMoeBlock has no such switch
+  j["decoder_sparse_step"] = 2;
   const ModelConfig c = parse(j);
   EXPECT_EQ(c.hf_architecture, "Qwen3_5MoeForCausalLM");
   EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.mlp_plan_string(), "EEEE");
+  // Both said to be ignored (a checkpoint that sets them expects an effect).
+  EXPECT_EQ(resolution_with(c, "ignored (Qwen3_5MoeForCausalLM has no such switch"),
+            "'norm_topk_prob' (false) ignored (Qwen3_5MoeForCausalLM has no such switch: every "
+            "layer is MoE and the top-k weights are always renormalised)\n"
+            "'decoder_sparse_step' (2) ignored (Qwen3_5MoeForCausalLM has no such switch: every "
+            "layer is MoE and the top-k weights are always renormalised)\n");
   EXPECT_EQ(config_to_json(c)["moe"], config_to_json(parse(vlm))["moe"]);
 }
 
