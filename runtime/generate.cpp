@@ -57,6 +57,18 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // note: Linux reports KiB
 }
 
+// How many of the pack's matrices convert dequantized from block FP8 (the
+// "dequantize_fp8" transform's tensors), 0 when none.
+size_t dequantized_fp8_matrices(const Pack& pack) {
+  const auto& m = pack.manifest();
+  if (auto t = m.find("transforms"); t != m.end() && t->is_array())
+    for (const auto& x : *t)
+      if (x.is_object() && x.value("name", "") == "dequantize_fp8" && x.contains("tensors") &&
+          x["tensors"].is_array())
+        return x["tensors"].size();
+  return 0;
+}
+
 std::string weight_dtypes(const Pack& pack) {
   std::set<std::string> names;
   std::set<std::string_view> scales;  // FP8 block scales are not weights of their own
@@ -69,6 +81,19 @@ std::string weight_dtypes(const Pack& pack) {
   std::string s;
   for (const auto& n : names) s += (s.empty() ? "" : "+") + n;
   return s;
+}
+
+// "; N matrices dequantized from block FP8 ..." for a pack convert
+// dequantized, else "".
+// note: said, since such a pack's numbers are not the FP8 checkpoint's (a
+// bf16 pack diverges from the checkpoint's goldens where f32 does not).
+std::string dequantized_text(const Pack& pack) {
+  const size_t n = dequantized_fp8_matrices(pack);
+  if (n == 0) return "";
+  return fmt::format(
+      "; {} of the pack's matrices were dequantized from block-FP8 e4m3 at convert (fp8 x "
+      "scale, rounded once to nearest even)",
+      n);
 }
 
 int64_t pack_max_new_tokens(const Pack& pack) {
@@ -147,21 +172,26 @@ std::string fp8_text(const Pack& pack, const DeviceChoice& d, int ranks) {
 
 // The run header's description of the arithmetic.
 std::string precision_text(const DeviceChoice& d, const Pack& pack, int ranks) {
+  const auto& plan = pack.config().layer_plan;
+  const bool gdn = std::find(plan.begin(), plan.end(), LayerKind::kLinear) != plan.end();
   if (d.device == "cpu") {
     return fmt::format(
-        "float32 activations, float32 KV cache and state, {} weights, float32 accumulation{}",
-        weight_dtypes(pack), fp8_text(pack, d, ranks));
+        "float32 activations, float32 KV cache{}, {} weights, float32 accumulation{}{}",
+        gdn ? " and GDN state" : "", weight_dtypes(pack), fp8_text(pack, d, ranks),
+        dequantized_text(pack));
   }
   if (d.precision == "f32") {
     return fmt::format(
-        "CUDA: float32 weights (from {} at upload), activations, KV cache and state, "
-        "float32 accumulation{}",
-        weight_dtypes(pack), fp8_text(pack, d, ranks));
+        "CUDA: float32 weights (from {} at upload), activations, KV cache{}, float32 "
+        "accumulation{}{}",
+        weight_dtypes(pack), gdn ? " and GDN state" : "", fp8_text(pack, d, ranks),
+        dequantized_text(pack));
   }
   return fmt::format(
       "CUDA: bfloat16 weights (from {} at upload), activations and KV cache; float32 "
-      "accumulation, norms and GDN state{}",
-      weight_dtypes(pack), fp8_text(pack, d, ranks));
+      "accumulation{}{}{}",
+      weight_dtypes(pack), gdn ? ", norms and GDN state" : " and norms", fp8_text(pack, d, ranks),
+      dequantized_text(pack));
 }
 
 // note: sizes below come from user input (max_tokens up to INT64_MAX, any

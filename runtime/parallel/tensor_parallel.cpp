@@ -268,7 +268,8 @@ void tp_check_fp8(const PackFp8Scales& q, const TpSplit& s, int size, std::strin
         if (at % block == 0 || at == len) continue;
         fail(
             "{}: tensor parallel {}: tensor '{}' splits {}at {} {}, inside its FP8 scale blocks "
-            "of {} {}s (expected a multiple of {}); convert with --dtype bf16 to split it",
+            "of {} {}s (expected a multiple of {}); convert with --dtype f32 (exact) or bf16 to "
+            "split it",
             source, size, q.tensor, q.weight.ndim == 3 ? "each expert " : "", unit, at, block, unit,
             block);
       }

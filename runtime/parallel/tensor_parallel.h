@@ -21,7 +21,7 @@
 // rows (or columns) of the blocks its rows (or columns) lie in
 // (tp_slice_fp8). That needs every split boundary on a boundary of the
 // tensor's scale blocks; a pack whose blocks straddle a boundary is refused
-// (tp_check_fp8: convert it with --dtype bf16 to split it).
+// (tp_check_fp8: convert it with --dtype f32, exact, or bf16 to split it).
 // note: Qwen's FP8 releases use 128x128 blocks (convert may make a fused
 // tensor's row blocks smaller), so a split works when each rank's heads x
 // head_dim and widths are multiples of 128: a rank's K/V head of 64 rows, or

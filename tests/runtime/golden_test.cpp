@@ -149,6 +149,12 @@ TEST_P(Fp8Equivalence, SameResultsAsItsFloat32Dequantization) {
   EXPECT_NE(precision.find("float32 product fp8 x scale"), std::string::npos) << precision;
   const std::string p32 = load_json(out_f32 + ".meta.json")["precision"];
   EXPECT_EQ(p32.find("F8"), std::string::npos) << p32;
+  // The dequantized pack says its weights are not the checkpoint's FP8 as they are.
+  EXPECT_NE(p32.find("matrices were dequantized from block-FP8 e4m3 at convert (fp8 x scale, "
+                     "rounded once to nearest even)"),
+            std::string::npos)
+      << p32;
+  EXPECT_EQ(precision.find("dequantized"), std::string::npos) << precision;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -337,8 +337,8 @@ TEST(TensorParallelFp8, RowSplitKeepsTheScaleRowsOfItsBlocks) {
   // first such boundary.
   const std::string want =
       "m.pack: tensor parallel 4: tensor 'layers.0.mlp.gate_up_proj' splits at row 24, inside its "
-      "FP8 scale blocks of 16 rows (expected a multiple of 16); convert with --dtype bf16 to "
-      "split it";
+      "FP8 scale blocks of 16 rows (expected a multiple of 16); convert with --dtype f32 "
+      "(exact) or bf16 to split it";
   EXPECT_EQ(error_of([&] { tp_check_fp8(f.q, s, 4, "m.pack"); }), want);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(fp8_slice_error(f, s, r, 4), want) << r;
   EXPECT_EQ(error_of([&] { tp_check_fp8(f.q, s, 2, "m.pack"); }), "");
@@ -360,7 +360,7 @@ TEST(TensorParallelFp8, ColumnSplitKeepsTheScaleColumnsOfItsBlocks) {
   EXPECT_EQ(fp8_slice_error(f, s, 1, 2),
             "m.pack: tensor parallel 2: tensor 'layers.0.mlp.down_proj' splits at column 48, "
             "inside its FP8 scale blocks of 32 columns (expected a multiple of 32); convert with "
-            "--dtype bf16 to split it");
+            "--dtype f32 (exact) or bf16 to split it");
 }
 
 // A range that ends at the tensor's end may end inside a (partial) block;
@@ -432,7 +432,7 @@ TEST(TensorParallelFp8, StackedExpertsKeepTheirScaleRowsPerExpert) {
             }),
             "m.pack: tensor parallel 4: tensor 'layers.0.mlp.experts.gate_up_proj' splits each "
             "expert at row 16, inside its FP8 scale blocks of 32 rows (expected a multiple of 32); "
-            "convert with --dtype bf16 to split it");
+            "convert with --dtype f32 (exact) or bf16 to split it");
 }
 
 // The host all-reduce adds in rank order, the same bits on every rank.
@@ -791,12 +791,12 @@ TEST(TensorParallelCli, BadRankCountsAndModelsThatDoNotSplit) {
   const std::vector<BadModel> fp8_bads = {
       {"tests/data/models/qwen3-fp8-tiny",
        ": tensor parallel 2: tensor 'layers.0.self_attn.qkv_proj' splits at row 320, inside its "
-       "FP8 scale blocks of 128 rows (expected a multiple of 128); convert with --dtype bf16 to "
-       "split it"},
+       "FP8 scale blocks of 128 rows (expected a multiple of 128); convert with --dtype f32 "
+       "(exact) or bf16 to split it"},
       {"tests/data/models/qwen3.5-moe-fp8-tiny",
        ": tensor parallel 2: tensor 'layers.0.linear_attn.out_proj' splits at column 64, inside "
        "its FP8 scale blocks of 128 columns (expected a multiple of 128); convert with --dtype "
-       "bf16 to split it"},
+       "f32 (exact) or bf16 to split it"},
   };
   for (const BadModel& b : fp8_bads) {
     const std::string fp8 = pack_of(b.dir);
