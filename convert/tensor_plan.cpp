@@ -455,41 +455,6 @@ void release_pages(const void* data, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-// The index of the first element of n that is not finite (NaN or inf; for
-// F8_E4M3, the e4m3fn NaN bytes 0x7f and 0xff, as it has no inf), or n.
-// note: a branch-free any-test first (vectorised), the position only on a hit.
-template <typename U>
-size_t first_with_all_bits(const uint8_t* data, size_t n, U mask) {
-  U any = 0;
-  for (size_t i = 0; i < n; ++i) {
-    U u;
-    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
-    any |= static_cast<U>((u & mask) == mask);
-  }
-  if (!any) return n;
-  for (size_t i = 0; i < n; ++i) {
-    U u;
-    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
-    if ((u & mask) == mask) return i;
-  }
-  return n;
-}
-
-size_t first_non_finite(const uint8_t* data, DType t, size_t n) {
-  switch (t) {
-    case DType::F8_E4M3:
-      return first_with_all_bits<uint8_t>(data, n, 0x7f);
-    case DType::BF16:
-      return first_with_all_bits<uint16_t>(data, n, 0x7f80);
-    case DType::F16:
-      return first_with_all_bits<uint16_t>(data, n, 0x7c00);
-    case DType::F32:
-      return first_with_all_bits<uint32_t>(data, n, 0x7f800000u);
-    default:
-      return n;
-  }
-}
-
 // note: conversions go through a 64 KiB staging buffer; a kept dtype is
 // copied straight from the mapping into libzip's buffer.
 constexpr size_t kStageElements = 16384;

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -26,6 +27,45 @@ constexpr std::array<std::pair<DType, std::string_view>, 15> kNames = {{
     {DType::F8_E5M2, "F8_E5M2"},
 }};
 }  // namespace
+
+namespace {
+
+// The index of the first element whose bits under `mask` are all set, or n.
+// note: a branch-free any-test first (vectorised), the position only on a hit.
+template <typename U>
+size_t first_with_all_bits(const uint8_t* data, size_t n, U mask) {
+  U any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
+    any |= static_cast<U>((u & mask) == mask);
+  }
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, data + i * sizeof(U), sizeof(U));
+    if ((u & mask) == mask) return i;
+  }
+  return n;
+}
+
+}  // namespace
+
+size_t first_non_finite(const void* data, DType t, size_t n) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  switch (t) {
+    case DType::F8_E4M3:
+      return first_with_all_bits<uint8_t>(bytes, n, 0x7f);
+    case DType::BF16:
+      return first_with_all_bits<uint16_t>(bytes, n, 0x7f80);
+    case DType::F16:
+      return first_with_all_bits<uint16_t>(bytes, n, 0x7c00);
+    case DType::F32:
+      return first_with_all_bits<uint32_t>(bytes, n, 0x7f800000u);
+    default:
+      return n;
+  }
+}
 
 float fp8_e4m3_to_f32(uint8_t b) {
   const int exp = (b >> 3) & 0xF;

@@ -1,6 +1,7 @@
 // Element types of safetensors files and packs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -60,6 +61,11 @@ constexpr int64_t dtype_size(DType t) {
 // note: every e4m3 value is exactly a float (4 significant bits, exponents
 // -9..8), so this is exact.
 float fp8_e4m3_to_f32(uint8_t b);
+
+// The index of the first of the `n` elements of dtype `t` at `data` that is
+// not finite (NaN or inf; for F8_E4M3 the e4m3fn NaN bytes 0x7f and 0xff, as
+// it has no inf), or n. Dtypes without such values (integers, F8_E5M2): n.
+size_t first_non_finite(const void* data, DType t, size_t n);
 
 // The safetensors spelling: "BF16", "F32", ...
 std::string_view dtype_name(DType t);

@@ -142,6 +142,12 @@ void Pack::read_fp8_section(const std::string& mwhere) {
         fail("{}: tensor \"{}\" is {} {}, expected an F8_E4M3 matrix", ewhere, f.tensor,
              dtype_name(w->view.dtype), w->view.shape_string());
       if (!listed.insert(f.tensor).second) fail("{}: tensor \"{}\" listed twice", ewhere, f.tensor);
+      // note: convert names a tensor's scales after it; a scale entry named
+      // otherwise (another tensor's scales) would load and scale the wrong
+      // blocks.
+      if (scale_name != f.tensor + ".scale")
+        fail("{}: field \"scale\" is \"{}\", expected \"{}.scale\" (the scales of \"{}\")", ewhere,
+             scale_name, f.tensor, f.tensor);
       const PackTensorInfo* s = find(scale_name);
       if (s == nullptr) fail("{}: scale tensor \"{}\" is not in the pack", ewhere, scale_name);
       const int64_t cols = w->view.shape[w->view.ndim - 1];
@@ -764,11 +770,31 @@ size_t Pack::verify(bool release_pages) const {
   // thread would.
   const size_t n = tensors_.size();
   std::vector<uint64_t> got(n);
+  // note: an FP8 tensor's bytes must also be finite (convert refuses the
+  // e4m3fn NaN bytes 0x7f / 0xff; a pack edited after it, checksums
+  // recomputed, would load and compute NaN). It is hashed and scanned in
+  // pieces, each scanned while still in cache: no second pass over memory.
+  std::vector<int64_t> nan_at(n, -1);  // the first NaN byte of an FP8 tensor
+  constexpr size_t kPiece = 256 << 10;
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) {
       const auto& t = tensors_[i];
-      got[i] = xxh64(t.view.data, static_cast<size_t>(t.view.nbytes()));
+      const auto* data = static_cast<const uint8_t*>(t.view.data);
+      const auto bytes = static_cast<size_t>(t.view.nbytes());
+      if (t.view.dtype == DType::F8_E4M3) {
+        Xxh64 h;
+        for (size_t at = 0; at < bytes; at += kPiece) {
+          const size_t len = std::min(kPiece, bytes - at);
+          h.update(data + at, len);
+          if (nan_at[i] >= 0) continue;
+          if (const size_t bad = first_non_finite(data + at, DType::F8_E4M3, len); bad < len)
+            nan_at[i] = static_cast<int64_t>(at + bad);
+        }
+        got[i] = h.digest();
+      } else {
+        got[i] = xxh64(data, bytes);
+      }
       // note: whole pages inside the tensor only, so a page shared with a
       // neighbour another thread may be hashing stays mapped.
       if (release_pages) release_range(t.view.data, static_cast<size_t>(t.view.nbytes()));
@@ -788,15 +814,57 @@ size_t Pack::verify(bool release_pages) const {
            t.entry, t.name, checksum_hex(got[i]), checksum_hex(t.checksum));
     ++checked;
   }
+  for (size_t i = 0; i < n; ++i) {
+    if (nan_at[i] < 0) continue;
+    const auto& t = tensors_[i];
+    const int64_t cols = t.view.shape[t.view.ndim - 1];
+    fail(
+        "{}: tensor \"{}\": element [{}, {}]{} is byte 0x{:02x}, a NaN in F8_E4M3 (e4m3fn); "
+        "expected finite FP8 weights",
+        path(), t.name, nan_at[i] / cols, nan_at[i] % cols,
+        t.view.ndim > 2 ? " (rows counted over the whole tensor)" : "",
+        static_cast<const uint8_t*>(t.view.data)[nan_at[i]]);
+  }
   // note: the checksums cover the FP8 scales' bytes; their values must also
-  // be finite (a NaN scale silently poisons its whole block), as the loader
-  // demanded of the checkpoint.
+  // be what the loader demanded of the checkpoint (loaders/checkpoint.cpp):
+  // finite (a NaN scale poisons its whole block) and not negative (it
+  // flips the block's sign); a zero scale only over an all-zero block, and
+  // none so large that fp8 x scale overflows float32. Only a zero or so
+  // large a scale has its block's bytes read.
   for (const auto& q : fp8_) {
     const float* v = q.scale.as<float>();
-    for (int64_t i = 0; i < q.scale.numel(); ++i)
-      if (!std::isfinite(v[i]))
-        fail("{}: tensor \"{}\" (scales of \"{}\"): expected finite values, found {} at [{}, {}]",
-             path(), q.scale_name, q.tensor, v[i], i / q.scale.shape[1], i % q.scale.shape[1]);
+    const int64_t sc = q.scale.shape[1];
+    const int64_t cols = q.weight.shape[q.weight.ndim - 1];
+    const int64_t rows = cols > 0 ? q.weight.numel() / cols : 0;
+    const auto* w = static_cast<const uint8_t*>(q.weight.data);
+    for (int64_t i = 0; i < q.scale.numel(); ++i) {
+      const float f = v[i];
+      const int64_t bi = i / sc, bj = i % sc;
+      if (!std::isfinite(f) || f < 0)
+        fail(
+            "{}: tensor \"{}\" (scales of \"{}\"): expected finite values of 0 or more, found {} "
+            "at [{}, {}]",
+            path(), q.scale_name, q.tensor, f, bi, bj);
+      if (f != 0 && !std::isinf(448.0f * f)) continue;
+      const int64_t r1 = std::min(rows, (bi + 1) * q.block_rows);
+      const int64_t c0 = bj * q.block_cols, c1 = std::min(cols, c0 + q.block_cols);
+      for (int64_t r = bi * q.block_rows; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const uint8_t b = w[r * cols + c];
+          const float x = fp8_e4m3_to_f32(b);
+          if (f == 0 && (b & 0x7f) != 0)
+            fail(
+                "{}: tensor \"{}\" (scales of \"{}\"): expected a positive scale at [{}, {}], "
+                "whose block holds element [{}, {}] = byte 0x{:02x}; found 0",
+                path(), q.scale_name, q.tensor, bi, bj, r, c, b);
+          if (f != 0 && std::isinf(x * f))
+            fail(
+                "{}: tensor \"{}\" (scales of \"{}\"): the scale {} at [{}, {}] overflows "
+                "float32 for element [{}, {}]: FP8 value {} x scale {} (expected products within "
+                "float32)",
+                path(), q.scale_name, q.tensor, f, bi, bj, r, c, x, f);
+        }
+    }
   }
   // Non-tensor entries (tokenizer files, ...) listed under "files".
   auto it = manifest_.find("files");

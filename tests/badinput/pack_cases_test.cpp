@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pack/pack_checksum.h"
 #include "tests/badinput/checkpoint_fixture.h"
 #include "tests/zip_crc32.h"
 
@@ -89,6 +90,26 @@ std::string replace_last_entry(const std::string& z, const std::string& name,
   out += end;
   set32(out, eocd + 16, static_cast<uint32_t>(new_cd));
   return out;
+}
+
+// Writes `bytes` at byte `offset` of tensor `tensor`'s data and puts its
+// checksums right again (its XXH64 in the manifest, the entry's CRC-32): a
+// pack edited after convert, which only the checks of the values can refuse.
+std::string with_tensor_bytes(const std::string& z, const std::string& tensor, size_t offset,
+                              const std::string& bytes) {
+  const ZipLayout L = parse_zip(z);
+  const ZipEntry& e = L.find("tensors/" + tensor);
+  std::string out = z;
+  out.replace(e.data + offset, bytes.size(), bytes);
+  const std::string data = out.substr(e.data, e.size);
+  const uint32_t crc = zip_crc32(data);
+  set32(out, e.local + 14, crc);
+  set32(out, e.central + 16, crc);
+  const ZipEntry& m = L.find("manifest.json");
+  auto j = nlohmann::ordered_json::parse(out.substr(m.data, m.size));
+  for (auto& t : j["tensors"])
+    if (t["name"] == tensor) t["checksum"] = checksum_hex(xxh64(data.data(), data.size()));
+  return replace_last_entry(out, "manifest.json", j.dump());
 }
 
 class BadPack : public ::testing::Test {
@@ -425,8 +446,24 @@ TEST_F(BadFp8Pack, QuantizationSectionEdits) {
                     k["quantization"]["tensors"][0]["block"] = {256, 128};
                   }),
                   {"quantization tensors[0]", "scale tensor", "expected F32 [2, 2]"});
-  expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["scale"] = "nope"; }),
-                  {"quantization tensors[0]", "nope", "not in the pack"});
+  expect_rejected(
+      edited([](auto& k) { k["quantization"]["tensors"][0]["scale"] = "nope"; }),
+      {"quantization tensors[0]", "nope", "expected \"layers.0.self_attn.qkv_proj.scale\""});
+  // Another tensor's scales (they exist, of the right shape).
+  expect_rejected(edited([](auto& k) {
+                    for (auto& t : k["quantization"]["tensors"])
+                      if (t["name"] == "layers.0.self_attn.o_proj")
+                        t["scale"] = "layers.1.self_attn.o_proj.scale";
+                  }),
+                  {"field \"scale\" is \"layers.1.self_attn.o_proj.scale\"",
+                   "expected \"layers.0.self_attn.o_proj.scale\""});
+  // The scales' entry gone from the table: named.
+  expect_rejected(edited([](auto& k) {
+                    auto& ts = k["tensors"];
+                    for (size_t i = 0; i < ts.size(); ++i)
+                      if (ts[i]["name"] == "layers.0.self_attn.qkv_proj.scale") ts.erase(i);
+                  }),
+                  {"layers.0.self_attn.qkv_proj.scale", "not in the pack"});
   expect_rejected(edited([](auto& k) { k["quantization"]["tensors"][0]["name"] = "lm_head"; }),
                   {"quantization tensors[0]", "lm_head", "BF16", "F8_E4M3"});
   expect_rejected(edited([](auto& k) {
@@ -440,6 +477,44 @@ TEST_F(BadFp8Pack, QuantizationSectionEdits) {
                         t["dtype"] = "BF16", t["shape"] = {2, 4};
                   }),
                   {"layers.0.self_attn.o_proj.scale", "BF16", "expected F32"});
+}
+
+// Values convert refuses in a checkpoint, in a pack edited after convert
+// (checksums recomputed): an e4m3fn NaN byte in an FP8 matrix; a NaN,
+// infinite or negative scale; a zero scale over non-zero bytes; a scale so
+// large that fp8 x scale overflows float32. `inspect --verify` and generate
+// (which verifies at load) refuse each, naming the tensor and the element.
+TEST_F(BadFp8Pack, ValuesConvertRefusesAreRefusedAtLoad) {
+  const std::string w = "layers.0.self_attn.qkv_proj", s = w + ".scale";
+  auto f32 = [](float v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  {  // control: the same bytes written back
+    TempDir t;
+    write_file(t / "same.pack",
+               with_tensor_bytes(*fp8_, w, 0,
+                                 fp8_->substr(parse_zip(*fp8_).find("tensors/" + w).data, 1)));
+    EXPECT_EQ(run_program({program("inspect"), t / "same.pack", "--verify"}).exit_code, 0);
+  }
+  // qkv_proj is F8_E4M3 [512, 256]; its scales F32 [4, 2] (128 x 128 blocks).
+  expect_rejected(
+      with_tensor_bytes(*fp8_, w, 100, "\x7f"),
+      {"tensor \"" + w + "\"", "element [0, 100] is byte 0x7f", "a NaN in F8_E4M3 (e4m3fn)"},
+      /*verify=*/true);
+  expect_rejected(with_tensor_bytes(*fp8_, w, 256 * 300 + 7, "\xff"),
+                  {"tensor \"" + w + "\"", "element [300, 7] is byte 0xff"}, /*verify=*/true);
+  expect_rejected(
+      with_tensor_bytes(*fp8_, s, 4, f32(std::nanf(""))),
+      {"tensor \"" + s + "\"", "expected finite values of 0 or more, found nan at [0, 1]"},
+      /*verify=*/true);
+  expect_rejected(with_tensor_bytes(*fp8_, s, 4, f32(-0.01f)),
+                  {"expected finite values of 0 or more, found -0.01 at [0, 1]"}, /*verify=*/true);
+  // A zero scale is refused only over a block with a non-zero byte (here every block has one).
+  expect_rejected(with_tensor_bytes(*fp8_, s, 4, f32(0.0f)),
+                  {"tensor \"" + s + "\"", "expected a positive scale at [0, 1]", "found 0"},
+                  /*verify=*/true);
+  expect_rejected(
+      with_tensor_bytes(*fp8_, s, 4, f32(3e38f)),
+      {"the scale 3e+38 at [0, 1] overflows float32", "expected products within float32"},
+      /*verify=*/true);
 }
 
 // The values a manifest holds twice (the top-level copies of "config", and
