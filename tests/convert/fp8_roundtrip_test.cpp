@@ -6,10 +6,12 @@
 // double, independently of convert/dtype_convert.cpp).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -217,6 +219,75 @@ TEST(Fp8Convert, RoundToOddIsInnocuousForDoubleRounding) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(round_to_odd_f32(d))), 1.0078125f);  // one rounding
   EXPECT_EQ(round_to_odd_f32(1.5), 1.5f);
   EXPECT_EQ(round_to_odd_f32(-d), -round_to_odd_f32(d));
+}
+
+}  // namespace
+}  // namespace qtk
+
+namespace qtk {
+namespace {
+
+// first_non_finite (core/dtype.h), the scan behind convert's and the pack
+// verify's refusal of NaN and infinite values, against a one-element-at-a-time
+// reference: random data of awkward lengths and offsets, with and without one
+// non-finite element placed at a random index (for F8_E4M3 the e4m3fn NaN
+// bytes 0x7f and 0xff; their neighbours 0x7e, 0xfe, 0x80 are finite).
+TEST(FirstNonFinite, MatchesTheElementByElementReference) {
+  std::mt19937 rng(5);
+  auto reference = [](const uint8_t* p, DType t, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      float f = 0;
+      if (t == DType::F8_E4M3) {
+        if ((p[i] & 0x7f) == 0x7f) return i;
+        continue;
+      }
+      if (t == DType::F32) std::memcpy(&f, p + 4 * i, 4);
+      uint16_t h;
+      if (t == DType::BF16) {
+        std::memcpy(&h, p + 2 * i, 2);
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&f, &u, 4);
+      }
+      if (t == DType::F16) {
+        std::memcpy(&h, p + 2 * i, 2);
+        if ((h & 0x7c00) == 0x7c00) return i;
+        continue;
+      }
+      if (!std::isfinite(f)) return i;
+    }
+    return n;
+  };
+  for (const DType t : {DType::F8_E4M3, DType::BF16, DType::F16, DType::F32}) {
+    const size_t w = dtype_size(t);
+    for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
+                           size_t{1000}, size_t{4097}}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<uint8_t> buf(n * w + 3);
+        const size_t off = trial % 3;  // unaligned starts too
+        uint8_t* p = buf.data() + off;
+        for (size_t i = 0; i < n * w; ++i) p[i] = static_cast<uint8_t>(rng());
+        // finite everywhere first: clear whatever random bits made non-finite
+        for (size_t i = 0; i < n; ++i)
+          while (reference(p + i * w, t, 1) == 0) p[i * w + w - 1] ^= 0x40;
+        if (t == DType::F8_E4M3 && n > 0)
+          p[rng() % n] = std::array<uint8_t, 3>{0x7e, 0xfe, 0x80}[trial % 3];
+        ASSERT_EQ(first_non_finite(p, t, n), n) << dtype_name(t) << " n " << n;
+        if (n == 0) continue;
+        const size_t at = rng() % n;
+        if (t == DType::F8_E4M3) {
+          p[at] = trial % 2 ? 0x7f : 0xff;
+        } else if (t == DType::F32) {
+          const float v = trial % 2 ? std::nanf("") : -INFINITY;
+          std::memcpy(p + at * w, &v, 4);
+        } else {
+          const uint16_t v = t == DType::BF16 ? 0x7fc0 : 0xfc00;
+          std::memcpy(p + at * w, &v, 2);
+        }
+        EXPECT_EQ(first_non_finite(p, t, n), reference(p, t, n)) << dtype_name(t) << " n " << n;
+        EXPECT_EQ(first_non_finite(p, t, n), at) << dtype_name(t) << " n " << n;
+      }
+    }
+  }
 }
 
 }  // namespace
