@@ -400,6 +400,27 @@ void Checkpoint::claim_expected_tensors(TensorsByName& by_canonical) {
   }
 }
 
+// note: transformers leaves a module in high precision when its name holds
+// an entry of modules_to_not_convert; a checkpoint whose FP8 tensors fall
+// under one contradicts itself. The dtype decides (an F8_E4M3 tensor has
+// only its fp8 bytes and scales), and a config line says so.
+void Checkpoint::note_fp8_in_modules_not_converted() {
+  for (const std::string& key : config_.fp8.modules_to_not_convert) {
+    const CheckpointTensor* first = nullptr;
+    int64_t count = 0;
+    for (const CheckpointTensor& t : tensors_)
+      if (t.view.dtype == DType::F8_E4M3 && t.hf_name.find(key) != std::string::npos) {
+        if (first == nullptr) first = &t;
+        ++count;
+      }
+    if (first != nullptr)
+      config_.resolution.push_back(fmt::format(
+          "quantization_config.modules_to_not_convert names '{}', yet {} F8_E4M3 tensor{} under "
+          "it (first: {}) {} block scales: read as FP8 (a weight's dtype decides)",
+          key, count, count == 1 ? "" : "s", first->hf_name, count == 1 ? "has" : "have"));
+  }
+}
+
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
   std::unique_ptr<Checkpoint> ck(new Checkpoint());
   std::string dir = dir_in;
@@ -415,6 +436,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir_in) {
   std::map<std::string, SkippedGroup> skipped;
   TensorsByName by_canonical = ck->canonical_tensors(skipped);
   ck->claim_expected_tensors(by_canonical);
+  ck->note_fp8_in_modules_not_converted();
   const ModelConfig& c = ck->config_;
   const std::string& arch = c.hf_architecture;
   // note: a tied checkpoint may still carry lm_head.weight (a copy of the

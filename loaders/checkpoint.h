@@ -86,6 +86,9 @@ class Checkpoint {
   void open_indexed_shards();
   TensorsByName canonical_tensors(std::map<std::string, SkippedGroup>& skipped) const;
   void claim_expected_tensors(TensorsByName& by_canonical);
+  // Adds a config resolution line for FP8 tensors that
+  // quantization_config.modules_to_not_convert names.
+  void note_fp8_in_modules_not_converted();
   std::string dir_;
   ModelConfig config_;
   GenerationConfig generation_;

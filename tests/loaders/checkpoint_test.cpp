@@ -334,6 +334,28 @@ TEST(Checkpoint, Qwen3Fp8TinyScalesPaired) {
   EXPECT_EQ(ck->find("layers.0.mlp.down_proj.weight")->scale.shape[1], 3);  // 320 cols: partial
 }
 
+// A checkpoint whose modules_to_not_convert names FP8 tensors contradicts
+// itself: they are read as FP8 (the dtype decides), and a config line says so.
+TEST(Checkpoint, Fp8TensorsNamedByModulesToNotConvertAreNoted) {
+  TempDir tmp;
+  const std::string dir = copy_fixture(tmp, "tests/data/models/qwen3-fp8-tiny");
+  auto notes = [&] {
+    std::string out;
+    const auto ck = Checkpoint::open(dir);
+    for (const std::string& r : ck->config().resolution)
+      if (r.find("modules_to_not_convert") != std::string::npos) out += r + "\n";
+    return out;
+  };
+  EXPECT_EQ(notes(), "");  // the fixture's own list: lm_head, which is bf16
+  json c = load_json_file(dir + "/config.json");
+  c["quantization_config"]["modules_to_not_convert"] = {"lm_head", "self_attn.k_proj"};
+  testing::write_file(dir + "/config.json", c.dump(2));
+  EXPECT_EQ(notes(),
+            "quantization_config.modules_to_not_convert names 'self_attn.k_proj', yet 2 F8_E4M3 "
+            "tensors under it (first: model.layers.0.self_attn.k_proj.weight) have block scales: "
+            "read as FP8 (a weight's dtype decides)\n");
+}
+
 TEST_F(CraftedSingle, UnknownTensorName) {
   edit_file("model.safetensors",
             [](auto& ts) { ts.push_back(zeros("encoder.weight", DType::BF16, {2})); });
