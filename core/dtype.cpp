@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -82,6 +83,36 @@ size_t first_non_finite(const void* data, DType t, size_t n) {
     default:
       return n;
   }
+}
+
+std::optional<Fp8ScaleFault> first_fp8_scale_fault(const void* scales, const uint8_t* weights,
+                                                   int64_t rows, int64_t cols, int64_t block_rows,
+                                                   int64_t block_cols) {
+  using Kind = Fp8ScaleFault::Kind;
+  const int64_t scale_rows = (rows + block_rows - 1) / block_rows;
+  const int64_t scale_cols = (cols + block_cols - 1) / block_cols;
+  const auto* bytes = static_cast<const uint8_t*>(scales);
+  for (int64_t i = 0; i < scale_rows * scale_cols; ++i) {
+    Fp8ScaleFault fault;
+    std::memcpy(&fault.scale, bytes + 4 * i, 4);
+    const float f = fault.scale;
+    fault.block_row = i / scale_cols, fault.block_col = i % scale_cols;
+    if (!std::isfinite(f)) return fault;
+    if (f < 0) return fault.kind = Kind::kNegative, fault;
+    if (f != 0 && !std::isinf(448.0f * f)) continue;
+    const int64_t r1 = std::min(rows, (fault.block_row + 1) * block_rows);
+    const int64_t c0 = fault.block_col * block_cols, c1 = std::min(cols, c0 + block_cols);
+    for (int64_t r = fault.block_row * block_rows; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint8_t b = weights[r * cols + c];
+        const bool zero_over_data = f == 0 && (b & 0x7f) != 0;
+        if (!zero_over_data && !(f != 0 && std::isinf(fp8_e4m3_to_f32(b) * f))) continue;
+        fault.kind = zero_over_data ? Kind::kZeroOverData : Kind::kOverflow;
+        fault.row = r, fault.col = c, fault.byte = b;
+        return fault;
+      }
+  }
+  return std::nullopt;
 }
 
 float fp8_e4m3_to_f32(uint8_t b) {

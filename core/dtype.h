@@ -62,6 +62,29 @@ constexpr int64_t dtype_size(DType t) {
 // -9..8), so this is exact.
 float fp8_e4m3_to_f32(uint8_t b);
 
+// The first block-FP8 scale the FP8 kernels cannot use, as
+// first_fp8_scale_fault finds it. A NaN or infinite scale would poison every
+// output of its block, a negative one flips its sign, a zero one over
+// non-zero FP8 data erases it (a zero scale over an all-zero block is
+// harmless), and one beyond FLT_MAX / 448 (e4m3fn's largest value) may
+// overflow the kernels' float32 product fp8 x scale.
+struct Fp8ScaleFault {
+  enum class Kind { kNotFinite, kNegative, kZeroOverData, kOverflow };
+  Kind kind = Kind::kNotFinite;
+  int64_t block_row = 0, block_col = 0;  // the scale's index
+  float scale = 0;
+  int64_t row = -1, col = -1;  // kZeroOverData, kOverflow: the element that shows it
+  uint8_t byte = 0;            // and its F8_E4M3 byte
+};
+
+// Checks the float32 scales (`scales`, [ceil(rows / block_rows),
+// ceil(cols / block_cols)], any alignment) of the F8_E4M3 matrix `weights`
+// [rows, cols] in scale order; nullopt when every scale is usable.
+// note: only a zero or so large a scale has its block's bytes read.
+std::optional<Fp8ScaleFault> first_fp8_scale_fault(const void* scales, const uint8_t* weights,
+                                                   int64_t rows, int64_t cols, int64_t block_rows,
+                                                   int64_t block_cols);
+
 // The index of the first of the `n` elements of dtype `t` at `data` that is
 // not finite (NaN or inf; for F8_E4M3 the e4m3fn NaN bytes 0x7f and 0xff, as
 // it has no inf), or n. Dtypes without such values (integers, F8_E5M2): n.

@@ -124,45 +124,30 @@ void attach_fp8_scale(const Checkpoint& ck, TensorsByName& rest, CheckpointTenso
     fail("{}: tensor {}: expected shape {} (ceil of {} {} by the {}x{} blocks), found {}", sfile,
          quote_name(s->name), shape_text(want), quote_name(t.hf_name), v.shape_string(),
          q.block_rows, q.block_cols, shape_text(got));
-  // note: the scales are small (one per 16K weights) and all read here. A
-  // NaN or infinite scale would poison every output of its block, a negative
-  // one flips its sign, and a zero one over non-zero FP8 data erases it:
-  // damaged checkpoints, not quantisations (a zero scale over an all-zero
-  // block is harmless and accepted). The runtime's FP8 kernels compute the
-  // float32 product fp8 x scale, so a scale beyond FLT_MAX / 448 (e4m3fn's
-  // largest value) may overflow it. Only a zero or so large a scale has its
-  // block's data read.
-  const auto* bytes = static_cast<const uint8_t*>(s->view.data);
-  const auto* w = static_cast<const uint8_t*>(v.data);
-  for (int64_t i = 0; i < s->view.numel(); ++i) {
-    float f;
-    std::memcpy(&f, bytes + 4 * i, 4);
-    const int64_t bi = i / want[1], bj = i % want[1];
-    if (!std::isfinite(f))
+  // note: the scales are small (one per 16K weights) and all read here;
+  // what makes one unusable: core/dtype.h, Fp8ScaleFault.
+  using Kind = Fp8ScaleFault::Kind;
+  if (const auto e = first_fp8_scale_fault(s->view.data, static_cast<const uint8_t*>(v.data),
+                                           v.shape[0], v.shape[1], q.block_rows, q.block_cols)) {
+    const float f = e->scale;
+    if (e->kind == Kind::kNotFinite)
       fail("{}: tensor {}: expected finite scales, found {} at block [{}, {}]", sfile,
-           quote_name(s->name), f, bi, bj);
-    if (f < 0)
+           quote_name(s->name), f, e->block_row, e->block_col);
+    if (e->kind == Kind::kNegative)
       fail("{}: tensor {}: expected non-negative scales, found {} at block [{}, {}]", sfile,
-           quote_name(s->name), f, bi, bj);
-    if (f != 0 && !std::isinf(448.0f * f)) continue;
-    const int64_t r1 = std::min(v.shape[0], (bi + 1) * q.block_rows);
-    const int64_t c0 = bj * q.block_cols, c1 = std::min(v.shape[1], c0 + q.block_cols);
-    for (int64_t r = bi * q.block_rows; r < r1; ++r)
-      for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t b = w[r * v.shape[1] + col];
-        if (f == 0 && (b & 0x7f) != 0)
-          fail(
-              "{}: tensor {}: expected a positive scale at block [{}, {}] (its weights in {} are "
-              "not all zero: element [{}, {}] is byte 0x{:02x}), found {}",
-              sfile, quote_name(s->name), bi, bj, quote_name(t.hf_name), r, col, b, f);
-        const float x = fp8_e4m3_to_f32(b);
-        if (f != 0 && std::isinf(x * f))
-          fail(
-              "{}: tensor {}: the scale {} at block [{}, {}] overflows float32 for element [{}, "
-              "{}] of {}: FP8 value {} x scale {} = {:g} (expected products within float32)",
-              sfile, quote_name(s->name), f, bi, bj, r, col, quote_name(t.hf_name), x, f,
-              static_cast<double>(x) * f);
-      }
+           quote_name(s->name), f, e->block_row, e->block_col);
+    if (e->kind == Kind::kZeroOverData)
+      fail(
+          "{}: tensor {}: expected a positive scale at block [{}, {}] (its weights in {} are "
+          "not all zero: element [{}, {}] is byte 0x{:02x}), found {}",
+          sfile, quote_name(s->name), e->block_row, e->block_col, quote_name(t.hf_name), e->row,
+          e->col, e->byte, f);
+    const float x = fp8_e4m3_to_f32(e->byte);
+    fail(
+        "{}: tensor {}: the scale {} at block [{}, {}] overflows float32 for element [{}, "
+        "{}] of {}: FP8 value {} x scale {} = {:g} (expected products within float32)",
+        sfile, quote_name(s->name), f, e->block_row, e->block_col, e->row, e->col,
+        quote_name(t.hf_name), x, f, static_cast<double>(x) * f);
   }
   t.scale = s->view;
   t.scale_hf_name = s->name;

@@ -826,45 +826,30 @@ size_t Pack::verify(bool release_pages) const {
         static_cast<const uint8_t*>(t.view.data)[nan_at[i]]);
   }
   // note: the checksums cover the FP8 scales' bytes; their values must also
-  // be what the loader demanded of the checkpoint (loaders/checkpoint.cpp):
-  // finite (a NaN scale poisons its whole block) and not negative (it
-  // flips the block's sign); a zero scale only over an all-zero block, and
-  // none so large that fp8 x scale overflows float32. Only a zero or so
-  // large a scale has its block's bytes read.
+  // be what the loader demanded of the checkpoint (core/dtype.h,
+  // Fp8ScaleFault).
+  using Kind = Fp8ScaleFault::Kind;
   for (const auto& q : fp8_) {
-    const float* v = q.scale.as<float>();
-    const int64_t sc = q.scale.shape[1];
     const int64_t cols = q.weight.shape[q.weight.ndim - 1];
     const int64_t rows = cols > 0 ? q.weight.numel() / cols : 0;
-    const auto* w = static_cast<const uint8_t*>(q.weight.data);
-    for (int64_t i = 0; i < q.scale.numel(); ++i) {
-      const float f = v[i];
-      const int64_t bi = i / sc, bj = i % sc;
-      if (!std::isfinite(f) || f < 0)
-        fail(
-            "{}: tensor \"{}\" (scales of \"{}\"): expected finite values of 0 or more, found {} "
-            "at [{}, {}]",
-            path(), q.scale_name, q.tensor, f, bi, bj);
-      if (f != 0 && !std::isinf(448.0f * f)) continue;
-      const int64_t r1 = std::min(rows, (bi + 1) * q.block_rows);
-      const int64_t c0 = bj * q.block_cols, c1 = std::min(cols, c0 + q.block_cols);
-      for (int64_t r = bi * q.block_rows; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c) {
-          const uint8_t b = w[r * cols + c];
-          const float x = fp8_e4m3_to_f32(b);
-          if (f == 0 && (b & 0x7f) != 0)
-            fail(
-                "{}: tensor \"{}\" (scales of \"{}\"): expected a positive scale at [{}, {}], "
-                "whose block holds element [{}, {}] = byte 0x{:02x}; found 0",
-                path(), q.scale_name, q.tensor, bi, bj, r, c, b);
-          if (f != 0 && std::isinf(x * f))
-            fail(
-                "{}: tensor \"{}\" (scales of \"{}\"): the scale {} at [{}, {}] overflows "
-                "float32 for element [{}, {}]: FP8 value {} x scale {} (expected products within "
-                "float32)",
-                path(), q.scale_name, q.tensor, f, bi, bj, r, c, x, f);
-        }
-    }
+    const auto e = first_fp8_scale_fault(q.scale.data, static_cast<const uint8_t*>(q.weight.data),
+                                         rows, cols, q.block_rows, q.block_cols);
+    if (!e) continue;
+    if (e->kind == Kind::kNotFinite || e->kind == Kind::kNegative)
+      fail(
+          "{}: tensor \"{}\" (scales of \"{}\"): expected finite values of 0 or more, found {} "
+          "at [{}, {}]",
+          path(), q.scale_name, q.tensor, e->scale, e->block_row, e->block_col);
+    if (e->kind == Kind::kZeroOverData)
+      fail(
+          "{}: tensor \"{}\" (scales of \"{}\"): expected a positive scale at [{}, {}], whose "
+          "block holds element [{}, {}] = byte 0x{:02x}; found 0",
+          path(), q.scale_name, q.tensor, e->block_row, e->block_col, e->row, e->col, e->byte);
+    fail(
+        "{}: tensor \"{}\" (scales of \"{}\"): the scale {} at [{}, {}] overflows float32 for "
+        "element [{}, {}]: FP8 value {} x scale {} (expected products within float32)",
+        path(), q.scale_name, q.tensor, e->scale, e->block_row, e->block_col, e->row, e->col,
+        fp8_e4m3_to_f32(e->byte), e->scale);
   }
   // Non-tensor entries (tokenizer files, ...) listed under "files".
   auto it = manifest_.find("files");
