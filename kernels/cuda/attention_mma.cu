@@ -948,20 +948,38 @@ namespace {
 // slots, which can share an SM with a block of the qkv projection, measured
 // as fast as three groups or faster)
 // or the step's (sequence, kv head) blocks fill half to all of the SMs (one
-// block an SM). max_seq_len is, in captured graphs, the context bucket
-// (decode_graphs.h), so a graph keeps its form. H200, decode tok/s walk /
-// split (bench/cuda/RESULTS.md): Qwen3-0.6B contexts <= 96 keys batch 1-8
-// +3-5%, contexts <= 384 batch 12-16 (128 blocks) +5%; Qwen3-30B-A3B batch
-// 32 +1%. Not at batch 1 past 2 tiles (-3%): the few SMs holding the
-// blocks then fetch up to 8 tiles' K and V each where the split spreads
-// them over a block a tile. Both give the same bits, so the choice may
-// depend on the batch; b.decode_form forces one (tests).
+// block an SM), or, for D <= 128, they number one to kWideWalkBlocksPerSm
+// blocks an SM (one group of warps a block: two blocks share an SM, and
+// the blocks run in waves). max_seq_len is, in captured graphs, the context
+// bucket (decode_graphs.h), so a graph keeps its form. Decode tok/s walk /
+// split (bench/cuda/RESULTS.md): H200, Qwen3-0.6B contexts <= 96 keys batch
+// 1-8 +3-5%, contexts <= 384 batch 12-16 (128 blocks) +5%; Qwen3-30B-A3B
+// batch 32 +1%; H100, one group a block, Qwen3-0.6B batch 24 +3%, 32 +8%,
+// 64 +4%, the 30B-A3B batch 48-64 +1-2%. Not at batch 1 past 2 tiles (-3%):
+// the few SMs holding the blocks then fetch up to 8 tiles' K and V each
+// where the split spreads them over a block a tile; not past 4 blocks an SM
+// (Qwen3-0.6B batch 128, 8 blocks an SM: -12%, the split's many small
+// blocks keep more loads in flight), nor D 256 (Qwen3.5-0.8B batch 32-128:
+// no faster). Both give the same bits, so the choice may depend on the
+// batch; b.decode_form forces one (tests: kWalk takes one group a block
+// past one block an SM).
+constexpr int64_t kWideWalkBlocksPerSm = 4;
+
 template <int D>
 int walk_groups(const AttentionBatch& b, int64_t hkv, int group) {
   using Form = AttentionBatch::DecodeForm;
   const int64_t max_tiles = (b.max_seq_len + kKeys - 1) / kKeys;
   const int64_t blocks = b.num_seqs * hkv;
-  if (b.decode_form == Form::kSplit || max_tiles > kWalkTiles || blocks > sm_count()) return 0;
+  if (b.decode_form == Form::kSplit || max_tiles > kWalkTiles) return 0;
+  if (blocks > sm_count()) {
+    const bool wide = b.decode_form == Form::kWalk || (b.decode_form == Form::kAuto && D <= 128 &&
+                                                       blocks <= kWideWalkBlocksPerSm * sm_count());
+    const size_t key_offsets = 2 * kKeys * sizeof(int64_t);
+    return wide && walk_smem_bytes<D>(1, group) + key_offsets <=
+                       static_cast<size_t>(max_dynamic_smem())
+               ? 1
+               : 0;
+  }
   const bool short_contexts = max_tiles <= kWalkShortTiles;
   if (b.decode_form == Form::kAuto && !short_contexts && 2 * blocks < sm_count()) return 0;
   for (const int g : {3, 2}) {
@@ -995,6 +1013,8 @@ void launch_decode(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cache,
       return launch_walk<D, 3>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
     case 2:
       return launch_walk<D, 2>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
+    case 1:
+      return launch_walk<D, 1>(in, k_cache, v_cache, out, ldo, b, hkv, group, scale, fi, stream);
     default:
       return launch_split<D, true>(in.q, in.ldq, k_cache, v_cache, out, ldo, in.gate, in.ldg, b,
                                    hkv, group, scale, fi, stream);

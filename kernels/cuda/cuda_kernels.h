@@ -236,9 +236,10 @@ bool decode_attention(const DecodeAttentionInput& in, bf16* k_cache, bf16* v_cac
 // True when decode_attention (where it applies) runs a step of this shape as
 // the walk: one block per (sequence, kv head) computing every key tile and
 // the merge, instead of a block per key tile plus a merge launch (contexts
-// within 2 tiles, or within 8 tiles with half to all of the SMs' worth of
-// blocks, or as b.decode_form says; kernels/cuda/attention_mma.cu). The same
-// bits either way.
+// within 2 tiles, or within 8 tiles with as many blocks as half the SMs up
+// to 4 blocks an SM (past one an SM only for head_dim <= 128), or as
+// b.decode_form says; kernels/cuda/attention_mma.cu). The same bits either
+// way.
 bool decode_attention_walks(const AttentionBatch& b, int64_t hq, int64_t hkv, int64_t d);
 
 // Causal depthwise conv1d over a varlen batch, continuing each sequence from

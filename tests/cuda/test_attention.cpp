@@ -417,6 +417,32 @@ TEST(DecodeAttention, ShortContextsWalkedInOneBlockEqualSeparateKernels) {
                                  << " block size " << bs << " lens ending " << l.back() << ":"
                                  << why;
       }
+  // More (sequence, kv head) pairs than SMs: the walk forced takes one group
+  // of warps a block (several blocks an SM, several waves), D 256 included.
+  std::vector<int32_t> wide;
+  for (int i = 0; i < 150; ++i) wide.push_back(1 + (i * 193 + 37) % 512);
+  for (const auto& wc : cases) {
+    std::string why;
+    bool walked = false;
+    ASSERT_TRUE(fused_matches_separate(wc.fc, wide, 16, 555, &why, &walked,
+                                       AttentionBatch::DecodeForm::kWalk));
+    EXPECT_TRUE(walked) << "D " << wc.fc.d << " group " << wc.fc.hq / wc.fc.hkv << " wide batch";
+    EXPECT_TRUE(why.empty()) << "D " << wc.fc.d << " group " << wc.fc.hq / wc.fc.hkv
+                             << " wide batch:" << why;
+  }
+  // By default a batch of up to 4 blocks an SM walks with one group of warps
+  // (D <= 128); past that it splits.
+  {
+    const FusedCase qwen3 = cases[0].fc;  // 8 kv heads
+    for (const int n : {40, 150}) {
+      std::string why;
+      bool walked = false;
+      ASSERT_TRUE(fused_matches_separate(
+          qwen3, std::vector<int32_t>(wide.begin(), wide.begin() + n), 16, 556, &why, &walked));
+      EXPECT_EQ(walked, n == 40) << n << " sequences";
+      EXPECT_TRUE(why.empty()) << n << " sequences:" << why;
+    }
+  }
   // By default contexts within 2 tiles walk at any batch.
   for (const auto& wc : cases) {
     std::string why;

@@ -459,19 +459,23 @@ class CudaBackend final : public CudaModel, private Blocks {
   // The whole attention of a bf16 decode step of a plain (ungated) layer in
   // one launch, from the raw q, k, v rows in proj_; false (nothing launched)
   // where it does not apply.
-  // note: only up to kMaxFusedSeqs sequences. H100, Qwen3-0.6B, ms per
-  // decode step fused vs separate: batch 1 1.10 vs 1.19, batch
-  // 32 1.65 vs 1.75-1.81, batch 128 2.76-2.79 vs 2.70; at 128 the attention
-  // kernel is bound by the K/V reads and each block's extra q-norm work
-  // (once per key tile) costs more than the launch it saves. The values are
-  // the same either way.
+  // note: only up to kMaxFusedSeqs sequences, or more where the kernel walks
+  // each (sequence, kv head) in one block (cuda::decode_attention_walks: up
+  // to 4 blocks an SM), which norms its query rows once. H100, Qwen3-0.6B,
+  // ms per decode step fused (split over key tiles) vs separate: batch 1
+  // 1.10 vs 1.19, batch 32 1.65 vs 1.75-1.81, batch 128 2.76-2.79 vs 2.70;
+  // at 128 the split kernel is bound by the K/V reads and each block's extra
+  // q-norm work (once per key tile) costs more than the launch it saves.
+  // The values are the same either way.
   static constexpr int64_t kMaxFusedSeqs = 64;
   bool decode_attention(const AttentionLayer& l, const cuda::AttentionBatch& ab, float scale) {
     if constexpr (!std::is_same_v<Act, bf16>) {
       return false;
     } else {
-      if (ab.num_seqs > kMaxFusedSeqs) return false;
       const ModelConfig& c = cfg_;
+      if (ab.num_seqs > kMaxFusedSeqs &&
+          !cuda::decode_attention_walks(ab, c.num_attention_heads, c.num_kv_heads, c.head_dim))
+        return false;
       cuda::DecodeAttentionInput in;
       in.q = proj_.as<bf16>();
       in.k = in.q + c.q_dim();
