@@ -127,11 +127,18 @@ void AtomicOutput::commit() {
   }
   committed_ = true;
   unregister_emergency_unlink(temp_path_);
+  // note: by now the file is in place (and a replaced one is gone): a failed
+  // directory fsync is still an error, because a crash could undo the
+  // rename, but the message says where things stand.
   const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail_errno(fmt::format("{}: cannot open directory {} to fsync it", path_, dir_));
-  const int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) fail_errno(fmt::format("{}: fsync of directory {} failed", path_, dir_));
+  const int rc = dfd < 0 ? -1 : ::fsync(dfd);
+  const int err = errno;
+  if (dfd >= 0) ::close(dfd);
+  if (rc != 0)
+    fail(
+        "{}: written and in place, but the fsync of directory {} failed: {}; a crash could "
+        "still undo the rename",
+        path_, dir_, std::strerror(err));
 }
 
 }  // namespace qtk

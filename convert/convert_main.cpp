@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <cxxopts.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -11,6 +12,7 @@
 #include "convert/stale_temporaries.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/stdout_check.h"
 #include "loaders/cli_args.h"
 
 namespace {
@@ -26,7 +28,12 @@ void print_error(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // note: before anything is opened: with stderr closed (`2>&-`) the first
+  // file opened, the temporary pack, would get fd 2 and the --progress
+  // lines would be written into it.
+  qtk::open_closed_standard_fds({0, 1, 2});
   int status = 0;
+  std::string wrote;  // the last --progress line, printed once the scope is gone
   {
     qtk::InterruptScope interrupts;
     try {
@@ -34,8 +41,9 @@ int main(int argc, char** argv) {
           "convert",
           "Convert a Qwen3 / Qwen3.5 Hugging Face checkpoint into one .pack file.\nExit status: "
           "0 OUT.pack was written; 1 it was not (one line on stderr says why; an existing OUT.pack "
-          "is left as it was, and no temporary file remains); on SIGINT or SIGTERM it removes its "
-          "temporary files and ends by that signal.");
+          "is left as it was, and no temporary file remains), except when only the final fsync "
+          "of OUT's directory failed: then the line says the pack is in place; on SIGINT or "
+          "SIGTERM it removes its temporary files and ends by that signal.");
       options.positional_help("INPUT OUT.pack");
       options.add_options()("dtype", "matrix dtype: keep, bf16, f16 or f32",
                             cxxopts::value<std::string>()->default_value("keep"))(
@@ -75,8 +83,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "convert: %s\n", line.c_str());
       const auto r = qtk::convert_checkpoint(opt);
       if (args.count("progress"))
-        std::fprintf(stderr, "convert: wrote %s: %zu tensors, %.1f MB\n", opt.output.c_str(),
-                     r.tensors, static_cast<double>(r.pack_bytes) / 1e6);
+        wrote = fmt::format("convert: wrote {}: {} tensors, {:.1f} MB", opt.output, r.tensors,
+                            static_cast<double>(r.pack_bytes) / 1e6);
     } catch (const qtk::Error& e) {
       print_error(e.what());
       status = 1;
@@ -88,6 +96,16 @@ int main(int argc, char** argv) {
       status = 1;
     }
   }
+  // (a signal that came during the run, even one that came after the pack
+  // was renamed into place, ends the process as it did the run)
   qtk::reraise_interrupt();
+  if (!wrote.empty()) {
+    // note: the pack is in place, so a stderr reader that is gone by now
+    // (`convert --progress 2>&1 | head -1`) costs this line only: with
+    // SIGPIPE ignored the write fails with EPIPE, and the exit status stays
+    // 0 (written) instead of death by SIGPIPE.
+    std::signal(SIGPIPE, SIG_IGN);
+    std::fprintf(stderr, "%s\n", wrote.c_str());
+  }
   return status;
 }

@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <iostream>
 #include <map>
 #include <string>
 
@@ -18,6 +17,7 @@
 
 #include "convert/inspect_pack.h"
 #include "core/error.h"
+#include "core/stdout_check.h"
 #include "loaders/checkpoint.h"
 #include "loaders/cli_args.h"
 
@@ -144,7 +144,7 @@ void print_checkpoint(const Checkpoint& ck) {
       line(fmt::format("  {}: {} tensors, {}", g.prefix, g.count, human_bytes(g.bytes)));
   }
   line(fmt::format("tokenizer.json: {}", ck.has_file("tokenizer.json") ? "present" : "absent"));
-  std::fwrite(out.data(), 1, out.size(), stdout);
+  write_stdout(out);
 }
 
 int run(int argc, char** argv) {
@@ -153,7 +153,8 @@ int run(int argc, char** argv) {
       "Summarise a Hugging Face checkpoint directory (architecture, "
       "hyperparameters, layer plan, tensors, skipped groups) or a .pack file.\nExit "
       "status: 0 shown (with --verify: and every check passed); 1 the input "
-      "is unreadable or invalid (one line on stderr says why).");
+      "is unreadable or invalid, or the summary cannot be written to stdout (one line on "
+      "stderr says why).");
   opts.positional_help("MODEL_DIR|X.pack");
   opts.add_options()("verify",
                      "for a .pack: recompute every checksum and run every check generate runs "
@@ -163,7 +164,7 @@ int run(int argc, char** argv) {
   opts.parse_positional({"path"});
   const auto args = cli::parse_flags(opts, argc, argv);
   if (args.count("help")) {
-    std::cout << opts.help() << "\n";
+    write_stdout(opts.help() + "\n");
     return 0;
   }
   if (!args.count("path")) fail("expected one argument MODEL_DIR or X.pack (see --help)");
@@ -189,7 +190,10 @@ std::string one_line(std::string s) {
 
 int main(int argc, char** argv) {
   try {
-    return qtk::run(argc, argv);
+    const int status = qtk::run(argc, argv);
+    // note: a report lost to a full disk or /dev/full is an error, not exit 0.
+    qtk::finish_stdout();
+    return status;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "inspect: %s\n", qtk::one_line(e.what()).c_str());

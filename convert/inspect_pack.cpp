@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 
+#include "core/stdout_check.h"
 #include "pack/pack.h"
 #include "runtime/pack_load_check.h"
 
@@ -92,14 +93,14 @@ int inspect_pack(const std::string& path, bool verify) {
   }
   line(fmt::format("tokenizer:     {}", pack->entry("tokenizer.json") ? "present" : "absent"));
   line(fmt::format("digest:        {}", pack->digest()));
-  std::fputs(out.c_str(), stdout);
+  write_stdout(out);
   if (verify) {
     // note: every check generate makes at load, not only the checksums: a
     // pack that passes --verify must load.
     const size_t n = check_pack_loads(*pack);
-    std::printf("verify: %zu entries OK; the model loads as generate loads it\n", n);
+    write_stdout(fmt::format("verify: {} entries OK; the model loads as generate loads it\n", n));
   }
-  std::fflush(stdout);
+  // (inspect's main flushes stdout and reports a failed write)
   return 0;
 }
 

@@ -1,6 +1,9 @@
 #include "core/interrupt.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,11 +20,14 @@ namespace {
 // head`) ended the process at once, leaving its temporary pack behind.
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 constexpr int kNumSignals = sizeof(kSignals) / sizeof(kSignals[0]);
-constexpr int kEmergencySlots = 4;
+constexpr int kEmergencySlots = 8;
 
 volatile sig_atomic_t g_signal = 0;
 char g_emergency[kEmergencySlots][PATH_MAX];
 volatile sig_atomic_t g_emergency_used[kEmergencySlots] = {};
+// The pipe the handler wakes wait_for_input with (-1: no scope installed).
+volatile sig_atomic_t g_wake_read = -1;
+volatile sig_atomic_t g_wake_write = -1;
 
 struct sigaction g_saved[kNumSignals];
 bool g_installed[kNumSignals] = {};
@@ -33,17 +39,31 @@ extern "C" void on_signal(int sig) {
     // second request to stop)
     if (sig == SIGPIPE) return;
     // Second signal: remove what we can with async-signal-safe calls and go.
-    for (int i = 0; i < kEmergencySlots; ++i)
-      if (g_emergency_used[i]) ::unlink(g_emergency[i]);
+    emergency_unlink_now();
     ::_exit(128 + sig);
   }
   g_signal = sig;
+  // note: after g_signal is set, so that a woken wait_for_input sees it.
+  const int wake = g_wake_write;
+  if (wake >= 0) {
+    const int saved_errno = errno;
+    const char byte = 0;
+    // (a full pipe already wakes the reader: the result does not matter)
+    [[maybe_unused]] const ssize_t n = ::write(wake, &byte, 1);
+    errno = saved_errno;
+  }
 }
 
 }  // namespace
 
 InterruptScope::InterruptScope(Syscalls syscalls) {
   g_signal = 0;
+  // note: non-blocking, so that the handler never blocks on a full pipe.
+  int wake[2];
+  if (g_wake_read < 0 && ::pipe2(wake, O_CLOEXEC | O_NONBLOCK) == 0) {
+    g_wake_read = wake[0];
+    g_wake_write = wake[1];
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -64,6 +84,12 @@ InterruptScope::~InterruptScope() {
   for (int i = 0; i < kNumSignals; ++i)
     if (g_installed[i]) sigaction(kSignals[i], &g_saved[i], nullptr);
   sigaction(SIGXFSZ, &g_saved_xfsz, nullptr);
+  // (after the handlers are gone: none writes to the pipe any more)
+  const int wake_read = g_wake_read, wake_write = g_wake_write;
+  g_wake_read = -1;
+  g_wake_write = -1;
+  if (wake_read >= 0) ::close(wake_read);
+  if (wake_write >= 0) ::close(wake_write);
 }
 
 int interrupt_signal() { return g_signal; }
@@ -79,8 +105,30 @@ void check_interrupted(const std::string& what) {
   fail("{}: interrupted by {}", what, signal_name(sig));
 }
 
+bool wait_for_input(int fd) {
+  while (g_signal == 0) {
+    const int wake = g_wake_read;
+    struct pollfd p[2] = {{fd, POLLIN, 0}, {wake, POLLIN, 0}};
+    // note: poll is never restarted after a handler (SA_RESTART or not), and
+    // the pipe wakes it also when the signal went to another thread.
+    const int n = ::poll(p, wake >= 0 ? 2 : 1, -1);
+    if (g_signal != 0) return false;
+    if (n < 0 && errno != EINTR) return true;  // the read that follows reports it
+    if (n > 0 && p[0].revents != 0) return true;
+    if (n > 0 && wake >= 0 && p[1].revents != 0) {
+      // (a byte without a signal recorded: a scope's leftover; drained)
+      char buf[64];
+      while (::read(wake, buf, sizeof(buf)) > 0) {
+      }
+    }
+  }
+  return false;
+}
+
 void register_emergency_unlink(const std::string& path) {
   if (path.size() >= PATH_MAX) return;
+  for (int i = 0; i < kEmergencySlots; ++i)
+    if (g_emergency_used[i] && path == g_emergency[i]) return;
   for (int i = 0; i < kEmergencySlots; ++i) {
     if (!g_emergency_used[i]) {
       memcpy(g_emergency[i], path.c_str(), path.size() + 1);
@@ -93,6 +141,11 @@ void register_emergency_unlink(const std::string& path) {
 void unregister_emergency_unlink(const std::string& path) {
   for (int i = 0; i < kEmergencySlots; ++i)
     if (g_emergency_used[i] && path == g_emergency[i]) g_emergency_used[i] = 0;
+}
+
+void emergency_unlink_now() {
+  for (int i = 0; i < kEmergencySlots; ++i)
+    if (g_emergency_used[i]) ::unlink(g_emergency[i]);
 }
 
 void reraise_interrupt() {

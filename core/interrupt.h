@@ -6,6 +6,11 @@
 // signal so its exit status says it was killed. A second signal ends the
 // process at once (after unlinking the registered files).
 //
+// A program blocked reading its input (a pipe, a FIFO, a terminal) waits in
+// wait_for_input, which a signal wakes whichever thread it was delivered to
+// and whether or not system calls restart (the handler writes to a pipe that
+// wait_for_input polls beside the input).
+//
 // note: a signal handler can only reach static storage, so the state here is
 // process-wide by necessity; InterruptScope installs and removes it.
 #pragma once
@@ -39,11 +44,21 @@ std::string signal_name(int sig);
 // Throws qtk::Error("... interrupted by SIGINT") when a signal arrived.
 void check_interrupted(const std::string& what);
 
+// Waits until `fd` has something to read (data, its end, an error) and
+// returns true, or returns false as soon as a signal is recorded (also one
+// recorded before the call). Without an InterruptScope it only waits for `fd`.
+bool wait_for_input(int fd);
+
 // Files a second signal (the user pressing Ctrl-C again while we clean up)
-// unlinks before the process exits at once. At most 4 paths; longer paths
-// than PATH_MAX are not registered.
+// or a fault in a file mapping (core/mapped_file.h) unlinks before the
+// process exits at once. At most 8 paths; longer paths than PATH_MAX are not
+// registered; a path registered twice takes one slot.
 void register_emergency_unlink(const std::string& path);
 void unregister_emergency_unlink(const std::string& path);
+
+// Unlinks the registered files now. Async-signal-safe: for a signal handler
+// that ends the process at once.
+void emergency_unlink_now();
 
 // With the default disposition restored, raises the recorded signal (if any).
 void reraise_interrupt();

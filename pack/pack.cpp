@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/mapped_file.h"
 #include "core/tuning.h"
 #include "pack/crc32.h"
 #include "pack/manifest_copies.h"
@@ -199,7 +200,11 @@ void refuse_what_is_not_a_pack(const std::string& path) {
     }
     fail("{}: is a directory; expected a .pack file (made by convert)", path);
   }
-  if (!S_ISREG(st.st_mode)) return;
+  // note: a pack is mapped into memory, which only a regular file can be;
+  // opening a FIFO would also wait for a writer, out of reach of signals.
+  if (!S_ISREG(st.st_mode))
+    fail("{}: expected a .pack file (a regular file, made by convert), found {}", path,
+         describe_file_type(st.st_mode));
   // note: 512 bytes reach a tar header's "ustar" magic at offset 257.
   char head[512] = {};
   std::FILE* f = std::fopen(path.c_str(), "rb");

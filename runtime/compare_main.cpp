@@ -1,6 +1,7 @@
 // compare EXPECTED ACTUAL [--near-tie 1e-3] [--only-present] [--verbose]
 // Exit 0 when no case diverged for real and none is missing or failed.
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -9,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/plural.h"
+#include "core/stdout_check.h"
 #include "loaders/cli_args.h"
 #include "runtime/compare.h"
 
@@ -19,7 +21,7 @@ int main(int argc, char** argv) {
                           "golden.json), matching cases by id. Exit status: 0 when every case is "
                           "identical or a near-tie, 1 when one diverged, is missing, has an error "
                           "line in one file only (or other errors in the two), or another prompt, "
-                          "and on bad input.");
+                          "on bad input, and when the report cannot be written to stdout.");
     opts.add_options()("expected", "expected results (JSONL, or golden.json with \"cases\")",
                        cxxopts::value<std::string>())("actual", "actual results (generate's JSONL)",
                                                       cxxopts::value<std::string>())(
@@ -34,7 +36,8 @@ int main(int argc, char** argv) {
     opts.positional_help("EXPECTED ACTUAL");
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
-      fmt::print("{}", opts.help());
+      qtk::write_stdout(opts.help());
+      qtk::finish_stdout();
       return 0;
     }
     if (!args.count("expected") || !args.count("actual")) {
@@ -64,23 +67,32 @@ int main(int argc, char** argv) {
           expected.front().id, actual.size(), actual.empty() ? "none" : actual.front().id));
     }
     const bool verbose = args.count("verbose") > 0;
+    // note: the report is built here, written with write_stdout() and
+    // checked once: fmt::print would throw its own "cannot write to file"
+    // halfway through, or leave a buffered report to be lost at exit.
+    std::string report;
+    auto out = std::back_inserter(report);
     for (const auto& c : rep.cases) {
       if (c.verdict == qtk::CaseVerdict::kIdentical && !verbose) continue;
-      fmt::print("{}: {}\n", c.id, c.detail);
+      fmt::format_to(out, "{}: {}\n", c.id, c.detail);
     }
     if (!rep.extra_ids.empty()) {
-      fmt::print("note: {} case(s) only in the actual file (ignored), first: {}\n",
-                 rep.extra_ids.size(), rep.extra_ids.front());
+      fmt::format_to(out, "note: {} case(s) only in the actual file (ignored), first: {}\n",
+                     rep.extra_ids.size(), rep.extra_ids.front());
     }
     // note: "with another prompt" only when some case has one, so the
     // usual summary line keeps its form.
-    fmt::print(
+    fmt::format_to(
+        out,
         "compare: {}: {} identical, {} near-tie, {} diverged, {} missing, {}{}{} -> "
         "{}\n",
         qtk::count_of(static_cast<int64_t>(rep.cases.size()), "case"), rep.identical, rep.near_tie,
         rep.diverged, rep.missing, qtk::count_of(rep.errors, "error"),
         rep.other_prompt ? fmt::format(", {} with another prompt", rep.other_prompt) : "",
         only_present ? fmt::format(", {} skipped", rep.skipped) : "", rep.ok() ? "OK" : "FAIL");
+    qtk::write_stdout(report);
+    // note: a report that did not reach stdout is a failure whatever it says.
+    qtk::finish_stdout();
     return rep.ok() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compare: %s\n", e.what());

@@ -1,8 +1,10 @@
 #include "runtime/data_parallel.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,9 +22,11 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "core/plural.h"
 #include "runtime/backend/backend.h"
 #include "runtime/host_memory.h"
+#include "runtime/prompt_jsonl.h"  // reads_once
 #include "runtime/results_file.h"
 #include "runtime/shard.h"
 
@@ -93,17 +97,82 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   return p;
 }
 
+// The child's side of spawn_worker, between fork and exec.
+// note: async-signal-safe calls only (sigaction, sigprocmask, prctl,
+// getppid, execve, write, _exit): the parent may have other threads, whose
+// locks (malloc's) the child inherits held.
+[[noreturn]] void exec_worker(pid_t parent, const sigset_t& mask, char* const* argv,
+                              char* const* envp, int report_fd) {
+  // The parent's handlers are not the worker's (exec would reset them too;
+  // a signal before the exec must not run them in this copy).
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction cur {};
+    if (::sigaction(s, nullptr, &cur) != 0 || cur.sa_handler == SIG_IGN ||
+        cur.sa_handler == SIG_DFL)
+      continue;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(s, &dfl, nullptr);
+  }
+  // note: the worker gets SIGTERM when the parent dies (SIGKILL, a crash,
+  // the OOM killer), and stops as at a SIGTERM: its part stays for --resume
+  // and its lock goes. The setting survives exec. getppid afterwards: a
+  // parent that died before the prctl sent nothing, so the child ends here
+  // as that SIGTERM would have ended it (no lock or part taken yet).
+  int err = 0;
+  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) err = errno;
+  if (err == 0 && ::getppid() != parent) ::_exit(128 + SIGTERM);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  if (err == 0) {
+    ::execve(kSelf, argv, envp);
+    err = errno;
+  }
+  [[maybe_unused]] const ssize_t n = ::write(report_fd, &err, sizeof(err));
+  ::_exit(127);
+}
+
 pid_t spawn_worker(std::vector<std::string> args, std::vector<std::string> env) {
   args.insert(args.begin(), "generate");
   std::vector<char*> argv = c_strings(args), envp = c_strings(env);
-  pid_t pid = -1;
-  // note: posix_spawn, not fork: it is safe whatever threads the parent has.
-  // The worker stays in our process group, so a Ctrl-C at the terminal
-  // reaches it directly; signals sent to this process alone are forwarded
-  // by wait_for_workers.
-  const int rc = ::posix_spawn(&pid, kSelf, nullptr, nullptr, argv.data(), envp.data());
-  if (rc != 0) {
-    errno = rc;
+  // note: fork and exec, not posix_spawn: the child must set its
+  // parent-death signal (prctl) before the exec, and posix_spawn runs no
+  // code there. The worker stays in our process group, so a Ctrl-C at the
+  // terminal reaches it directly; signals sent to this process alone are
+  // forwarded by wait_for_workers. PR_SET_PDEATHSIG follows the thread that
+  // forked: this is the main thread, which lives as long as the process.
+  int report[2];  // the child's errno when it cannot exec (close-on-exec: nothing on success)
+  if (::pipe2(report, O_CLOEXEC) != 0)
+    fail_errno(fmt::format("--devices: cannot start a worker process ({})", kSelf));
+  const pid_t parent = ::getpid();
+  sigset_t all, mask;
+  sigfillset(&all);
+  // (all signals blocked across the fork: the child installs the defaults first)
+  ::pthread_sigmask(SIG_SETMASK, &all, &mask);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(report[0]);
+    exec_worker(parent, mask, argv.data(), envp.data(), report[1]);
+  }
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  ::close(report[1]);
+  if (pid < 0) {
+    ::close(report[0]);
+    errno = fork_errno;
+    fail_errno(fmt::format("--devices: cannot start a worker process ({})", kSelf));
+  }
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    errno = child_errno;
     fail_errno(fmt::format("--devices: cannot start a worker process ({})", kSelf));
   }
   return pid;
@@ -183,6 +252,12 @@ void refuse_combinations(const GenerateOptions& o) {
         "(stdout)");
   if (o.batch == "-")
     fail("--devices: expected --batch FILE (every worker reads it), found --batch - (stdin)");
+  struct stat st {};
+  if (reads_once(o.batch) && ::stat(o.batch.c_str(), &st) == 0)
+    fail(
+        "--devices: expected --batch FILE, a regular file (every worker reads it), found {} "
+        "({})",
+        describe_file_type(st.st_mode), o.batch);
   if (o.show)
     fail(
         "--devices with --show: the workers' continuations would interleave on stdout; expected "
@@ -338,6 +413,15 @@ int run_data_parallel(const DataParallelJob& job) {
 
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
   std::optional<OutputLock> lock(std::in_place, paths.lock, o.out);
+  // note: as a plain run's: with the lock held, what a killed run (or a
+  // killed parent's merge) left of its temporary files can go.
+  for (const std::string& line : remove_stale_temporaries(paths))
+    std::fprintf(stderr, "generate: %s\n", line.c_str());
+  // What the merge may replace at the end, as a plain run's final move: with
+  // --force anything at OUT and its header, otherwise only the files there
+  // now (the OUT that --resume finishes into), never one that appears while
+  // the workers run or the parts are merged.
+  const OutputsAtStart at_start = OutputsAtStart::of(paths, o.force);
   // note: as a plain run's: --shard implies --resume (a retried job-array
   // task runs the same command).
   const StartMode mode = o.force               ? StartMode::kForce
@@ -418,11 +502,22 @@ int run_data_parallel(const DataParallelJob& job) {
   mo.out = o.out;
   mo.meta = o.meta;
   mo.shards = parts;
-  mo.force = true;  // note: OUT was checked above, under OUT.lock
-  mo.lock = false;  // held above
+  mo.force = o.force;
+  mo.lock = false;         // held above
+  mo.at_start = at_start;  // note: OUT was checked above, under OUT.lock
+  mo.doing = "generating";
   if (sharded) mo.as_shard = shard;
   mo.extra["devices"] = job.devices;
-  const int64_t lines = run_merge(mo).lines;
+  int64_t lines = 0;
+  try {
+    lines = run_merge(mo).lines;
+  } catch (const Error& e) {
+    // note: the parts are removed only once the merge is in place.
+    fail(
+        "{}; the parts ({}) stay: the same command with --resume merges them into {}, replacing "
+        "what is there then",
+        e.what(), kept, o.out);
+  }
   for (const std::string& p : parts) {
     std::remove(p.c_str());
     std::remove((p + ".meta.json").c_str());

@@ -12,7 +12,9 @@
 // note: workers are processes, not threads of one process: each owns one
 // GPU (CUDA_VISIBLE_DEVICES), its own CUDA context, plan cache use and
 // memory, and a worker that fails or is killed leaves a part that
-// `--resume` continues like any interrupted run.
+// `--resume` continues like any interrupted run. A worker gets SIGTERM when
+// the parent dies (PR_SET_PDEATHSIG: also by SIGKILL, which the parent
+// cannot forward), so no worker outlives it holding its part's lock.
 #pragma once
 
 #include <functional>
@@ -51,7 +53,7 @@ struct DataParallelJob {
 // Runs the job and returns generate's exit status: 0, or 3 when some lines
 // got an error line. One device: on the CPU, the run itself; on CUDA, this
 // process becomes the run on that device (exec with CUDA_VISIBLE_DEVICES).
-// Two or more refuse --out -, --batch - and --show.
+// Two or more refuse --out -, --batch - (or a pipe or FIFO) and --show.
 // Throws qtk::Error for bad flags or inputs (before any worker starts, with
 // no output written), for a worker that failed (naming its device and exit
 // status, after the others finished; the parts stay for --resume), and when

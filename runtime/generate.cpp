@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/plural.h"
+#include "core/stdout_check.h"
 #include "core/tuning.h"
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
@@ -232,7 +233,9 @@ ChatTemplateSetup load_chat_template(const GenerateOptions& o, const Pack& pack)
   s.special_tokens = chat::special_tokens_from_config(config ? &*config : nullptr);
   std::optional<std::string> text;
   if (!o.chat_template.empty()) {
-    text = read_whole_file(o.chat_template, "the chat template");
+    // note: a regular file only: a --devices run reads it in each worker,
+    // which a pipe cannot give twice.
+    text = read_input_text(o.chat_template, "the chat template", InputFile::kRegularOnly);
     s.source = o.chat_template;
   } else {
     std::optional<std::string> jinja_file;
@@ -638,8 +641,10 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
     const std::string shown =
         fmt::format("=== {}\n{}{}{}{}\n", l.id.dump(), shown_text(prompt_text),
                     tty ? "\033[1m" : "", shown_text(cont), tty ? "\033[0m" : "");
-    std::fwrite(shown.data(), 1, shown.size(), stdout);
-    std::fflush(stdout);
+    // note: a failed write is remembered and reported at the end of the run
+    // (generate_main: finish_stdout); the results file does not depend on it.
+    write_stdout(shown);
+    flush_stdout();
   }
   std::string line =
       result_line(l.id, l.request.prompt, r.output, r.stopped, tokenizer ? &text : nullptr,
@@ -763,6 +768,10 @@ ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, 
   // resume or replace (a file named "-" is someone else's).
   if (o.out == "-") return ResumeSource{};
   lock.emplace(paths.lock, o.out);
+  // note: with the lock held no other run writes these names: what a
+  // killed run left of its temporary files can go.
+  for (const std::string& line : remove_stale_temporaries(paths))
+    std::fprintf(stderr, "generate: %s\n", line.c_str());
   // note: --shard implies --resume: a retried task runs the same command.
   return choose_start(paths, o.force               ? StartMode::kForce
                              : o.resume || sharded ? StartMode::kResume
@@ -861,9 +870,11 @@ void check_generate_inputs(const GenerateOptions& o) {
   if (!o.shard.empty()) parse_shard("--shard", o.shard, ::getenv);
   if (!o.tune_only) check_outputs(o);
   Pack::open(o.model);
-  if (!o.chat_template.empty()) read_whole_file(o.chat_template, "the chat template");
-  if (o.tune_only || o.batch == "-") return;  // note: stdin is read once, by the run
-  const std::string batch_text = read_whole_file(o.batch, "the batch file");
+  if (!o.chat_template.empty())
+    read_input_text(o.chat_template, "the chat template", InputFile::kRegularOnly);
+  // note: stdin, a pipe or a FIFO is read once, by the run
+  if (o.tune_only || reads_once(o.batch)) return;
+  const std::string batch_text = read_input_text(o.batch, "the batch file");
   refuse_empty_batch(o.batch, split_lines(batch_text));
 }
 
@@ -894,6 +905,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   InterruptScope interrupts(InterruptScope::Syscalls::kRestarted);
   std::optional<OutputLock> lock;
   const ResumeSource source = claim_outputs(o, paths, sharded, lock);
+  // What the run may replace when it completes: what is there now (or,
+  // with --force, anything).
+  const OutputsAtStart at_start = OutputsAtStart::of(paths, o.force);
 
   LoadedModel m;
   load(o, dev, m);
@@ -902,7 +916,8 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   const ChatTemplateSetup chat = load_chat_template(o, *m.pack);
 
   // Parse every input line first: ids are needed for --resume, and sizes for the cache.
-  const std::string batch_text = read_whole_file(o.batch, "the batch file");
+  // note: a signal stops the wait for a pipe's or a FIFO's prompts (read_input_text).
+  const std::string batch_text = read_input_text(o.batch, "the batch file");
   const auto raw_lines = split_lines(batch_text);
   refuse_empty_batch(o.batch, raw_lines);
   const PromptDefaults defaults = prompt_defaults(o, m, chat);
@@ -953,11 +968,11 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   }
   std::optional<ResultsWriter> out;
   if (to_stdout) {
-    out.emplace(STDOUT_FILENO, o.meta, meta);
+    out.emplace(STDOUT_FILENO, o.meta, meta, o.force);
   } else if (source.resume) {
-    out.emplace(paths, source, meta, rp.keep_bytes);
+    out.emplace(paths, source, at_start, meta, rp.keep_bytes);
   } else {
-    out.emplace(paths, meta);
+    out.emplace(paths, at_start, meta);
   }
   const auto t0 = Clock::now();
   int64_t run_failed = rp.run_error_lines;

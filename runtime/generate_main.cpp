@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/stdout_check.h"
 #include "core/tuning.h"
 #include "loaders/cli_args.h"
 #include "runtime/backend/backend.h"
@@ -33,11 +34,15 @@ cxxopts::Options generate_flags() {
   cxxopts::Options opts("generate",
                         "Batched greedy generation from a .pack file.\nExit status: 0 every line "
                         "has a result, 1 the run failed, 3 some lines got an error line.");
-  opts.add_options()("model", "the .pack file", cxxopts::value<std::string>())(
-      "batch", "prompts, one JSON object per line (- reads stdin)", cxxopts::value<std::string>())(
+  opts.add_options()("model", "the .pack file (a regular file: it is mapped into memory)",
+                     cxxopts::value<std::string>())(
+      "batch", "prompts, one JSON object per line (- reads stdin; a pipe or FIFO works too)",
+      cxxopts::value<std::string>())(
       "out", "results JSONL (run header: OUT.meta.json); - writes them to stdout",
       cxxopts::value<std::string>())(
-      "meta", "the run header's path (default OUT.meta.json; with --out -, no header unless given)",
+      "meta",
+      "the run header's path (default OUT.meta.json; with --out -, no header unless given, and "
+      "then written only when the run completes)",
       cxxopts::value<std::string>())(
       "device", "cpu or cuda (builds with QTK_CUDA, on a machine with an NVIDIA GPU)",
       cxxopts::value<std::string>()->default_value("cpu"))(
@@ -74,7 +79,9 @@ cxxopts::Options generate_flags() {
       "no-progress", "never show the progress line (default: shown when stderr is a terminal)")(
       "show", "print each prompt and its continuation to stdout")(
       "resume", "continue an interrupted run (OUT.partial, or OUT) into --out")(
-      "force", "replace an existing --out (it stays until the new run completes)")(
+      "force",
+      "replace an existing --out (it stays until the new run completes); without it an --out or "
+      "header that appears while the run works is never replaced")(
       "allow-unknown-fields",
       "ignore request fields generate does not know (default: such a line gets an error)")(
       "no-verify", "skip checking every tensor's XXH64 checksum at load")(
@@ -93,7 +100,8 @@ cxxopts::Options generate_flags() {
       "on multi-socket machines; `all` is refused). Workers show no progress line; with "
       "--progress a line is printed as each worker ends. A failed or interrupted worker leaves "
       "no OUT: its part stays, and the same command with --resume finishes the run. With two or "
-      "more devices, not with --out -, --batch - or --show; with --tune-only every device tunes.",
+      "more devices, not with --out -, --batch - (or a pipe) or --show; with --tune-only every "
+      "device tunes. A worker whose parent dies (even by SIGKILL) gets SIGTERM and stops.",
       cxxopts::value<std::string>())(
       "plan-cache",
       "with --device cuda: the GEMM plan cache file, or 'off' (default: "
@@ -112,7 +120,7 @@ cxxopts::Options generate_flags() {
       "(no --batch or --out)")(
       "chat-template",
       "Jinja chat template for \"messages\" lines (default: the pack's chat_template.jinja or "
-      "tokenizer_config.json's chat_template)",
+      "tokenizer_config.json's chat_template); a regular file",
       cxxopts::value<std::string>())("h,help", "show this help");
   return opts;
 }
@@ -228,7 +236,8 @@ int run(int argc, char** argv) {
     cxxopts::Options opts = generate_flags();
     auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
-      fmt::print("{}\n{}", opts.help(), qtk::tuning_help());
+      qtk::write_stdout(fmt::format("{}\n{}", opts.help(), qtk::tuning_help()));
+      qtk::finish_stdout();
       return 0;
     }
     const qtk::GenerateOptions o = read_flags(opts, args);
@@ -242,6 +251,15 @@ int run(int argc, char** argv) {
       return qtk::run_data_parallel(job);
     }
     const qtk::GenerateSummary s = qtk::run_generate(o);
+    if (o.show) {
+      try {
+        qtk::finish_stdout();
+      } catch (const qtk::Error& e) {
+        std::fprintf(stderr, "generate: %s (--show); the results in %s are complete\n", e.what(),
+                     o.out.c_str());
+        return 1;
+      }
+    }
     if (o.tune_only) return 0;
     std::fprintf(stderr, "%s\n", qtk::summary_line(s).c_str());
     // note: 3, not 0, when any line got an error line: a golden file with

@@ -9,23 +9,30 @@
 #include <cxxopts.hpp>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/plural.h"
 #include "loaders/cli_args.h"
 #include "runtime/shard.h"
 
-int main(int argc, char** argv) {
-  // note: over a file-size limit (ulimit -f) the kernel would end merge with
-  // SIGXFSZ half-way through a file; ignored, the write fails with EFBIG
-  // and is reported like a full disk, and OUT is left as it was.
-  std::signal(SIGXFSZ, SIG_IGN);
+namespace {
+
+int run(int argc, char** argv) {
   try {
+    // note: SIGINT, SIGTERM and SIGHUP (and SIGPIPE) are recorded and acted
+    // on before anything is moved into place: the unwinding removes the
+    // staging and temporary files and OUT.lock, and main then ends the
+    // process by that signal. A signal the process was started ignoring
+    // (nohup's SIGHUP) stays ignored; a second one ends it at once, after
+    // unlinking those files.
+    qtk::InterruptScope interrupts(qtk::InterruptScope::Syscalls::kRestarted);
     cxxopts::Options opts(
         "merge",
         "Join the results files of `generate --shard K/N` tasks (each with its .meta.json next "
         "to it) into OUT.jsonl, byte-identical to one generate run over the whole batch. "
         "Checks that every shard 0..N-1 is present once, complete, and of the same pack, "
         "prompts file and settings. Exit status: 0, 1 on a refusal (nothing written), 3 when "
-        "OUT holds error lines (as generate's).");
+        "OUT holds error lines (as generate's). SIGINT, SIGTERM or SIGHUP before OUT is moved "
+        "into place stop it with nothing written (it then ends by that signal).");
     opts.positional_help("OUT.jsonl SHARD.jsonl...");
     opts.add_options()("force", "replace an existing OUT.jsonl")("h,help", "show this help")(
         "files", "OUT.jsonl then the shard results", cxxopts::value<std::vector<std::string>>());
@@ -55,4 +62,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "merge: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // note: over a file-size limit (ulimit -f) the kernel would end merge with
+  // SIGXFSZ half-way through a file; ignored, the write fails with EFBIG
+  // and is reported like a full disk, and OUT is left as it was.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const int status = run(argc, argv);
+  // A merge stopped by a signal ends with that signal, as generate does.
+  qtk::reraise_interrupt();
+  return status;
 }

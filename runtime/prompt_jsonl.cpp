@@ -1,11 +1,19 @@
 #include "runtime/prompt_jsonl.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <memory>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/json.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "runtime/request_fields.h"
 #include "tokenizer/chat/chat_request.h"
 #include "tokenizer/tokenizer.h"
@@ -358,6 +366,65 @@ void append_logprobs(std::string& line, const std::vector<int32_t>& ids,
     line += "]";
   }
   line += "]}";
+}
+
+bool reads_once(const std::string& path) {
+  if (path == "-") return true;
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+std::string read_input_text(const std::string& path, const char* what, InputFile accept) {
+  const bool from_stdin = path == "-";
+  const std::string name = from_stdin ? "stdin" : path;
+  const bool regular_only = accept == InputFile::kRegularOnly;
+  auto refuse_kind = [&](mode_t mode) {
+    fail("{}: expected a regular file for {}, found {}", name, what, describe_file_type(mode));
+  };
+  int fd = STDIN_FILENO;
+  if (!from_stdin) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected {}", path, what);
+      if (regular_only && !S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
+    }
+    // note: O_NONBLOCK: a blocking open of a FIFO waits for a writer, and
+    // generate's signals restart it (core/interrupt.h); the waiting is done
+    // in wait_for_input instead. The open file description is ours alone.
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
+  }
+  const std::unique_ptr<int, void (*)(int*)> closer(from_stdin ? nullptr : &fd,
+                                                    [](int* f) { ::close(*f); });
+  std::string text;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected {}", name, what);
+    if (regular_only && !S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
+    if (S_ISREG(st.st_mode) && st.st_size > 0) text.reserve(static_cast<size_t>(st.st_size));
+  } else if (regular_only) {
+    fail_errno(fmt::format("{}: cannot stat {}", name, what));
+  }
+  std::vector<char> buf(size_t{1} << 20);
+  while (true) {
+    // note: also for a regular file (it never waits there): a signal that
+    // came while the model loaded stops the run before a long read.
+    if (!wait_for_input(fd))
+      fail("{}: interrupted by {} while reading {}; nothing was written", name,
+           signal_name(interrupt_signal()), what);
+    // note: for a FIFO opened O_NONBLOCK, 0 before any writer came would
+    // read as its end; wait_for_input returns only once one has written or
+    // gone (POLLIN, POLLHUP).
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n > 0) {
+      text.append(buf.data(), static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR && errno != EAGAIN) {
+      fail_errno(fmt::format("{}: cannot read {}", name, what));
+    }
+  }
+  return text;
 }
 
 std::string error_line(const nlohmann::json& id, const std::string& error) {

@@ -48,6 +48,26 @@ struct PromptLine {
   SequenceRequest request;
 };
 
+// What read_input_text accepts besides a regular file.
+enum class InputFile {
+  kAny,          // also a pipe, a FIFO, a terminal, stdin ("-"): the prompts
+  kRegularOnly,  // a regular file only (the chat template)
+};
+
+// The whole text of `path` ("-": stdin) for `what` ("the batch file"). A
+// pipe, FIFO or terminal is waited on in core/interrupt.h's
+// wait_for_input, so that a SIGINT/SIGTERM/SIGHUP stops a run still waiting
+// for its input: that throws qtk::Error("PATH: interrupted by SIGINT while
+// reading WHAT; nothing was written"). Throws qtk::Error naming the file for
+// a directory, a file that cannot be read, and with kRegularOnly for anything
+// but a regular file.
+std::string read_input_text(const std::string& path, const char* what,
+                            InputFile accept = InputFile::kAny);
+
+// True when the text of `path` can be read only once: stdin ("-"), a pipe,
+// a FIFO, a terminal or another device, a socket.
+bool reads_once(const std::string& path);
+
 // Parses line `line_no` (1-based) of `source`. Never throws for bad content.
 PromptLine parse_prompt_line(std::string_view text, int64_t line_no, const PromptDefaults& d);
 

@@ -1,15 +1,19 @@
 #include "runtime/results_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -29,27 +33,61 @@ std::string directory_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string basename_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-void fsync_directory_of(const std::string& path) {
-  const std::string dir = directory_of(path);
+// "a regular file", "a FIFO", ... for messages.
+const char* kind_of(mode_t mode) {
+  return S_ISREG(mode)    ? "a regular file"
+         : S_ISDIR(mode)  ? "a directory"
+         : S_ISLNK(mode)  ? "a symbolic link"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+         : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISSOCK(mode) ? "a socket"
+                          : "not a regular file";
+}
+
+// Creates `path` for writing, as a new file: O_EXCL | O_NOFOLLOW, so that
+// nothing already there (a symbolic link planted at the name included) is
+// written through. remove_first: the name is this process's own (a
+// temporary name ending in our pid, or OUT.partial under --force), so a
+// file left there is removed first. Returns the fd, or -1 with errno.
+int create_new_file(const std::string& path, bool remove_first) {
+  if (remove_first) ::unlink(path.c_str());
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+}
+
+// The fsync of a directory after a rename in it; false (errno set) when it
+// fails.
+bool fsync_directory(const std::string& dir) {
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return;  // note: best effort; the data itself was fsynced
-  ::fsync(dfd);
+  if (dfd < 0) return false;
+  const int rc = ::fsync(dfd);
+  const int err = errno;
   ::close(dfd);
+  errno = err;
+  return rc == 0;
 }
 
 // Overwrites the start of an existing file without growing it, padding with
 // spaces (JSON allows trailing whitespace). note: used when a full disk
 // refuses a new file: rewriting blocks the file already has needs no space.
 bool overwrite_in_place(const std::string& path, std::string data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  // note: O_NOFOLLOW: a symbolic link put at the header's name is not
+  // written through.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && static_cast<off_t>(data.size()) <= st.st_size;
+  bool ok =
+      ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<off_t>(data.size()) <= st.st_size;
   if (ok) {
     data.resize(static_cast<size_t>(st.st_size), ' ');
     if (!data.empty()) data.back() = '\n';
@@ -57,6 +95,21 @@ bool overwrite_in_place(const std::string& path, std::string data) {
   }
   ::close(fd);
   return ok;
+}
+
+// The short-lived names of a run (see results_file.h), by the file they
+// belong to: "<base>.<pattern>", where each '#' in the pattern stands for a
+// pid. Used to size-check the names and to find what a killed run left.
+constexpr const char* kMetaTemporaries[] = {"tmp.#", "prev.#"};
+constexpr const char* kPartialMetaTemporaries[] = {"tmp.#"};
+// note: "merge.#.tmp.#": the staging file of an older merge, written through
+// a temporary of its own.
+constexpr const char* kOutTemporaries[] = {"merge.#", "merge.#.tmp.#"};
+
+std::string with_pid(const std::string& base, std::string_view pattern, pid_t pid) {
+  std::string s = base + ".";
+  for (char c : pattern) s += c == '#' ? std::to_string(pid) : std::string(1, c);
+  return s;
 }
 
 }  // namespace
@@ -96,29 +149,101 @@ void refuse_output_that_is_an_input(const std::string& flag, const std::string& 
 }
 
 namespace {
+
+// The first leading part of `dir` that exists but is not a directory
+// (`w/p.jsonl` of `w/p.jsonl/x`), or "" when there is none.
+std::string first_non_directory(const std::string& dir, mode_t* mode) {
+  for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
+    const std::string prefix = at == std::string::npos ? dir : dir.substr(0, at);
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      *mode = st.st_mode;
+      return prefix;
+    }
+    if (at == std::string::npos) return {};
+  }
+}
+
 // An output path given by `flag`: a file name in an existing directory, not
-// a directory. where: how the missing-directory message starts; what: what
-// would be written there.
+// a directory, not too long. where: how the directory's messages start;
+// what: what would be written there.
 void check_output_path(const char* flag, const std::string& path, const std::string& where,
                        const char* what) {
   if (path.empty() || path.back() == '/')
     fail("{}: expected a file name, found \"{}\"", flag, path);
+  // note: PATH_MAX counts the terminating NUL.
+  if (path.size() >= PATH_MAX)
+    fail("{}: cannot write {}: the path is {} bytes, longer than the system allows ({} bytes)",
+         where, what, path.size(), PATH_MAX - 1);
   struct stat st {};
   const std::string dir = directory_of(path);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    fail("{}: cannot write {}: directory {} does not exist", where, what, dir);
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    mode_t mode = 0;
+    if (err == ENOTDIR) {
+      const std::string file = first_non_directory(dir, &mode);
+      if (!file.empty())
+        fail("{}: cannot write {}: {} is not a directory (it is {})", where, what, file,
+             kind_of(mode));
+    }
+    if (err == ENOENT) fail("{}: cannot write {}: directory {} does not exist", where, what, dir);
+    errno = err;
+    fail_errno(fmt::format("{}: cannot write {}: cannot reach directory {}", where, what, dir));
+  }
+  if (!S_ISDIR(st.st_mode))
+    fail("{}: cannot write {}: {} is not a directory (it is {})", where, what, dir,
+         kind_of(st.st_mode));
+  if (const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+      limit > 0 && basename_of(path).size() > static_cast<size_t>(limit))
+    fail(
+        "{}: cannot write {}: the file name is {} bytes, longer than the file system allows in {} "
+        "({} bytes)",
+        where, what, basename_of(path).size(), dir, limit);
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail("{} {}: is a directory; expected a file name", flag, path);
   // note: outputs are written to a temporary file and renamed over the
   // path; a device or FIFO there would be replaced by a plain file.
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     fail("{} {}: is {}; expected a regular file (or a new file name)", flag, path,
-         S_ISCHR(st.st_mode)    ? "a character device"
-         : S_ISBLK(st.st_mode)  ? "a block device"
-         : S_ISFIFO(st.st_mode) ? "a FIFO"
-         : S_ISSOCK(st.st_mode) ? "a socket"
-                                : "not a regular file");
+         kind_of(st.st_mode));
 }
+
+// The names `tool` derives from the path the user gave (`given`, named by
+// `flag` in messages), each within the file system's name length limit and
+// the system's path length limit; else a message naming the derived name,
+// its length and the limit.
+// note: a valid OUT name near the limit had no room for its derived names:
+// the run failed only when it created one, with "File name too long".
+void check_derived_names(const std::string& flag, const std::string& given,
+                         const std::vector<std::string>& names, const char* tool) {
+  // (every derived name is the given path plus a suffix; the longest
+  // suffix sets the longest name that fits)
+  size_t longest = 0;
+  for (const std::string& path : names) longest = std::max(longest, path.size() - given.size());
+  for (const std::string& path : names) {
+    if (path.size() >= PATH_MAX)
+      fail(
+          "{}: the path is too long for the files {} writes beside it: {} would be {} bytes, over "
+          "the system's limit of {} bytes",
+          flag, tool, path, path.size(), PATH_MAX - 1);
+    const std::string dir = directory_of(path), name = basename_of(path);
+    const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+    if (limit <= 0 || name.size() <= static_cast<size_t>(limit)) continue;
+    fail(
+        "{}: the name is too long for the files {} writes beside it: {} would be a {}-byte name, "
+        "over the file system's limit of {} bytes (expected a name of at most {} bytes)",
+        flag, tool, name, name.size(), limit,
+        static_cast<size_t>(limit) > longest ? static_cast<size_t>(limit) - longest : 0);
+  }
+}
+
+// `base` with each of `patterns` appended, with this process's pid.
+template <size_t N>
+void add_derived(std::vector<std::string>& names, const std::string& base,
+                 const char* const (&patterns)[N]) {
+  for (const char* p : patterns) names.push_back(with_pid(base, p, ::getpid()));
+}
+
 }  // namespace
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -135,6 +260,9 @@ void check_meta_path(const std::string& meta,
                      const std::vector<std::pair<std::string, std::string>>& inputs,
                      bool may_replace) {
   check_output_path("--meta", meta, "--meta " + meta, "the run header");
+  std::vector<std::string> temporaries;
+  add_derived(temporaries, meta, kMetaTemporaries);
+  check_derived_names("--meta " + meta, meta, temporaries, "generate");
   refuse_output_that_is_an_input("--meta " + meta, meta, inputs);
   struct stat st {};
   if (!may_replace && ::lstat(meta.c_str(), &st) == 0)
@@ -159,6 +287,22 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
              paths.meta, what, other);
   }
   const std::string out_flag = std::string(out_name) + " " + paths.out;
+  // The names derived from OUT: generate's partial results and their
+  // header, merge's staging file, the lock, the default header.
+  const bool merge = std::string_view(tool) == "merge";
+  std::vector<std::string> derived = {paths.lock};
+  if (merge) {
+    add_derived(derived, paths.out, kOutTemporaries);
+  } else {
+    derived.push_back(paths.partial);
+    derived.push_back(paths.partial_meta);
+    add_derived(derived, paths.partial_meta, kPartialMetaTemporaries);
+  }
+  if (!paths.meta_given) {
+    derived.push_back(paths.meta);
+    add_derived(derived, paths.meta, kMetaTemporaries);
+  }
+  check_derived_names(out_flag, paths.out, derived, tool);
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
     refuse_output_that_is_an_input(out_flag, out, inputs, tool);
   if (paths.meta_given) {
@@ -171,10 +315,10 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
 
 namespace {
 
-// ---- the lock file of a run stopped by SIGINT or SIGTERM ----
+// ---- the lock file of a run stopped by SIGINT, SIGTERM or SIGHUP ----
 // note: a signal handler reaches only static storage, so the path is copied
 // here beforehand; one OutputLock of a process at a time has the slot.
-constexpr int kLockSignals[] = {SIGINT, SIGTERM};
+constexpr int kLockSignals[] = {SIGINT, SIGTERM, SIGHUP};
 constexpr size_t kNumLockSignals = sizeof(kLockSignals) / sizeof(kLockSignals[0]);
 char g_lock_path[PATH_MAX];
 volatile sig_atomic_t g_lock_armed = 0;
@@ -199,21 +343,28 @@ extern "C" void unlink_lock_and_reraise(int sig) {
 
 // Installs the handler for each signal whose disposition is the default: an
 // ignored signal stays ignored (a background job of a shell), and one that
-// has a handler already (a --devices parent's) unwinds to ~OutputLock.
+// has a handler already (an InterruptScope's) unwinds to ~OutputLock.
+// Returns whether it installed any, and so holds the slot; where it
+// installed none the slot stays free (for a lock that may need it).
 bool arm_lock_unlink(const std::string& path) {
   if (g_lock_armed || path.size() >= sizeof(g_lock_path)) return false;
   std::memcpy(g_lock_path, path.c_str(), path.size() + 1);
+  // note: set before the first handler is installed, so that a signal
+  // arriving at once finds the path.
   g_lock_armed = 1;
   struct sigaction sa {};
   sa.sa_handler = unlink_lock_and_reraise;
   sigemptyset(&sa.sa_mask);
+  bool any = false;
   for (size_t i = 0; i < kNumLockSignals; ++i) {
     struct sigaction cur {};
     g_lock_installed[i] = ::sigaction(kLockSignals[i], nullptr, &cur) == 0 &&
                           cur.sa_handler == SIG_DFL &&
                           ::sigaction(kLockSignals[i], &sa, &g_lock_saved[i]) == 0;
+    any = any || g_lock_installed[i];
   }
-  return true;
+  if (!any) g_lock_armed = 0;
+  return any;
 }
 
 // Gives the signals their previous dispositions back, where the handler is
@@ -230,6 +381,16 @@ void disarm_lock_unlink() {
   g_lock_armed = 0;
 }
 
+// note: one message for whatever is at the lock's name that is not a
+// regular file: the lock is never written through a link (a link to
+// another file would be truncated), and a FIFO or directory cannot hold it.
+[[noreturn]] void refuse_lock_file(const std::string& out, const std::string& lock, mode_t mode) {
+  fail(
+      "{}: the lock file {} is {}; expected a regular file or no file there (generate and merge "
+      "create it; remove it)",
+      out, lock, kind_of(mode));
+}
+
 }  // namespace
 
 OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : path_(lock_path) {
@@ -237,8 +398,22 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
   // was just unlinked by the previous holder; the inode check after flock
   // catches that and starts over on the new file.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail_errno(fmt::format("{}: cannot create the lock file {}", out, path_));
+    // note: O_NOFOLLOW: a symbolic link at the name fails (ELOOP) instead of
+    // having its target truncated; O_NONBLOCK: opening a FIFO never waits.
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat by_fd {};
+    if (fd_ < 0) {
+      const int err = errno;
+      if (struct stat st{}; ::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        refuse_lock_file(out, path_, st.st_mode);
+      errno = err;
+      fail_errno(fmt::format("{}: cannot create the lock file {}", out, path_));
+    }
+    if (::fstat(fd_, &by_fd) == 0 && !S_ISREG(by_fd.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      refuse_lock_file(out, path_, by_fd.st_mode);
+    }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       char buf[32] = {};
@@ -255,20 +430,22 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
           "finish or stop it",
           out, pid > 0 ? std::to_string(pid) : std::string("unknown"), path_);
     }
-    struct stat by_fd {
-    }, by_path{};
-    if (::fstat(fd_, &by_fd) == 0 && ::stat(path_.c_str(), &by_path) == 0 &&
-        by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino) {
+    struct stat by_path {};
+    if (::lstat(path_.c_str(), &by_path) == 0 && by_fd.st_dev == by_path.st_dev &&
+        by_fd.st_ino == by_path.st_ino) {
       const std::string pid = fmt::format("{}\n", ::getpid());
       if (::ftruncate(fd_, 0) != 0 ||
           ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
         // note: the lock holds without the pid; a second process then says "unknown".
       }
       armed_ = arm_lock_unlink(path_);
-      // note: where the signals have a handler already (an InterruptScope:
-      // generate's, a --devices parent's) the unwinding removes the file; a
-      // second signal ends the process at once, and removes it then.
-      if (!armed_) register_emergency_unlink(path_);
+      // note: whatever installed the signal handlers (this lock, or an
+      // InterruptScope before or after it: generate's, merge's, a --devices
+      // parent's, whose first signal unwinds to the destructor), what ends
+      // the process at once (a second signal, a fault in a file mapping:
+      // core/interrupt.h, core/mapped_file.h) removes the file too while it
+      // is held; the destructor takes it off that list.
+      register_emergency_unlink(path_);
       return;
     }
     ::close(fd_);
@@ -326,6 +503,106 @@ ResumeSource choose_start(const ResultsPaths& paths, StartMode mode) {
   return {};
 }
 
+namespace {
+
+// Whether `rest` is `pattern` (kMetaTemporaries), each '#' a pid; the pids
+// are appended to `pids`.
+bool matches(std::string_view rest, std::string_view pattern, std::vector<long>& pids) {
+  size_t r = 0;
+  for (char c : pattern) {
+    if (c != '#') {
+      if (r >= rest.size() || rest[r] != c) return false;
+      ++r;
+      continue;
+    }
+    long pid = 0;
+    size_t digits = 0;
+    while (r < rest.size() && rest[r] >= '0' && rest[r] <= '9' && digits < 10) {
+      pid = pid * 10 + (rest[r] - '0');
+      ++r;
+      ++digits;
+    }
+    if (digits == 0 || pid <= 0) return false;
+    pids.push_back(pid);
+  }
+  return r == rest.size();
+}
+
+// note: kill(pid, 0) fails with ESRCH only when no such process exists; a
+// live process of another user (EPERM) or a reused pid counts as running,
+// so the worst case is a leftover kept, never a file of a running process
+// removed (as convert's cleanup decides).
+bool running(long pid) {
+  return pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace
+
+std::vector<std::string> remove_stale_temporaries(const ResultsPaths& paths) {
+  struct Group {
+    const std::string* base;
+    const char* const* patterns;
+    size_t count;
+  };
+  const Group groups[] = {
+      {&paths.out, kOutTemporaries, std::size(kOutTemporaries)},
+      {&paths.meta, kMetaTemporaries, std::size(kMetaTemporaries)},
+      {&paths.partial_meta, kPartialMetaTemporaries, std::size(kPartialMetaTemporaries)},
+  };
+  std::vector<std::string> removed;
+  std::vector<std::string> dirs;
+  for (const Group& g : groups)
+    if (std::find(dirs.begin(), dirs.end(), directory_of(*g.base)) == dirs.end())
+      dirs.push_back(directory_of(*g.base));
+  for (const std::string& dir : dirs) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) continue;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view name = e->d_name;
+      for (const Group& g : groups) {
+        if (directory_of(*g.base) != dir) continue;
+        const std::string prefix = basename_of(*g.base) + ".";
+        if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) continue;
+        std::vector<long> pids;
+        bool ours = false;
+        for (size_t i = 0; i < g.count && !ours; ++i) {
+          pids.clear();
+          ours = matches(name.substr(prefix.size()), g.patterns[i], pids);
+        }
+        if (!ours || std::any_of(pids.begin(), pids.end(), running)) continue;
+        const std::string path = dir == "." && g.base->find('/') == std::string::npos
+                                     ? std::string(name)
+                                     : dir + "/" + std::string(name);
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::getuid())
+          break;
+        if (::unlink(path.c_str()) == 0)
+          removed.push_back(fmt::format(
+              "removed stale temporary file {} left by pid {}, which is no longer running", path,
+              pids.back()));
+        break;
+      }
+    }
+    ::closedir(d);
+  }
+  return removed;
+}
+
+FileAtStart FileAtStart::of(const std::string& path) {
+  FileAtStart f;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    f.exists = true;
+    f.dev = st.st_dev;
+    f.ino = st.st_ino;
+  }
+  return f;
+}
+
+OutputsAtStart OutputsAtStart::of(const ResultsPaths& paths, bool force) {
+  return {force, FileAtStart::of(paths.out), FileAtStart::of(paths.meta)};
+}
+
 void write_all(int fd, const std::string& data, const std::string& what) {
   size_t done = 0;
   while (done < data.size()) {
@@ -338,25 +615,245 @@ void write_all(int fd, const std::string& data, const std::string& what) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_errno(fmt::format("{}: cannot create it", path));
+namespace {
+
+// A file of ours that is removed (and unregistered from the second-signal
+// cleanup) when it goes out of scope, unless release()d.
+class TempFile {
+ public:
+  explicit TempFile(std::string path) : path_(std::move(path)) { register_emergency_unlink(path_); }
+  ~TempFile() {
+    if (path_.empty()) return;
+    ::unlink(path_.c_str());
+    unregister_emergency_unlink(path_);
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+  // The file is no longer at its name (renamed into place): nothing to remove.
+  void release() {
+    unregister_emergency_unlink(path_);
+    path_.clear();
+  }
+
+ private:
+  std::string path_;
+};
+
+// Writes `data` to the new file `tmp` (created as create_new_file does,
+// replacing a leftover of our pid) and fsyncs it; `what` names the file the
+// temporary stands for in messages. The caller owns the name (TempFile).
+void write_new_file(const std::string& tmp, const std::string& data, const std::string& what) {
+  const int fd = create_new_file(tmp, /*remove_first=*/true);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot create it", what));
   try {
-    write_all(fd, data, path);
-    if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", path));
+    write_all(fd, data, what);
+    if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", what));
   } catch (...) {
     ::close(fd);
-    ::unlink(tmp.c_str());
     throw;
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    errno = err;
+  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed", what));
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& data) {
+  TempFile tmp(fmt::format("{}.tmp.{}", path, ::getpid()));
+  write_new_file(tmp.path(), data, path);
+  // note: rename replaces whatever is at `path`, a symbolic link included
+  // (the link, never the file it points to).
+  if (::rename(tmp.path().c_str(), path.c_str()) != 0)
     fail_errno(fmt::format("{}: cannot move the new file into place", path));
+  tmp.release();
+}
+
+namespace {
+
+enum class Moved { kDone, kAppeared, kChanged, kFailed /* errno set */ };
+
+// Renames `from` to `to`. With `force`, whatever is at `to` is replaced;
+// otherwise only the file that was there at the start (`at_start`), and a
+// new name is made with RENAME_NOREPLACE, so that a file appearing there at
+// any moment is never replaced.
+Moved move_file(const std::string& from, const std::string& to, bool force,
+                const FileAtStart& at_start) {
+  struct stat now {};
+  const bool there = ::lstat(to.c_str(), &now) == 0;
+  if (force || there) {
+    if (!force && !(at_start.exists && now.st_dev == at_start.dev && now.st_ino == at_start.ino))
+      return at_start.exists ? Moved::kChanged : Moved::kAppeared;
+    // note: two names of one file (what a kill after the link() below
+    // leaves): rename would do nothing and keep both.
+    struct stat src {};
+    if (there && ::lstat(from.c_str(), &src) == 0 && src.st_dev == now.st_dev &&
+        src.st_ino == now.st_ino)
+      return ::unlink(from.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
+    return ::rename(from.c_str(), to.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
   }
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0)
+    return Moved::kDone;
+  if (errno == EEXIST) return Moved::kAppeared;
+  if (errno != EINVAL && errno != ENOSYS) return Moved::kFailed;
+  // note: a file system without RENAME_NOREPLACE (EINVAL): link() refuses
+  // an existing name as well (EEXIST), then the old name goes.
+  if (::link(from.c_str(), to.c_str()) == 0) {
+    ::unlink(from.c_str());
+    return Moved::kDone;
+  }
+  if (errno == EEXIST) return Moved::kAppeared;
+  if (errno != EPERM && errno != ENOTSUP && errno != EMLINK) return Moved::kFailed;
+  // (nor hard links: a check, then the rename)
+  if (::lstat(to.c_str(), &now) == 0) return Moved::kAppeared;
+  return ::rename(from.c_str(), to.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
+}
+
+// The header that was at META before the new one replaced it, kept to be
+// put back: a hard link (META.prev.PID) where the file system has them,
+// else its bytes (or a symbolic link's target).
+class HeaderBackup {
+ public:
+  explicit HeaderBackup(const std::string& meta) : meta_(meta) {
+    struct stat st {};
+    if (::lstat(meta.c_str(), &st) != 0) return;  // none: "put back" removes the new one
+    had_ = true;
+    const std::string name = with_pid(meta, kMetaTemporaries[1], ::getpid());
+    ::unlink(name.c_str());  // (a leftover of a process that had our pid)
+    if (::link(meta.c_str(), name.c_str()) == 0) {
+      link_.emplace(name);
+      return;
+    }
+    if (S_ISLNK(st.st_mode)) {
+      std::string target(PATH_MAX, '\0');
+      const ssize_t n = ::readlink(meta.c_str(), target.data(), target.size());
+      if (n > 0) symlink_ = target.substr(0, static_cast<size_t>(n));
+    } else if (S_ISREG(st.st_mode)) {
+      try {
+        bytes_ = read_whole_file(meta, "the run header");
+      } catch (const Error&) {
+      }
+    }
+  }
+  // The pair is in place: the kept header goes.
+  void discard() { link_.reset(); }
+  // Puts the old header back over the new one; false (errno set) when it
+  // cannot.
+  bool restore() {
+    if (!had_) return ::unlink(meta_.c_str()) == 0 || errno == ENOENT;
+    if (link_) {
+      if (::rename(link_->path().c_str(), meta_.c_str()) != 0) return false;
+      link_->release();
+      return true;
+    }
+    if (symlink_) {
+      TempFile tmp(with_pid(meta_, kMetaTemporaries[0], ::getpid()));
+      ::unlink(tmp.path().c_str());
+      if (::symlink(symlink_->c_str(), tmp.path().c_str()) != 0 ||
+          ::rename(tmp.path().c_str(), meta_.c_str()) != 0)
+        return false;
+      tmp.release();
+      return true;
+    }
+    if (bytes_) {
+      try {
+        write_file_atomic(meta_, *bytes_);
+        return true;
+      } catch (const Error&) {
+        return false;
+      }
+    }
+    errno = ENOTSUP;  // note: neither a link nor a copy could be made
+    return false;
+  }
+
+ private:
+  std::string meta_;
+  bool had_ = false;
+  std::optional<TempFile> link_;
+  std::optional<std::string> symlink_, bytes_;
+};
+
+}  // namespace
+
+void move_results_into_place(const FinalMove& m) {
+  const bool to_stdout = m.out == "-";
+  const char* run = std::string_view(m.doing) == "merging" ? "merge" : "run";
+  // What the messages add about the results after a failure.
+  const std::string kept =
+      !m.partial.empty()
+          ? fmt::format(" ({} keeps the results; --resume finishes the run", m.partial)
+          : "";
+  const std::string keep_replace =
+      !m.partial.empty() ? kept + " into " + m.out + ", replacing what is there then)"
+      : to_stdout        ? " (pass --force to replace it; the results went to stdout)"
+                         : " (pass --force to replace it)";
+  const std::string keep_error = !m.partial.empty() ? kept + ")" : "";
+  const std::string as_they_were = to_stdout
+                                       ? fmt::format("{} is as it was", m.meta)
+                                       : fmt::format("{} and {} are as they were", m.out, m.meta);
+  auto not_replacing = [&](const std::string& path, Moved why) {
+    return why == Moved::kAppeared
+               ? fmt::format(
+                     "{}: appeared while {} (it was not there when the {} started); not "
+                     "replacing it",
+                     path, m.doing, run)
+               : fmt::format(
+                     "{}: was replaced while {} (it is not the file that was there when "
+                     "the {} started); not replacing it",
+                     path, m.doing, run);
+  };
+
+  TempFile header(with_pid(m.meta, kMetaTemporaries[0], ::getpid()));
+  write_new_file(header.path(), m.header, m.meta);
+  // note: the last point where a signal stops the move with nothing moved;
+  // after the first rename the pair is completed (or put back) first.
+  if (const int sig = interrupt_signal())
+    fail("{}: interrupted by {} before {} moved into place; {}{}", to_stdout ? m.meta : m.out,
+         signal_name(sig), to_stdout ? "the run header was" : "the results were", as_they_were,
+         keep_error);
+  HeaderBackup backup(m.meta);
+  switch (const Moved r = move_file(header.path(), m.meta, m.force, m.meta_at_start)) {
+    case Moved::kDone:
+      header.release();
+      break;
+    case Moved::kAppeared:
+    case Moved::kChanged:
+      fail("{}{}", not_replacing(m.meta, r), keep_replace);
+    case Moved::kFailed:
+      fail("{}: cannot move the new run header into place: {}; {}{}", m.meta, std::strerror(errno),
+           as_they_were, keep_error);
+  }
+  if (!m.staged.empty()) {
+    const Moved r = move_file(m.staged, m.out, m.force, m.out_at_start);
+    if (r != Moved::kDone) {
+      const int err = errno;
+      const bool restored = backup.restore();
+      const std::string now =
+          restored ? fmt::format("{} and {} are as they were", m.out, m.meta)
+                   : fmt::format(
+                         "{} is as it was, but {} could not be put back ({}): it is the "
+                         "new header, whose results_xxh64 does not match {}",
+                         m.out, m.meta, std::strerror(errno), m.out);
+      if (r == Moved::kFailed)
+        fail("{}: cannot move the completed results into place: {}; {}{}", m.out,
+             std::strerror(err), now, keep_error);
+      fail("{}; {}{}", not_replacing(m.out, r), now, keep_replace);
+    }
+  }
+  backup.discard();
+  if (!m.remove_after.empty()) ::unlink(m.remove_after.c_str());
+  // note: by now the results and their header are in place: a failed fsync
+  // says so, and that a crash could still undo the renames.
+  std::vector<std::string> dirs = {directory_of(m.meta)};
+  if (!to_stdout && directory_of(m.out) != dirs[0]) dirs.push_back(directory_of(m.out));
+  for (const std::string& dir : dirs)
+    if (!fsync_directory(dir))
+      fail(
+          "{}: {} in place, but the fsync of directory {} failed: {}; a crash could still undo "
+          "the move",
+          to_stdout ? m.meta : m.out,
+          to_stdout ? "the run header is" : "the results and their header are", dir,
+          std::strerror(errno));
 }
 
 namespace {
@@ -378,38 +875,79 @@ std::string utf8_prefix(const std::string& text, size_t bytes) {
 }
 }  // namespace
 
-ResultsWriter::ResultsWriter(const ResultsPaths& paths, nlohmann::json meta)
-    : paths_(paths), work_(paths.partial), work_meta_(paths.partial_meta), meta_(std::move(meta)) {
+ResultsWriter::ResultsWriter(const ResultsPaths& paths, const OutputsAtStart& start,
+                             nlohmann::json meta)
+    : paths_(paths),
+      start_(start),
+      work_(paths.partial),
+      work_meta_(paths.partial_meta),
+      meta_(std::move(meta)) {
   // note: the header goes first, so a killed run always leaves one for --resume.
+  // (Not over the header of an OUT.partial that appeared since the start:
+  // open_for_append refuses that file, and its header stays its own.)
+  if (!start_.force && exists(work_))
+    fail(
+        "{}: appeared after the run started; not replacing it (pass --resume to finish the run "
+        "it holds, or --force to start over)",
+        work_);
   meta_["status"] = "running";
   write_file_atomic(work_meta_, running_header(meta_));
   open_for_append(work_, 0, true);
 }
 
 ResultsWriter::ResultsWriter(const ResultsPaths& paths, const ResumeSource& source,
-                             nlohmann::json meta, uint64_t keep_bytes)
-    : paths_(paths), work_(source.path), work_meta_(source.meta), meta_(std::move(meta)) {
+                             const OutputsAtStart& start, nlohmann::json meta, uint64_t keep_bytes)
+    : paths_(paths),
+      start_(start),
+      work_(source.path),
+      work_meta_(source.meta),
+      meta_(std::move(meta)) {
   meta_["status"] = "running";
   write_file_atomic(work_meta_, running_header(meta_));
   open_for_append(work_, keep_bytes, false);
 }
 
-ResultsWriter::ResultsWriter(int fd, const std::string& meta_path, nlohmann::json meta)
+ResultsWriter::ResultsWriter(int fd, const std::string& meta_path, nlohmann::json meta, bool force)
     : paths_(ResultsPaths::of("-", meta_path)),
       work_("-"),
       work_meta_(meta_path),
       meta_(std::move(meta)),
       fd_(fd),
       stream_(true) {
-  meta_["status"] = "running";
-  if (!work_meta_.empty()) write_file_atomic(work_meta_, running_header(meta_));
+  // note: without --force an existing --meta file was refused before the
+  // run (check_meta_path), so one there at the end appeared meanwhile: it
+  // is not replaced.
+  start_.force = force;
 }
 
 void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes, bool create) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0644);
+  // note: O_NOFOLLOW: a symbolic link at the name is never written through.
+  // A new OUT.partial is made with O_EXCL: under --force what is there goes
+  // first (the run starts over), otherwise a file that appeared there since
+  // the start is refused.
+  fd_ = create ? create_new_file(path, start_.force)
+               : ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st {};
   if (fd_ < 0) {
+    const int err = errno;
     mark_failed();
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      fail(
+          "{}: is {}; expected the partial results of {} (a regular file written by generate; "
+          "remove it{})",
+          path, kind_of(st.st_mode), paths_.out, create ? "" : ", or pass --force to start over");
+    if (create && err == EEXIST)
+      fail(
+          "{}: appeared after the run started; not replacing it (pass --resume to finish the run "
+          "it holds, or --force to start over)",
+          path);
+    errno = err;
     fail_errno(fmt::format("{}: cannot open the results for writing", paths_.out));
+  }
+  if (::fstat(fd_, &st) == 0 && !S_ISREG(st.st_mode)) {
+    mark_failed();
+    fail("{}: is {}; expected the partial results of {} (a regular file written by generate)", path,
+         kind_of(st.st_mode), paths_.out);
   }
   // Drop a trailing partial line left by a kill.
   if (::ftruncate(fd_, static_cast<off_t>(keep_bytes)) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {
@@ -429,8 +967,19 @@ void ResultsWriter::append(const std::string& line) {
 void ResultsWriter::complete(const nlohmann::json& stats) {
   meta_["status"] = "complete";
   meta_["stats"] = stats;
+  FinalMove move;
+  move.meta = paths_.meta;
+  move.force = start_.force;
+  move.meta_at_start = start_.meta;
+  move.out_at_start = start_.out;
   if (stream_) {
-    if (!work_meta_.empty()) write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+    // note: the header is the only file of a run on stdout, written now
+    // (see the constructor).
+    if (!work_meta_.empty()) {
+      move.out = "-";
+      move.header = meta_.dump(2) + "\n";
+      move_results_into_place(move);
+    }
     done_ = true;
     return;
   }
@@ -439,23 +988,36 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
   // a results file that was edited, or a meta file that is another's.
   const std::string results = read_whole_file(work_, "the results");
   meta_["results_xxh64"] = results_digest(results);
-  const std::string text = meta_.dump(2) + "\n";
-  // note: the final header is written before the results are renamed: a kill
-  // between the two leaves OUT.partial, which --resume then finishes (all
-  // its lines are there) and renames.
-  write_file_atomic(paths_.meta, text);
+  move.out = paths_.out;
+  move.header = meta_.dump(2) + "\n";
   if (work_ != paths_.out) {
-    if (::rename(work_.c_str(), paths_.out.c_str()) != 0)
-      fail_errno(fmt::format("{}: cannot move the completed results into place", paths_.out));
-    ::unlink(work_meta_.c_str());
+    move.staged = work_;
+    move.partial = work_;
+    move.remove_after = work_meta_;
+  } else {
+    // (an older qtk's OUT, resumed in place: its header, rewritten
+    // "running" at the start, is this run's own)
+    move.force = true;
   }
-  fsync_directory_of(paths_.out);
+  // note: a kill before the header's rename leaves OUT.partial and its
+  // header "running", which --resume finishes (all its lines are there);
+  // one between the two renames leaves the new header beside the old OUT,
+  // and OUT.partial, which --resume finishes the same way.
+  try {
+    move_results_into_place(move);
+  } catch (const Error&) {
+    // note: once both are in place (a failed directory fsync) there is no
+    // partial run left to mark "failed".
+    if (work_ != paths_.out && !exists(work_)) done_ = true;
+    throw;
+  }
   done_ = true;
 }
 
 void ResultsWriter::mark_failed() noexcept {
   try {
-    if (stream_ && work_meta_.empty()) return;
+    // note: a run on stdout writes its header only when it completes.
+    if (stream_) return;
     if (fd_ >= 0 && !stream_) {
       // note: a write that failed half-way (a full disk) leaves part of a
       // line; --resume would drop it, but the file should hold only

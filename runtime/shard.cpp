@@ -1,5 +1,6 @@
 #include "runtime/shard.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "runtime/generate_resume.h"
 #include "runtime/results_file.h"
 
@@ -176,6 +178,13 @@ std::string header_text(const std::string& path) {
   return ss.str();
 }
 
+// Stops a merge that a signal (recorded by merge's InterruptScope) asked to
+// stop, before anything is written.
+void stop_if_interrupted(const std::string& out, const std::string& meta) {
+  if (const int sig = interrupt_signal())
+    fail("{}: interrupted by {}; {} and {} are as they were", out, signal_name(sig), out, meta);
+}
+
 // The meta fields that must agree between the shards of one job.
 const char* const kSameInEveryShard[] = {
     "/pack/digest",
@@ -232,10 +241,23 @@ MergeResult run_merge(const MergeOptions& o) {
   // note: generate's checks of its outputs: an existing directory, OUT not a
   // directory, device or FIFO (written by rename, they would become plain
   // files: `merge /dev/full ... --force` replaced the device), no input.
-  refuse_outputs_that_are_inputs(paths, inputs, o.force, "merge", "OUT");
+  // (a caller that recorded what was at OUT decided itself whether it may
+  // be replaced)
+  const bool may_replace = o.force || o.at_start.has_value();
+  refuse_outputs_that_are_inputs(paths, inputs, may_replace, "merge", "OUT");
   std::optional<OutputLock> lock;
-  if (o.lock) lock.emplace(paths.lock, o.out);
-  if (!o.force) {
+  if (o.lock) {
+    lock.emplace(paths.lock, o.out);
+    // note: with the lock held no other generate or merge writes these
+    // names: what a killed one left of its temporary files can go.
+    for (const std::string& line : remove_stale_temporaries(paths))
+      std::fprintf(stderr, "merge: %s\n", line.c_str());
+  }
+  // What was at OUT and its header now (or when the caller took the lock):
+  // without --force the final move replaces only those files, never one
+  // that appears there meanwhile.
+  const OutputsAtStart at_start = o.at_start ? *o.at_start : OutputsAtStart::of(paths, o.force);
+  if (!may_replace) {
     for (const std::string& p : {o.out, out_meta}) {
       struct stat st {};
       if (::lstat(p.c_str(), &st) == 0)
@@ -245,6 +267,7 @@ MergeResult run_merge(const MergeOptions& o) {
   }
   std::vector<ShardFile> shards;
   for (const std::string& p : o.shards) shards.push_back(load_shard(p));
+  stop_if_interrupted(o.out, out_meta);
 
   const ShardFile& first = shards.front();
   bool all_verified = true;
@@ -380,26 +403,52 @@ MergeResult run_merge(const MergeOptions& o) {
   for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
   meta["results_xxh64"] = results_digest(merged);
-  // note: as generate completes a run: the results in a file of their own
-  // beside OUT, then the header, then the results renamed into place. A
-  // failure before the last step (a full disk) leaves OUT and its header as
-  // they were; a header saying complete is written only once its results
-  // are on disk, and a kill between the two renames leaves a header whose
-  // results_xxh64 names the old OUT as not its results.
+  // note: as generate completes a run (move_results_into_place): the
+  // results in a file of their own beside OUT, the header renamed into
+  // place, then the results; a failure (a full disk, an OUT that cannot be
+  // replaced, one that appeared meanwhile) leaves OUT and its header as
+  // they were, and a kill between the two renames leaves a header whose
+  // results_xxh64 names the old OUT as not its results (merge again).
+  stop_if_interrupted(o.out, out_meta);
   const std::string staged = fmt::format("{}.merge.{}", o.out, ::getpid());
-  write_file_atomic(staged, merged);
-  try {
-    write_file_atomic(out_meta, meta.dump(2) + "\n");
-  } catch (...) {
+  {
+    // note: created as a new file (O_EXCL | O_NOFOLLOW; a leftover of a
+    // process that had our pid goes first): never written through a link.
     ::unlink(staged.c_str());
+    const int fd =
+        ::open(staged.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) fail_errno(fmt::format("{}: cannot create the merged results beside it", o.out));
+    register_emergency_unlink(staged);
+    bool closed = false;
+    try {
+      write_all(fd, merged, o.out);
+      if (::fsync(fd) != 0) fail_errno(fmt::format("{}: fsync failed", o.out));
+      closed = true;
+      if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed", o.out));
+    } catch (...) {
+      if (!closed) ::close(fd);
+      ::unlink(staged.c_str());
+      unregister_emergency_unlink(staged);
+      throw;
+    }
+  }
+  FinalMove move;
+  move.staged = staged;
+  move.out = o.out;
+  move.meta = out_meta;
+  move.header = meta.dump(2) + "\n";
+  move.force = at_start.force;
+  move.out_at_start = at_start.out;
+  move.meta_at_start = at_start.meta;
+  move.doing = o.doing;
+  try {
+    move_results_into_place(move);
+  } catch (...) {
+    ::unlink(staged.c_str());  // (gone already where the results were moved)
+    unregister_emergency_unlink(staged);
     throw;
   }
-  if (::rename(staged.c_str(), o.out.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(staged.c_str());
-    errno = err;
-    fail_errno(fmt::format("{}: cannot move the merged results into place", o.out));
-  }
+  unregister_emergency_unlink(staged);
   return result;
 }
 

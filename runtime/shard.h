@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/results_file.h"  // OutputsAtStart
+
 namespace qtk {
 
 struct ShardSpec {
@@ -64,6 +66,18 @@ struct MergeOptions {
   // Take OUT.lock for the merge (generate's lock: a merge and a generate, or
   // two merges, never write one OUT at once); false where the caller holds it.
   bool lock = true;
+  // What the final move may replace, recorded by a caller that holds
+  // OUT.lock (lock = false) when it took it, having decided itself whether
+  // an existing OUT may be replaced (a `generate --devices` parent: under
+  // --resume the OUT that was there then, under --force anything). Without
+  // it the merge records it when it takes the lock and refuses an existing
+  // OUT unless `force`. Either way, without force a file that appears at
+  // OUT or its header meanwhile is never replaced.
+  std::optional<OutputsAtStart> at_start;
+  // How the messages of a final move that fails name the work ("appeared
+  // while merging (it was not there when the merge started)"; "generating":
+  // "... when the run started").
+  const char* doing = "merging";
   std::optional<ShardSpec> as_shard;
   nlohmann::json extra = nlohmann::json::object();  // top-level entries added to OUT's meta
 };

@@ -65,7 +65,7 @@ for model in $MODELS; do
     cfg=$work/config.json
   fi
   # note: --threads draws the weights in parallel (a 30B-A3B cut takes minutes on one).
-  /tmp/qtk-ab-new/bin/synth "$cfg" "$work/hf" --dtype bf16 --threads "$(nproc)" >/dev/null &&
+  /tmp/qtk-ab-new/bin/synth "$cfg" "$work/hf" --dtype bf16 --threads "$(nproc)" --force >/dev/null &&
     /tmp/qtk-ab-new/bin/convert "$work/hf" "$work/model.pack" --force >/dev/null ||
     { echo "FAILED: synth/convert $name"; continue; }
   plans=()

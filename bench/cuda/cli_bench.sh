@@ -108,7 +108,7 @@ for model in $MODELS; do
   mkdir -p "$w"
   if [ ! -f "$w/model.pack" ]; then
     echo "== $model: synth + convert"
-    { "$BIN/synth" "$cfg" "$w/hf" --dtype bf16 && "$BIN/convert" "$w/hf" "$w/model.pack" --force; } \
+    { "$BIN/synth" "$cfg" "$w/hf" --dtype bf16 --force && "$BIN/convert" "$w/hf" "$w/model.pack" --force; } \
       >"$OUT/$model.convert.log" 2>&1 || { echo "cli_bench: synth/convert $model failed"; status=1; continue; }
   fi
   vocab=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('text_config', c).get('vocab_size', c.get('vocab_size')))" "$cfg")

@@ -27,7 +27,7 @@ mkdir -p "$OUT" "$WORK"
 for name in ${LP_MODELS:-qwen3-0.6b qwen3.5-0.8b}; do
   cfg=tests/data/configs/$name.json
   [ -f "$WORK/$name.pack" ] || {
-    "$BIN/synth" "$cfg" "$WORK/$name-hf" --dtype bf16 >/dev/null &&
+    "$BIN/synth" "$cfg" "$WORK/$name-hf" --dtype bf16 --force >/dev/null &&
       "$BIN/convert" "$WORK/$name-hf" "$WORK/$name.pack" --force >/dev/null && rm -rf "$WORK/$name-hf"
   } || { echo "FAILED: synth/convert $name"; continue; }
   max_pos=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('text_config', c)['max_position_embeddings'])" "$cfg")

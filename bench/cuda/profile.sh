@@ -13,7 +13,7 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems
 [ -n "$NSYS" ] || { echo "profile: nsys not found"; exit 0; }
 work=/tmp/qtk-prof/$name
 mkdir -p "$work"
-"$BUILD/bin/synth" "tests/data/configs/$name.json" "$work/hf" --dtype bf16 >/dev/null &&
+"$BUILD/bin/synth" "tests/data/configs/$name.json" "$work/hf" --dtype bf16 --force >/dev/null &&
   "$BUILD/bin/convert" "$work/hf" "$work/model.pack" --force >/dev/null || exit 1
 # shellcheck disable=SC2086
 "$NSYS" profile -o "$work/prof" --force-overwrite true -t cuda --cuda-graph-trace=node \

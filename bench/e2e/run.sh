@@ -34,7 +34,7 @@ SYNTH_FLAGS=()
 if ((FP8)); then NAME=$NAME-fp8; SYNTH_FLAGS=(--fp8); fi
 mkdir -p "$WORK"
 CKPT=$WORK/$NAME-ckpt; PACK=$WORK/$NAME.pack
-[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 "${SYNTH_FLAGS[@]}" >&2
+[[ -f $CKPT/config.json ]] || "$BIN/synth" "$CONFIG" "$CKPT" --seed 1 --force "${SYNTH_FLAGS[@]}" >&2
 [[ -f $PACK ]] || "$BIN/convert" "$CKPT" "$PACK" >&2
 
 "$BIN/membw" --mb 1024 --threads "$THREADS" > "$WORK/membw.json"

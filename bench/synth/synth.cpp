@@ -2,7 +2,14 @@
 // config.json, for benchmarks on real model shapes without real weights.
 //
 //   synth CONFIG.json OUT_DIR [--seed N] [--dtype bf16|f32] [--shard-mb N] [--fp8]
-//         [--experts hub|per-expert|fused] [--threads N] [--dry-run]
+//         [--experts hub|per-expert|fused] [--threads N] [--force] [--dry-run]
+//
+// OUT_DIR is written whole or not at all (bench/synth/staged_dir.h): the
+// files go to a temporary directory beside it, renamed into place when
+// complete; a failure (a full disk, `ulimit -f`) or SIGINT/SIGTERM/SIGHUP
+// removes it. A non-empty OUT_DIR is refused unless --force (then the new
+// directory replaces it whole: no file of the old checkpoint stays beside
+// the new ones).
 //
 // --fp8 writes the layout of Qwen's block-FP8 releases: every decoder-layer
 // projection ([out, in]; not the embedding, lm_head or the GDN in_proj_a/b)
@@ -31,14 +38,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +55,10 @@
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/synth/staged_dir.h"
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "core/stdout_check.h"
 #include "loaders/cli_args.h"
 #include "loaders/model_config.h"
 #include "loaders/name_table.h"
@@ -126,14 +138,42 @@ struct Tensor {
   }
 };
 
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
+// A file of the checkpoint: where it is written (in the temporary
+// directory) and the name messages give it (in OUT_DIR).
+struct OutFile {
+  std::string path, shown;
+};
+
+void write_all(int fd, const void* p, size_t n, const OutFile& f) {
   const char* b = static_cast<const char*>(p);
   while (n) {
     ssize_t w = ::write(fd, b, n);
-    if (w < 0) fail_errno(fmt::format("synth: {}: write failed", path));
+    if (w < 0) {
+      // note: without SA_RESTART (InterruptScope) a signal may cut a write
+      // short with EINTR: stop when it was ours to stop on, else retry.
+      if (errno == EINTR) {
+        check_interrupted(f.shown);
+        continue;
+      }
+      fail_errno(fmt::format("{}: write failed", f.shown));
+    }
     b += w;
     n -= static_cast<size_t>(w);
   }
+}
+
+// Creates `f` (it must not exist: the temporary directory is new) with
+// `mode` and writes `text` to it.
+void write_file(const OutFile& f, const std::string& text, mode_t mode) {
+  const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot create it", f.shown));
+  try {
+    write_all(fd, text.data(), text.size(), f);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
 }
 
 constexpr int64_t kFp8Block = 128;
@@ -192,19 +232,20 @@ void draw_values(const Tensor& t, Rng& rng, std::vector<float>& f32, int64_t m) 
 
 // An FP8 weight and its scales: values drawn as for bf16, then each 128x128
 // block quantised with scale = amax / 448 (one 128-row band at a time).
-void write_fp8(int fd, const std::string& path, const Tensor& t, Rng& rng) {
+void write_fp8(int fd, const OutFile& f, const Tensor& t, Rng& rng) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
   std::vector<float> scales;
   std::vector<float> band;
   std::vector<uint8_t> q;
   for (int64_t r0 = 0; r0 < rows; r0 += kFp8Block) {
+    check_interrupted(f.shown);
     const int64_t nr = std::min(kFp8Block, rows - r0);
     band.resize(static_cast<size_t>(nr * cols));
     for (auto& v : band) v = t.init.center + t.init.scale * rng.uniform();
     quantize_band(band, nr, cols, q, scales);
-    write_all(fd, q.data(), q.size(), path);
+    write_all(fd, q.data(), q.size(), f);
   }
-  write_all(fd, scales.data(), scales.size() * 4, path);
+  write_all(fd, scales.data(), scales.size() * 4, f);
 }
 
 constexpr int64_t kChunk = 1 << 20;  // values per piece of a non-FP8 tensor
@@ -241,45 +282,59 @@ std::string shard_header(const std::vector<Tensor>& tensors, bool bf16) {
   return h;
 }
 
-int create_shard(const std::string& path, const std::string& h) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_errno(fmt::format("synth: cannot create {}", tmp));
-  const uint64_t n = h.size();
-  write_all(fd, &n, 8, path);
-  write_all(fd, h.data(), h.size(), path);
+// note: a shard is written under its own name: the whole temporary
+// directory is what appears at once. It is registered so that a second
+// signal (the process then ends at once) still unlinks the big file.
+int create_shard(const OutFile& f, const std::string& h) {
+  const int fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot create it", f.shown));
+  register_emergency_unlink(f.path);
+  try {
+    const uint64_t n = h.size();
+    write_all(fd, &n, 8, f);
+    write_all(fd, h.data(), h.size(), f);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   return fd;
 }
 
-void finish_shard(int fd, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  if (::close(fd) != 0) fail_errno(fmt::format("synth: {}: close failed", tmp));
-  std::filesystem::rename(tmp, path);
+void finish_shard(int fd, const OutFile& f) {
+  unregister_emergency_unlink(f.path);
+  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
 }
 
 // One stream of values for the whole checkpoint, in file order (the default).
-void write_shard(const std::string& path, const std::vector<Tensor>& tensors, bool bf16, Rng& rng) {
-  const int fd = create_shard(path, shard_header(tensors, bf16));
-  std::vector<uint16_t> b16;
-  std::vector<float> f32;
-  for (const auto& t : tensors) {
-    if (t.fp8) {
-      write_fp8(fd, path, t, rng);
-      continue;
-    }
-    for (int64_t done = 0; done < t.numel(); done += kChunk) {
-      const int64_t m = std::min(kChunk, t.numel() - done);
-      draw_values(t, rng, f32, m);
-      if (bf16) {
-        b16.resize(m);
-        for (int64_t i = 0; i < m; ++i) b16[i] = to_bf16(f32[i]);
-        write_all(fd, b16.data(), m * 2, path);
-      } else {
-        write_all(fd, f32.data(), m * 4, path);
+void write_shard(const OutFile& f, const std::vector<Tensor>& tensors, bool bf16, Rng& rng) {
+  const int fd = create_shard(f, shard_header(tensors, bf16));
+  try {
+    std::vector<uint16_t> b16;
+    std::vector<float> f32;
+    for (const auto& t : tensors) {
+      if (t.fp8) {
+        write_fp8(fd, f, t, rng);
+        continue;
+      }
+      for (int64_t done = 0; done < t.numel(); done += kChunk) {
+        check_interrupted(f.shown);
+        const int64_t m = std::min(kChunk, t.numel() - done);
+        draw_values(t, rng, f32, m);
+        if (bf16) {
+          b16.resize(m);
+          for (int64_t i = 0; i < m; ++i) b16[i] = to_bf16(f32[i]);
+          write_all(fd, b16.data(), m * 2, f);
+        } else {
+          write_all(fd, f32.data(), m * 4, f);
+        }
       }
     }
+  } catch (...) {
+    unregister_emergency_unlink(f.path);
+    ::close(fd);
+    throw;
   }
-  finish_shard(fd, path);
+  finish_shard(fd, f);
 }
 
 uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
@@ -293,7 +348,7 @@ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
 // another) draws from its own stream, seeded by (seed, tensor, piece), and
 // is written at its place by whichever of the N threads takes it: the files
 // are the same for every N (not the same as the one-stream default's).
-void write_shards_parallel(const std::vector<std::string>& paths,
+void write_shards_parallel(const std::vector<OutFile>& files,
                            const std::vector<std::vector<Tensor>>& shards, bool bf16, uint64_t seed,
                            int threads) {
   struct Piece {
@@ -309,19 +364,20 @@ void write_shards_parallel(const std::vector<std::string>& paths,
     size_t size;
   };
   std::vector<Map> maps;
-  // On failure: no partial file is left behind.
+  // On failure: the files are closed (the caller removes the temporary
+  // directory that holds them).
   auto discard = [&] {
     for (const auto& m : maps) ::munmap(m.base, m.size);
     for (size_t s = 0; s < fds.size(); ++s) {
+      unregister_emergency_unlink(files[s].path);
       ::close(fds[s]);
-      std::filesystem::remove(paths[s] + ".tmp");
     }
   };
   uint64_t stream = 0;
   try {
     for (size_t s = 0; s < shards.size(); ++s) {
       const std::string h = shard_header(shards[s], bf16);
-      fds.push_back(create_shard(paths[s], h));
+      fds.push_back(create_shard(files[s], h));
       uint64_t data = 8 + h.size();
       for (size_t i = 0; i < shards[s].size(); ++i, ++stream) {
         const Tensor& t = shards[s][i];
@@ -334,16 +390,18 @@ void write_shards_parallel(const std::vector<std::string>& paths,
       // not a SIGBUS in the mapping), and the threads write through a shared
       // mapping: a tmpfs file's write() copies under the inode lock, one
       // thread at a time, while page faults on a mapping run in parallel.
-      const int rc = ::posix_fallocate(fds[s], 0, static_cast<off_t>(data));
+      int rc;
+      while ((rc = ::posix_fallocate(fds[s], 0, static_cast<off_t>(data))) == EINTR)
+        check_interrupted(files[s].shown);
       if (rc == EOPNOTSUPP || rc == EINVAL) {
         if (::ftruncate(fds[s], static_cast<off_t>(data)) != 0)
-          fail_errno(fmt::format("synth: {}: cannot size the file", paths[s]));
+          fail_errno(fmt::format("{}: cannot size the file to {} bytes", files[s].shown, data));
       } else if (rc != 0) {
         errno = rc;
-        fail_errno(fmt::format("synth: {}: cannot reserve {} bytes", paths[s], data));
+        fail_errno(fmt::format("{}: cannot reserve {} bytes", files[s].shown, data));
       }
       void* m = ::mmap(nullptr, data, PROT_READ | PROT_WRITE, MAP_SHARED, fds[s], 0);
-      if (m == MAP_FAILED) fail_errno(fmt::format("synth: {}: mmap failed", paths[s]));
+      if (m == MAP_FAILED) fail_errno(fmt::format("{}: mmap failed", files[s].shown));
       maps.push_back({static_cast<uint8_t*>(m), data});
     }
   } catch (...) {
@@ -361,6 +419,7 @@ void write_shards_parallel(const std::vector<std::string>& paths,
     try {
       for (size_t p; !failed && (p = next++) < pieces.size();) {
         const Piece& pc = pieces[p];
+        check_interrupted(files[pc.shard].shown);
         const Tensor& t = shards[pc.shard][pc.tensor];
         uint8_t* base = maps[pc.shard].base;
         Rng rng(mix64(mix64(mix64(seed) ^ pc.stream) ^ static_cast<uint64_t>(pc.index)));
@@ -402,18 +461,34 @@ void write_shards_parallel(const std::vector<std::string>& paths,
     std::rethrow_exception(error);
   }
   for (const auto& m : maps) ::munmap(m.base, m.size);
-  for (size_t s = 0; s < fds.size(); ++s) finish_shard(fds[s], paths[s]);
+  maps.clear();
+  for (size_t s = 0; s < fds.size(); ++s) {
+    try {
+      finish_shard(fds[s], files[s]);
+    } catch (...) {
+      // (the others are closed too)
+      for (size_t k = s + 1; k < fds.size(); ++k) {
+        unregister_emergency_unlink(files[k].path);
+        ::close(fds[k]);
+      }
+      throw;
+    }
+  }
 }
 
 int run(int argc, char** argv) {
   cxxopts::Options opts(
       "synth",
-      "Write a random-weight HF checkpoint (safetensors) for a config.json.\nExit "
-      "status: 0 written (with --dry-run: sized); 1 not (one line on stderr "
-      "says why).");
+      "Write a random-weight HF checkpoint (safetensors) for a config.json.\nOUT_DIR is "
+      "written whole or not at all: the files go to a temporary directory beside it "
+      "(.NAME.synth-tmp.PID.HEX) that is renamed into place when complete.\nExit status: 0 "
+      "written (with --dry-run: sized); 1 not (one line on stderr says why; OUT_DIR is left as "
+      "it was and no temporary directory remains); on SIGINT, SIGTERM or SIGHUP it removes its "
+      "temporary directory and ends by that signal.");
   opts.add_options()("config", "config.json of the model shape", cxxopts::value<std::string>())(
-      "out", "output directory (created)", cxxopts::value<std::string>())(
-      "seed", "random seed", cxxopts::value<std::string>()->default_value("1"))(
+      "out", "output directory: created, or an empty one (a non-empty one needs --force)",
+      cxxopts::value<std::string>())("seed", "random seed",
+                                     cxxopts::value<std::string>()->default_value("1"))(
       "dtype", "bf16 or f32", cxxopts::value<std::string>()->default_value("bf16"))(
       "shard-mb", "start a new shard after this many MB (0: one file)",
       cxxopts::value<std::string>()->default_value("0"))(
@@ -430,20 +505,27 @@ int run(int argc, char** argv) {
       cxxopts::value<std::string>()->default_value("0"))(
       "dry-run",
       "write nothing; print {\"bytes\", \"parameters\", \"tensors\", \"files\"} "
-      "of the checkpoint as JSON on stdout")("h,help", "show this help");
+      "of the checkpoint as JSON on stdout")(
+      "force",
+      "replace OUT_DIR when it is a directory that is not empty: the new checkpoint is swapped "
+      "in when complete and the old one then removed (a crash in between leaves the old one "
+      "under the temporary name; where the file system cannot swap, it is first moved to "
+      ".NAME.synth-old.PID.HEX, and a crash before the new one is renamed in leaves both there "
+      "and no OUT_DIR)")("h,help", "show this help");
   opts.parse_positional({"config", "out"});
   opts.positional_help("CONFIG.json OUT_DIR");
   // note: the toolkit's flag rules (an unknown flag named, a flag given
   // twice with two values refused, one line per error).
   const auto args = cli::parse_flags(opts, argc, argv);
   if (args.count("help")) {
-    std::fputs(opts.help().c_str(), stdout);
+    write_stdout(opts.help());
     return 0;
   }
   if (!args.count("config") || !args.count("out"))
     fail(
         "usage: synth CONFIG.json OUT_DIR [--dtype bf16|f32] [--fp8] [--experts "
-        "hub|per-expert|fused] [--shard-mb N] [--seed N] [--threads N] [--dry-run] (see --help)");
+        "hub|per-expert|fused] [--shard-mb N] [--seed N] [--threads N] [--force] [--dry-run] (see "
+        "--help)");
   cli::no_extra_arguments(args);
   const std::string config_path = args["config"].as<std::string>();
   const std::string out = args["out"].as<std::string>();
@@ -501,46 +583,38 @@ int run(int argc, char** argv) {
     params += t.numel();
   }
   if (args.count("dry-run")) {
-    std::printf("%s\n", nlohmann::json{{"bytes", total},
-                                       {"parameters", params},
-                                       {"tensors", all.size()},
-                                       {"files", shards.size()}}
-                            .dump()
-                            .c_str());
+    write_stdout(nlohmann::json{{"bytes", total},
+                                {"parameters", params},
+                                {"tensors", all.size()},
+                                {"files", shards.size()}}
+                     .dump() +
+                 "\n");
     return 0;
   }
-  std::filesystem::create_directories(out);
-  std::filesystem::copy_file(config_path, out + "/config.json",
-                             std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::permissions(out + "/config.json", std::filesystem::perms::owner_read |
-                                                         std::filesystem::perms::owner_write |
-                                                         std::filesystem::perms::group_read |
-                                                         std::filesystem::perms::others_read);
+  // config.json as given, or with --fp8 its quantization_config added.
+  std::string config_text;
+  {
+    std::ifstream in(config_path, std::ios::binary);
+    if (!in) fail_errno(fmt::format("{}: cannot read it", config_path));
+    config_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) fail_errno(fmt::format("{}: cannot read it", config_path));
+  }
   if (args.count("fp8")) {
-    nlohmann::ordered_json cj = nlohmann::ordered_json::parse(std::ifstream(config_path));
+    nlohmann::ordered_json cj = nlohmann::ordered_json::parse(config_text);
     nlohmann::ordered_json& target = multimodal ? cj["text_config"] : cj;
     target["quantization_config"] = {{"quant_method", "fp8"},
                                      {"fmt", "e4m3"},
                                      {"activation_scheme", "dynamic"},
                                      {"weight_block_size", {kFp8Block, kFp8Block}},
                                      {"modules_to_not_convert", {"lm_head"}}};
-    std::ofstream(out + "/config.json") << cj.dump(2) << "\n";
+    config_text = cj.dump(2) + "\n";
   }
-
   std::vector<std::string> names;
   for (size_t s = 0; s < shards.size(); ++s)
     names.push_back(shards.size() == 1
                         ? std::string("model.safetensors")
                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size()));
-  if (threads == 0) {
-    Rng rng(seed);
-    for (size_t s = 0; s < shards.size(); ++s)
-      write_shard(out + "/" + names[s], shards[s], bf16, rng);
-  } else {
-    std::vector<std::string> paths;
-    for (const auto& n : names) paths.push_back(out + "/" + n);
-    write_shards_parallel(paths, shards, bf16, seed, threads);
-  }
+  std::string index_text;
   if (shards.size() > 1) {
     nlohmann::ordered_json index;
     for (size_t s = 0; s < shards.size(); ++s) {
@@ -550,8 +624,66 @@ int run(int argc, char** argv) {
       }
     }
     index["metadata"] = {{"total_size", total}};
-    std::ofstream(out + "/model.safetensors.index.json") << index.dump(2) << "\n";
+    index_text = index.dump(2) + "\n";
   }
+
+  const bool force = args.count("force") > 0;
+  struct stat out_st {};
+  const bool out_existed = ::lstat(out.c_str(), &out_st) == 0;
+  int status = 0;
+  std::vector<std::string> after;  // lines for stderr once OUT_DIR is in place
+  {
+    // note: SIGINT, SIGTERM, SIGHUP (and SIGPIPE: a stderr reader gone) are
+    // turned into an exception at the next chunk, so the unwinding removes
+    // the temporary directory; the signal is raised again below, so the
+    // exit status says so. The scope also ignores SIGXFSZ: a write past
+    // `ulimit -f` fails with EFBIG and is reported like a full disk.
+    InterruptScope interrupts;
+    std::optional<synth::StagedDirectory> staged;
+    try {
+      staged.emplace(out, force);
+      for (const std::string& note : staged->notes())
+        std::fprintf(stderr, "synth: %s\n", note.c_str());
+      const size_t notes_before = staged->notes().size();
+      auto file = [&](const std::string& name) {
+        return OutFile{staged->path() + "/" + name, (out.ends_with('/') ? out : out + "/") + name};
+      };
+      const OutFile config_file = file("config.json");
+      write_file(config_file, config_text, 0644);
+      // note: 0644 whatever the umask, so that config.json has one mode everywhere.
+      if (::chmod(config_file.path.c_str(), 0644) != 0)
+        fail_errno(fmt::format("{}: cannot set its mode", config_file.shown));
+      if (threads == 0) {
+        Rng rng(seed);
+        for (size_t s = 0; s < shards.size(); ++s)
+          write_shard(file(names[s]), shards[s], bf16, rng);
+      } else {
+        std::vector<OutFile> files;
+        for (const auto& n : names) files.push_back(file(n));
+        write_shards_parallel(files, shards, bf16, seed, threads);
+      }
+      if (!index_text.empty()) write_file(file("model.safetensors.index.json"), index_text, 0666);
+      staged->commit();
+      for (size_t i = notes_before; i < staged->notes().size(); ++i)
+        after.push_back(staged->notes()[i]);
+    } catch (const std::exception& e) {
+      // (the temporary directory is removed before the message is printed)
+      const bool was_staged = staged.has_value();
+      staged.reset();
+      std::string message = e.what();
+      if (was_staged)
+        message += out_existed ? fmt::format("; {} is left as it was", out)
+                               : fmt::format("; {} was not created", out);
+      std::fprintf(stderr, "synth: %s\n", printable_message(message).c_str());
+      status = 1;
+    }
+  }
+  reraise_interrupt();
+  if (status != 0) return status;
+  // note: OUT_DIR is in place, so a stderr reader that is gone by now costs
+  // these lines only (the write fails with EPIPE), not the exit status.
+  std::signal(SIGPIPE, SIG_IGN);
+  for (const std::string& line : after) std::fprintf(stderr, "synth: %s\n", line.c_str());
   // note: billions for real sizes, millions for the tiny test shapes (which
   // showed as "0.000 B").
   const bool billions = params >= 1e9;
@@ -566,7 +698,10 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return qtk::run(argc, argv);
+    const int status = qtk::run(argc, argv);
+    // note: --dry-run's JSON (or --help) lost to a full disk is an error.
+    qtk::finish_stdout();
+    return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "synth: %s\n", e.what());
     return 1;

@@ -267,6 +267,22 @@ TEST_F(ReaderReject, BadChecksumFoundByVerify) {
 #endif
 }
 
+#ifdef QTK_INSPECT_BIN
+// `inspect X.pack [--verify]` on a full device: exit 1 and one line saying
+// so (the summary was lost with exit 0, and `inspect > r.txt` on a full disk
+// left an empty r.txt).
+TEST_F(ReaderReject, InspectReportsAFullStdout) {
+  for (const char* flags : {"", " --verify"}) {
+    SCOPED_TRACE(flags);
+    const auto r =
+        testing::run_shell(std::string(QTK_INSPECT_BIN) + " " +
+                           testing::quote(dir_->file("good.pack")) + flags + " >/dev/full");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err, "inspect: cannot write to standard output: No space left on device\n");
+  }
+}
+#endif
+
 TEST_F(ReaderReject, MisalignedEntry) {
   const std::string z = hand_zip({{"manifest.json", "{}"}}, /*align=*/false);
   EXPECT_NE(open_error(z).find("not 64-byte aligned"), std::string::npos);

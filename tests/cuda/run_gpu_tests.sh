@@ -201,7 +201,7 @@ if [ -n "${QTK_GPU_E2E:-}" ] && [ "$mode" = full ]; then
     [ $e2e_rc -eq 0 ] || break
     work=/tmp/qtk-e2e/$name
     mkdir -p "$work"
-    { "$BUILD/bin/synth" "tests/data/configs/$name.json" "$work/hf" --dtype bf16 &&
+    { "$BUILD/bin/synth" "tests/data/configs/$name.json" "$work/hf" --dtype bf16 --force &&
       "$BUILD/bin/convert" "$work/hf" "$work/model.pack" --force; } >>"$OUT/e2e.log" 2>&1 \
       || { echo "FAILED: synth/convert $name" | tee -a "$OUT/e2e.log"; e2e_rc=1; continue; }
     for prec in ${QTK_GPU_E2E_PRECISIONS:-bf16}; do

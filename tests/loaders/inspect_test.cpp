@@ -134,5 +134,21 @@ TEST(Inspect, Help) {
   EXPECT_NE(r.out.find("Usage:"), std::string::npos) << r.out;
 }
 
+// A summary lost to a full device is an error (exit 1, one line on stderr),
+// not exit 0 with nothing written; --help alike.
+TEST(Inspect, FullStdoutIsAnError) {
+  for (const std::string& args :
+       {shell_quote(source_path("tests/data/models/qwen3-tiny")), std::string("--help")}) {
+    SCOPED_TRACE(args);
+    TempDir tmp;
+    const std::string cmd =
+        std::string(QTK_INSPECT_BIN) + " " + args + " >/dev/full 2>" + shell_quote(tmp.file("err"));
+    const int raw = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 1) << raw;
+    EXPECT_EQ(testing::read_file(tmp.file("err")),
+              "inspect: cannot write to standard output: No space left on device\n");
+  }
+}
+
 }  // namespace
 }  // namespace qtk

@@ -269,5 +269,18 @@ TEST(Compare, NothingToCompareIsAnError) {
   EXPECT_NE(d.err.find("is a directory"), std::string::npos) << d.err;
 }
 
+// A report that cannot be written (a full device) is a failure naming
+// stdout, whatever the verdict: exit 1, not 0 with the report lost.
+TEST(Compare, FullStdoutIsAnError) {
+  const std::string e = work_dir() + "/full.expected.jsonl";
+  write_text(e, line("a", {1, 2}) + line("b", {3}));
+  for (const char* flags : {"", "-v", "--help"}) {
+    SCOPED_TRACE(flags);
+    RunResult r = run(fmt::format("( {} {} {} {} >/dev/full )", QTK_COMPARE_BIN, e, e, flags));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err, "compare: cannot write to standard output: No space left on device\n");
+  }
+}
+
 }  // namespace
 }  // namespace qtk::rt_test

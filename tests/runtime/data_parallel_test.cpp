@@ -3,12 +3,21 @@
 // --shard K/N spread over devices is that shard's file and meta, bad lists
 // and combinations are refused with one line and no output, and a failed
 // or interrupted fan-out leaves no OUT and finishes with --resume.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "runtime/data_parallel.h"
+#include "tests/runtime/output_faults.h"
 #include "tests/runtime/test_util.h"
 
 namespace qtk::rt_test {
@@ -132,6 +141,28 @@ TEST(DataParallel, OneDeviceIsAPlainRun) {
             (std::vector<std::string>{"dp_one.jsonl", "dp_one.jsonl.meta.json"}));
 }
 
+// What a killed parent's merge left (its staging and temporary files, named
+// with its pid) is removed by the next --devices run on OUT, as a plain run
+// removes its own.
+TEST(DataParallel, StaleTemporariesOfAKilledParentAreRemoved) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string out = work_dir() + "/dp_stale.jsonl";
+  const pid_t dead = dead_pid();
+  const std::vector<std::string> stale = {fmt::format("dp_stale.jsonl.merge.{}", dead),
+                                          fmt::format("dp_stale.jsonl.meta.json.tmp.{}", dead)};
+  for (const std::string& name : stale) write_text(work_dir() + "/" + name, "left\n");
+  const RunResult r = generate(j.pack, j.prompts, out, "--margins --threads 2 --devices 0,1");
+  ASSERT_EQ(r.status, j.status) << r.err;
+  EXPECT_EQ(read_text(out), read_text(j.full));
+  for (const std::string& name : stale)
+    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}",
+                                     work_dir(), name, dead)),
+              std::string::npos)
+        << r.err;
+  EXPECT_EQ(files_starting("dp_stale"),
+            (std::vector<std::string>{"dp_stale.jsonl", "dp_stale.jsonl.meta.json"}));
+}
+
 TEST(DataParallel, AShardSpreadOverDevicesIsThatShardsFileAndMeta) {
   const Job& j = job_of("tests/data/models/qwen3-tiny");
   const std::string d = work_dir();
@@ -193,6 +224,20 @@ TEST(DataParallel, BadListsAndCombinationsAreRefusedWithOneLineAndNoOutput) {
                       j.pack, out, j.prompts));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--devices: expected --batch FILE"), std::string::npos) << r.err;
+  EXPECT_TRUE(files_starting("dp_bad").empty());
+  // A FIFO as --batch: every worker reads the file, which a pipe cannot give
+  // twice; refused before anything reads it (no writer ever comes here).
+  const std::string fifo = work_dir() + "/dp_fifo.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  r = run(fmt::format("timeout -s KILL 30 {} --model {} --batch {} --out {} --devices 0,1",
+                      QTK_GENERATE_BIN, j.pack, fifo, out));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(count_lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("--devices: expected --batch FILE, a regular file (every worker reads it), "
+                       "found a FIFO (named pipe) (" +
+                       fifo + ")"),
+            std::string::npos)
+      << r.err;
   EXPECT_TRUE(files_starting("dp_bad").empty());
   // A bad input is found before any worker starts: one line, no parts.
   r = generate(work_dir() + "/no-such.pack", j.prompts, out, "--devices 0,1");
@@ -299,6 +344,210 @@ TEST(DataParallel, ResumeAfterAnInterruptedFanOutGivesTheSameFile) {
   r = generate(big_pack, prompts, killed, "--devices 0,1 --threads 2 --resume");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(killed), read_text(single));
+}
+
+// Whether `pid` is still running (a zombie nobody reaped counts as gone).
+bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  const std::string stat = read_text(fmt::format("/proc/{}/stat", pid));
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// A --devices run whose parent is killed by SIGKILL (it can forward
+// nothing) does not leave its workers running: the kernel sends each one
+// SIGTERM (PR_SET_PDEATHSIG), which stops it as a SIGTERM does (its part
+// marked "interrupted", its lock removed) within moments, and --resume
+// finishes the run. (The workers used to run on, re-parented to pid 1, and a
+// --resume was refused by their locks.)
+TEST(DataParallel, WorkersStopWhenTheParentIsKilled) {
+  // note: the sample model and 128 x 200 tokens: seconds of work per
+  // worker, so the kill (sent as soon as both parts appear) lands mid-run.
+  const std::string pack = pack_of("samples/qwen3.5-sample");
+  ASSERT_FALSE(pack.empty());
+  std::string text;
+  for (int i = 0; i < 128; ++i)
+    text += fmt::format(
+        "{{\"prompt_token_ids\": [{}, 5, 8], \"max_tokens\": 200, \"ignore_eos\": true}}\n",
+        1 + i % 60);
+  const std::string d = work_dir();
+  const std::string prompts = d + "/dp_orphan.jsonl", out = d + "/dp_orphan_out.jsonl";
+  write_text(prompts, text);
+  const std::string argv[] = {
+      QTK_GENERATE_BIN, "--model", pack,        "--batch", prompts, "--out", out,
+      "--devices",      "0,1",     "--threads", "2"};
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = ::fork();
+  if (parent == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+    const int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0), ::dup2(null, 1), ::dup2(null, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(parent, 0);
+  // Both workers under way: their parts exist, their locks hold their pids.
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 6000 && workers.size() < 2; ++i) {
+    workers.clear();
+    for (int k = 0; k < 2; ++k) {
+      const std::string part = fmt::format("{}.part-{}-of-2", out, k);
+      const long pid = std::atol(read_text(part + ".lock").c_str());
+      if (fs::exists(part + ".partial") && pid > 0) workers.push_back(static_cast<pid_t>(pid));
+    }
+    if (workers.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(workers.size(), 2u) << "the workers did not start";
+  ::kill(parent, SIGKILL);
+  int st = 0;
+  ASSERT_EQ(::waitpid(parent, &st, 0), parent);
+  for (const pid_t w : workers) {
+    for (int i = 0; i < 2000 && running(w); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running(w)) << "worker " << w << " outlived its parent";
+    if (running(w)) ::kill(w, SIGKILL);
+  }
+  for (int k = 0; k < 2; ++k) {
+    const std::string part = fmt::format("{}.part-{}-of-2", out, k);
+    EXPECT_FALSE(fs::exists(part + ".lock")) << part;
+    ASSERT_TRUE(fs::exists(part + ".partial.meta.json")) << part << " finished after the kill";
+    const nlohmann::json meta = load_json(part + ".partial.meta.json");
+    EXPECT_EQ(meta.value("status", ""), "interrupted") << meta.dump(2);
+    EXPECT_NE(meta.value("error", "").find("interrupted by SIGTERM"), std::string::npos)
+        << meta.dump(2);
+  }
+  EXPECT_FALSE(fs::exists(out));
+  RunResult r = generate(pack, prompts, out, "--devices 0,1 --threads 2 --resume");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string single = d + "/dp_orphan_single.jsonl";
+  r = generate(pack, prompts, single, "--threads 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(out), read_text(single));
+}
+
+// Without --force the merge of a --devices run never replaces a file that
+// appeared at OUT, or at its header, while the run worked (another process
+// wrote it): the run exits 1 naming it, the file stays as it is, no header
+// or OUT is written and the parts stay; the same command with --resume then
+// merges them into OUT, replacing what is there then. With --force such a
+// file is replaced. (The parent used to merge with force, replacing it.)
+TEST(DataParallel, AnOutThatAppearsDuringTheRunIsNotReplaced) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string out = work_dir() + "/dp_appear.jsonl", meta = out + ".meta.json";
+  const std::vector<std::string> parts = {
+      "dp_appear.jsonl.part-0-of-2", "dp_appear.jsonl.part-0-of-2.meta.json",
+      "dp_appear.jsonl.part-1-of-2", "dp_appear.jsonl.part-1-of-2.meta.json"};
+  auto devices_run = [&](const std::string& faults, const std::string& flags) {
+    return run(
+        with_faults(faults) +
+        fmt::format("{} --model {} --batch {} --out {} --margins --threads 2 --devices 0,1 {}",
+                    QTK_GENERATE_BIN, j.pack, j.prompts, out, flags));
+  };
+  for (const std::string& target : {out, meta}) {
+    SCOPED_TRACE(target);
+    const std::string name = target.substr(target.rfind('/') + 1);
+    RunResult r = devices_run("QTK_FAULT_CREATE_AT_RENAME_TO=" + target, "");
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find(fmt::format("generate: {}: appeared while generating (it was not there "
+                                     "when the run started); not replacing it",
+                                     target)),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(fmt::format("; the parts ({}.part-*-of-2) stay: the same command with "
+                                     "--resume merges them into {}, replacing what is there then\n",
+                                     out, out)),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(read_text(target), "appeared\n");
+    std::vector<std::string> left = parts;
+    left.push_back(name);
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(files_starting("dp_appear"), left);
+    // --resume merges the parts (the workers find them complete) and
+    // replaces what is there now.
+    r = devices_run("", "--resume");
+    EXPECT_EQ(r.status, j.status) << r.err;
+    EXPECT_EQ(read_text(out), read_text(j.full));
+    EXPECT_EQ(load_json(meta).value("status", ""), "complete");
+    EXPECT_EQ(files_starting("dp_appear"),
+              (std::vector<std::string>{"dp_appear.jsonl", "dp_appear.jsonl.meta.json"}));
+    fs::remove(out);
+    fs::remove(meta);
+  }
+  // With --force a file that appears at OUT is replaced.
+  const RunResult forced = devices_run("QTK_FAULT_CREATE_AT_RENAME_TO=" + out, "--force");
+  EXPECT_EQ(forced.status, j.status) << forced.err;
+  EXPECT_EQ(read_text(out), read_text(j.full));
+  EXPECT_EQ(files_starting("dp_appear"),
+            (std::vector<std::string>{"dp_appear.jsonl", "dp_appear.jsonl.meta.json"}));
+}
+
+// A --devices parent that gets SIGINT twice while its workers cannot end
+// (here stopped by SIGSTOP: the first signal is forwarded to them and the
+// parent waits) ends at the second signal at once, exit status 130, with
+// OUT.lock removed; once the workers go on they stop too (the forwarded
+// signal, and the parent's death), their parts stay, and --resume finishes
+// the run. (OUT.lock used to be left behind: the lock installed its own
+// handlers, the parent's InterruptScope replaced them, and the file was not
+// on the list of files a second signal removes.)
+TEST(DataParallel, SecondSignalEndsTheParentAndRemovesItsLock) {
+  const std::string pack = pack_of("tests/data/models/qwen3-tiny");
+  ASSERT_FALSE(pack.empty());
+  // note: seconds of work per worker, so they are stopped mid-run.
+  std::string text;
+  for (int i = 0; i < 6000; ++i)
+    text += fmt::format(
+        "{{\"prompt_token_ids\": [{}, 2, 3], \"max_tokens\": 64, \"ignore_eos\": true}}\n",
+        1 + i % 500);
+  const std::string d = work_dir();
+  const std::string prompts = d + "/dp_sig2.jsonl", out = d + "/dp_sig2_out.jsonl";
+  write_text(prompts, text);
+  const pid_t parent =
+      start_with_default_signals({QTK_GENERATE_BIN, "--model", pack, "--batch", prompts, "--out",
+                                  out, "--devices", "0,1", "--threads", "2"});
+  ASSERT_GT(parent, 0);
+  // Both workers started (their locks hold their pids), then stopped.
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 3000 && workers.size() < 2; ++i) {
+    workers.clear();
+    for (int k = 0; k < 2; ++k) {
+      const long pid = std::atol(read_text(fmt::format("{}.part-{}-of-2.lock", out, k)).c_str());
+      if (pid > 0) workers.push_back(static_cast<pid_t>(pid));
+    }
+    if (workers.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(workers.size(), 2u) << "the workers did not start";
+  for (const pid_t w : workers) ::kill(w, SIGSTOP);
+  int st = 0;
+  ASSERT_EQ(::waitpid(parent, &st, WNOHANG), 0) << "the parent ended early: status " << st;
+  ASSERT_TRUE(fs::exists(out + ".lock"));
+  ::kill(parent, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // (forwarded to the stopped workers; the parent waits for them)
+  ASSERT_EQ(::waitpid(parent, &st, WNOHANG), 0) << "one signal ended the parent: status " << st;
+  ::kill(parent, SIGINT);
+  const bool ended = ended_within(parent, 20, &st);
+  for (const pid_t w : workers) ::kill(w, SIGCONT);
+  ASSERT_TRUE(ended) << "a second signal did not end the parent at once";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
+  EXPECT_FALSE(fs::exists(out + ".lock")) << "the lock file was left behind";
+  EXPECT_FALSE(fs::exists(out));
+  for (const pid_t w : workers) {
+    for (int i = 0; i < 2000 && running(w); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running(w)) << "worker " << w << " outlived its parent";
+    if (running(w)) ::kill(w, SIGKILL);
+  }
+  for (int k = 0; k < 2; ++k)
+    EXPECT_FALSE(fs::exists(fmt::format("{}.part-{}-of-2.lock", out, k))) << k;
+  RunResult r = generate(pack, prompts, out, "--devices 0,1 --threads 2 --resume");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string single = d + "/dp_sig2_single.jsonl";
+  r = generate(pack, prompts, single, "--threads 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(out), read_text(single));
 }
 
 TEST(DataParallel, DeviceListParsing) {

@@ -6,6 +6,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +21,12 @@
 #include <thread>
 
 #include <functional>
+#include <optional>
 
+#include "core/interrupt.h"
+#include "core/mapped_file.h"
+#include "runtime/results_file.h"
+#include "tests/runtime/output_faults.h"
 #include "tests/runtime/test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -724,24 +734,6 @@ size_t complete_lines(const std::string& path) {
   return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
 }
 
-// Starts `argv` with SIGINT, SIGTERM and SIGHUP at their default
-// dispositions (as from a terminal, whatever the test runner inherited),
-// or SIGHUP ignored (as under nohup).
-pid_t start_with_default_signals(const std::vector<std::string>& argv, bool nohup = false) {
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGHUP, nohup ? SIG_IGN : SIG_DFL);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int null = ::open("/dev/null", O_WRONLY);
-  ::dup2(null, 1), ::dup2(null, 2);
-  ::execv(args[0], args.data());
-  ::_exit(127);
-}
-
 // A run stopped by SIGTERM, SIGINT or SIGHUP removes its lock file (a
 // SIGKILL cannot), ends by that signal, keeps its partial results for
 // --resume, and its header says "interrupted"; under nohup a SIGHUP does
@@ -822,6 +814,839 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
   ASSERT_EQ(::waitpid(pid, &st, 0), pid);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   EXPECT_EQ(complete_lines(out), kLines / 10);
+}
+
+// Starts `argv` with SIGINT, SIGTERM and SIGHUP at their default
+// dispositions, stdin from `stdin_fd` (-1: /dev/null), stdout to /dev/null,
+// stderr to `err_path`, and `env` (NAME=VALUE) added to the environment.
+pid_t start_program(const std::vector<std::string>& argv, int stdin_fd, const std::string& err_path,
+                    const std::vector<std::string>& env = {}) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGHUP, SIG_DFL);
+  for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+  const int in = stdin_fd >= 0 ? stdin_fd : ::open("/dev/null", O_RDONLY);
+  const int null = ::open("/dev/null", O_WRONLY);
+  const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(in, 0), ::dup2(null, 1), ::dup2(err, 2);
+  ::execv(args[0], args.data());
+  ::_exit(127);
+}
+
+// A SIGINT, SIGTERM or SIGHUP stops a run that waits for its prompts (stdin
+// a pipe nobody writes to, or a FIFO nobody opened for writing) at once:
+// one line naming the signal, the lock file removed, nothing written, and
+// the process ends by that signal. (It used to wait for input or a second
+// signal, which left the lock behind.)
+TEST(GenerateSafety, SignalStopsARunWaitingForItsPrompts) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    for (const bool fifo : {false, true}) {
+      SCOPED_TRACE(fmt::format("SIG{}, {}", sigabbrev_np(sig), fifo ? "a FIFO" : "stdin"));
+      const std::string out =
+          fmt::format("{}/waiting.{}.{}.jsonl", work_dir(), sig, fifo ? "fifo" : "stdin");
+      const std::string fifo_path = out + ".in";
+      int pipe_fds[2] = {-1, -1};
+      if (fifo)
+        ASSERT_EQ(::mkfifo(fifo_path.c_str(), 0644), 0);
+      else
+        ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+      const pid_t pid = start_program({QTK_GENERATE_BIN, "--model", pack, "--batch",
+                                       fifo ? fifo_path : "-", "--out", out, "--no-progress"},
+                                      pipe_fds[0], out + ".err");
+      ASSERT_GT(pid, 0);
+      if (!fifo) ::close(pipe_fds[0]);
+      // The lock is taken before the model loads; then the run waits for
+      // its prompts (the main thread blocked in one system call).
+      for (int i = 0; i < 3000 && !std::filesystem::exists(out + ".lock"); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      wait_until_blocked(pid);
+      int st = 0;
+      ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0)
+          << "generate ended early: " << read_text(out + ".err");
+      ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
+      ::kill(pid, sig);
+      const bool ended = ended_within(pid, 20, &st);
+      if (!fifo) ::close(pipe_fds[1]);  // (only now: its end would be the input's end)
+      EXPECT_TRUE(ended) << "one signal did not stop a run waiting for its prompts";
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st;
+      const std::string err = read_text(out + ".err");
+      EXPECT_EQ(err, fmt::format("generate: {}: interrupted by SIG{} while reading the batch file; "
+                                 "nothing was written\n",
+                                 fifo ? fifo_path : "stdin", sigabbrev_np(sig)));
+      for (const char* suffix : {".lock", "", ".partial", ".partial.meta.json", ".meta.json"})
+        EXPECT_FALSE(std::filesystem::exists(out + suffix)) << out + suffix;
+    }
+  }
+}
+
+// A FIFO with a writer is read as any prompts file (O_NONBLOCK does not cut
+// it short before the writer comes).
+TEST(GenerateSafety, PromptsFromAFifoAreReadWhole) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("fifo_source.jsonl", prompts(5));
+  const std::string plain = work_dir() + "/fifo_plain.jsonl";
+  ASSERT_EQ(generate(pack, in, plain, "").status, 0);
+  const std::string fifo = work_dir() + "/fifo_prompts.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string out = work_dir() + "/fifo_results.jsonl";
+  // The writer opens the FIFO a second after generate started.
+  const RunResult r = run(fmt::format(
+      "(sleep 1; cat {} > {}) & timeout -s KILL 60 {} --model {} --batch {} --out {}; s=$?; wait; "
+      "exit $s",
+      in, fifo, QTK_GENERATE_BIN, pack, fifo, out));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(out), read_text(plain));
+}
+
+// A --model or --chat-template that is not a regular file (a FIFO, a
+// character device, a socket) is refused at once, naming it and what it is:
+// a pack is mapped into memory, and opening a FIFO used to wait for a writer
+// (out of reach of SIGTERM) while the lock file was held.
+TEST(GenerateSafety, ModelOrTemplateThatIsNotARegularFileIsRefused) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("kinds.jsonl", prompts(1));
+  const std::string fifo = work_dir() + "/kinds.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string sock = work_dir() + "/kinds.sock";
+  const int sfd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sfd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  ASSERT_EQ(::bind(sfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string out = work_dir() + "/kinds.results.jsonl";
+  auto expect_refused = [&](const RunResult& r, const std::string& says) {
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    for (const char* suffix : {".lock", "", ".partial", ".partial.meta.json", ".meta.json"})
+      EXPECT_FALSE(std::filesystem::exists(out + suffix)) << out + suffix;
+  };
+  for (const auto& [model, kind] :
+       std::vector<std::pair<std::string, std::string>>{{fifo, "a FIFO (named pipe)"},
+                                                        {"/dev/null", "a character device"},
+                                                        {sock, "a socket"}}) {
+    SCOPED_TRACE(model);
+    for (const char* devices : {"", "--devices 0,1"})
+      expect_refused(
+          run(fmt::format("timeout -s KILL 30 {} --model {} --batch {} --out {} {}",
+                          QTK_GENERATE_BIN, model, in, out, devices)),
+          model + ": expected a .pack file (a regular file, made by convert), found " + kind);
+    expect_refused(
+        run(fmt::format("timeout -s KILL 30 {} --model {} --batch {} --out {} --chat-template {}",
+                        QTK_GENERATE_BIN, pack, in, out, model)),
+        model + ": expected a regular file for the chat template, found " + kind);
+  }
+  ::close(sfd);
+}
+
+// A fault in a registered file mapping (the file was cut while mapped) ends
+// the process with one line naming the file, exit status 1, and the files
+// registered for emergencies removed; any other SIGBUS keeps its default
+// action. Each case runs in a child process.
+TEST(MappedFileFault, TruncatedMappingEndsWithOneLineAndCleansUp) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::string path = work_dir() + "/fault.bin";
+  const std::string marker = work_dir() + "/fault.lock";
+  const std::string err_path = work_dir() + "/fault.err";
+  write_text(path, std::string(static_cast<size_t>(3 * page), 'x'));
+  write_text(marker, "");
+  const MappedFile mapped(path);
+  register_emergency_unlink(marker);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(err, 2);
+    struct rlimit no_core {};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    if (::truncate(path.c_str(), 0) != 0) ::_exit(2);
+    volatile uint8_t sink = mapped.data()[2 * page];
+    (void)sink;
+    ::_exit(0);  // not reached: the read faults
+  }
+  unregister_emergency_unlink(marker);
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
+  EXPECT_EQ(read_text(err_path),
+            fmt::format("{}: the file {} changed while it was being read (it was truncated or "
+                        "replaced in place); nothing further was written\n",
+                        program_invocation_short_name, path));
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the registered file was not removed";
+
+  // A mapping made without MappedFile (not registered), and a SIGBUS sent
+  // by kill: the default action (killed by SIGBUS), the file kept.
+  write_text(path, std::string(static_cast<size_t>(3 * page), 'x'));
+  write_text(marker, "");
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* raw = ::mmap(nullptr, static_cast<size_t>(3 * page), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(raw, MAP_FAILED);
+  register_emergency_unlink(marker);
+  for (const bool by_kill : {false, true}) {
+    SCOPED_TRACE(by_kill ? "kill -BUS" : "an unregistered mapping");
+    const pid_t p = ::fork();
+    if (p == 0) {
+      struct rlimit no_core {};
+      ::setrlimit(RLIMIT_CORE, &no_core);
+      if (by_kill) ::kill(::getpid(), SIGBUS);
+      if (::truncate(path.c_str(), 0) != 0) ::_exit(2);
+      volatile uint8_t sink = static_cast<const uint8_t*>(raw)[2 * page];
+      (void)sink;
+      ::_exit(0);
+    }
+    ASSERT_GT(p, 0);
+    ASSERT_EQ(::waitpid(p, &st, 0), p);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS) << "status " << st;
+    EXPECT_TRUE(std::filesystem::exists(marker));
+  }
+  unregister_emergency_unlink(marker);
+  ::munmap(raw, static_cast<size_t>(3 * page));
+}
+
+// A pack cut while generate computes from its mapping (no huge-page or
+// tile-order copy): one line naming the pack, exit status 1, the lock file
+// removed, the complete lines kept; --resume with the pack restored
+// finishes the run. (It used to die of SIGBUS, "Bus error", with the lock
+// left.)
+TEST(GenerateSafety, PackCutDuringARunEndsWithOneLineAndResumes) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string copy = work_dir() + "/cut.pack";
+  std::filesystem::copy_file(pack, copy, std::filesystem::copy_options::overwrite_existing);
+  constexpr size_t kLines = 2000;
+  std::string text;
+  for (size_t i = 0; i < kLines; ++i)
+    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 32}}
+                .dump() +
+            "\n";
+  const std::string in = batch_file("cut.jsonl", text);
+  const std::string out = work_dir() + "/cut.results.jsonl";
+  const pid_t pid =
+      start_program({QTK_GENERATE_BIN, "--model", copy, "--batch", in, "--out", out, "--ignore-eos",
+                     "--threads", "1", "--max-num-seqs", "1", "--no-progress"},
+                    -1, out + ".err", {"QTK_HUGEPAGES=0", "QTK_TILED=0"});
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  bool running = true;
+  for (int i = 0; i < 6000 && complete_lines(out + ".partial") < 2; ++i) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      running = false;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(running) << "generate ended before the pack could be cut: "
+                       << read_text(out + ".err");
+  ASSERT_EQ(::truncate(copy.c_str(), 0), 0);
+  ASSERT_TRUE(ended_within(pid, 60, &st)) << "generate kept running on a cut pack";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
+  EXPECT_EQ(read_text(out + ".err"),
+            fmt::format("generate: the file {} changed while it was being read (it was truncated "
+                        "or replaced in place); nothing further was written\n",
+                        copy));
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock")) << "the lock file was left behind";
+  const std::string partial = read_text(out + ".partial");
+  ASSERT_FALSE(partial.empty());
+  EXPECT_EQ(partial.back(), '\n');
+  EXPECT_LT(complete_lines(out + ".partial"), kLines);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::filesystem::copy_file(pack, copy, std::filesystem::copy_options::overwrite_existing);
+  const RunResult again =
+      generate(copy, in, out, "--ignore-eos --threads 1 --max-num-seqs 1 --resume");
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(complete_lines(out), kLines);
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+}
+
+// ---- Output files: what generate writes besides its results, and how ----
+
+// A batch long enough to act on a run in progress (seconds: one sequence at
+// a time).
+std::string long_batch(const std::string& name, size_t lines = 2000) {
+  std::string text;
+  for (size_t i = 0; i < lines; ++i)
+    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 64}}
+                .dump() +
+            "\n";
+  return batch_file(name, text);
+}
+
+// Waits until `path` holds `lines` complete lines, or `pid` ends; false when
+// it ended first.
+bool wait_for_lines(const std::string& path, size_t lines, pid_t pid, int* status) {
+  for (int i = 0; i < 6000 && complete_lines(path) < lines; ++i) {
+    if (::waitpid(pid, status, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The header of `out` says it is complete and names `out`'s own results.
+void expect_a_pair(const std::string& out, const std::string& meta) {
+  const nlohmann::json h = load_json(meta);
+  EXPECT_EQ(h.value("status", ""), "complete") << meta;
+  EXPECT_EQ(h.value("results_xxh64", ""), results_digest(read_text(out))) << meta;
+}
+
+// OUT.lock is opened with O_NOFOLLOW: a symbolic link there (to a file, or
+// to nothing) is refused naming it, its target untouched; so are a FIFO and
+// a directory; a regular lock file a killed run left is taken over.
+TEST(GenerateOutputs, LockFileThatIsNotARegularFileIsRefused) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("lockkind.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/lockkind";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl", lock = out + ".lock";
+  const std::string victim = work_dir() + "/lockkind.victim";
+  write_text(victim, "precious\n");
+  struct Case {
+    std::function<void()> make;
+    std::string kind;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[&] { std::filesystem::create_symlink(victim, lock); }, "a symbolic link"},
+           {[&] { std::filesystem::create_symlink(dir + "/missing", lock); }, "a symbolic link"},
+           {[&] { ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0); }, "a FIFO"},
+           {[&] { std::filesystem::create_directory(lock); }, "a directory"}}) {
+    SCOPED_TRACE(c.kind);
+    c.make();
+    for (const char* flags : {"", "--force"}) {
+      const RunResult r = generate(pack, in, out, flags);
+      EXPECT_EQ(r.status, 1) << r.err;
+      EXPECT_EQ(r.err, fmt::format("generate: {}: the lock file {} is {}; expected a regular file "
+                                   "or no file there (generate and merge create it; remove it)\n",
+                                   out, lock, c.kind));
+    }
+    EXPECT_EQ(read_text(victim), "precious\n");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/missing"));
+    EXPECT_EQ(names_starting(dir, "r.jsonl"), std::vector<std::string>{"r.jsonl.lock"});
+    std::filesystem::remove(lock);
+  }
+  // A stale lock file (a SIGKILLed run's, with its pid) is taken over.
+  write_text(lock, fmt::format("{}\n", dead_pid()));
+  const RunResult ok = generate(pack, in, out, "");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_FALSE(std::filesystem::exists(lock));
+  expect_a_pair(out, out + ".meta.json");
+}
+
+// No file is written through a symbolic link at one of generate's derived
+// names: --force replaces a link at OUT.partial, at OUT.meta.json and at the
+// pid-named temporary files (made here by a shell that then execs generate,
+// which keeps its pid), never the file it points to; --resume refuses an
+// OUT.partial that is a link.
+TEST(GenerateOutputs, SymlinksAtDerivedNamesAreReplacedNotFollowed) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("links.jsonl", prompts(3));
+  const std::string dir = work_dir() + "/links";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl";
+  ASSERT_EQ(generate(pack, in, out, "").status, 0);
+  const std::string expected = read_text(out);
+  std::vector<std::string> victims;
+  auto victim = [&](const std::string& name) {
+    const std::string v = work_dir() + "/links.victim." + name;
+    write_text(v, "precious " + name + "\n");
+    victims.push_back(v);
+    return v;
+  };
+  std::filesystem::create_symlink(victim("partial"), out + ".partial");
+  std::filesystem::create_symlink(victim("partial-meta"), out + ".partial.meta.json");
+  std::filesystem::remove(out + ".meta.json");
+  std::filesystem::create_symlink(victim("meta"), out + ".meta.json");
+  std::string links;
+  for (const std::string name : {".meta.json.tmp.", ".meta.json.prev.", ".partial.meta.json.tmp."})
+    links += fmt::format("ln -s {} {}{}$$ && ", victim(name.substr(1, name.size() - 2)), out, name);
+  const RunResult r = run(fmt::format("{}exec {} --model {} --batch {} --out {} --force", links,
+                                      QTK_GENERATE_BIN, pack, in, out));
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const std::string& v : victims) {
+    const std::string name = v.substr(v.rfind(".victim.") + 8);
+    EXPECT_EQ(read_text(v), "precious " + name + "\n") << "written through a link: " << v;
+  }
+  EXPECT_FALSE(std::filesystem::is_symlink(out));
+  EXPECT_FALSE(std::filesystem::is_symlink(out + ".meta.json"));
+  EXPECT_EQ(read_text(out), expected);
+  expect_a_pair(out, out + ".meta.json");
+  EXPECT_EQ(names_starting(dir, "r.jsonl"),
+            (std::vector<std::string>{"r.jsonl", "r.jsonl.meta.json"}));
+  // --resume does not append through a link at OUT.partial.
+  write_killed_run(out, expected.substr(0, expected.find('\n') + 1), out + ".meta.json");
+  std::filesystem::remove(out + ".partial");
+  std::filesystem::create_symlink(victims[0], out + ".partial");
+  write_text(victims[0], expected.substr(0, expected.find('\n') + 1));
+  const RunResult resumed = generate(pack, in, out, "--resume");
+  EXPECT_EQ(resumed.status, 1) << resumed.err;
+  EXPECT_NE(resumed.err.find(out + ".partial: is a symbolic link; expected the partial results"),
+            std::string::npos)
+      << resumed.err;
+  EXPECT_EQ(read_text(victims[0]), expected.substr(0, expected.find('\n') + 1));
+}
+
+// The final move keeps OUT and its header a pair: when the results cannot
+// be moved into place (an immutable OUT: the rename fails with EPERM) the
+// new header is taken back, OUT and OUT.meta.json stay as they were and
+// OUT.partial keeps the results for --resume. A kill between the header's
+// rename and the results' leaves the new header beside the old OUT (its
+// results_xxh64 tells them apart) and OUT.partial: --resume completes the
+// pair and removes what the killed run left.
+TEST(GenerateOutputs, FinalMoveKeepsResultsAndHeaderTogether) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string a = batch_file("pair.a.jsonl", prompts(3, 0));
+  const std::string b = batch_file("pair.b.jsonl", prompts(3, 9));
+  const std::string dir = work_dir() + "/pair";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl", meta = out + ".meta.json";
+  const std::string fresh_b = dir + "/b.jsonl";
+  ASSERT_EQ(generate(pack, b, fresh_b, "").status, 0);
+  ASSERT_EQ(generate(pack, a, out, "").status, 0);
+  const std::string old_results = read_text(out), old_header = read_text(meta);
+
+  const RunResult r =
+      run(with_faults("QTK_FAULT_RENAME_TO=" + out) +
+          fmt::format("{} --model {} --batch {} --out {} --force", QTK_GENERATE_BIN, pack, b, out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, fmt::format("generate: {}: cannot move the completed results into place: "
+                               "Operation not permitted; {} and {} are as they were ({}.partial "
+                               "keeps the results; --resume finishes the run)\n",
+                               out, out, meta, out));
+  EXPECT_EQ(read_text(out), old_results);
+  EXPECT_EQ(read_text(meta), old_header) << "the new header was left beside the old results";
+  EXPECT_EQ(read_text(out + ".partial"), read_text(fresh_b));
+  EXPECT_EQ(load_json(out + ".partial.meta.json").value("status", ""), "failed");
+  EXPECT_EQ(names_starting(dir, "r.jsonl"),
+            (std::vector<std::string>{"r.jsonl", "r.jsonl.meta.json", "r.jsonl.partial",
+                                      "r.jsonl.partial.meta.json"}));
+  const RunResult resumed = generate(pack, b, out, "--resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_EQ(read_text(out), read_text(fresh_b));
+  expect_a_pair(out, meta);
+
+  // Killed between the two renames.
+  const RunResult killed =
+      run(with_faults("QTK_FAULT_KILL_AT_RENAME_TO=" + out) +
+          fmt::format("{} --model {} --batch {} --out {} --force", QTK_GENERATE_BIN, pack, a, out));
+  EXPECT_EQ(killed.status, 128 + SIGKILL) << killed.err;
+  EXPECT_EQ(read_text(out), read_text(fresh_b)) << "the old results stay";
+  EXPECT_EQ(load_json(meta).value("status", ""), "complete");
+  EXPECT_NE(load_json(meta).value("results_xxh64", ""), results_digest(read_text(out)));
+  EXPECT_EQ(read_text(out + ".partial"), old_results);
+  const auto left = names_starting(dir, "r.jsonl.meta.json.prev.");
+  ASSERT_EQ(left.size(), 1u) << "the old header's link";
+  const RunResult repaired = generate(pack, a, out, "--resume");
+  ASSERT_EQ(repaired.status, 0) << repaired.err;
+  EXPECT_NE(repaired.err.find("generate: removed stale temporary file " + dir + "/" + left[0]),
+            std::string::npos)
+      << repaired.err;
+  EXPECT_EQ(read_text(out), old_results);
+  expect_a_pair(out, meta);
+  EXPECT_EQ(names_starting(dir, "r.jsonl"),
+            (std::vector<std::string>{"r.jsonl", "r.jsonl.meta.json"}));
+}
+
+// Without --force the final move never replaces a file that appeared while
+// the run worked: one written at OUT by another process mid-run, or at the
+// header's name (as the rename is made: RENAME_NOREPLACE, or link() on a
+// file system without it) is kept, the run exits 1 naming it, and
+// OUT.partial keeps the results for --resume, which then replaces it.
+TEST(GenerateOutputs, AnOutputThatAppearsDuringTheRunIsNotReplaced) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = long_batch("appear.jsonl");
+  const std::string dir = work_dir() + "/appear";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/a.jsonl", err = dir + "/../appear.err";
+  const pid_t pid = start_with_default_signals(
+      {QTK_GENERATE_BIN, "--model", pack, "--batch", in, "--out", out, "--ignore-eos", "--threads",
+       "1", "--max-num-seqs", "1", "--no-progress"},
+      false, {}, "/dev/null", err);
+  int st = 0;
+  ASSERT_TRUE(wait_for_lines(out + ".partial", 2, pid, &st))
+      << "generate ended before the file could appear (status " << st << ")";
+  write_text(out, "precious\n");
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
+  EXPECT_EQ(read_text(err),
+            fmt::format("generate: {}: appeared while generating (it was not there when the run "
+                        "started); not replacing it; {} and {}.meta.json are as they were "
+                        "({}.partial keeps the results; --resume finishes the run into {}, "
+                        "replacing what is there then)\n",
+                        out, out, out, out, out));
+  EXPECT_EQ(read_text(out), "precious\n");
+  EXPECT_FALSE(std::filesystem::exists(out + ".meta.json"));
+  EXPECT_EQ(complete_lines(out + ".partial"), 2000u);
+  const RunResult resumed = generate(pack, in, out, "--ignore-eos --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_EQ(complete_lines(out), 2000u);
+  expect_a_pair(out, out + ".meta.json");
+
+  // The header's name, taken as the rename is made; also where the file
+  // system has no RENAME_NOREPLACE; and --meta's own name.
+  const std::string small = batch_file("appear.small.jsonl", prompts(2));
+  for (const std::string extra : {"", "QTK_FAULT_NO_RENAME_NOREPLACE=1"}) {
+    for (const std::string& meta_flag : {std::string(), " --meta " + dir + "/h.json"}) {
+      SCOPED_TRACE(extra + meta_flag);
+      const std::string o = dir + "/b.jsonl";
+      const std::string meta = meta_flag.empty() ? o + ".meta.json" : dir + "/h.json";
+      const RunResult r = run(with_faults("QTK_FAULT_CREATE_AT_RENAME_TO=" + meta + " " + extra) +
+                              fmt::format("{} --model {} --batch {} --out {}{}", QTK_GENERATE_BIN,
+                                          pack, small, o, meta_flag));
+      EXPECT_EQ(r.status, 1) << r.err;
+      EXPECT_EQ(r.err.rfind(fmt::format("generate: {}: appeared while generating", meta), 0), 0u)
+          << r.err;
+      EXPECT_NE(r.err.find("b.jsonl.partial keeps the results; --resume finishes the run"),
+                std::string::npos)
+          << r.err;
+      EXPECT_EQ(read_text(meta), "appeared\n");
+      EXPECT_FALSE(std::filesystem::exists(o));
+      EXPECT_TRUE(std::filesystem::exists(o + ".partial"));
+      // --force replaces it.
+      const RunResult forced = generate(pack, small, o, "--force" + meta_flag);
+      ASSERT_EQ(forced.status, 0) << forced.err;
+      expect_a_pair(o, meta);
+      std::filesystem::remove(o);
+      std::filesystem::remove(meta);
+    }
+  }
+  EXPECT_EQ(names_starting(dir, "b.jsonl"), std::vector<std::string>{});
+}
+
+// What a SIGKILL leaves of generate's and merge's pid-named temporary files
+// beside OUT is removed by the next run that takes OUT.lock, once that pid
+// is gone, one line on stderr each; those of a live pid, other names and
+// other OUTs' are kept.
+TEST(GenerateOutputs, StaleTemporariesOfKilledRunsAreRemoved) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("stale.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/stale";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl";
+  const pid_t dead = dead_pid(), live = ::getpid();
+  const std::vector<std::string> stale = {
+      fmt::format("r.jsonl.meta.json.tmp.{}", dead),
+      fmt::format("r.jsonl.meta.json.prev.{}", dead),
+      fmt::format("r.jsonl.partial.meta.json.tmp.{}", dead),
+      fmt::format("r.jsonl.merge.{}", dead),
+      fmt::format("r.jsonl.merge.{}.tmp.{}", dead, dead),
+  };
+  const std::vector<std::string> kept = {
+      fmt::format("r.jsonl.meta.json.tmp.{}", live),
+      fmt::format("r.jsonl.merge.{}", live),
+      "r.jsonl.meta.json.tmp.x1",
+      fmt::format("r.jsonl.meta.json.tmp.{}.bak", dead),
+      fmt::format("other.jsonl.meta.json.tmp.{}", dead),
+  };
+  for (const std::string& name : stale) write_text(dir + "/" + name, "left\n");
+  for (const std::string& name : kept) write_text(dir + "/" + name, "kept\n");
+  const RunResult r = generate(pack, in, out, "");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const std::string& name : stale) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
+    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}, "
+                                     "which is no longer running\n",
+                                     dir, name, dead)),
+              std::string::npos)
+        << r.err;
+  }
+  for (const std::string& name : kept) EXPECT_EQ(read_text(dir + "/" + name), "kept\n") << name;
+  expect_a_pair(out, out + ".meta.json");
+}
+
+// With --out - the run header (--meta M) is written once, atomically, when
+// the run completes: a run stopped by a signal or by its reader going away
+// leaves the previous M as it was (--force), or no M at all; a complete run
+// writes it; without --force one that appeared meanwhile is not replaced.
+TEST(GenerateOutputs, StdoutRunWritesItsHeaderOnlyWhenItCompletes) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = long_batch("stdout_meta.jsonl");
+  const std::string dir = work_dir() + "/stdout_meta";
+  std::filesystem::create_directories(dir);
+  const std::string meta = dir + "/h.json", results = dir + "/results.txt";
+  write_text(meta, "{\"previous\": true}\n");
+  const pid_t pid = start_with_default_signals(
+      {QTK_GENERATE_BIN, "--model", pack, "--batch", in, "--out", "-", "--meta", meta, "--force",
+       "--ignore-eos", "--threads", "1", "--max-num-seqs", "1", "--no-progress"},
+      false, {}, results);
+  int st = 0;
+  ASSERT_TRUE(wait_for_lines(results, 2, pid, &st)) << "status " << st;
+  EXPECT_EQ(read_text(meta), "{\"previous\": true}\n") << "replaced at the start";
+  ::kill(pid, SIGTERM);
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) << "status " << st;
+  EXPECT_EQ(read_text(meta), "{\"previous\": true}\n");
+  // The reader gone (SIGPIPE).
+  const RunResult piped =
+      run(fmt::format("{} --model {} --batch {} --out - --meta {} --force --ignore-eos --threads 1 "
+                      "--max-num-seqs 1 2>&1 | head -c 100 >/dev/null",
+                      QTK_GENERATE_BIN, pack, in, meta));
+  EXPECT_EQ(read_text(meta), "{\"previous\": true}\n") << piped.out << piped.err;
+  EXPECT_EQ(names_starting(dir, "h.json"), std::vector<std::string>{"h.json"});
+  // No M before: none after a failed run either.
+  const std::string none = dir + "/none.json";
+  const RunResult failed = run(
+      fmt::format("ulimit -f 1; {} --model {} --batch {} --out - --meta {} --margins --ignore-eos",
+                  QTK_GENERATE_BIN, pack, in, none));
+  EXPECT_NE(failed.status, 0);
+  EXPECT_FALSE(std::filesystem::exists(none));
+  // Complete: written.
+  const std::string small = batch_file("stdout_meta.small.jsonl", prompts(2));
+  const RunResult ok = run(fmt::format("{} --model {} --batch {} --out - --meta {} --force",
+                                       QTK_GENERATE_BIN, pack, small, meta));
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(load_json(meta).value("status", ""), "complete");
+  // Without --force, a header that appeared meanwhile is kept.
+  const std::string later = dir + "/later.json";
+  const RunResult appeared = run(with_faults("QTK_FAULT_CREATE_AT_RENAME_TO=" + later) +
+                                 fmt::format("{} --model {} --batch {} --out - --meta {}",
+                                             QTK_GENERATE_BIN, pack, small, later));
+  EXPECT_EQ(appeared.status, 1) << appeared.err;
+  EXPECT_EQ(appeared.err,
+            fmt::format("generate: {}: appeared while generating (it was not there when the run "
+                        "started); not replacing it (pass --force to replace it; the results went "
+                        "to stdout)\n",
+                        later));
+  EXPECT_EQ(read_text(later), "appeared\n");
+}
+
+// A failed fsync of the directory after the final renames is an error
+// (exit 1) that says the results are in place; nothing is left half-done.
+TEST(GenerateOutputs, FailedDirectoryFsyncIsReported) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("dirsync.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/dirsync";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl";
+  const RunResult r =
+      run(with_faults("QTK_FAULT_DIR_FSYNC=1") +
+          fmt::format("{} --model {} --batch {} --out {}", QTK_GENERATE_BIN, pack, in, out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, fmt::format("generate: {}: the results and their header are in place, but the "
+                               "fsync of directory {} failed: Input/output error; a crash could "
+                               "still undo the move\n",
+                               out, dir));
+  expect_a_pair(out, out + ".meta.json");
+  EXPECT_EQ(names_starting(dir, "r.jsonl"),
+            (std::vector<std::string>{"r.jsonl", "r.jsonl.meta.json"}));
+}
+
+// convert the same way: a failed fsync of the pack's directory after the
+// rename is exit 1, and the line says the pack is in place (it is).
+TEST(ConvertOutput, FailedDirectoryFsyncSaysThePackIsInPlace) {
+  const std::string dir = work_dir() + "/convsync";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string pack = dir + "/m.pack";
+  const RunResult r = run(with_faults("QTK_FAULT_DIR_FSYNC=1") +
+                          fmt::format("{} {} {}", QTK_CONVERT_BIN, src(kTiny), pack));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, fmt::format("convert: {}: written and in place, but the fsync of directory {} "
+                               "failed: Input/output error; a crash could still undo the rename\n",
+                               pack, dir));
+  EXPECT_EQ(names_starting(dir, ""), (std::vector<std::string>{"m.pack"}));
+  const RunResult check =
+      run(fmt::format("{} --model {} --batch {} --out {}/r.jsonl", QTK_GENERATE_BIN, pack,
+                      batch_file("convsync.jsonl", prompts(1)), dir));
+  EXPECT_EQ(check.status, 0) << check.err;
+}
+
+// --show's continuations go to stdout; a write that fails there (a full
+// disk) is exit 1 with one line, after the results file is complete.
+TEST(GenerateOutputs, ShowToAFullStdoutIsAnError) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("showfull.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/showfull";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl";
+  const RunResult r = run(fmt::format("({} --model {} --batch {} --out {} --show > /dev/full)",
+                                      QTK_GENERATE_BIN, pack, in, out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, fmt::format("generate: cannot write to standard output: No space left on "
+                               "device (--show); the results in {} are complete\n",
+                               out));
+  expect_a_pair(out, out + ".meta.json");
+  const RunResult help = run(fmt::format("({} --help > /dev/full)", QTK_GENERATE_BIN));
+  EXPECT_EQ(help.status, 1);
+  EXPECT_NE(help.err.find("cannot write to standard output"), std::string::npos) << help.err;
+}
+
+// Output paths the file system cannot hold are refused up front, saying
+// why: a name whose derived names (OUT.partial.meta.json.tmp.PID) pass the
+// name length limit, a path over PATH_MAX, a parent that is a file.
+TEST(GenerateOutputs, OutputPathsAreCheckedForLengthAndParents) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("names.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/names";
+  std::filesystem::create_directories(dir);
+  // 240 bytes: a valid name, but OUT.partial.meta.json is 258.
+  const std::string name = std::string(234, 'n') + ".jsonl";
+  const RunResult r = generate(pack, in, dir + "/" + name, "");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find(fmt::format("generate: --out {}/{}: the name is too long for the files "
+                                   "generate writes beside it: {}.partial.meta.json would be a "
+                                   "258-byte name, over the file system's limit of 255 bytes "
+                                   "(expected a name of at most",
+                                   dir, name, name)),
+            std::string::npos)
+      << r.err;
+  // A name that leaves room runs.
+  const std::string fits = std::string(194, 'f') + ".jsonl";
+  ASSERT_EQ(generate(pack, in, dir + "/" + fits, "").status, 0);
+  // A --meta name too long for its temporary names.
+  const RunResult m =
+      generate(pack, in, dir + "/m.jsonl", "--meta " + dir + "/" + std::string(250, 'h'));
+  EXPECT_EQ(m.status, 1) << m.err;
+  EXPECT_NE(m.err.find("the name is too long for the files generate writes beside it: " +
+                       std::string(250, 'h') + ".tmp."),
+            std::string::npos)
+      << m.err;
+  // A path over PATH_MAX.
+  const std::string long_path = dir + "/" + std::string(4100, 'p') + ".jsonl";
+  const RunResult p = generate(pack, in, long_path, "");
+  EXPECT_EQ(p.status, 1) << p.err;
+  EXPECT_NE(p.err.find(fmt::format("cannot write the results: the path is {} bytes, longer than "
+                                   "the system allows (4095 bytes)",
+                                   long_path.size())),
+            std::string::npos)
+      << p.err;
+  // A parent that is a file, directly or further up.
+  write_text(dir + "/p.jsonl", "a file\n");
+  for (const std::string& o : {dir + "/p.jsonl/r.jsonl", dir + "/p.jsonl/x/r.jsonl"}) {
+    const RunResult f = generate(pack, in, o, "");
+    EXPECT_EQ(f.status, 1) << f.err;
+    EXPECT_EQ(f.err, fmt::format("generate: {}: cannot write the results: {}/p.jsonl is not a "
+                                 "directory (it is a regular file)\n",
+                                 o, dir));
+  }
+  EXPECT_EQ(read_text(dir + "/p.jsonl"), "a file\n");
+  EXPECT_EQ(names_starting(dir, ""),
+            (std::vector<std::string>{fits, fits + ".meta.json", "p.jsonl"}));
+}
+
+// ---- A second signal: the process ends at once, its lock file removed ----
+
+// OutputLock puts its file on the list of files that a second signal
+// removes as it ends the process at once (exit status 128 + the signal),
+// whatever installed the signal handlers: an InterruptScope before the lock
+// (generate, merge) or after it (a --devices parent), and takes it off the
+// list when released (a second signal then leaves alone the lock file of
+// another run at that name); a lock that installed the handlers itself still
+// removes its file at the first signal. Each case runs in a child process.
+// (With an InterruptScope before or after the lock, the file was not on the
+// list: a second signal left it behind.)
+TEST(OutputLockSignals, SecondSignalRemovesTheLockWhateverInstalledTheHandlers) {
+  const std::string dir = work_dir() + "/lock_signals";
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/r.jsonl", lock = out + ".lock";
+  enum class Case { kScopeFirst, kLockFirst, kReleased, kLockAlone };
+  for (const Case c : {Case::kScopeFirst, Case::kLockFirst, Case::kReleased, Case::kLockAlone}) {
+    SCOPED_TRACE(static_cast<int>(c));
+    std::filesystem::remove(lock);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+      try {
+        std::optional<InterruptScope> scope;
+        std::optional<OutputLock> held;
+        if (c == Case::kLockFirst || c == Case::kLockAlone) {
+          held.emplace(lock, out);
+          if (c == Case::kLockFirst) scope.emplace();
+        } else {
+          scope.emplace(InterruptScope::Syscalls::kRestarted);
+          held.emplace(lock, out);
+        }
+        if (c == Case::kReleased) {
+          held.reset();
+          write_text(lock, "another run's\n");
+        }
+        ::raise(SIGINT);  // recorded (the program stops at its next check)
+        ::raise(SIGINT);  // ends the process at once
+      } catch (...) {
+        ::_exit(2);
+      }
+      ::_exit(0);
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    if (c == Case::kLockAlone) {
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << "status " << st;
+    } else {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
+    }
+    if (c == Case::kReleased)
+      EXPECT_EQ(read_text(lock), "another run's\n");
+    else
+      EXPECT_FALSE(std::filesystem::exists(lock)) << "the lock file was left behind";
+  }
+}
+
+// A run that gets SIGINT twice while it cannot reach its next check (here
+// blocked writing its progress line to stderr, a pipe nobody reads, as
+// behind `2>&1 | less` left paused) ends at the second signal at once, exit
+// status 130, its lock file removed; its partial results stay, and --resume
+// finishes them. (The lock file used to be left behind: generate's own
+// handlers were installed, and OutputLock put it on the list of files a
+// second signal removes only where it installed none.)
+TEST(GenerateSafety, SecondSignalEndsABlockedRunAndRemovesItsLock) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = long_batch("second_signal.in.jsonl");
+  const std::string out = work_dir() + "/second_signal.results.jsonl";
+  const FullPipe err;
+  ASSERT_GE(err.write_fd(), 0);
+  const pid_t pid = start_with_default_signals(
+      {QTK_GENERATE_BIN, "--model", pack, "--batch", in, "--out", out, "--ignore-eos", "--threads",
+       "1", "--max-num-seqs", "1", "--progress"},
+      false, {}, "/dev/null", "", err.write_fd());
+  ASSERT_GT(pid, 0);
+  // The run under way (its lock held, its results started), then blocked.
+  int st = 0;
+  for (int i = 0; i < 3000 && !std::filesystem::exists(out + ".partial"); ++i) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "generate ended early: status " << st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  wait_until_blocked(pid);
+  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "generate ended early: status " << st;
+  ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
+  ::kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // (the write it waits in is restarted: one signal only recorded)
+  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "one signal ended the blocked run: status " << st;
+  ::kill(pid, SIGINT);
+  ASSERT_TRUE(ended_within(pid, 20, &st)) << "a second signal did not end the run at once";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock")) << "the lock file was left behind";
+  EXPECT_FALSE(std::filesystem::exists(out));
+  ASSERT_TRUE(std::filesystem::exists(out + ".partial"));
+  const RunResult again =
+      generate(pack, in, out, "--ignore-eos --threads 1 --max-num-seqs 1 --resume");
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(complete_lines(out), 2000u);
+  EXPECT_EQ(names_starting(work_dir(), "second_signal.results"),
+            (std::vector<std::string>{"second_signal.results.jsonl",
+                                      "second_signal.results.jsonl.meta.json"}));
 }
 
 }  // namespace

@@ -3,16 +3,22 @@
 // shard flag's parsing; merge's refusals, each naming the shard.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "core/error.h"
+#include "runtime/results_file.h"
 #include "runtime/shard.h"
+#include "tests/runtime/output_faults.h"
 #include "tests/runtime/test_util.h"
 
 namespace qtk::rt_test {
@@ -441,6 +447,270 @@ TEST(Shard, FlagParsing) {
   EXPECT_THROW(parse_shard("--shard", "auto", getenv), qtk::Error);
   env.clear();
   EXPECT_THROW(parse_shard("--shard", "auto", getenv), qtk::Error);
+}
+
+// ---- merge's output files: written as generate writes its own ----
+
+// The header of `out` says it is complete and names `out`'s own results.
+void expect_merged_pair(const std::string& out) {
+  const auto h = load_json(out + ".meta.json");
+  EXPECT_EQ(h.value("status", ""), "complete");
+  EXPECT_EQ(h.value("results_xxh64", ""), results_digest(read_text(out)));
+}
+
+// merge never writes through a symbolic link: one at OUT.lock is refused
+// naming it (a FIFO or a directory too), one at OUT.meta.json or at the
+// pid-named staging and temporary names (made by a shell that then execs
+// merge, which keeps its pid) is replaced, its target untouched.
+TEST(Shard, MergeNeverWritesThroughSymlinks) {
+  const std::string files = run_shards("mlink", 2);
+  const std::string d = work_dir() + "/mlink";
+  std::filesystem::create_directories(d);
+  const std::string out = d + "/m.jsonl", lock = out + ".lock";
+  const std::string victim = work_dir() + "/mlink.victim";
+  write_text(victim, "precious\n");
+  for (const std::string kind : {"a symbolic link", "a FIFO", "a directory"}) {
+    if (kind == "a symbolic link") std::filesystem::create_symlink(victim, lock);
+    if (kind == "a FIFO") {
+      ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+    }
+    if (kind == "a directory") std::filesystem::create_directory(lock);
+    const RunResult r = run(merge_cmd("--force " + out + files));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err, fmt::format("merge: {}: the lock file {} is {}; expected a regular file or no "
+                                 "file there (generate and merge create it; remove it)\n",
+                                 out, lock, kind));
+    EXPECT_EQ(names_starting(d, "m.jsonl"), std::vector<std::string>{"m.jsonl.lock"});
+    std::filesystem::remove(lock);
+  }
+  EXPECT_EQ(read_text(victim), "precious\n");
+  std::vector<std::string> victims;
+  std::string links;
+  for (const std::string name :
+       {".meta.json", ".merge.$$", ".meta.json.tmp.$$", ".meta.json.prev.$$"}) {
+    const std::string v = fmt::format("{}.victim{}", d, victims.size());
+    write_text(v, "precious\n");
+    victims.push_back(v);
+    links += fmt::format("ln -s {} {}{} && ", v, out, name);
+  }
+  const RunResult r = run(fmt::format("{}exec {} --force {}{}", links, QTK_MERGE_BIN, out, files));
+  EXPECT_EQ(r.status, 3) << r.err;
+  for (const std::string& v : victims) EXPECT_EQ(read_text(v), "precious\n") << v;
+  EXPECT_FALSE(std::filesystem::is_symlink(out + ".meta.json"));
+  EXPECT_EQ(read_text(out), read_text(job().full));
+  expect_merged_pair(out);
+  EXPECT_EQ(names_starting(d, "m.jsonl"),
+            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+}
+
+// The final move keeps OUT and its header a pair, as README promises: a
+// results rename that fails (an immutable OUT) puts the old header back;
+// without --force an OUT or header that appears as it is made is kept (also
+// on a file system without RENAME_NOREPLACE); a failed directory fsync is
+// an error saying the results are in place. Nothing temporary is left.
+TEST(Shard, MergeFinalMoveKeepsOutAndHeaderTogether) {
+  const std::string files = run_shards("mpair", 2);
+  const std::string d = work_dir() + "/mpair";
+  std::filesystem::create_directories(d);
+  const std::string out = d + "/m.jsonl", meta = out + ".meta.json";
+  write_text(out, "old results\n");
+  write_text(meta, "{\"old\": true}\n");
+  const RunResult failed =
+      run(with_faults("QTK_FAULT_RENAME_TO=" + out) + merge_cmd("--force " + out + files));
+  EXPECT_EQ(failed.status, 1) << failed.err;
+  EXPECT_EQ(failed.err, fmt::format("merge: {}: cannot move the completed results into place: "
+                                    "Operation not permitted; {} and {} are as they were\n",
+                                    out, out, meta));
+  EXPECT_EQ(read_text(out), "old results\n");
+  EXPECT_EQ(read_text(meta), "{\"old\": true}\n");
+  EXPECT_EQ(names_starting(d, "m.jsonl"),
+            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+  std::filesystem::remove(out);
+  std::filesystem::remove(meta);
+  for (const std::string extra : {"", "QTK_FAULT_NO_RENAME_NOREPLACE=1"}) {
+    for (const std::string& target : {out, meta}) {
+      SCOPED_TRACE(target + " " + extra);
+      const RunResult r = run(with_faults("QTK_FAULT_CREATE_AT_RENAME_TO=" + target + " " + extra) +
+                              merge_cmd(out + files));
+      EXPECT_EQ(r.status, 1) << r.err;
+      EXPECT_EQ(r.err.rfind(fmt::format("merge: {}: appeared while merging (it was not there when "
+                                        "the merge started); not replacing it",
+                                        target),
+                            0),
+                0u)
+          << r.err;
+      EXPECT_NE(r.err.find("(pass --force to replace it)"), std::string::npos) << r.err;
+      EXPECT_EQ(read_text(target), "appeared\n");
+      // Only the file that appeared: the other is not left half-made.
+      EXPECT_EQ(names_starting(d, "m.jsonl"),
+                std::vector<std::string>{target.substr(target.rfind('/') + 1)});
+      std::filesystem::remove(target);
+    }
+  }
+  const RunResult sync = run(with_faults("QTK_FAULT_DIR_FSYNC=1") + merge_cmd(out + files));
+  EXPECT_EQ(sync.status, 1) << sync.err;
+  EXPECT_EQ(sync.err, fmt::format("merge: {}: the results and their header are in place, but the "
+                                  "fsync of directory {} failed: Input/output error; a crash "
+                                  "could still undo the move\n",
+                                  out, d));
+  EXPECT_EQ(read_text(out), read_text(job().full));
+  expect_merged_pair(out);
+  EXPECT_EQ(names_starting(d, "m.jsonl"),
+            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+}
+
+// SIGINT, SIGTERM or SIGHUP while merge writes (here: as its staging file,
+// then its header's temporary file, is fsynced) stop it before anything is
+// moved into place: it removes those files and OUT.lock, says so in one
+// line and ends by the signal; OUT and its header stay as they were. Under
+// nohup a SIGHUP does not stop it.
+TEST(Shard, MergeStoppedBySignalLeavesNothingBehind) {
+  const std::string files = run_shards("msig", 2);
+  std::vector<std::string> shard_args;
+  for (int k = 1; k >= 0; --k) shard_args.push_back(fmt::format("{}/msig_{}.jsonl", work_dir(), k));
+  const std::string d = work_dir() + "/msig";
+  std::filesystem::create_directories(d);
+  const std::string out = d + "/m.jsonl", err = work_dir() + "/msig.err";
+  write_text(out, "old results\n");
+  write_text(out + ".meta.json", "{\"old\": true}\n");
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    for (int at : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} at fsync {}", sigabbrev_np(sig), at));
+      std::vector<std::string> argv = {QTK_MERGE_BIN, "--force", out};
+      argv.insert(argv.end(), shard_args.begin(), shard_args.end());
+      const pid_t pid =
+          start_with_default_signals(argv, false,
+                                     {{"LD_PRELOAD", QTK_FAULT_SHIM},
+                                      {"ASAN_OPTIONS", "verify_asan_link_order=0"},
+                                      {"QTK_FAULT_SIGNAL_AT_FSYNC", fmt::format("{}:{}", sig, at)}},
+                                     "/dev/null", err);
+      int st = 0;
+      ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st;
+      EXPECT_EQ(read_text(err), fmt::format("merge: {}: interrupted by SIG{} before the results "
+                                            "were moved into place; {} and {}.meta.json are as "
+                                            "they were\n",
+                                            out, sigabbrev_np(sig), out, out));
+      EXPECT_EQ(read_text(out), "old results\n");
+      EXPECT_EQ(read_text(out + ".meta.json"), "{\"old\": true}\n");
+      EXPECT_EQ(names_starting(d, "m.jsonl"),
+                (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+    }
+  }
+  std::vector<std::string> argv = {QTK_MERGE_BIN, "--force", out};
+  argv.insert(argv.end(), shard_args.begin(), shard_args.end());
+  const pid_t pid =
+      start_with_default_signals(argv, /*nohup=*/true,
+                                 {{"LD_PRELOAD", QTK_FAULT_SHIM},
+                                  {"ASAN_OPTIONS", "verify_asan_link_order=0"},
+                                  {"QTK_FAULT_SIGNAL_AT_FSYNC", fmt::format("{}:1", SIGHUP)}},
+                                 "/dev/null", err);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << ": " << read_text(err);
+  EXPECT_EQ(read_text(out), read_text(job().full));
+  expect_merged_pair(out);
+}
+
+// What a killed merge (or generate) left of its pid-named files beside OUT
+// is removed by the next merge into OUT, one line each; a kill between
+// merge's two renames is mended by merging again.
+TEST(Shard, MergeRemovesWhatAKilledMergeLeft) {
+  const std::string files = run_shards("mstale", 2);
+  const std::string d = work_dir() + "/mstale";
+  std::filesystem::create_directories(d);
+  const std::string out = d + "/m.jsonl";
+  const RunResult killed =
+      run(with_faults("QTK_FAULT_KILL_AT_RENAME_TO=" + out) + merge_cmd(out + files));
+  EXPECT_EQ(killed.status, 128 + SIGKILL) << killed.err;
+  // The header is in place, the results are not.
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_EQ(load_json(out + ".meta.json").value("status", ""), "complete");
+  const auto left = names_starting(d, "m.jsonl.merge.");
+  ASSERT_EQ(left.size(), 1u);
+  const std::string pid = left[0].substr(std::string("m.jsonl.merge.").size());
+  const std::string old_tmp = fmt::format("m.jsonl.merge.{}.tmp.{}", pid, pid);
+  const std::string header_tmp = fmt::format("m.jsonl.meta.json.tmp.{}", pid);
+  write_text(d + "/" + old_tmp, "an older merge's\n");
+  write_text(d + "/" + header_tmp, "{}\n");
+  const RunResult again = run(merge_cmd("--force " + out + files));
+  EXPECT_EQ(again.status, 3) << again.err;
+  for (const std::string& name : {left[0], old_tmp, header_tmp})
+    EXPECT_NE(again.err.find(fmt::format("merge: removed stale temporary file {}/{} left by pid "
+                                         "{}, which is no longer running\n",
+                                         d, name, pid)),
+              std::string::npos)
+        << again.err;
+  EXPECT_EQ(read_text(out), read_text(job().full));
+  expect_merged_pair(out);
+  EXPECT_EQ(names_starting(d, "m.jsonl"),
+            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+}
+
+// A merge that gets SIGINT twice while it cannot reach its next check (here
+// blocked writing to stderr, a pipe nobody reads, the line saying it removed
+// a stale temporary file) ends at the second signal at once, exit status
+// 130, with OUT.lock removed and nothing written. (OUT.lock used to be left
+// behind: merge's own handlers were installed, and OutputLock put the file
+// on the list of files a second signal removes only where it installed
+// none.)
+TEST(Shard, SecondSignalEndsABlockedMergeAndRemovesItsLock) {
+  run_shards("m2sig", 2);
+  const std::string d = work_dir() + "/m2sig";
+  std::filesystem::create_directories(d);
+  const std::string out = d + "/m.jsonl";
+  std::vector<std::string> argv = {QTK_MERGE_BIN, out};
+  for (int k = 0; k < 2; ++k) argv.push_back(fmt::format("{}/m2sig_{}.jsonl", work_dir(), k));
+  const std::string stale = fmt::format("{}.merge.{}", out, dead_pid());
+  write_text(stale, "left\n");
+  const FullPipe err;
+  ASSERT_GE(err.write_fd(), 0);
+  const pid_t pid = start_with_default_signals(argv, false, {}, "/dev/null", "", err.write_fd());
+  ASSERT_GT(pid, 0);
+  // The lock taken and the stale file removed; the line saying so waits.
+  int st = 0;
+  for (int i = 0; i < 3000 && std::filesystem::exists(stale); ++i) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "merge ended early: status " << st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  wait_until_blocked(pid);
+  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "merge ended early: status " << st;
+  ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
+  ::kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // (the write it waits in is restarted: one signal only recorded)
+  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "one signal ended the blocked merge: status " << st;
+  ::kill(pid, SIGINT);
+  ASSERT_TRUE(ended_within(pid, 20, &st)) << "a second signal did not end the merge at once";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
+  EXPECT_EQ(names_starting(d, "m.jsonl"), std::vector<std::string>{});
+}
+
+// An OUT whose derived names would pass the name length limit, and one under
+// a parent that is a file, are refused up front, saying so.
+TEST(Shard, MergeChecksItsOutputPath) {
+  const std::string files = run_shards("mname", 2);
+  const std::string d = work_dir() + "/mname";
+  std::filesystem::create_directories(d);
+  const std::string name = std::string(244, 'm') + ".jsonl";  // 250 bytes
+  const RunResult r = run(merge_cmd(d + "/" + name + files));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err.rfind(fmt::format("merge: OUT {}/{}: the name is too long for the files merge "
+                                    "writes beside it: {}.merge.",
+                                    d, name, name),
+                        0),
+            0u)
+      << r.err;
+  EXPECT_NE(r.err.find("over the file system's limit of 255 bytes (expected a name of at most"),
+            std::string::npos)
+      << r.err;
+  write_text(d + "/f.jsonl", "a file\n");
+  const RunResult f = run(merge_cmd(d + "/f.jsonl/m.jsonl" + files));
+  EXPECT_EQ(f.status, 1) << f.err;
+  EXPECT_EQ(f.err, fmt::format("merge: {}/f.jsonl/m.jsonl: cannot write the results: {}/f.jsonl is "
+                               "not a directory (it is a regular file)\n",
+                               d, d));
+  EXPECT_EQ(names_starting(d, ""), std::vector<std::string>{"f.jsonl"});
 }
 
 }  // namespace

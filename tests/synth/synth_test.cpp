@@ -2,6 +2,8 @@
 // config, sharded or not, and reproducibly for a given seed.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,16 +13,24 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "loaders/checkpoint.h"
+#include "tests/badinput/run_util.h"
 
 namespace qtk {
 namespace {
 
 namespace fs = std::filesystem;
+
+const std::string kTinyConfig =
+    std::string(QTK_SOURCE_DIR) + "/tests/data/models/qwen3-tiny/config.json";
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -172,6 +182,16 @@ TEST(Synth, DryRunPrintsTheSize) {
   fs::remove_all(real);
 }
 
+// Writes nothing to stdout that is lost unreported: --dry-run's JSON on a
+// full device is one error line and exit 1 (it was exit 0).
+TEST(Synth, DryRunToAFullDeviceFails) {
+  const testing::RunResult r =
+      testing::run_program({"/bin/sh", "-c", "exec \"$0\" \"$1\" out --dry-run > /dev/full",
+                            testing::program("synth"), kTinyConfig});
+  testing::expect_clean_failure(r, "synth",
+                                {"cannot write to standard output: No space left on device"});
+}
+
 TEST(Synth, BadConfigFailsWithMessage) {
   const std::string cmd =
       std::string(QTK_BIN_DIR) + "/synth /nonexistent/config.json /tmp/x 2>/dev/null";
@@ -211,6 +231,258 @@ TEST(SynthFlags, BadFlagsAreOneLineAndExitOne) {
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
   }
   fs::remove(err);
+}
+
+// ---- OUT_DIR: written whole or not at all --------------------------------
+
+using testing::expect_clean_failure;
+using testing::list_dir;
+using testing::program;
+using testing::RunResult;
+using testing::TempDir;
+
+// Every file of a directory (not recursive) with its bytes.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const std::string& name : list_dir(dir)) files[name] = testing::read_file(dir + "/" + name);
+  return files;
+}
+
+RunResult synth(std::vector<std::string> args, const std::string& shell_prefix = "") {
+  args.insert(args.begin(), program("synth"));
+  return testing::run_program(args, "", 120, shell_prefix);
+}
+
+// A real checkpoint directory (samples/qwen3-sample) at `dir`.
+void copy_sample(const std::string& dir) {
+  testing::copy_dir_files(testing::source_path("samples/qwen3-sample"), dir);
+}
+
+// The audit's case: synth over a checkpoint wrote config.json and
+// model.safetensors over it and kept the old tokenizer, generation config and
+// golden file beside them, a mixed checkpoint, with exit 0.
+TEST(SynthOutput, RefusesANonEmptyDirectoryAndLeavesItAsItWas) {
+  TempDir t;
+  copy_sample(t / "real");
+  const auto before = snapshot(t / "real");
+  const RunResult r = synth({kTinyConfig, t / "real"});
+  expect_clean_failure(r, "synth", {t / "real", "not empty", "config.json", "--force"});
+  EXPECT_EQ(snapshot(t / "real"), before);
+  EXPECT_EQ(list_dir(t.path()), std::vector<std::string>{"real"});
+}
+
+// --force replaces the whole directory: no file of the old checkpoint is
+// left beside the new one, and the files are those of a fresh directory.
+TEST(SynthOutput, ForceReplacesTheWholeDirectory) {
+  TempDir t;
+  copy_sample(t / "real");
+  const RunResult r = synth({kTinyConfig, t / "real", "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(list_dir(t / "real"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(list_dir(t.path()), std::vector<std::string>{"real"});  // nothing left beside it
+  const RunResult fresh = synth({kTinyConfig, t / "fresh"});
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_EQ(snapshot(t / "real"), snapshot(t / "fresh"));
+  EXPECT_EQ(testing::read_file(t / "real/config.json"), testing::read_file(kTinyConfig));
+}
+
+// Unsharded over sharded: the old shards and index went away with --force
+// (they stayed beside the new file, and a loader would read the index).
+TEST(SynthOutput, UnshardedOverShardedLeavesNoOldShard) {
+  TempDir t;
+  const std::string vlm = testing::model_fixture("qwen3.5-tiny-vlm") + "/config.json";
+  RunResult r = synth({vlm, t / "ck", "--shard-mb", "1", "--dtype", "f32"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_GT(list_dir(t / "ck").size(), 3u);  // shards and an index
+  r = synth({vlm, t / "ck"});
+  expect_clean_failure(r, "synth", {"not empty", "--force"});
+  r = synth({vlm, t / "ck", "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(list_dir(t / "ck"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(Checkpoint::open(t / "ck")->shards().size(), 1u);
+}
+
+// A new path (with missing parents) or an empty directory is written
+// without --force; anything but a directory is never replaced.
+TEST(SynthOutput, NewOrEmptyDirectoriesAreWrittenOthersRefused) {
+  TempDir t;
+  fs::create_directory(t / "empty");
+  RunResult r = synth({kTinyConfig, t / "empty"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(list_dir(t / "empty"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  r = synth({kTinyConfig, t / "a/b/ck"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(list_dir(t / "a/b/ck").size(), 2u);
+  testing::write_file(t / "file", "not a checkpoint");
+  fs::create_symlink("empty", t / "link");
+  for (const char* name : {"file", "link"}) {
+    r = synth({kTinyConfig, t / name, "--force"});
+    expect_clean_failure(r, "synth", {t / name, "not a directory", "not replacing it"});
+  }
+  EXPECT_EQ(testing::read_file(t / "file"), "not a checkpoint");
+  EXPECT_EQ(list_dir(t.path()), (std::vector<std::string>{"a", "empty", "file", "link"}));
+}
+
+// A write that fails (`ulimit -f`: EFBIG, as a full disk's ENOSPC) is one
+// line, not "synth: synth: ...", exit 1 and not SIGXFSZ (rc 153), and leaves
+// no file: neither a new OUT_DIR nor a temporary directory beside it, and an
+// old OUT_DIR as it was.
+TEST(SynthOutput, AWriteErrorLeavesNothing) {
+  TempDir t;
+  copy_sample(t / "old");
+  const auto before = snapshot(t / "old");
+  // note: /bin/sh's `ulimit -f` counts 512-byte blocks (dash): 1 stops
+  // config.json, 64 the weights (the reserved size with --threads).
+  for (const char* limit : {"1", "64"}) {
+    for (const char* threads : {"0", "2"}) {
+      SCOPED_TRACE(std::string("ulimit -f ") + limit + ", --threads " + threads);
+      const std::string prefix = std::string("ulimit -f ") + limit + ";";
+      RunResult r = synth({kTinyConfig, t / "new", "--threads", threads}, prefix);
+      expect_clean_failure(r, "synth", {"File too large", t / "new", "was not created"});
+      EXPECT_EQ(r.err.find("synth: synth:"), std::string::npos) << r.err;
+      r = synth({kTinyConfig, t / "old", "--threads", threads, "--force"}, prefix);
+      expect_clean_failure(r, "synth", {"File too large", t / "old", "left as it was"});
+      EXPECT_EQ(list_dir(t.path()), std::vector<std::string>{"old"});
+      EXPECT_EQ(snapshot(t / "old"), before);
+    }
+  }
+}
+
+// Starts synth with SIGINT, SIGTERM and SIGHUP at their defaults (a test
+// runner may ignore them, and an ignored signal stays ignored).
+pid_t spawn_synth(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {program("synth")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+    const int null_fd = ::open("/dev/null", O_RDWR);
+    ::dup2(null_fd, 1);
+    ::dup2(null_fd, 2);
+    std::vector<char*> cv;
+    for (auto& a : argv) cv.push_back(a.data());
+    cv.push_back(nullptr);
+    ::execv(cv[0], cv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// SIGINT, SIGTERM and SIGHUP while the weights are written: the temporary
+// directory is removed, an old OUT_DIR is left as it was, and synth ends by
+// that signal.
+TEST(SynthOutput, SignalsRemoveTheTemporaryDirectory) {
+  TempDir t;
+  // note: about 300 MB of bf16 weights: long enough to be stopped while
+  // writing (the signal is sent as soon as the temporary directory appears).
+  nlohmann::json config = nlohmann::json::parse(testing::read_file(kTinyConfig));
+  config.update({{"hidden_size", 1024},
+                 {"intermediate_size", 4096},
+                 {"num_hidden_layers", 8},
+                 {"vocab_size", 32000},
+                 {"num_attention_heads", 8},
+                 {"num_key_value_heads", 4},
+                 {"head_dim", 128},
+                 {"layer_types", std::vector<std::string>(8, "full_attention")}});
+  fs::create_directory(t / "work");
+  const std::string config_path = t / "big.json";
+  testing::write_file(config_path, config.dump());
+  copy_sample(t / "work/old");
+  const auto before = snapshot(t / "work/old");
+  int interrupted = 0, runs = 0;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    for (const char* out : {"new", "old"}) {
+      for (const char* threads : {"0", "2"}) {
+        SCOPED_TRACE(fmt::format("{} into {}, --threads {}", strsignal(sig), out, threads));
+        ++runs;
+        const pid_t pid = spawn_synth(
+            {config_path, t / (std::string("work/") + out), "--force", "--threads", threads});
+        // Until the temporary directory appears (or synth is done).
+        int status = 0;
+        bool exited = false;
+        for (int i = 0; i < 20000 && !exited; ++i) {
+          bool staged = false;
+          for (const std::string& name : list_dir(t / "work"))
+            staged |= name.find(".synth-tmp.") != std::string::npos;
+          if (staged) break;
+          exited = ::waitpid(pid, &status, WNOHANG) == pid;
+          if (!exited) ::usleep(200);
+        }
+        if (!exited) {
+          ::kill(pid, sig);
+          ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+        }
+        if (WIFSIGNALED(status)) {
+          ++interrupted;
+          EXPECT_EQ(WTERMSIG(status), sig);
+        } else {
+          // It finished first: the whole checkpoint is there.
+          ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+          EXPECT_EQ(list_dir(t / (std::string("work/") + out)).size(), 2u);
+          fs::remove_all(t / (std::string("work/") + out));
+          if (std::string(out) == "old") copy_sample(t / "work/old");
+        }
+        EXPECT_EQ(list_dir(t / "work"), std::vector<std::string>{"old"});
+        EXPECT_EQ(snapshot(t / "work/old"), before);
+      }
+    }
+  }
+  EXPECT_GE(interrupted, runs / 2) << "most signals should land while synth writes";
+}
+
+// What a SIGKILL leaves (the temporary directory, named with the owner's
+// pid) is removed by the next synth writing beside it, which says so; that
+// of a running process is kept.
+TEST(SynthOutput, TheNextRunRemovesTheLeftoversOfAKilledOne) {
+  TempDir t;
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  const std::string stale = fmt::format(".ck.synth-tmp.{}.0123abcd", gone);
+  const std::string live = fmt::format(".ck.synth-tmp.{}.0123abcd", ::getpid());
+  for (const std::string& name : {stale, live}) {
+    fs::create_directory(t / name);
+    testing::write_file(t / name + "/model.safetensors", "partial");
+  }
+  const RunResult r = synth({kTinyConfig, t / "other"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("synth: removed stale temporary directory " + t / stale + " left by pid"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(list_dir(t.path()), (std::vector<std::string>{live, "other"}));
+}
+
+// stderr's reader gone before synth starts: its only line ("synth: wrote
+// ...") comes once OUT_DIR is in place and is lost, and the exit status
+// still says written (0), not death by SIGPIPE.
+TEST(SynthOutput, ClosedStderrPipeAfterTheCheckpointIsWrittenExitsZero) {
+  TempDir t;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // no reader
+  const std::string bin = program("synth"), out = t / "ck";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(fds[1], 2);
+    ::execl(bin.c_str(), bin.c_str(), kTinyConfig.c_str(), out.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "exit code");
+  EXPECT_EQ(list_dir(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
+TEST(SynthOutput, HelpDescribesForce) {
+  const RunResult r = synth({"--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("--force"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("synth-tmp"), std::string::npos) << r.out;
 }
 
 }  // namespace
