@@ -120,6 +120,7 @@ void unregister_file_mapping(int slot) {
 
 const char* describe_file_type(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
   if (S_ISSOCK(mode)) return "a socket";
   if (S_ISCHR(mode)) return "a character device";

@@ -43,8 +43,9 @@ class MappedFile {
   std::string path_;
 };
 
-// What a file that is not a regular file is, for messages: "a FIFO (named
-// pipe)", "a socket", "a character device", "a block device", "a directory".
+// What kind of file `mode` (st_mode) is, for messages: "a regular file",
+// "a directory", "a symbolic link" (from lstat), "a FIFO (named pipe)", "a
+// socket", "a character device", "a block device".
 const char* describe_file_type(mode_t mode);
 
 // The registry the SIGBUS handler reads (MappedFile uses it; exposed for

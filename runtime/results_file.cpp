@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "pack/pack_checksum.h"
 #include "runtime/generate_resume.h"
 
@@ -41,18 +42,6 @@ std::string basename_of(const std::string& path) {
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
-}
-
-// "a regular file", "a FIFO", ... for messages.
-const char* kind_of(mode_t mode) {
-  return S_ISREG(mode)    ? "a regular file"
-         : S_ISDIR(mode)  ? "a directory"
-         : S_ISLNK(mode)  ? "a symbolic link"
-         : S_ISCHR(mode)  ? "a character device"
-         : S_ISBLK(mode)  ? "a block device"
-         : S_ISFIFO(mode) ? "a FIFO"
-         : S_ISSOCK(mode) ? "a socket"
-                          : "not a regular file";
 }
 
 // Creates `path` for writing, as a new file: O_EXCL | O_NOFOLLOW, so that
@@ -184,7 +173,7 @@ void check_output_path(const char* flag, const std::string& path, const std::str
       const std::string file = first_non_directory(dir, &mode);
       if (!file.empty())
         fail("{}: cannot write {}: {} is not a directory (it is {})", where, what, file,
-             kind_of(mode));
+             describe_file_type(mode));
     }
     if (err == ENOENT) fail("{}: cannot write {}: directory {} does not exist", where, what, dir);
     errno = err;
@@ -192,7 +181,7 @@ void check_output_path(const char* flag, const std::string& path, const std::str
   }
   if (!S_ISDIR(st.st_mode))
     fail("{}: cannot write {}: {} is not a directory (it is {})", where, what, dir,
-         kind_of(st.st_mode));
+         describe_file_type(st.st_mode));
   if (const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
       limit > 0 && basename_of(path).size() > static_cast<size_t>(limit))
     fail(
@@ -205,7 +194,7 @@ void check_output_path(const char* flag, const std::string& path, const std::str
   // path; a device or FIFO there would be replaced by a plain file.
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     fail("{} {}: is {}; expected a regular file (or a new file name)", flag, path,
-         kind_of(st.st_mode));
+         describe_file_type(st.st_mode));
 }
 
 // The names `tool` derives from the path the user gave (`given`, named by
@@ -388,7 +377,7 @@ void disarm_lock_unlink() {
   fail(
       "{}: the lock file {} is {}; expected a regular file or no file there (generate and merge "
       "create it; remove it)",
-      out, lock, kind_of(mode));
+      out, lock, describe_file_type(mode));
 }
 
 }  // namespace
@@ -935,7 +924,8 @@ void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes
       fail(
           "{}: is {}; expected the partial results of {} (a regular file written by generate; "
           "remove it{})",
-          path, kind_of(st.st_mode), paths_.out, create ? "" : ", or pass --force to start over");
+          path, describe_file_type(st.st_mode), paths_.out,
+          create ? "" : ", or pass --force to start over");
     if (create && err == EEXIST)
       fail(
           "{}: appeared after the run started; not replacing it (pass --resume to finish the run "
@@ -947,7 +937,7 @@ void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes
   if (::fstat(fd_, &st) == 0 && !S_ISREG(st.st_mode)) {
     mark_failed();
     fail("{}: is {}; expected the partial results of {} (a regular file written by generate)", path,
-         kind_of(st.st_mode), paths_.out);
+         describe_file_type(st.st_mode), paths_.out);
   }
   // Drop a trailing partial line left by a kill.
   if (::ftruncate(fd_, static_cast<off_t>(keep_bytes)) != 0 || ::lseek(fd_, 0, SEEK_END) < 0) {

@@ -41,6 +41,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "core/utf8.h"
 #include "loaders/cli_args.h"
 #include "tokenizer/chat/chat_request.h"
@@ -104,6 +105,12 @@ qtk::Tokenizer load_tokenizer(const std::string& path) {
   if (!fs::exists(path, ec))
     fail("{}: no such file or directory (expected a tokenizer.json, model directory or .pack)",
          path);
+  // note: a FIFO would block the open below until a writer came, and the
+  // file is read twice (its magic, then whole).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("{}: expected a tokenizer.json, model directory or .pack (a regular file), found {}", path,
+         qtk::describe_file_type(st.st_mode));
   char magic[4] = {};
   {
     std::ifstream in(path, std::ios::binary);

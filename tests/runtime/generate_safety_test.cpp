@@ -1120,7 +1120,7 @@ TEST(GenerateOutputs, LockFileThatIsNotARegularFileIsRefused) {
   for (const Case& c : std::vector<Case>{
            {[&] { std::filesystem::create_symlink(victim, lock); }, "a symbolic link"},
            {[&] { std::filesystem::create_symlink(dir + "/missing", lock); }, "a symbolic link"},
-           {[&] { ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0); }, "a FIFO"},
+           {[&] { ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0); }, "a FIFO (named pipe)"},
            {[&] { std::filesystem::create_directory(lock); }, "a directory"}}) {
     SCOPED_TRACE(c.kind);
     c.make();

@@ -469,9 +469,9 @@ TEST(Shard, MergeNeverWritesThroughSymlinks) {
   const std::string out = d + "/m.jsonl", lock = out + ".lock";
   const std::string victim = work_dir() + "/mlink.victim";
   write_text(victim, "precious\n");
-  for (const std::string kind : {"a symbolic link", "a FIFO", "a directory"}) {
+  for (const std::string kind : {"a symbolic link", "a FIFO (named pipe)", "a directory"}) {
     if (kind == "a symbolic link") std::filesystem::create_symlink(victim, lock);
-    if (kind == "a FIFO") {
+    if (kind == "a FIFO (named pipe)") {
       ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
     }
     if (kind == "a directory") std::filesystem::create_directory(lock);

@@ -1,5 +1,6 @@
 // End-to-end tests of the `tokenize` program: run the binary, check its lines.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <zip.h>
 
@@ -168,6 +169,15 @@ TEST(Cli, FatalErrorsGiveOneLineAndExitOne) {
   const std::string not_pack = temp_path("empty.pack");
   std::ofstream(not_pack) << "PK\x03\x04 not really a zip";
   expect_fatal(run_tokenize("--tokenizer '" + not_pack + "'", input), "empty.pack");
+  // A FIFO (nobody writing to it) is refused at once instead of waiting
+  // for a writer.
+  const std::string fifo = temp_path("tok.fifo");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_fatal(run_tokenize("--tokenizer '" + fifo + "'", input),
+               "expected a tokenizer.json, model directory or .pack (a regular file), found a "
+               "FIFO (named pipe)");
+  expect_fatal(run_tokenize("--tokenizer /dev/null", input), "found a character device");
 }
 
 TEST(Cli, HelpDescribesTheProgram) {
