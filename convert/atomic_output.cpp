@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/temp_names.h"
 
 namespace qtk {
 
@@ -26,29 +27,6 @@ std::string basename_of(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
-
-namespace {
-
-// "DIR/.NAME.tmp.<pid>." (the random hex follows), with NAME cut short when
-// the whole name would pass the directory's name length limit.
-// note: the suffix adds up to 22 bytes, so a valid OUT name close to
-// NAME_MAX had no temporary name; the cut is at a UTF-8 character boundary,
-// and stale-temporary cleanup reads only the ".tmp.<pid>.<hex>" tail, so a
-// shortened name is recognised as one of ours all the same.
-std::string temp_name_prefix(const std::string& dir, const std::string& name) {
-  const std::string tail = fmt::format(".tmp.{}.", ::getpid());
-  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
-  const size_t name_max = limit > 0 ? static_cast<size_t>(limit) : NAME_MAX;
-  const size_t fixed = 1 + tail.size() + 8;  // ".", the tail, the hex digits
-  size_t keep = name.size();
-  if (fixed + keep > name_max) {
-    keep = name_max > fixed + 1 ? name_max - fixed : 1;
-    while (keep > 1 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
-  }
-  return fmt::format("{}/.{}{}", dir, name.substr(0, keep), tail);
-}
-
-}  // namespace
 
 AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
     : path_(path), dir_(directory_of(path)), overwrite_(overwrite) {
@@ -77,7 +55,7 @@ AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
                                               std::strerror(stat_errno)));
     }
   }
-  const std::string prefix = temp_name_prefix(dir_, basename_of(path));
+  const std::string prefix = temp_name_prefix(dir_, basename_of(path), ".tmp.");
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
     const std::string name = fmt::format("{}{:08x}", prefix, rd());

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/json.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "loaders/checkpoint.h"
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
@@ -42,15 +43,6 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   if (!in.good() && !in.eof()) fail_errno(fmt::format("{}: read failed", path));
   return ss.str();
-}
-
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
 }
 
 // Parses a chat template with the runtime's Jinja parser; a syntax error
@@ -108,7 +100,7 @@ void check_carried_files(const Checkpoint& ckpt) {
       fail_errno(fmt::format("{}: cannot read it (a dangling symlink?)", path));
     if (!S_ISREG(st.st_mode)) {
       fail("{}: expected a regular file to carry into the pack, found {}", path,
-           file_kind(st.st_mode));
+           describe_file_type(st.st_mode));
     }
     std::string text = read_file(path);
     if (std::string_view(f) == "tokenizer.json") {

@@ -13,23 +13,14 @@
 
 #include <fmt/format.h>
 
+#include "core/temp_names.h"
+
 namespace qtk {
 
 namespace {
 
 constexpr std::string_view kExtractPrefix = ".qtk-extract.";
 constexpr std::string_view kTempMarker = ".tmp.";
-
-// Parses decimal digits up to `end`; 0 when there are none or on overflow.
-long parse_pid(std::string_view digits) {
-  if (digits.empty() || digits.size() > 9) return 0;
-  long v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return 0;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
 
 // The owner pid of a temporary name, or 0 when `name` is not one of ours.
 // Pack: ".NAME.tmp.<pid>.<8 hex>"; extraction: ".qtk-extract.<pid>.<6 chars>".
@@ -42,22 +33,8 @@ long owner_pid(std::string_view name, bool is_dir) {
     if (dot == std::string_view::npos || rest.size() - dot - 1 != 6) return 0;
     return parse_pid(rest.substr(0, dot));
   }
-  const size_t last_dot = name.rfind('.');
-  if (last_dot == std::string_view::npos || name.size() - last_dot - 1 != 8) return 0;
-  for (char c : name.substr(last_dot + 1))
-    if (!std::isxdigit(static_cast<unsigned char>(c))) return 0;
-  const std::string_view head = name.substr(0, last_dot);
-  const size_t marker = head.rfind(kTempMarker);
-  if (marker == std::string_view::npos || marker == 0) return 0;
-  return parse_pid(head.substr(marker + kTempMarker.size()));
+  return temp_owner_pid(name, kTempMarker);
 }
-
-// note: kill(pid, 0) fails with ESRCH only when no such process exists; a
-// live process of another user (EPERM) or a reused pid counts as running,
-// so the worst case is a leftover kept, never a file of a running convert
-// removed. Packs written over NFS from several hosts would need the host in
-// the name too; this does not cover that.
-bool running(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
 
 }  // namespace
 
@@ -78,7 +55,7 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
     const bool is_dir = S_ISDIR(st.st_mode);
     if (!is_dir && !S_ISREG(st.st_mode)) continue;
     const long pid = owner_pid(name, is_dir);
-    if (pid <= 0 || pid == ::getpid() || running(pid)) continue;
+    if (pid <= 0 || pid == ::getpid() || process_running(pid)) continue;
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
     if (!ec) {

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/mapped_file.h"  // describe_file_type
+#include "core/temp_names.h"
 #include "pack/pack_checksum.h"
 #include "runtime/generate_resume.h"
 
@@ -517,13 +518,9 @@ bool matches(std::string_view rest, std::string_view pattern, std::vector<long>&
   return r == rest.size();
 }
 
-// note: kill(pid, 0) fails with ESRCH only when no such process exists; a
-// live process of another user (EPERM) or a reused pid counts as running,
-// so the worst case is a leftover kept, never a file of a running process
-// removed (as convert's cleanup decides).
-bool running(long pid) {
-  return pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
-}
+// This process's own names count as running (process_running: a pid that
+// may still run keeps its files).
+bool running(long pid) { return pid == ::getpid() || process_running(pid); }
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/temp_names.h"
 
 namespace qtk::synth {
 
@@ -83,56 +84,10 @@ State state_of(const std::string& path, const std::string& shown,
   return s;
 }
 
-// "DIR/.NAME<marker><pid>." (8 hex digits follow), NAME cut short at a
-// UTF-8 character boundary when the name would pass the directory's limit.
-std::string sibling_prefix(const std::string& dir, const std::string& name,
-                           std::string_view marker) {
-  const std::string tail = fmt::format("{}{}.", marker, ::getpid());
-  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
-  const size_t name_max = limit > 0 ? static_cast<size_t>(limit) : NAME_MAX;
-  const size_t fixed = 1 + tail.size() + 8;  // ".", the tail, the hex digits
-  size_t keep = name.size();
-  if (fixed + keep > name_max) {
-    keep = name_max > fixed + 1 ? name_max - fixed : 1;
-    while (keep > 1 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
-  }
-  return fmt::format("{}/.{}{}", dir, name.substr(0, keep), tail);
-}
-
 std::string random_hex() {
   static std::random_device rd;
   return fmt::format("{:08x}", rd());
 }
-
-// Parses a decimal pid; 0 when `digits` is not one.
-long parse_pid(std::string_view digits) {
-  if (digits.empty() || digits.size() > 9) return 0;
-  long v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return 0;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
-
-// The owner pid of ".NAME.synth-tmp.<pid>.<8 hex>", else 0.
-long temp_owner(std::string_view name) {
-  if (name.size() < 2 || name[0] != '.') return 0;
-  const size_t last_dot = name.rfind('.');
-  if (last_dot == std::string_view::npos || name.size() - last_dot - 1 != 8) return 0;
-  for (char c : name.substr(last_dot + 1))
-    if (!std::isxdigit(static_cast<unsigned char>(c))) return 0;
-  const std::string_view head = name.substr(0, last_dot);
-  const size_t marker = head.rfind(kTempMarker);
-  if (marker == std::string_view::npos || marker == 0) return 0;
-  return parse_pid(head.substr(marker + kTempMarker.size()));
-}
-
-// note: as convert's stale temporaries: kill(pid, 0) fails with ESRCH only
-// when no such process exists, so a live process of another user or a
-// reused pid counts as running (a leftover kept, never a live run's
-// directory removed).
-bool running(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
 
 // Removes the temporary directories of synth runs that are gone.
 std::vector<std::string> remove_stale(const std::string& dir) {
@@ -143,13 +98,13 @@ std::vector<std::string> remove_stale(const std::string& dir) {
   while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
   ::closedir(d);
   for (const std::string& name : names) {
-    const long pid = temp_owner(name);
+    const long pid = temp_owner_pid(name, kTempMarker);
     if (pid <= 0 || pid == ::getpid()) continue;
     const std::string path = dir + "/" + name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
       continue;
-    if (running(pid)) continue;
+    if (process_running(pid)) continue;
     std::error_code ec;
     fs::remove_all(path, ec);
     if (!ec)
@@ -199,7 +154,7 @@ StagedDirectory::StagedDirectory(const std::string& out, bool force) : out_(out)
       created_.push_back(it->string());
     }
     notes_ = remove_stale(dir_);
-    const std::string prefix = sibling_prefix(dir_, name_, kTempMarker);
+    const std::string prefix = temp_name_prefix(dir_, name_, kTempMarker);
     for (int attempt = 0; attempt < 16 && temp_.empty(); ++attempt) {
       const std::string name = prefix + random_hex();
       // note: 0777 less the umask, as the directory synth created in place.
@@ -271,7 +226,7 @@ void StagedDirectory::commit() {
   } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
     // note: no atomic swap here: the old one is moved aside first (OUT_DIR
     // is missing until the second rename).
-    const std::string prefix = sibling_prefix(dir_, name_, kOldMarker);
+    const std::string prefix = temp_name_prefix(dir_, name_, kOldMarker);
     for (int attempt = 0; attempt < 16 && old.empty(); ++attempt) {
       const std::string name = prefix + random_hex();
       int rc = ::renameat2(AT_FDCWD, target_.c_str(), AT_FDCWD, name.c_str(), RENAME_NOREPLACE);

@@ -1,0 +1,35 @@
+// Names of short-lived files and directories written beside an output
+// (".NAME<marker><pid>.<8 hex>": convert's temporary pack, synth's staging
+// directory), and how a later run tells whether the process that made one
+// is still running (so that what a SIGKILL left can be removed).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace qtk {
+
+// "DIR/.NAME<marker><pid>." for this process (8 random hex digits follow),
+// NAME cut short at a UTF-8 character boundary when the whole name would
+// pass DIR's name length limit.
+// note: the tail adds ~20 bytes, so an output name close to NAME_MAX had no
+// temporary name; temp_owner_pid reads only the tail, so a shortened name
+// is recognised all the same.
+std::string temp_name_prefix(const std::string& dir, const std::string& name,
+                             std::string_view marker);
+
+// The owner pid of ".NAME<marker><pid>.<8 hex>", else 0 (not such a name).
+long temp_owner_pid(std::string_view name, std::string_view marker);
+
+// Decimal digits as a pid (at most 9 digits); 0 when they are not one.
+long parse_pid(std::string_view digits);
+
+// Whether process `pid` may still be running.
+// note: kill(pid, 0) fails with ESRCH only when no such process exists; a
+// live process of another user (EPERM) or a reused pid counts as running,
+// so the worst case is a leftover kept, never a running process's file
+// removed. Files written over NFS from several hosts would need the host in
+// the name too; this does not cover that.
+bool process_running(long pid);
+
+}  // namespace qtk
