@@ -354,6 +354,28 @@ bool running(pid_t pid) {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
 }
 
+// Waits up to 20 s for each of `workers` to end; one that outlives its
+// parent is a failure, and is killed.
+void expect_workers_end(const std::vector<pid_t>& workers) {
+  for (const pid_t w : workers) {
+    for (int i = 0; i < 2000 && running(w); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running(w)) << "worker " << w << " outlived its parent";
+    if (running(w)) ::kill(w, SIGKILL);
+  }
+}
+
+// --resume finishes the two-device run of `prompts` into `out`, which then
+// holds what one process writes (into `single`).
+void expect_resume_gives_single_run(const std::string& pack, const std::string& prompts,
+                                    const std::string& out, const std::string& single) {
+  RunResult r = generate(pack, prompts, out, "--devices 0,1 --threads 2 --resume");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = generate(pack, prompts, single, "--threads 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_text(out), read_text(single));
+}
+
 // A --devices run whose parent is killed by SIGKILL (it can forward
 // nothing) does not leave its workers running: the kernel sends each one
 // SIGTERM (PR_SET_PDEATHSIG), which stops it as a SIGTERM does (its part
@@ -403,12 +425,7 @@ TEST(DataParallel, WorkersStopWhenTheParentIsKilled) {
   ::kill(parent, SIGKILL);
   int st = 0;
   ASSERT_EQ(::waitpid(parent, &st, 0), parent);
-  for (const pid_t w : workers) {
-    for (int i = 0; i < 2000 && running(w); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_FALSE(running(w)) << "worker " << w << " outlived its parent";
-    if (running(w)) ::kill(w, SIGKILL);
-  }
+  expect_workers_end(workers);
   for (int k = 0; k < 2; ++k) {
     const std::string part = fmt::format("{}.part-{}-of-2", out, k);
     EXPECT_FALSE(fs::exists(part + ".lock")) << part;
@@ -419,12 +436,7 @@ TEST(DataParallel, WorkersStopWhenTheParentIsKilled) {
         << meta.dump(2);
   }
   EXPECT_FALSE(fs::exists(out));
-  RunResult r = generate(pack, prompts, out, "--devices 0,1 --threads 2 --resume");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const std::string single = d + "/dp_orphan_single.jsonl";
-  r = generate(pack, prompts, single, "--threads 2");
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(read_text(out), read_text(single));
+  expect_resume_gives_single_run(pack, prompts, out, d + "/dp_orphan_single.jsonl");
 }
 
 // Without --force the merge of a --devices run never replaces a file that
@@ -523,10 +535,9 @@ TEST(DataParallel, SecondSignalEndsTheParentAndRemovesItsLock) {
   int st = 0;
   ASSERT_EQ(::waitpid(parent, &st, WNOHANG), 0) << "the parent ended early: status " << st;
   ASSERT_TRUE(fs::exists(out + ".lock"));
-  ::kill(parent, SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // (forwarded to the stopped workers; the parent waits for them)
-  ASSERT_EQ(::waitpid(parent, &st, WNOHANG), 0) << "one signal ended the parent: status " << st;
+  ASSERT_TRUE(still_running_after(parent, SIGINT, &st))
+      << "one signal ended the parent: status " << st;
   ::kill(parent, SIGINT);
   const bool ended = ended_within(parent, 20, &st);
   for (const pid_t w : workers) ::kill(w, SIGCONT);
@@ -534,20 +545,10 @@ TEST(DataParallel, SecondSignalEndsTheParentAndRemovesItsLock) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
   EXPECT_FALSE(fs::exists(out + ".lock")) << "the lock file was left behind";
   EXPECT_FALSE(fs::exists(out));
-  for (const pid_t w : workers) {
-    for (int i = 0; i < 2000 && running(w); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_FALSE(running(w)) << "worker " << w << " outlived its parent";
-    if (running(w)) ::kill(w, SIGKILL);
-  }
+  expect_workers_end(workers);
   for (int k = 0; k < 2; ++k)
     EXPECT_FALSE(fs::exists(fmt::format("{}.part-{}-of-2.lock", out, k))) << k;
-  RunResult r = generate(pack, prompts, out, "--devices 0,1 --threads 2 --resume");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const std::string single = d + "/dp_sig2_single.jsonl";
-  r = generate(pack, prompts, single, "--threads 2");
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(read_text(out), read_text(single));
+  expect_resume_gives_single_run(pack, prompts, out, d + "/dp_sig2_single.jsonl");
 }
 
 TEST(DataParallel, DeviceListParsing) {

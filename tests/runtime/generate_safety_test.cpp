@@ -728,10 +728,17 @@ TEST(GenerateSafety, Item18_MessagesNameWhatTheUserGave) {
   EXPECT_EQ(f.err.find(".tmp"), std::string::npos) << f.err;
 }
 
-// The lines that are complete in `path` ("" when it does not exist).
-size_t complete_lines(const std::string& path) {
-  const std::string text = read_text(path);
-  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+// The text of a batch of `lines` requests (ids 0 on, three-token prompts),
+// `max_tokens` each.
+std::string long_batch_text(size_t lines, int max_tokens) {
+  std::string text;
+  for (size_t i = 0; i < lines; ++i)
+    text +=
+        nlohmann::json{
+            {"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", max_tokens}}
+            .dump() +
+        "\n";
+  return text;
 }
 
 // A run stopped by SIGTERM, SIGINT or SIGHUP removes its lock file (a
@@ -743,11 +750,7 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
   ASSERT_FALSE(pack.empty());
   // Long enough to be stopped mid-run (seconds): one sequence at a time.
   constexpr size_t kLines = 2000;
-  std::string text;
-  for (size_t i = 0; i < kLines; ++i)
-    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 32}}
-                .dump() +
-            "\n";
+  const std::string text = long_batch_text(kLines, 32);
   const std::string in = batch_file("signal.jsonl", text);
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     SCOPED_TRACE(sigabbrev_np(sig));
@@ -758,15 +761,8 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
     ASSERT_GT(pid, 0);
     // Wait for the first results, so that the lock is held and the run is under way.
     int st = 0;
-    bool running = true;
-    for (int i = 0; i < 6000 && complete_lines(out + ".partial") < 2; ++i) {
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        running = false;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_TRUE(running) << "generate ended before it could be stopped (status " << st << ")";
+    ASSERT_TRUE(wait_for_lines(out + ".partial", 2, pid, &st))
+        << "generate ended before it could be stopped (status " << st << ")";
     ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
     ::kill(pid, sig);
     ASSERT_EQ(::waitpid(pid, &st, 0), pid);
@@ -1027,12 +1023,7 @@ TEST(GenerateSafety, PackCutDuringARunEndsWithOneLineAndResumes) {
   const std::string copy = work_dir() + "/cut.pack";
   std::filesystem::copy_file(pack, copy, std::filesystem::copy_options::overwrite_existing);
   constexpr size_t kLines = 2000;
-  std::string text;
-  for (size_t i = 0; i < kLines; ++i)
-    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 32}}
-                .dump() +
-            "\n";
-  const std::string in = batch_file("cut.jsonl", text);
+  const std::string in = batch_file("cut.jsonl", long_batch_text(kLines, 32));
   const std::string out = work_dir() + "/cut.results.jsonl";
   const pid_t pid =
       start_program({QTK_GENERATE_BIN, "--model", copy, "--batch", in, "--out", out, "--ignore-eos",
@@ -1040,16 +1031,8 @@ TEST(GenerateSafety, PackCutDuringARunEndsWithOneLineAndResumes) {
                     -1, out + ".err", {"QTK_HUGEPAGES=0", "QTK_TILED=0"});
   ASSERT_GT(pid, 0);
   int st = 0;
-  bool running = true;
-  for (int i = 0; i < 6000 && complete_lines(out + ".partial") < 2; ++i) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) {
-      running = false;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(running) << "generate ended before the pack could be cut: "
-                       << read_text(out + ".err");
+  ASSERT_TRUE(wait_for_lines(out + ".partial", 2, pid, &st))
+      << "generate ended before the pack could be cut: " << read_text(out + ".err");
   ASSERT_EQ(::truncate(copy.c_str(), 0), 0);
   ASSERT_TRUE(ended_within(pid, 60, &st)) << "generate kept running on a cut pack";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
@@ -1076,22 +1059,7 @@ TEST(GenerateSafety, PackCutDuringARunEndsWithOneLineAndResumes) {
 // A batch long enough to act on a run in progress (seconds: one sequence at
 // a time).
 std::string long_batch(const std::string& name, size_t lines = 2000) {
-  std::string text;
-  for (size_t i = 0; i < lines; ++i)
-    text += nlohmann::json{{"id", i}, {"prompt_token_ids", {1 + i % 500, 2, 3}}, {"max_tokens", 64}}
-                .dump() +
-            "\n";
-  return batch_file(name, text);
-}
-
-// Waits until `path` holds `lines` complete lines, or `pid` ends; false when
-// it ended first.
-bool wait_for_lines(const std::string& path, size_t lines, pid_t pid, int* status) {
-  for (int i = 0; i < 6000 && complete_lines(path) < lines; ++i) {
-    if (::waitpid(pid, status, WNOHANG) == pid) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
+  return batch_file(name, long_batch_text(lines, 64));
 }
 
 // The header of `out` says it is complete and names `out`'s own results.
@@ -1623,17 +1591,15 @@ TEST(GenerateSafety, SecondSignalEndsABlockedRunAndRemovesItsLock) {
   ASSERT_GT(pid, 0);
   // The run under way (its lock held, its results started), then blocked.
   int st = 0;
-  for (int i = 0; i < 3000 && !std::filesystem::exists(out + ".partial"); ++i) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "generate ended early: status " << st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_TRUE(running_until(
+      pid, [&] { return std::filesystem::exists(out + ".partial"); }, &st, 3000))
+      << "generate ended early: status " << st;
   wait_until_blocked(pid);
   ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "generate ended early: status " << st;
   ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
-  ::kill(pid, SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // (the write it waits in is restarted: one signal only recorded)
-  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "one signal ended the blocked run: status " << st;
+  ASSERT_TRUE(still_running_after(pid, SIGINT, &st))
+      << "one signal ended the blocked run: status " << st;
   ::kill(pid, SIGINT);
   ASSERT_TRUE(ended_within(pid, 20, &st)) << "a second signal did not end the run at once";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;

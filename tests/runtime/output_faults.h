@@ -21,6 +21,8 @@
 
 #include <fmt/format.h>
 
+#include "tests/runtime/test_util.h"
+
 namespace qtk::rt_test {
 
 // The environment assignments that run a program under tests/runtime/
@@ -105,6 +107,39 @@ inline bool ended_within(pid_t pid, double seconds, int* status) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, status, 0);
   return false;
+}
+
+// Checks `done()` every 10 ms, at most `tries` times (6000: a minute or a
+// little more), until it holds or `pid` ends; false when `pid` ended first
+// (reaped, its status in *status), true otherwise (also when time ran out).
+template <class Done>
+bool running_until(pid_t pid, Done done, int* status, int tries = 6000) {
+  for (int i = 0; i < tries && !done(); ++i) {
+    if (::waitpid(pid, status, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The lines that are complete in `path` ("" when it does not exist).
+inline size_t complete_lines(const std::string& path) {
+  const std::string text = read_text(path);
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Waits up to a minute until `path` holds `lines` complete lines, or `pid`
+// ends; false when it ended first (reaped, its status in *status).
+inline bool wait_for_lines(const std::string& path, size_t lines, pid_t pid, int* status) {
+  return running_until(
+      pid, [&] { return complete_lines(path) >= lines; }, status);
+}
+
+// Sends `pid` the signal `sig` and gives it 300 ms to act on it; whether it
+// is still running then (its status in *status when not).
+inline bool still_running_after(pid_t pid, int sig, int* status) {
+  ::kill(pid, sig);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return ::waitpid(pid, status, WNOHANG) == 0;
 }
 
 // Waits until the main thread of `pid` has sat in the same system call for

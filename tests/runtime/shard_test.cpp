@@ -458,6 +458,15 @@ void expect_merged_pair(const std::string& out) {
   EXPECT_EQ(h.value("results_xxh64", ""), results_digest(read_text(out)));
 }
 
+// `out` (in `d`) holds the single run's results and its header pairs with
+// them; nothing else in `d` starts with OUT's name.
+void expect_only_the_merged_pair(const std::string& d, const std::string& out) {
+  const std::string name = out.substr(out.rfind('/') + 1);
+  EXPECT_EQ(read_text(out), read_text(job().full));
+  expect_merged_pair(out);
+  EXPECT_EQ(names_starting(d, name), (std::vector<std::string>{name, name + ".meta.json"}));
+}
+
 // merge never writes through a symbolic link: one at OUT.lock is refused
 // naming it (a FIFO or a directory too), one at OUT.meta.json or at the
 // pid-named staging and temporary names (made by a shell that then execs
@@ -497,10 +506,7 @@ TEST(Shard, MergeNeverWritesThroughSymlinks) {
   EXPECT_EQ(r.status, 3) << r.err;
   for (const std::string& v : victims) EXPECT_EQ(read_text(v), "precious\n") << v;
   EXPECT_FALSE(std::filesystem::is_symlink(out + ".meta.json"));
-  EXPECT_EQ(read_text(out), read_text(job().full));
-  expect_merged_pair(out);
-  EXPECT_EQ(names_starting(d, "m.jsonl"),
-            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+  expect_only_the_merged_pair(d, out);
 }
 
 // The final move keeps OUT and its header a pair, as README promises: a
@@ -553,10 +559,7 @@ TEST(Shard, MergeFinalMoveKeepsOutAndHeaderTogether) {
                                   "fsync of directory {} failed: Input/output error; a crash "
                                   "could still undo the move\n",
                                   out, d));
-  EXPECT_EQ(read_text(out), read_text(job().full));
-  expect_merged_pair(out);
-  EXPECT_EQ(names_starting(d, "m.jsonl"),
-            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+  expect_only_the_merged_pair(d, out);
 }
 
 // SIGINT, SIGTERM or SIGHUP while merge writes (here: as its staging file,
@@ -641,10 +644,7 @@ TEST(Shard, MergeRemovesWhatAKilledMergeLeft) {
                                          d, name, pid)),
               std::string::npos)
         << again.err;
-  EXPECT_EQ(read_text(out), read_text(job().full));
-  expect_merged_pair(out);
-  EXPECT_EQ(names_starting(d, "m.jsonl"),
-            (std::vector<std::string>{"m.jsonl", "m.jsonl.meta.json"}));
+  expect_only_the_merged_pair(d, out);
 }
 
 // A merge that gets SIGINT twice while it cannot reach its next check (here
@@ -669,17 +669,15 @@ TEST(Shard, SecondSignalEndsABlockedMergeAndRemovesItsLock) {
   ASSERT_GT(pid, 0);
   // The lock taken and the stale file removed; the line saying so waits.
   int st = 0;
-  for (int i = 0; i < 3000 && std::filesystem::exists(stale); ++i) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "merge ended early: status " << st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_TRUE(running_until(
+      pid, [&] { return !std::filesystem::exists(stale); }, &st, 3000))
+      << "merge ended early: status " << st;
   wait_until_blocked(pid);
   ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "merge ended early: status " << st;
   ASSERT_TRUE(std::filesystem::exists(out + ".lock"));
-  ::kill(pid, SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // (the write it waits in is restarted: one signal only recorded)
-  ASSERT_EQ(::waitpid(pid, &st, WNOHANG), 0) << "one signal ended the blocked merge: status " << st;
+  ASSERT_TRUE(still_running_after(pid, SIGINT, &st))
+      << "one signal ended the blocked merge: status " << st;
   ::kill(pid, SIGINT);
   ASSERT_TRUE(ended_within(pid, 20, &st)) << "a second signal did not end the merge at once";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT) << "status " << st;
