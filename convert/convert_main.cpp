@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
       options.parse_positional({"input", "output"});
       const auto args = qtk::cli::parse_flags(options, argc, argv);
       if (args.count("help")) {
-        std::printf("%s\n", options.help().c_str());
+        // note: help lost to a full disk or /dev/full is an error, not exit 0.
+        qtk::write_stdout(options.help() + "\n");
+        qtk::finish_stdout();
         return 0;
       }
       if (!args.count("input") || !args.count("output"))

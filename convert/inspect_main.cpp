@@ -17,6 +17,7 @@
 
 #include "convert/inspect_pack.h"
 #include "core/error.h"
+#include "core/mapped_file.h"  // describe_file_type
 #include "core/stdout_check.h"
 #include "loaders/checkpoint.h"
 #include "loaders/cli_args.h"
@@ -173,6 +174,11 @@ int run(int argc, char** argv) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail_errno(path);
   if (S_ISREG(st.st_mode)) return inspect_pack(path, args.count("verify") > 0);
+  // note: a FIFO, socket or device is neither; name what it is rather than
+  // let the checkpoint loader call it "a file".
+  if (!S_ISDIR(st.st_mode))
+    fail("{}: expected a checkpoint directory or .pack file, found {}", path,
+         describe_file_type(st.st_mode));
   if (args.count("verify")) fail("{}: --verify applies to .pack files, not directories", path);
   print_checkpoint(*Checkpoint::open(path));
   return 0;

@@ -410,6 +410,11 @@ int run_data_parallel(const DataParallelJob& job) {
   const int64_t m = static_cast<int64_t>(job.devices.size());
   std::vector<std::string> parts;
   for (int64_t k = 0; k < m; ++k) parts.push_back(fmt::format("{}.part-{}-of-{}", o.out, k, m));
+  // note: the workers write OUT.part-k-of-M and the names derived from it;
+  // one of them past the name length limit fails here, before the lock or any
+  // worker, rather than in every worker (which left no parts to --resume).
+  for (const std::string& p : parts)
+    check_names_beside(ResultsPaths::of(p, ""), "--out " + o.out, o.out);
 
   const ResultsPaths paths = ResultsPaths::of(o.out, o.meta);
   std::optional<OutputLock> lock(std::in_place, paths.lock, o.out);
@@ -487,16 +492,18 @@ int run_data_parallel(const DataParallelJob& job) {
                  std::chrono::duration<double>(Clock::now() - start).count());
   });
   const std::string kept = fmt::format("{}.part-*-of-{}", o.out, m);
+  // note: --force with --resume is refused: after a --force run the advice
+  // is to swap the one for the other, not to add --resume.
+  const std::string again =
+      o.force ? "run again with --resume instead of --force" : "run the same command with --resume";
   if (sig != 0)
     fail(
-        "--devices {}: interrupted by {} (forwarded to every worker); the parts ({}) stay: run "
-        "the same command with --resume to finish",
-        device_list(job.devices), signal_name(sig), kept);
+        "--devices {}: interrupted by {} (forwarded to every worker); the parts ({}) stay: {} to "
+        "finish",
+        device_list(job.devices), signal_name(sig), kept, again);
   if (const std::string f = failures(workers); !f.empty())
-    fail(
-        "--devices {}: {}; no {} was written, the parts ({}) stay: fix the cause and run the "
-        "same command with --resume to finish",
-        device_list(job.devices), f, o.out, kept);
+    fail("--devices {}: {}; no {} was written, the parts ({}) stay: fix the cause and {} to finish",
+         device_list(job.devices), f, o.out, kept, again);
 
   MergeOptions mo;
   mo.out = o.out;
@@ -513,10 +520,8 @@ int run_data_parallel(const DataParallelJob& job) {
     lines = run_merge(mo).lines;
   } catch (const Error& e) {
     // note: the parts are removed only once the merge is in place.
-    fail(
-        "{}; the parts ({}) stay: the same command with --resume merges them into {}, replacing "
-        "what is there then",
-        e.what(), kept, o.out);
+    fail("{}; the parts ({}) stay: {} to merge them into {}, replacing what is there then",
+         e.what(), kept, again, o.out);
   }
   for (const std::string& p : parts) {
     std::remove(p.c_str());

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/plural.h"
+#include "core/stdout_check.h"
 #include "loaders/cli_args.h"
 #include "runtime/shard.h"
 
@@ -39,7 +40,9 @@ int run(int argc, char** argv) {
     opts.parse_positional({"files"});
     const auto args = qtk::cli::parse_flags(opts, argc, argv);
     if (args.count("help")) {
-      fmt::print("{}", opts.help());
+      // note: help lost to a full disk or /dev/full is an error, not exit 0.
+      qtk::write_stdout(opts.help());
+      qtk::finish_stdout();
       return 0;
     }
     const auto files = args.count("files") ? args["files"].as<std::vector<std::string>>()

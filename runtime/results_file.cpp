@@ -157,8 +157,12 @@ std::string first_non_directory(const std::string& dir, mode_t* mode) {
 // An output path given by `flag`: a file name in an existing directory, not
 // a directory, not too long. where: how the directory's messages start;
 // what: what would be written there.
+// label: where set, the file's own messages name it "PATH (label)" instead
+// of "flag PATH" (a derived path the user did not give with the flag).
 void check_output_path(const char* flag, const std::string& path, const std::string& where,
-                       const char* what) {
+                       const char* what, const char* label = nullptr) {
+  const std::string named =
+      label != nullptr ? fmt::format("{} ({})", path, label) : fmt::format("{} {}", flag, path);
   if (path.empty() || path.back() == '/')
     fail("{}: expected a file name, found \"{}\"", flag, path);
   // note: PATH_MAX counts the terminating NUL.
@@ -190,11 +194,11 @@ void check_output_path(const char* flag, const std::string& path, const std::str
         "({} bytes)",
         where, what, basename_of(path).size(), dir, limit);
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    fail("{} {}: is a directory; expected a file name", flag, path);
+    fail("{}: is a directory; expected a file name", named);
   // note: outputs are written to a temporary file and renamed over the
   // path; a device or FIFO there would be replaced by a plain file.
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    fail("{} {}: is {}; expected a regular file (or a new file name)", flag, path,
+    fail("{}: is {}; expected a regular file (or a new file name)", named,
          describe_file_type(st.st_mode));
 }
 
@@ -262,6 +266,27 @@ void check_meta_path(const std::string& meta,
         meta);
 }
 
+void check_names_beside(const ResultsPaths& paths, const std::string& flag,
+                        const std::string& given, const char* tool) {
+  // The names derived from OUT: generate's partial results and their
+  // header, merge's staging file, the lock, the default header.
+  const bool merge = std::string_view(tool) == "merge";
+  std::vector<std::string> derived = {paths.lock};
+  if (given != paths.out) derived.push_back(paths.out);
+  if (merge) {
+    add_derived(derived, paths.out, kOutTemporaries);
+  } else {
+    derived.push_back(paths.partial);
+    derived.push_back(paths.partial_meta);
+    add_derived(derived, paths.partial_meta, kPartialMetaTemporaries);
+  }
+  if (!paths.meta_given) {
+    derived.push_back(paths.meta);
+    add_derived(derived, paths.meta, kMetaTemporaries);
+  }
+  check_derived_names(flag, given, derived, tool);
+}
+
 void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     const std::vector<std::pair<std::string, std::string>>& inputs,
                                     bool may_replace, const char* tool, const char* out_name) {
@@ -277,28 +302,13 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
              paths.meta, what, other);
   }
   const std::string out_flag = std::string(out_name) + " " + paths.out;
-  // The names derived from OUT: generate's partial results and their
-  // header, merge's staging file, the lock, the default header.
-  const bool merge = std::string_view(tool) == "merge";
-  std::vector<std::string> derived = {paths.lock};
-  if (merge) {
-    add_derived(derived, paths.out, kOutTemporaries);
-  } else {
-    derived.push_back(paths.partial);
-    derived.push_back(paths.partial_meta);
-    add_derived(derived, paths.partial_meta, kPartialMetaTemporaries);
-  }
-  if (!paths.meta_given) {
-    derived.push_back(paths.meta);
-    add_derived(derived, paths.meta, kMetaTemporaries);
-  }
-  check_derived_names(out_flag, paths.out, derived, tool);
+  check_names_beside(paths, out_flag, paths.out, tool);
   for (const std::string& out : {paths.out, paths.partial, paths.partial_meta, paths.lock})
     refuse_output_that_is_an_input(out_flag, out, inputs, tool);
   if (paths.meta_given) {
     check_meta_path(paths.meta, inputs, may_replace);
   } else {
-    check_output_path(out_name, paths.meta, paths.out, "the run header");
+    check_output_path(out_name, paths.meta, paths.out, "the run header", "OUT's run header");
     refuse_output_that_is_an_input(out_flag, paths.meta, inputs, tool);
   }
 }
@@ -403,6 +413,20 @@ OutputLock::OutputLock(const std::string& lock_path, const std::string& out) : p
       ::close(fd_);
       fd_ = -1;
       refuse_lock_file(out, path_, by_fd.st_mode);
+    }
+    // note: O_NOFOLLOW does not see hard links: a lock name that is another
+    // name of some file (OUT, OUT.partial, any user file) would have that file
+    // truncated and overwritten with the pid below, so only a file of its own
+    // is taken; the file is opened without O_TRUNC and emptied only once the
+    // lock is held.
+    if (by_fd.st_nlink != 1 && S_ISREG(by_fd.st_mode)) {
+      const auto links = static_cast<unsigned long>(by_fd.st_nlink);
+      ::close(fd_);
+      fd_ = -1;
+      fail(
+          "{}: the lock file {} has {} hard links; expected a file of its own (generate and merge "
+          "create it; remove it)",
+          out, path_, links);
     }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -512,7 +536,9 @@ bool matches(std::string_view rest, std::string_view pattern, std::vector<long>&
       ++r;
       ++digits;
     }
-    if (digits == 0 || pid <= 0) return false;
+    // note: generate never writes a pid with leading zeros; such a name is
+    // someone else's file and is kept.
+    if (digits == 0 || pid <= 0 || rest[r - digits] == '0') return false;
     pids.push_back(pid);
   }
   return r == rest.size();

@@ -68,6 +68,15 @@ void refuse_outputs_that_are_inputs(const ResultsPaths& paths,
                                     bool may_replace, const char* tool = "generate",
                                     const char* out_name = "--out");
 
+// Fails (qtk::Error) when a name generate (or merge, by `tool`) derives
+// from paths.out (the lock, the partial results, the header, their
+// pid-named temporaries; paths.out itself where it is not `given`) would
+// pass the file system's name length limit or the system's path length
+// limit. `given` is the path the user named (paths.out, or the OUT a
+// --devices part is named after); `flag` starts the message.
+void check_names_beside(const ResultsPaths& paths, const std::string& flag,
+                        const std::string& given, const char* tool = "generate");
+
 // Whether two paths name one file: the same path once made absolute and
 // normalised, or the same inode (after symlinks) where both exist.
 bool same_file(const std::string& a, const std::string& b);
@@ -88,10 +97,11 @@ void refuse_output_that_is_an_input(const std::string& flag, const std::string& 
 // An exclusive flock on OUT.lock for the whole run; a second generate on the
 // same OUT fails with a message naming the holder's pid. The file is opened
 // with O_NOFOLLOW: a symbolic link, FIFO or directory at its name is refused
-// (never followed or truncated); a regular file left by a killed run is
-// taken over. While it is held, SIGINT, SIGTERM and SIGHUP (where their
-// disposition is the default) unlink the file before they end the process
-// as they otherwise would; where the program handles them itself (an
+// (never followed or truncated), and so is a regular file with more than one
+// hard link (another name of OUT, or of any file, which the pid would
+// overwrite); a regular file of its own left by a killed run is taken over. While it is held,
+// SIGINT, SIGTERM and SIGHUP (where their disposition is the default) unlink the file before they
+// end the process as they otherwise would; where the program handles them itself (an
 // InterruptScope, installed before or after the lock) the unwinding to the
 // destructor removes it. Whatever installed the handlers, the file is on
 // core/interrupt's list of files removed when the process ends at once (a

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
+#include "core/stdout_check.h"
 #include "core/utf8.h"
 #include "loaders/cli_args.h"
 #include "tokenizer/chat/chat_request.h"
@@ -100,6 +101,12 @@ qtk::Tokenizer load_tokenizer(const std::string& path) {
   if (fs::is_directory(path, ec)) {
     const std::string json_path = (fs::path(path) / "tokenizer.json").string();
     if (!fs::exists(json_path, ec)) fail("{}: model directory has no tokenizer.json", path);
+    // note: a FIFO there would block the open until a writer came, and a
+    // link to /dev/zero would read without end; refuse what is not a file.
+    struct stat jst {};
+    if (::stat(json_path.c_str(), &jst) == 0 && !S_ISREG(jst.st_mode))
+      fail("{}: expected a regular file, found {}", json_path,
+           qtk::describe_file_type(jst.st_mode));
     return qtk::Tokenizer::from_file(json_path);
   }
   if (!fs::exists(path, ec))
@@ -175,6 +182,16 @@ qtk::ChatLineContext load_chat(const std::string& path, const std::string& templ
   std::optional<std::string> text;
   std::string source;
   if (!template_file.empty()) {
+    // note: stat, not open, first: a FIFO would block the open until a
+    // writer came; a device or directory is named, not "no such file".
+    struct stat tst {};
+    if (::stat(template_file.c_str(), &tst) != 0) {
+      if (errno == ENOENT) fail("--chat-template {}: no such file", template_file);
+      fail("--chat-template {}: {}", template_file, std::strerror(errno));
+    }
+    if (!S_ISREG(tst.st_mode))
+      fail("--chat-template {}: expected a regular file, found {}", template_file,
+           qtk::describe_file_type(tst.st_mode));
     text = read_if_exists(template_file);
     if (!text) fail("--chat-template {}: no such file", template_file);
     source = template_file;
@@ -432,7 +449,7 @@ int run(int argc, char** argv) {
   cxxopts::Options options = tokenize_options();
   const cxxopts::ParseResult args = qtk::cli::parse_flags(options, argc, argv);
   if (args.count("help")) {
-    std::cout << options.help() << std::endl;
+    qtk::write_stdout(options.help() + "\n");
     return 0;
   }
   qtk::cli::no_extra_arguments(args);
@@ -504,8 +521,12 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);
+    // note: output lost to a full disk or /dev/full is an error, not exit 0.
+    qtk::finish_stdout();
+    return status;
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "tokenize: %s\n", e.what());
     return 1;
   }

@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -173,7 +174,29 @@ void write_file(const OutFile& f, const std::string& text, mode_t mode) {
     ::close(fd);
     throw;
   }
+  // note: synced before the staging directory is renamed into place, so a
+  // power loss cannot leave OUT_DIR with empty or short files.
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    fail_errno(fmt::format("{}: cannot sync it to disk", f.shown));
+  }
   if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
+}
+
+// fsync()s the directory `path` (its entries: the names of the files in it,
+// or a rename into it); `shown` names it in the message.
+void sync_directory(const std::string& path, const std::string& shown) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail_errno(fmt::format("{}: cannot open the directory to sync it", shown));
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    fail_errno(fmt::format("{}: cannot sync the directory to disk", shown));
+  }
+  ::close(fd);
 }
 
 constexpr int64_t kFp8Block = 128;
@@ -302,6 +325,13 @@ int create_shard(const OutFile& f, const std::string& h) {
 
 void finish_shard(int fd, const OutFile& f) {
   unregister_emergency_unlink(f.path);
+  // (synced before the rename into place, as write_file's files)
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    fail_errno(fmt::format("{}: cannot sync it to disk", f.shown));
+  }
   if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
 }
 
@@ -640,6 +670,7 @@ int run(int argc, char** argv) {
     // `ulimit -f` fails with EFBIG and is reported like a full disk.
     InterruptScope interrupts;
     std::optional<synth::StagedDirectory> staged;
+    bool in_place = false;  // OUT_DIR was renamed into place
     try {
       staged.emplace(out, force);
       for (const std::string& note : staged->notes())
@@ -663,7 +694,16 @@ int run(int argc, char** argv) {
         write_shards_parallel(files, shards, bf16, seed, threads);
       }
       if (!index_text.empty()) write_file(file("model.safetensors.index.json"), index_text, 0666);
+      // note: the staging directory's entries are synced before the rename,
+      // and the parent's after it (the rename itself), as convert does.
+      sync_directory(staged->path(), staged->path());
       staged->commit();
+      in_place = true;
+      const std::filesystem::path out_path(out.ends_with('/') ? out.substr(0, out.size() - 1)
+                                                              : out);
+      const std::string parent =
+          out_path.has_parent_path() ? out_path.parent_path().string() : std::string(".");
+      sync_directory(parent, parent);
       for (size_t i = notes_before; i < staged->notes().size(); ++i)
         after.push_back(staged->notes()[i]);
     } catch (const std::exception& e) {
@@ -671,7 +711,9 @@ int run(int argc, char** argv) {
       const bool was_staged = staged.has_value();
       staged.reset();
       std::string message = e.what();
-      if (was_staged)
+      if (in_place)
+        message += fmt::format("; {} is in place, but may not survive a power loss", out);
+      else if (was_staged)
         message += out_existed ? fmt::format("; {} is left as it was", out)
                                : fmt::format("; {} was not created", out);
       std::fprintf(stderr, "synth: %s\n", printable_message(message).c_str());

@@ -7,6 +7,9 @@
 //
 // Every other argument in a case is valid (real inputs, a writable output
 // directory), so the flag is the only thing that can make the run fail.
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -147,6 +150,23 @@ TEST(BadFlags, TokenizeValidFlagsStillWork) {
     EXPECT_EQ(r.exit_code, 0) << flags.front() << ": " << r.err;
     EXPECT_EQ(split_lines(r.out).size(), 1u) << r.out;
     EXPECT_NE(r.out.find("\"ids\""), std::string::npos) << r.out;
+  }
+}
+
+// --help lost to a full device is an error (exit 1, one line), not exit 0.
+// note: the subshell makes /dev/full stdout; a redirection by the runner
+// after it would otherwise win.
+TEST(BadFlags, HelpToFullStdoutIsAnError) {
+  for (const std::string name : {"convert", "merge", "tokenize"}) {
+    SCOPED_TRACE(name);
+    const std::string err = ::testing::TempDir() + "/help_full_" + name + ".err";
+    std::string cmd = "(";
+    cmd += program(name);
+    cmd += " --help > /dev/full) 2> '" + err + "'";
+    const int raw = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 1) << raw;
+    EXPECT_EQ(read_file(err),
+              name + ": cannot write to standard output: No space left on device\n");
   }
 }
 

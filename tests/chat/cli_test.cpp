@@ -3,6 +3,7 @@
 // "messages" lines (template from the pack or --chat-template, per-line
 // errors when there is none or the template raises).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -307,7 +308,17 @@ TEST(TokenizeChat, BadFlags) {
       {" --chat-template x.jinja", "only used with --chat"},
       {" --chat --chat-template /nonexistent/t.jinja", "/nonexistent/t.jinja"},
       {" --chat --chat-template ''", "--chat-template: expected a file name, found an empty value"},
+      // An existing non-file is named, never "no such file"; a FIFO is not
+      // opened (that would wait for a writer).
+      {" --chat --chat-template '" + work_dir() + "/t.fifo'",
+       "t.fifo: expected a regular file, found a FIFO (named pipe)"},
+      {" --chat --chat-template /dev/null",
+       "--chat-template /dev/null: expected a regular file, found a character device"},
+      {" --chat --chat-template '" + work_dir() + "'",
+       "expected a regular file, found a directory"},
   };
+  std::filesystem::remove(work_dir() + "/t.fifo");
+  ASSERT_EQ(::mkfifo((work_dir() + "/t.fifo").c_str(), 0600), 0);
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags);
     const RunResult r = run(tok + c.flags, "{\"messages\": []}\n");

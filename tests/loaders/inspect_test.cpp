@@ -1,10 +1,15 @@
 // Runs the inspect binary as a child process and checks its output, its exit
 // status and its one-line error messages.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "tests/loaders/test_util.h"
@@ -125,6 +130,37 @@ TEST(Inspect, UsageErrorsExitOneWithOneLine) {
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(lines(r.err), 1u) << r.err;
     EXPECT_EQ(r.err.rfind("inspect: ", 0), 0u) << r.err;
+  }
+}
+
+// A FIFO, socket or device is named for what it is, never "a file"; a
+// FIFO is not opened (that would wait for a writer).
+TEST(Inspect, NonFilesAreNamed) {
+  TempDir tmp;
+  const std::string fifo = tmp.file("m.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string sock = tmp.file("s.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof(addr.sun_path));
+  std::strcpy(addr.sun_path, sock.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::close(fd);
+  const struct {
+    std::string path, found;
+  } cases[] = {{fifo, "found a FIFO (named pipe)"},
+               {sock, "found a socket"},
+               {"/dev/null", "found a character device"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path);
+    const ChildRun r = run_inspect(shell_quote(c.path));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_EQ(r.err, "inspect: " + c.path + ": expected a checkpoint directory or .pack file, " +
+                         c.found + "\n");
   }
 }
 

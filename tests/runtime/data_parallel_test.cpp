@@ -163,6 +163,27 @@ TEST(DataParallel, StaleTemporariesOfAKilledParentAreRemoved) {
             (std::vector<std::string>{"dp_stale.jsonl", "dp_stale.jsonl.meta.json"}));
 }
 
+// An OUT whose own derived names fit but whose parts' (OUT.part-k-of-M and
+// the names derived from it) do not is refused by the parent with one line
+// before any worker starts: nothing is written, no parts are promised.
+TEST(DataParallel, PartNamesTooLongAreRefusedBeforeTheWorkers) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string d = work_dir() + "/dp_longname";
+  std::filesystem::create_directories(d);
+  const std::string name = std::string(214, 'd') + ".jsonl";  // 220 bytes
+  const RunResult r = generate(j.pack, j.prompts, d + "/" + name, "--margins --devices 0,1");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err.rfind(fmt::format("generate: --out {}/{}: the name is too long for the files "
+                                    "generate writes beside it: {}.part-0-of-2",
+                                    d, name, name),
+                        0),
+            0u)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.find("--resume"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_empty(d));
+}
+
 TEST(DataParallel, AShardSpreadOverDevicesIsThatShardsFileAndMeta) {
   const Job& j = job_of("tests/data/models/qwen3-tiny");
   const std::string d = work_dir();
@@ -258,10 +279,20 @@ TEST(DataParallel, AFailedWorkerLeavesNoOutAndResumeFinishesTheRun) {
                        ".part-1-of-2) failed with exit status 1"),
             std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fix the cause and run the same command with --resume to finish"),
+            std::string::npos)
+      << r.err;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(fs::exists(out + ".meta.json"));
   EXPECT_TRUE(fs::exists(out + ".part-0-of-2"));  // the worker that succeeded
+  // After a failed --force run the advice is not to add --resume (--force
+  // with --resume is refused) but to use it instead.
+  r = generate(j.pack, j.prompts, out, "--margins --devices 0,1 --force");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("fix the cause and run again with --resume instead of --force to finish"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
   fs::remove(out + ".part-1-of-2.lock");
   // Without --resume, the parts left behind are not silently replaced.
   r = generate(j.pack, j.prompts, out, "--margins --devices 0,1");
@@ -467,8 +498,9 @@ TEST(DataParallel, AnOutThatAppearsDuringTheRunIsNotReplaced) {
                                      target)),
               std::string::npos)
         << r.err;
-    EXPECT_NE(r.err.find(fmt::format("; the parts ({}.part-*-of-2) stay: the same command with "
-                                     "--resume merges them into {}, replacing what is there then\n",
+    EXPECT_NE(r.err.find(fmt::format("; the parts ({}.part-*-of-2) stay: run the same command "
+                                     "with --resume to merge them into {}, replacing what is "
+                                     "there then\n",
                                      out, out)),
               std::string::npos)
         << r.err;

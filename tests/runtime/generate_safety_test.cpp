@@ -115,6 +115,18 @@ TEST(GenerateSafety, MetaPathIsCheckedBeforeTheRun) {
               0)
         << "something was written";
   }
+  // A directory at the default header's name (OUT.meta.json) is named as
+  // OUT's run header, not as an --out path.
+  std::filesystem::create_directory(out + ".meta.json");
+  for (const char* flags : {"", "--force"}) {
+    const RunResult h = generate(pack, in, out, flags);
+    EXPECT_EQ(h.status, 1) << h.err;
+    EXPECT_EQ(h.err, fmt::format("generate: {}.meta.json (OUT's run header): is a directory; "
+                                 "expected a file name\n",
+                                 out));
+  }
+  std::filesystem::remove(out + ".meta.json");
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
   // With the results on stdout too.
   RunResult s = run(fmt::format("{} --model {} --batch {} --out - --meta {}/missing/m.json",
                                 QTK_GENERATE_BIN, pack, in, dir));
@@ -1104,6 +1116,25 @@ TEST(GenerateOutputs, LockFileThatIsNotARegularFileIsRefused) {
     EXPECT_EQ(names_starting(dir, "r.jsonl"), std::vector<std::string>{"r.jsonl.lock"});
     std::filesystem::remove(lock);
   }
+  // A hard link at the lock's name (O_NOFOLLOW does not see one) is refused
+  // too: the file it names (a user's file, or OUT itself) is left unchanged.
+  for (const std::string& target : {victim, out}) {
+    SCOPED_TRACE(target);
+    write_text(target, "precious\n");
+    ASSERT_EQ(::link(target.c_str(), lock.c_str()), 0);
+    for (const char* flags : {"", "--force", "--resume"}) {
+      const RunResult r = generate(pack, in, out, flags);
+      EXPECT_EQ(r.status, 1) << r.err;
+      EXPECT_EQ(r.err, fmt::format("generate: {}: the lock file {} has 2 hard links; expected a "
+                                   "file of its own (generate and merge create it; remove it)\n",
+                                   out, lock));
+    }
+    EXPECT_EQ(read_text(target), "precious\n");
+    EXPECT_EQ(read_text(lock), "precious\n");
+    std::filesystem::remove(lock);
+    if (target == out) std::filesystem::remove(out);
+  }
+  EXPECT_EQ(read_text(victim), "precious\n");
   // A stale lock file (a SIGKILLed run's, with its pid) is taken over.
   write_text(lock, fmt::format("{}\n", dead_pid()));
   const RunResult ok = generate(pack, in, out, "");
@@ -1318,6 +1349,9 @@ TEST(GenerateOutputs, StaleTemporariesOfKilledRunsAreRemoved) {
       fmt::format("r.jsonl.meta.json.tmp.{}", live),
       fmt::format("r.jsonl.merge.{}", live),
       "r.jsonl.meta.json.tmp.x1",
+      // generate never writes a pid with leading zeros: someone else's file.
+      fmt::format("r.jsonl.meta.json.tmp.0{}", dead),
+      "r.jsonl.merge.00123",
       fmt::format("r.jsonl.meta.json.tmp.{}.bak", dead),
       fmt::format("other.jsonl.meta.json.tmp.{}", dead),
   };

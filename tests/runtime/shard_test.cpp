@@ -492,6 +492,17 @@ TEST(Shard, MergeNeverWritesThroughSymlinks) {
     EXPECT_EQ(names_starting(d, "m.jsonl"), std::vector<std::string>{"m.jsonl.lock"});
     std::filesystem::remove(lock);
   }
+  // A hard link at the lock's name is refused; the file it names is unchanged.
+  ASSERT_EQ(::link(victim.c_str(), lock.c_str()), 0);
+  {
+    const RunResult r = run(merge_cmd("--force " + out + files));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err, fmt::format("merge: {}: the lock file {} has 2 hard links; expected a file "
+                                 "of its own (generate and merge create it; remove it)\n",
+                                 out, lock));
+    EXPECT_EQ(names_starting(d, "m.jsonl"), std::vector<std::string>{"m.jsonl.lock"});
+    std::filesystem::remove(lock);
+  }
   EXPECT_EQ(read_text(victim), "precious\n");
   std::vector<std::string> victims;
   std::string links;

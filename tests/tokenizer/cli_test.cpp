@@ -178,6 +178,20 @@ TEST(Cli, FatalErrorsGiveOneLineAndExitOne) {
                "expected a tokenizer.json, model directory or .pack (a regular file), found a "
                "FIFO (named pipe)");
   expect_fatal(run_tokenize("--tokenizer /dev/null", input), "found a character device");
+  // A model directory whose tokenizer.json is a FIFO or a link to a device
+  // is refused alike, naming the file.
+  const std::string fifo_dir = temp_path("fifo_model");
+  std::filesystem::remove_all(fifo_dir);
+  std::filesystem::create_directories(fifo_dir);
+  ASSERT_EQ(::mkfifo((fifo_dir + "/tokenizer.json").c_str(), 0600), 0);
+  expect_fatal(run_tokenize("--tokenizer '" + fifo_dir + "'", input),
+               fifo_dir + "/tokenizer.json: expected a regular file, found a FIFO (named pipe)");
+  const std::string zero_dir = temp_path("zero_model");
+  std::filesystem::remove_all(zero_dir);
+  std::filesystem::create_directories(zero_dir);
+  std::filesystem::create_symlink("/dev/zero", zero_dir + "/tokenizer.json");
+  expect_fatal(run_tokenize("--tokenizer '" + zero_dir + "'", input),
+               "expected a regular file, found a character device");
 }
 
 TEST(Cli, HelpDescribesTheProgram) {
@@ -188,6 +202,20 @@ TEST(Cli, HelpDescribesTheProgram) {
   EXPECT_NE(all.find("--tokenizer"), std::string::npos) << all;
   EXPECT_NE(all.find("--decode"), std::string::npos) << all;
   EXPECT_NE(all.find("Exit status"), std::string::npos) << all;
+}
+
+// Help lost to a full device is an error (exit 1, one line), not exit 0.
+// note: the subshell makes /dev/full stdout; run_tokenize's own redirection
+// would otherwise come after it and win.
+TEST(Cli, HelpToFullStdoutIsAnError) {
+  const std::string err = temp_path("help_err.txt");
+  std::string command = "(";
+  command += TOKENIZE_BIN;
+  command += " --help > /dev/full) 2> '" + err + "'";
+  const int raw = std::system(command.c_str());
+  EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 1) << raw;
+  EXPECT_EQ(test::read_text(err),
+            "tokenize: cannot write to standard output: No space left on device\n");
 }
 
 }  // namespace
