@@ -33,13 +33,45 @@ struct sigaction g_saved[kNumSignals];
 bool g_installed[kNumSignals] = {};
 struct sigaction g_saved_xfsz;
 
+// "PROG: stopped at once by a second SIGINT" on stderr, with
+// async-signal-safe calls only, unless stderr is not ready for it.
+void say_stopped_at_once(int sig) {
+  struct pollfd p {};
+  p.fd = 2;
+  p.events = POLLOUT;
+  if (::poll(&p, 1, 0) != 1 || (p.revents & POLLOUT) == 0) return;
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+  char line[160];
+  size_t n = 0;
+  for (const char* part : {static_cast<const char*>(program_invocation_short_name),
+                           ": stopped at once by a second ", name, "\n"})
+    for (; *part != '\0' && n < sizeof(line); ++part) line[n++] = *part;
+  [[maybe_unused]] const ssize_t w = ::write(2, line, n);
+}
+
 extern "C" void on_signal(int sig) {
   if (g_signal != 0) {
     // (each further write to the closed pipe raises SIGPIPE again: not a
     // second request to stop)
     if (sig == SIGPIPE) return;
-    // Second signal: remove what we can with async-signal-safe calls and go.
+    // Second signal: remove what we can with async-signal-safe calls, say
+    // so, and end by the signal itself.
+    // note: by the signal, not exit(128 + sig): a shell loop around the
+    // program stops only when its child was killed by SIGINT. The line is
+    // skipped when stderr would block (a reader that stopped reading is
+    // what a second signal often answers); the run header is left as it
+    // was ("running": --resume accepts it).
     emergency_unlink_now();
+    say_stopped_at_once(sig);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    sigset_t self;
+    sigemptyset(&self);
+    sigaddset(&self, sig);
+    sigprocmask(SIG_UNBLOCK, &self, nullptr);
+    ::kill(::getpid(), sig);
     ::_exit(128 + sig);
   }
   g_signal = sig;

@@ -4,7 +4,9 @@
 // unwinding removes the temporary pack and the extraction directory, or
 // marks generate's partial run "interrupted". The program then re-raises the
 // signal so its exit status says it was killed. A second signal ends the
-// process at once (after unlinking the registered files).
+// process at once: the registered files unlinked, one line on stderr
+// ("PROG: stopped at once by a second SIGINT") unless stderr would block,
+// and the process killed by that signal.
 //
 // A program blocked reading its input (a pipe, a FIFO, a terminal) waits in
 // wait_for_input, which a signal wakes whichever thread it was delivered to
