@@ -137,10 +137,14 @@ void check_interrupted(const std::string& what) {
   fail("{}: interrupted by {}", what, signal_name(sig));
 }
 
-bool wait_for_input(int fd) {
+namespace {
+
+// wait_for_input and wait_for_output: poll `fd` for `events` beside the
+// handler's wake pipe.
+bool wait_for(int fd, short events) {
   while (g_signal == 0) {
     const int wake = g_wake_read;
-    struct pollfd p[2] = {{fd, POLLIN, 0}, {wake, POLLIN, 0}};
+    struct pollfd p[2] = {{fd, events, 0}, {wake, POLLIN, 0}};
     // note: poll is never restarted after a handler (SA_RESTART or not), and
     // the pipe wakes it also when the signal went to another thread.
     const int n = ::poll(p, wake >= 0 ? 2 : 1, -1);
@@ -156,6 +160,12 @@ bool wait_for_input(int fd) {
   }
   return false;
 }
+
+}  // namespace
+
+bool wait_for_input(int fd) { return wait_for(fd, POLLIN); }
+
+bool wait_for_output(int fd) { return wait_for(fd, POLLOUT); }
 
 void register_emergency_unlink(const std::string& path) {
   if (path.size() >= PATH_MAX) return;

@@ -51,6 +51,11 @@ void check_interrupted(const std::string& what);
 // recorded before the call). Without an InterruptScope it only waits for `fd`.
 bool wait_for_input(int fd);
 
+// The same for writing: waits until `fd` takes at least PIPE_BUF bytes
+// without blocking (poll POLLOUT: a pipe with a free buffer, any regular
+// file or terminal) or a signal is recorded; false when a signal was.
+bool wait_for_output(int fd);
+
 // Files a second signal (the user pressing Ctrl-C again while we clean up)
 // or a fault in a file mapping (core/mapped_file.h) unlinks before the
 // process exits at once. At most 8 paths; longer paths than PATH_MAX are not

@@ -973,7 +973,21 @@ void ResultsWriter::open_for_append(const std::string& path, uint64_t keep_bytes
 void ResultsWriter::append(const std::string& line) {
   std::string data = line;
   data += '\n';
-  write_all(fd_, data, paths_.out);
+  if (stream_) {
+    // note: a reader that stops reading (`| less` left paused) would block
+    // a plain write(2), and the restarted write would make a signal wait
+    // for the reader. Pieces of at most PIPE_BUF bytes, each written once
+    // poll says the pipe has a free buffer, never block, so a signal stops
+    // the run there.
+    for (size_t done = 0; done < data.size(); done += PIPE_BUF) {
+      if (!wait_for_output(fd_))
+        fail("standard output: interrupted by {} while waiting for its reader to take the results",
+             signal_name(interrupt_signal()));
+      write_all(fd_, data.substr(done, PIPE_BUF), "standard output");
+    }
+  } else {
+    write_all(fd_, data, paths_.out);
+  }
   complete_bytes_ += data.size();
 }
 
