@@ -12,21 +12,9 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
-#include "core/temp_names.h"
+#include "core/output_files.h"
 
 namespace qtk {
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string basename_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 AtomicOutput::AtomicOutput(const std::string& path, bool overwrite)
     : path_(path), dir_(directory_of(path)), overwrite_(overwrite) {
@@ -89,18 +77,12 @@ void AtomicOutput::commit() {
     if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
       fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
   } else {
-    // note: RENAME_NOREPLACE closes the window between the existence check in
-    // the constructor and now; file systems without it get a plain check.
-    if (::renameat2(AT_FDCWD, temp_path_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0) {
+    // note: no replacing closes the window between the existence check in
+    // the constructor and now.
+    if (!rename_noreplace(temp_path_, path_)) {
       if (errno == EEXIST)
         fail("{}: appeared while converting; not replacing it (pass --force)", path_);
-      if (errno != EINVAL && errno != ENOSYS)
-        fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
-      struct stat st {};
-      if (::stat(path_.c_str(), &st) == 0)
-        fail("{}: appeared while converting; not replacing it (pass --force)", path_);
-      if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
-        fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
+      fail_errno(fmt::format("{}: cannot rename the temporary file into place", path_));
     }
   }
   committed_ = true;
@@ -108,15 +90,11 @@ void AtomicOutput::commit() {
   // note: by now the file is in place (and a replaced one is gone): a failed
   // directory fsync is still an error, because a crash could undo the
   // rename, but the message says where things stand.
-  const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const int rc = dfd < 0 ? -1 : ::fsync(dfd);
-  const int err = errno;
-  if (dfd >= 0) ::close(dfd);
-  if (rc != 0)
+  if (!fsync_directory(dir_))
     fail(
         "{}: written and in place, but the fsync of directory {} failed: {}; a crash could "
         "still undo the rename",
-        path_, dir_, std::strerror(err));
+        path_, dir_, std::strerror(errno));
 }
 
 }  // namespace qtk

@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "core/output_files.h"  // directory_of, basename_of
+
 namespace qtk {
 
 class AtomicOutput {
@@ -36,10 +38,5 @@ class AtomicOutput {
   int fd_ = -1;
   bool committed_ = false;
 };
-
-// Directory part of a path ("." when there is none).
-std::string directory_of(const std::string& path);
-// Last component of a path.
-std::string basename_of(const std::string& path);
 
 }  // namespace qtk

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "core/temp_names.h"
+#include "core/output_files.h"
 
 namespace qtk {
 

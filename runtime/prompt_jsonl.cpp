@@ -383,6 +383,7 @@ std::string read_input_text(const std::string& path, const char* what, InputFile
   };
   int fd = STDIN_FILENO;
   if (!from_stdin) {
+    // note: checked before the open too: a socket cannot be opened (ENXIO).
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) fail("{}: is a directory; expected {}", path, what);

@@ -20,25 +20,13 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/mapped_file.h"  // describe_file_type
-#include "core/temp_names.h"
+#include "core/output_files.h"
 #include "pack/pack_checksum.h"
 #include "runtime/generate_resume.h"
 
 namespace qtk {
 
 namespace {
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string basename_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 bool exists(const std::string& path) {
   struct stat st {};
@@ -53,18 +41,6 @@ bool exists(const std::string& path) {
 int create_new_file(const std::string& path, bool remove_first) {
   if (remove_first) ::unlink(path.c_str());
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-}
-
-// The fsync of a directory after a rename in it; false (errno set) when it
-// fails.
-bool fsync_directory(const std::string& dir) {
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return false;
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  errno = err;
-  return rc == 0;
 }
 
 // Overwrites the start of an existing file without growing it, padding with
@@ -703,21 +679,8 @@ Moved move_file(const std::string& from, const std::string& to, bool force,
       return ::unlink(from.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
     return ::rename(from.c_str(), to.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
   }
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0)
-    return Moved::kDone;
-  if (errno == EEXIST) return Moved::kAppeared;
-  if (errno != EINVAL && errno != ENOSYS) return Moved::kFailed;
-  // note: a file system without RENAME_NOREPLACE (EINVAL): link() refuses
-  // an existing name as well (EEXIST), then the old name goes.
-  if (::link(from.c_str(), to.c_str()) == 0) {
-    ::unlink(from.c_str());
-    return Moved::kDone;
-  }
-  if (errno == EEXIST) return Moved::kAppeared;
-  if (errno != EPERM && errno != ENOTSUP && errno != EMLINK) return Moved::kFailed;
-  // (nor hard links: a check, then the rename)
-  if (::lstat(to.c_str(), &now) == 0) return Moved::kAppeared;
-  return ::rename(from.c_str(), to.c_str()) == 0 ? Moved::kDone : Moved::kFailed;
+  if (rename_noreplace(from, to)) return Moved::kDone;
+  return errno == EEXIST ? Moved::kAppeared : Moved::kFailed;
 }
 
 // The header that was at META before the new one replaced it, kept to be

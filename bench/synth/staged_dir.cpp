@@ -19,7 +19,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
-#include "core/temp_names.h"
+#include "core/output_files.h"
 
 namespace qtk::synth {
 

@@ -59,6 +59,7 @@
 #include "bench/synth/staged_dir.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/output_files.h"  // fsync_directory
 #include "core/stdout_check.h"
 #include "loaders/cli_args.h"
 #include "loaders/model_config.h"
@@ -163,6 +164,19 @@ void write_all(int fd, const void* p, size_t n, const OutFile& f) {
   }
 }
 
+// fsync()s and closes `fd`, the file `f`.
+// note: synced before the staging directory is renamed into place, so a
+// power loss cannot leave OUT_DIR with empty or short files.
+void sync_and_close(int fd, const OutFile& f) {
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    fail_errno(fmt::format("{}: cannot sync it to disk", f.shown));
+  }
+  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
+}
+
 // Creates `f` (it must not exist: the temporary directory is new) with
 // `mode` and writes `text` to it.
 void write_file(const OutFile& f, const std::string& text, mode_t mode) {
@@ -174,29 +188,14 @@ void write_file(const OutFile& f, const std::string& text, mode_t mode) {
     ::close(fd);
     throw;
   }
-  // note: synced before the staging directory is renamed into place, so a
-  // power loss cannot leave OUT_DIR with empty or short files.
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    errno = e;
-    fail_errno(fmt::format("{}: cannot sync it to disk", f.shown));
-  }
-  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
+  sync_and_close(fd, f);
 }
 
 // fsync()s the directory `path` (its entries: the names of the files in it,
 // or a rename into it); `shown` names it in the message.
 void sync_directory(const std::string& path, const std::string& shown) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail_errno(fmt::format("{}: cannot open the directory to sync it", shown));
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    errno = e;
+  if (!fsync_directory(path))
     fail_errno(fmt::format("{}: cannot sync the directory to disk", shown));
-  }
-  ::close(fd);
 }
 
 constexpr int64_t kFp8Block = 128;
@@ -325,14 +324,7 @@ int create_shard(const OutFile& f, const std::string& h) {
 
 void finish_shard(int fd, const OutFile& f) {
   unregister_emergency_unlink(f.path);
-  // (synced before the rename into place, as write_file's files)
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    errno = e;
-    fail_errno(fmt::format("{}: cannot sync it to disk", f.shown));
-  }
-  if (::close(fd) != 0) fail_errno(fmt::format("{}: write failed (at close)", f.shown));
+  sync_and_close(fd, f);
 }
 
 // One stream of values for the whole checkpoint, in file order (the default).

@@ -1,13 +1,30 @@
-// Names of short-lived files and directories written beside an output
-// (".NAME<marker><pid>.<8 hex>": convert's temporary pack, synth's staging
-// directory), and how a later run tells whether the process that made one
-// is still running (so that what a SIGKILL left can be removed).
+// Files written beside an output: the parts of its path, the names of
+// short-lived files and directories next to it (".NAME<marker><pid>.<8
+// hex>": convert's temporary pack, synth's staging directory), how a later
+// run tells whether the process that made one is still running (so that
+// what a SIGKILL left can be removed), and the directory sync after a
+// rename into place.
 #pragma once
 
 #include <string>
 #include <string_view>
 
 namespace qtk {
+
+// Directory part of a path ("." when there is none, "/" for the root).
+std::string directory_of(const std::string& path);
+// Last component of a path.
+std::string basename_of(const std::string& path);
+
+// Renames `from` to `to` unless a file is at `to` (RENAME_NOREPLACE; on a
+// file system without it, link() + unlink(), which refuse an existing name
+// too; without hard links either, a check, then the rename). false, errno
+// set, when it did not: EEXIST when a file is at `to`.
+bool rename_noreplace(const std::string& from, const std::string& to);
+
+// fsync()s the directory `dir` (a rename into it, its new entries); false,
+// errno set, when it cannot be opened or synced.
+bool fsync_directory(const std::string& dir);
 
 // "DIR/.NAME<marker><pid>." for this process (8 random hex digits follow),
 // NAME cut short at a UTF-8 character boundary when the whole name would
