@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -64,6 +66,19 @@ std::string temp_name_prefix(const std::string& dir, const std::string& name,
     while (keep > 1 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
   }
   return fmt::format("{}/.{}{}", dir, name.substr(0, keep), tail);
+}
+
+long widest_pid() {
+  static const long widest = [] {
+    long pid_max = 4194304;  // PID_MAX_LIMIT on 64-bit kernels
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/pid_max", "r")) {
+      long v = 0;
+      if (std::fscanf(f, "%ld", &v) == 1 && v > 1) pid_max = v;
+      std::fclose(f);
+    }
+    return pid_max - 1;
+  }();
+  return std::max<long>(widest, ::getpid());
 }
 
 long parse_pid(std::string_view digits) {

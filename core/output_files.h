@@ -41,6 +41,14 @@ long temp_owner_pid(std::string_view name, std::string_view marker);
 // Decimal digits as a pid (at most 9 digits); 0 when they are not one.
 long parse_pid(std::string_view digits);
 
+// The widest pid this system can give a process: pid_max - 1 from
+// /proc/sys/kernel/pid_max (read once), at least this process's pid; the
+// kernel's ceiling, 4194303, when /proc cannot say.
+// note: names derived with a pid are length-checked at this width, so a
+// later process with a longer pid (a --devices worker, a resumed run) still
+// finds its names within the file system's limit.
+long widest_pid();
+
 // Whether process `pid` may still be running.
 // note: kill(pid, 0) fails with ESRCH only when no such process exists; a
 // live process of another user (EPERM) or a reused pid counts as running,

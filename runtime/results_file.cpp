@@ -207,11 +207,13 @@ void check_derived_names(const std::string& flag, const std::string& given,
   }
 }
 
-// `base` with each of `patterns` appended, with this process's pid.
+// `base` with each of `patterns` appended, with the widest pid any process
+// (this one, a --devices worker, a later --resume) may put there.
 template <size_t N>
 void add_derived(std::vector<std::string>& names, const std::string& base,
                  const char* const (&patterns)[N]) {
-  for (const char* p : patterns) names.push_back(with_pid(base, p, ::getpid()));
+  for (const char* p : patterns)
+    names.push_back(with_pid(base, p, static_cast<pid_t>(widest_pid())));
 }
 
 }  // namespace

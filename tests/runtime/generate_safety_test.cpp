@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include <functional>
@@ -25,6 +26,7 @@
 
 #include "core/interrupt.h"
 #include "core/mapped_file.h"
+#include "core/output_files.h"
 #include "runtime/results_file.h"
 #include "tests/runtime/output_faults.h"
 #include "tests/runtime/test_util.h"
@@ -1504,6 +1506,33 @@ TEST(GenerateOutputs, ShowToAFullStdoutIsAnError) {
   const RunResult help = run(fmt::format("({} --help > /dev/full)", QTK_GENERATE_BIN));
   EXPECT_EQ(help.status, 1);
   EXPECT_NE(help.err.find("cannot write to standard output"), std::string::npos) << help.err;
+}
+
+// Names derived with a pid are sized for the widest pid the system gives
+// (pid_max - 1), not this process's: a --devices worker or a later --resume
+// may have a longer pid than the run that checked the name. An OUT one byte
+// too long for OUT.partial.meta.json.tmp.<widest pid> is refused.
+TEST(GenerateOutputs, DerivedNamesAreSizedForTheWidestPid) {
+  long pid_max = 0;
+  std::istringstream(read_text("/proc/sys/kernel/pid_max")) >> pid_max;
+  ASSERT_GT(pid_max, 1);
+  EXPECT_EQ(widest_pid(), std::max<long>(pid_max - 1, ::getpid()));
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("widest.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/widest";
+  std::filesystem::create_directories(dir);
+  const std::string tail = ".partial.meta.json.tmp." + std::to_string(widest_pid());
+  const std::string name = std::string(256 - tail.size() - 6, 'w') + ".jsonl";
+  const RunResult r = generate(pack, in, dir + "/" + name, "");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find(fmt::format("the name is too long for the files generate writes beside "
+                                   "it: {}{} would be a 256-byte name",
+                                   name, tail)),
+            std::string::npos)
+      << r.err;
+  // One byte shorter runs.
+  ASSERT_EQ(generate(pack, in, dir + "/" + name.substr(1), "").status, 0);
 }
 
 // Output paths the file system cannot hold are refused up front, saying
