@@ -544,20 +544,20 @@ void Pack::read_tensor_list(const std::string& mwhere) {
   }
 }
 
-void Pack::compute_digest(const std::string& mwhere) {
-  const nlohmann::json& m = manifest_;
-  Xxh64 h;
-  for (const auto& t : tensors_) {
-    const std::string line = t.name + ":" + checksum_hex(t.checksum) + "\n";
-    h.update(line.data(), line.size());
-  }
-  const std::string cfg = field(m, "config", mwhere).dump();
-  h.update(cfg.data(), cfg.size());
-  if (m.contains("quantization")) {
-    const std::string q = m["quantization"].dump();
-    h.update(q.data(), q.size());
-  }
-  digest_ = checksum_hex(h.digest());
+void Pack::compute_digest() {
+  // note: over the whole manifest except "source" (which checkpoint files it
+  // came from) and "tool_version": every tensor's name, dtype, shape and
+  // checksum, the config, the quantization section, the tokenizer and
+  // generation files' checksums, the EOS and BOS ids, RoPE, the layer plan
+  // and the transforms, i.e. everything that can change a token. --resume
+  // and merge compare it, so a pack differing only in its tokenizer or a
+  // tensor's dtype label is not taken for the one the results came from.
+  // nlohmann::json keeps object keys sorted, so the text is canonical.
+  nlohmann::json m = manifest_;
+  m.erase("source");
+  m.erase("tool_version");
+  const std::string text = m.dump();
+  digest_ = checksum_hex(xxh64(text.data(), text.size()));
 }
 
 std::unique_ptr<Pack> Pack::open(const std::string& path) {
@@ -600,7 +600,7 @@ std::unique_ptr<Pack> Pack::open(const std::string& path) {
   pack->read_tensor_list(mwhere);
   pack->read_fp8_section(mwhere);
 
-  pack->compute_digest(mwhere);
+  pack->compute_digest();
   return pack;
 }
 

@@ -75,8 +75,9 @@ class Pack {
   // (for example "norm_plus_one_folded").
   bool has_transform(std::string_view name) const;
 
-  // A digest identifying the pack's content (from the manifest's tensor
-  // checksums and config), for run headers.
+  // A digest identifying the pack's content (the manifest's tensor names,
+  // dtypes, shapes and checksums, config, tokenizer files, ...: everything
+  // but where it came from and the tool version), for run headers.
   const std::string& digest() const { return digest_; }
 
   // Recomputes every entry's checksum (tensors and the files the manifest
@@ -146,9 +147,8 @@ class Pack {
   void read_tensor_list(const std::string& mwhere);
   // Reads and validates the manifest's "quantization" section into fp8_.
   void read_fp8_section(const std::string& mwhere);
-  // digest_: xxh64 over the tensors' names and checksums, the config and the
-  // quantization section.
-  void compute_digest(const std::string& mwhere);
+  // digest_: xxh64 over the manifest but its "source" and "tool_version".
+  void compute_digest();
   MappedFile file_;
   nlohmann::json manifest_;
   ModelConfig config_;

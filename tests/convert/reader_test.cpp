@@ -160,6 +160,43 @@ TEST_F(ReaderReject, GoodPackOpensAndVerifies) {
             std::string::npos);
 }
 
+// The digest (which --resume and merge compare) covers everything in the
+// manifest that can change a token, labels and the tokenizer and generation
+// files included, but not the tool version.
+TEST_F(ReaderReject, DigestCoversTheManifestButTheToolVersion) {
+  const auto digest_of = [&](std::string z, const std::string& from, const std::string& to,
+                             const std::string& name) {
+    if (!from.empty()) {
+      const size_t at = z.find(from);
+      EXPECT_NE(at, std::string::npos) << from;
+      if (at == std::string::npos) return std::string();
+      EXPECT_EQ(from.size(), to.size());
+      z.replace(at, from.size(), to);
+      fix_crc(z, "manifest.json");
+    }
+    const std::string p = dir_->file(name);
+    testing::write_file(p, z);
+    return Pack::open(p)->digest();
+  };
+  const std::string base = digest_of(*good_, "", "", "d0.pack");
+  ASSERT_EQ(base.size(), 16u);
+  EXPECT_EQ(digest_of(*good_, "", "", "d1.pack"), base);
+  EXPECT_EQ(digest_of(*good_, "\"tool_version\": \"qtk 0.1.0\"", "\"tool_version\": \"qtk 9.9.9\"",
+                      "d2.pack"),
+            base);
+  // a tensor's dtype label (same bytes)
+  EXPECT_NE(digest_of(*good_, "\"dtype\": \"BF16\"", "\"dtype\":  \"F16\"", "d3.pack"), base);
+  // the generation_config.json entry's checksum (listed under "files")
+  const size_t gen = good_->find("\"entry\": \"generation_config.json\"");
+  ASSERT_NE(gen, std::string::npos);
+  const size_t sum = good_->rfind("\"checksum\": \"", gen);
+  ASSERT_NE(sum, std::string::npos);
+  const std::string was = good_->substr(sum, 30);
+  std::string now = was;
+  now[14] = now[14] == '0' ? '1' : '0';
+  EXPECT_NE(digest_of(*good_, was, now, "d4.pack"), base);
+}
+
 TEST_F(ReaderReject, UnknownMajorVersion) {
   std::string z = *good_;
   const size_t at = z.find("\"version\": \"1.0\"");
