@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"
 #include "pack/pack_zip.h"
@@ -88,7 +89,7 @@ std::string build_manifest(const ManifestInputs& in) {
         {"weights", "real weight = fp8 value x the float32 scale of its block"},
         {"tensors", qt}};
   }
-  return m.dump(1) + "\n";
+  return json_file_text(m, 1) + "\n";
 }
 
 }  // namespace qtk

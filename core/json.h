@@ -45,6 +45,15 @@ inline std::string shown_json(const nlohmann::json& j) {
   return s;
 }
 
+// A value as the text of a file we write (indent as nlohmann's dump()).
+// note: strings that are not valid UTF-8 (a file name with a byte like 0xff,
+// which Linux allows, recorded in a run header or a manifest) get U+FFFD
+// for each bad byte instead of nlohmann's type_error.316, which ended the
+// run with a library message naming nothing.
+inline std::string json_file_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // What the reader does with an integer literal past 64 bits (neither an
 // int64 nor a uint64): a double, as nlohmann's parser makes it, or an error.
 // note: request lines refuse them: a chat template prints a tool's argument

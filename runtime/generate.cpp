@@ -339,7 +339,8 @@ void check_outputs(const GenerateOptions& o) {
         "--meta it goes beside --out, or nowhere with --out -)");
   if (o.out == "-") {
     check_stdout_flags(o);
-    if (!o.meta.empty()) check_meta_path(o.meta, generate_inputs(o), may_replace);
+    if (!o.meta.empty())
+      check_meta_path(o.meta, generate_inputs(o), may_replace, /*resumable=*/false);
     return;
   }
   refuse_outputs_that_are_inputs(ResultsPaths::of(o.out, o.meta), generate_inputs(o), may_replace);
@@ -593,8 +594,8 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
   if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);
   // note: written only for a split model, so that the headers of unsplit
   // runs (and of runs made before tensor parallelism) stay comparable.
+  meta["settings"]["tensor_parallel"] = o.tensor_parallel;
   if (o.tensor_parallel > 1) {
-    meta["settings"]["tensor_parallel"] = o.tensor_parallel;
     meta["tensor_parallel"] = {
         {"ranks", o.tensor_parallel},
         {"compare",
@@ -739,7 +740,9 @@ nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, do
           {"prefill_seconds", st.prefill_seconds},
           {"decode_seconds", st.decode_seconds},
           {"load_seconds", m.load_seconds},
-          {"first_token_seconds", m.first_token_seconds},
+          // (null when no token was generated: every line an error line)
+          {"first_token_seconds",
+           m.first_token_seconds < 0 ? nlohmann::json() : nlohmann::json(m.first_token_seconds)},
           {"verify_seconds", m.verify_seconds},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"cpu_path", std::string(cpu_path_name(active_cpu_path()))}};
@@ -949,7 +952,10 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   }
   if (source.resume) check_same_shard(source, meta);
   ResumePoint rp;
-  if (source.resume) rp = check_resume(source, meta, lines, o.batch, cfg.vocab_size);
+  if (source.resume) {
+    rp = check_resume(source, meta, lines, o.batch, cfg.vocab_size);
+    meta["resumed_from"] = rp.earlier;
+  }
   // note: resuming a complete OUT (a retried shard task, a repeated
   // command) does nothing: its results and header stay as that run left
   // them, statistics included.
@@ -987,6 +993,12 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     nlohmann::json stats = run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m);
     stats["context_capped_lines"] = capped;
+    // note: after --resume the line and token counts cover the whole file
+    // (the kept lines' tokens from their records), so they can be checked
+    // against it and a merge adds them up; steps, seconds and the other
+    // counts are this invocation's (the earlier ones' in resumed_from).
+    stats["prompt_tokens"] = sched.stats().prompt_tokens + rp.kept_prompt_tokens;
+    stats["generated_tokens"] = sched.stats().generated_tokens + rp.kept_generated_tokens;
     out->complete(stats);
   } catch (const std::exception& e) {
     out->set_failure(e.what());

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "kernels/cpu_features.h"
 #include "pack/pack_checksum.h"
 #include "runtime/results_file.h"
@@ -106,7 +107,8 @@ void check_same_tuning(const nlohmann::json& old, const nlohmann::json& meta,
                        const std::string& header) {
   if (const TuningDifference d = result_tuning_difference(old, meta); !d.name.empty()) {
     fail("{}: cannot resume: {} was {}, now {} (it can change tokens and margins on {})", header,
-         d.name, d.was.dump(), d.now.dump(), meta["settings"].value("device", ""));
+         d.name, json_file_text(d.was, -1), json_file_text(d.now, -1),
+         meta["settings"].value("device", ""));
   }
 }
 
@@ -155,7 +157,13 @@ std::vector<std::string_view> split_lines(std::string_view text) {
 std::string input_line_digests(const std::vector<std::string_view>& lines) {
   std::string s;
   s.reserve(lines.size() * kDigestChars);
-  for (std::string_view l : lines) s += checksum_hex(xxh64(l.data(), l.size()));
+  // note: line 1 without its byte order mark and every line without its
+  // CR, as the prompt parser reads them: the same prompts with other line
+  // ends, or a BOM added by an editor, are the same lines to --resume.
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string_view l = i == 0 ? without_byte_order_mark(lines[i]) : lines[i];
+    s += checksum_hex(xxh64(l.data(), l.size()));
+  }
   return s;
 }
 
@@ -218,6 +226,8 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     // note: a header without allow_unknown_fields or logprobs predates the
     // flag, which was then off.
     if (was.is_null() && (now == false || now == 0)) continue;
+    // (nor tensor_parallel, which was recorded only above 1)
+    if (was.is_null() && std::string_view(key) == "tensor_parallel" && now == 1) continue;
     // note: a template is the same template by its XXH64, whatever path
     // named it (a requeued job may run from another directory).
     if (std::string(key) == "chat_template" && was.is_object() && now.is_object() &&
@@ -225,11 +235,17 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
       continue;
     if (was != now) {
       fail("{}: cannot resume: setting '{}' was {}, now {} (it changes the results)", source.meta,
-           key, was.dump(), now.dump());
+           key, json_file_text(was, -1), json_file_text(now, -1));
     }
   }
   check_same_tuning(old, meta, source.meta);
   check_same_prompts(old, meta, source.meta, batch);
+  ResumePoint rp;
+  if (const nlohmann::json was = at(old, "/resumed_from"); was.is_array()) rp.earlier = was;
+  nlohmann::json entry = nlohmann::json::object();
+  for (const char* key : {"status", "settings", "stats", "error"})
+    if (old.contains(key)) entry[key] = old[key];
+  rp.earlier.push_back(std::move(entry));
 
   const std::string existing = read_whole_file(source.path, "the results");
   // note: a complete run's header holds its results' XXH64 (headers made by
@@ -256,7 +272,6 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
         source.path, std::count(existing.begin(), existing.begin() + cr, '\n') + 1);
   }
   const auto done_lines = split_lines(std::string_view(existing).substr(0, keep));
-  ResumePoint rp;
   if (done_lines.size() > lines.size()) {
     fail("{}: cannot resume: it has {} lines but {} has only {}", source.path, done_lines.size(),
          batch, lines.size());
@@ -314,6 +329,10 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
             "{}: cannot resume: line {} records other prompt_token_ids than {} line {} gives (id "
             "{}; the results file was edited, or is another run's)",
             source.path, i + 1, batch, lines[i].line_no, lines[i].id.dump());
+    }
+    if (!done_error) {
+      rp.kept_prompt_tokens += static_cast<int64_t>(lines[i].request.prompt.size());
+      rp.kept_generated_tokens += static_cast<int64_t>(j["output_token_ids"].size());
     }
   }
   rp.lines_done = done_lines.size();

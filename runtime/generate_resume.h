@@ -39,6 +39,11 @@ struct ResumePoint {
   size_t lines_done = 0;        // result lines already there
   uint64_t keep_bytes = 0;      // their bytes (a partial last line is dropped)
   int64_t run_error_lines = 0;  // of them, error lines the run gave (non-finite logits)
+  // The kept result lines' prompt and output tokens (from their records).
+  int64_t kept_prompt_tokens = 0, kept_generated_tokens = 0;
+  // The header being resumed and those it resumed, oldest first, each as
+  // {"status", "settings", "stats"} (and "error" where it has one).
+  nlohmann::json earlier = nlohmann::json::array();
 };
 
 // Checks that `source` (an interrupted or complete run) was made from the

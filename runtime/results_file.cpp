@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
 #include "core/output_files.h"
 #include "pack/pack_checksum.h"
@@ -230,7 +231,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 void check_meta_path(const std::string& meta,
                      const std::vector<std::pair<std::string, std::string>>& inputs,
-                     bool may_replace) {
+                     bool may_replace, bool resumable) {
   check_output_path("--meta", meta, "--meta " + meta, "the run header");
   std::vector<std::string> temporaries;
   add_derived(temporaries, meta, kMetaTemporaries);
@@ -238,10 +239,8 @@ void check_meta_path(const std::string& meta,
   refuse_output_that_is_an_input("--meta " + meta, meta, inputs);
   struct stat st {};
   if (!may_replace && ::lstat(meta.c_str(), &st) == 0)
-    fail(
-        "--meta {}: already exists (pass --force to replace it, or --resume to finish the run it "
-        "belongs to)",
-        meta);
+    fail("--meta {}: already exists (pass --force to replace it{})", meta,
+         resumable ? ", or --resume to finish the run it belongs to" : "");
 }
 
 void check_names_beside(const ResultsPaths& paths, const std::string& flag,
@@ -840,7 +839,7 @@ namespace {
 constexpr size_t kErrorRoom = 1024;
 
 std::string running_header(const nlohmann::json& meta) {
-  return meta.dump(2) + std::string(kErrorRoom, ' ') + "\n";
+  return json_file_text(meta, 2) + std::string(kErrorRoom, ' ') + "\n";
 }
 
 // `text` cut to at most `bytes` bytes at a UTF-8 character boundary.
@@ -969,7 +968,7 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
     // (see the constructor).
     if (!work_meta_.empty()) {
       move.out = "-";
-      move.header = meta_.dump(2) + "\n";
+      move.header = json_file_text(meta_, 2) + "\n";
       move_results_into_place(move);
     }
     done_ = true;
@@ -981,7 +980,7 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
   const std::string results = read_whole_file(work_, "the results");
   meta_["results_xxh64"] = results_digest(results);
   move.out = paths_.out;
-  move.header = meta_.dump(2) + "\n";
+  move.header = json_file_text(meta_, 2) + "\n";
   if (work_ != paths_.out) {
     move.staged = work_;
     move.partial = work_;
@@ -1022,18 +1021,18 @@ void ResultsWriter::mark_failed() noexcept {
     meta_["status"] = interrupt_signal() != 0 ? "interrupted" : "failed";
     if (!failure_.empty()) meta_["error"] = failure_;
     try {
-      write_file_atomic(work_meta_, meta_.dump(2) + "\n");
+      write_file_atomic(work_meta_, json_file_text(meta_, 2) + "\n");
     } catch (...) {
       // A full disk: rewrite the header in place, in the room it was
       // written with, the error shortened if it must be.
       for (size_t keep = failure_.size();; keep = keep / 2) {
         if (failure_.empty() || keep < 16) {
           meta_.erase("error");
-          overwrite_in_place(work_meta_, meta_.dump(2) + "\n");
+          overwrite_in_place(work_meta_, json_file_text(meta_, 2) + "\n");
           break;
         }
         meta_["error"] = keep < failure_.size() ? utf8_prefix(failure_, keep) + "..." : failure_;
-        if (overwrite_in_place(work_meta_, meta_.dump(2) + "\n")) break;
+        if (overwrite_in_place(work_meta_, json_file_text(meta_, 2) + "\n")) break;
       }
     }
   } catch (...) {

@@ -85,9 +85,11 @@ bool same_file(const std::string& a, const std::string& b);
 // device or FIFO, not one of the `inputs`, its temporary names within the
 // name length limit; unless may_replace (--force, --resume), not an existing
 // file.
+// resumable: the run could be resumed (not --out -), so the refusal of an
+// existing file names --resume too.
 void check_meta_path(const std::string& meta,
                      const std::vector<std::pair<std::string, std::string>>& inputs,
-                     bool may_replace);
+                     bool may_replace, bool resumable = true);
 
 // The same check for one output file (`flag`, e.g. "--out X", starts the message).
 void refuse_output_that_is_an_input(const std::string& flag, const std::string& path,

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/json.h"
 #include "runtime/generate_resume.h"
 #include "runtime/results_file.h"
 
@@ -348,6 +349,7 @@ MergeResult run_merge(const MergeOptions& o) {
   }
   nlohmann::json meta = first.meta;
   meta.erase("shard");
+  meta.erase("resumed_from");  // (each shard's stays in its merged_from entry)
   // note: the whole job's pack was checked only if every shard's was.
   if (meta.contains("settings") && meta["settings"].contains("verify_checksums"))
     meta["settings"]["verify_checksums"] = all_verified;
@@ -375,8 +377,8 @@ MergeResult run_merge(const MergeOptions& o) {
   // the merged stats hold only what adds up: lines and token counts.
   meta["merged_from"] = nlohmann::json::array();
   meta["stats"] = {{"lines", result.lines}};
-  int64_t prompt_tokens = 0, generated_tokens = 0;
-  bool counted = true;
+  int64_t prompt_tokens = 0, generated_tokens = 0, capped_lines = 0;
+  bool counted = true, capped_counted = true;
   for (const auto& [k, s] : by_index) {
     nlohmann::json entry = {{"shard", k}, {"path", s->path}};
     if (!differing.empty()) {
@@ -387,6 +389,12 @@ MergeResult run_merge(const MergeOptions& o) {
     }
     const nlohmann::json stats = s->meta.value("stats", nlohmann::json());
     if (stats.is_object()) entry["stats"] = stats;
+    if (const auto r = s->meta.find("resumed_from"); r != s->meta.end()) entry["resumed_from"] = *r;
+    if (stats.is_object() &&
+        stats.value("context_capped_lines", nlohmann::json()).is_number_integer())
+      capped_lines += stats["context_capped_lines"].get<int64_t>();
+    else
+      capped_counted = false;
     if (stats.is_object() && stats.value("prompt_tokens", nlohmann::json()).is_number_integer() &&
         stats.value("generated_tokens", nlohmann::json()).is_number_integer()) {
       prompt_tokens += stats["prompt_tokens"].get<int64_t>();
@@ -400,6 +408,7 @@ MergeResult run_merge(const MergeOptions& o) {
     meta["stats"]["prompt_tokens"] = prompt_tokens;
     meta["stats"]["generated_tokens"] = generated_tokens;
   }
+  if (capped_counted) meta["stats"]["context_capped_lines"] = capped_lines;
   for (const auto& [key, value] : o.extra.items()) meta[key] = value;
   meta["status"] = "complete";
   meta["results_xxh64"] = results_digest(merged);
@@ -436,7 +445,7 @@ MergeResult run_merge(const MergeOptions& o) {
   move.staged = staged;
   move.out = o.out;
   move.meta = out_meta;
-  move.header = meta.dump(2) + "\n";
+  move.header = json_file_text(meta, 2) + "\n";
   move.force = at_start.force;
   move.out_at_start = at_start.out;
   move.meta_at_start = at_start.meta;

@@ -166,7 +166,37 @@ TEST(GenerateCli, RunHeaderNamesPackAndSettings) {
   EXPECT_EQ(meta["settings"]["block_size"], 8);
   EXPECT_EQ(meta["settings"]["max_batched_tokens"], 33);
   EXPECT_EQ(meta["settings"]["max_tokens_default"], 4);
+  EXPECT_EQ(meta["settings"]["tensor_parallel"], 1);  // the default is recorded too
   EXPECT_EQ(read_jsonl(out).at(0)["output_token_ids"].size(), 4u);
+  EXPECT_GT(meta["stats"]["first_token_seconds"].get<double>(), 0.0);
+  // No token generated (every line an error line): no first-token time,
+  // null rather than a negative number.
+  write_text(in, "{\"prompt_token_ids\": [1, 2], \"bogus\": 1}\n");
+  r = generate(pack, in, out, "--max-tokens 4 --force");
+  ASSERT_EQ(r.status, 3) << r.err;
+  EXPECT_TRUE(load_json(out + ".meta.json")["stats"]["first_token_seconds"].is_null());
+}
+
+// Paths that are not valid UTF-8 (Linux allows any byte but '/' and NUL)
+// are recorded in the run header with U+FFFD for each bad byte; the run
+// does not end with the JSON library's error. A BOM added to the prompts
+// file, like CRLF line ends, leaves each line's digest as it was.
+TEST(GenerateCli, HeaderRecordsPathsThatAreNotUtf8AndLineDigestsSkipTheBom) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() +
+                         "/bad\xff"
+                         "name.jsonl";
+  write_text(in, "{\"prompt_token_ids\": [1, 2]}\n{\"prompt_token_ids\": [3]}\n");
+  const std::string out = work_dir() + "/badname.results.jsonl";
+  const RunResult r = generate(pack, in, out, "--max-tokens 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto meta = load_json(out + ".meta.json");
+  EXPECT_EQ(meta["batch"], work_dir() + "/bad\uFFFDname.jsonl");
+  const std::string bom = work_dir() + "/bom.jsonl";
+  write_text(bom, "\xEF\xBB\xBF{\"prompt_token_ids\": [1, 2]}\r\n{\"prompt_token_ids\": [3]}\r\n");
+  const std::string out2 = work_dir() + "/bom.results.jsonl";
+  ASSERT_EQ(generate(pack, bom, out2, "--max-tokens 2").status, 0);
+  EXPECT_EQ(load_json(out2 + ".meta.json")["input_line_xxh64"], meta["input_line_xxh64"]);
 }
 
 TEST(GenerateCli, StopTokenEndsASequence) {
@@ -254,6 +284,20 @@ TEST(GenerateCli, ResumeAfterTruncationIsByteIdentical) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_text(part), expected);
   EXPECT_EQ(load_json(part + ".meta.json")["stats"]["resumed_after_lines"], 7);
+  {
+    // The line and token counts cover the whole file (the kept lines'
+    // tokens from their records), as the uninterrupted run's do; the
+    // header resumed over is kept, with the settings it ran with.
+    const auto whole = load_json(full + ".meta.json");
+    const auto resumed = load_json(part + ".meta.json");
+    for (const char* key : {"lines", "prompt_tokens", "generated_tokens", "context_capped_lines"})
+      EXPECT_EQ(resumed["stats"][key], whole["stats"][key]) << key;
+    ASSERT_TRUE(resumed["resumed_from"].is_array());
+    ASSERT_EQ(resumed["resumed_from"].size(), 1u);
+    EXPECT_EQ(resumed["resumed_from"][0]["stats"], whole["stats"]);
+    EXPECT_EQ(resumed["resumed_from"][0]["settings"], whole["settings"]);
+    EXPECT_EQ(resumed["settings"]["max_batched_tokens"], 9);
+  }
   // Resuming a complete file changes nothing.
   ASSERT_EQ(generate(pack, in, part, "--margins --resume").status, 0);
   EXPECT_EQ(read_text(part), expected);

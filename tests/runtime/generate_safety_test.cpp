@@ -593,6 +593,15 @@ TEST(GenerateSafety, Item14_StdinAndStdout) {
   EXPECT_EQ(load_json(meta)["status"], "complete");
   EXPECT_FALSE(std::filesystem::exists("-"));
   EXPECT_FALSE(std::filesystem::exists("-.meta.json"));
+  // The header is there now: refused, naming only --force (results on
+  // stdout cannot be resumed, so --resume is not offered).
+  RunResult again = run(
+      fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack, in, meta));
+  EXPECT_EQ(again.status, 1);
+  EXPECT_EQ(again.err, fmt::format("generate: --meta {}: already exists (pass --force to replace "
+                                   "it)\n",
+                                   meta));
+  EXPECT_TRUE(again.out.empty());
 
   RunResult c =
       run(fmt::format("{} --model {} --batch - --out - < {}", QTK_GENERATE_BIN, pack, in));

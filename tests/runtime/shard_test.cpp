@@ -87,6 +87,10 @@ TEST(Shard, MergedShardsAreTheSingleRunByteForByte) {
     const auto meta = load_json(merged + ".meta.json");
     EXPECT_EQ(meta["status"], "complete");
     EXPECT_EQ(meta["merged_from"].size(), static_cast<size_t>(n));
+    // The merged counts are the single run's (context-capped lines included).
+    const auto whole = load_json(job().full + ".meta.json");
+    for (const char* key : {"prompt_tokens", "generated_tokens", "context_capped_lines"})
+      EXPECT_EQ(meta["stats"][key], whole["stats"][key]) << key << ", " << n << " shards";
   }
 }
 

@@ -819,7 +819,7 @@ TEST(TensorParallelCli, ResumeRefusesAnotherRankCount) {
   ASSERT_EQ(a.status, 0) << a.err;
   RunResult b = generate(pack, base + ".jsonl", base + ".out", "--resume");
   EXPECT_EQ(b.status, 1);
-  EXPECT_NE(b.err.find("setting 'tensor_parallel' was 2, now null (it changes the results)"),
+  EXPECT_NE(b.err.find("setting 'tensor_parallel' was 2, now 1 (it changes the results)"),
             std::string::npos)
       << b.err;
   RunResult c = generate(pack, base + ".jsonl", base + ".out", "--resume --tensor-parallel 2");
