@@ -18,7 +18,8 @@ constexpr int kGdnCols = 32;
 // portable cluster size), so Dv <= 256.
 constexpr int kGdnMaxCluster = 8;
 
-// Block (sequence, value head, tile of 32 value columns); 4 warps. Lane l owns
+// Block (sequence, value head, tile of 32 value columns) = blockIdx.x, the
+// tile fastest, then the head, then the sequence; 4 warps. Lane l owns
 // column j = tile*32 + l; warp w owns key rows w*R .. w*R+R-1 (R = Dk/4), so
 // each thread keeps R state values of S[Dk, Dv] in registers for the whole
 // chunk: the state is read once and written once per call.
@@ -28,6 +29,12 @@ constexpr int kGdnMaxCluster = 8;
 // gated_rmsnorm's arithmetic, the head's row read from the cluster's blocks'
 // shared memory) before they are written: one launch fewer per GDN layer,
 // the same bits.
+// note: the tile index varies fastest: the ceil(Dv / 32) blocks of one
+// (sequence, head) start together and read its contiguous Dk x Dv state
+// together. With the tile slowest (a (sequence, head, tile) grid), each
+// block read 128 bytes of every 512-byte state row while the rest of the
+// row waited for a later wave: BM_GatedDeltaRule at 128 sequences 104 ->
+// 96.9 us on an H100, Qwen3.5-0.8B batch-128 decode +2.6%.
 // note: f32 state: the recurrence multiplies and accumulates over thousands of
 // steps, and bf16 state would drift visibly within a few hundred tokens.
 // note: fixed order: each column's k^T S and q^T S are 4 per-warp serial sums
@@ -51,9 +58,11 @@ __global__ void __launch_bounds__(kGdnWarps * 32)
   __shared__ float qs[2][DK], ks[2][DK];
   __shared__ float pkv[kGdnWarps][kGdnCols], po[kGdnWarps][kGdnCols];
   __shared__ float ys[kNorm ? kGdnCols : 1];  // kNorm: the tile's outputs as stored
-  const int s = blockIdx.x, h = blockIdx.y;
+  const int tiles = (dv + kGdnCols - 1) / kGdnCols;
+  const int s = static_cast<int>(blockIdx.x / (tiles * hv)),
+            h = static_cast<int>(blockIdx.x / tiles % hv);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int j = blockIdx.z * kGdnCols + lane;
+  const int j = static_cast<int>(blockIdx.x % tiles) * kGdnCols + lane;
   const bool active = j < dv;
   const int kh = h / (hv / hk);
   float* S = state_pool + (static_cast<int64_t>(slot[s]) * hv + h) * DK * dv;
@@ -183,8 +192,7 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
                 const int32_t* q_start, int64_t num_seqs, T* out, int64_t ldo, int64_t hk,
                 int64_t hv, int64_t dv, const GdnRawInput<T>& raw, cudaStream_t stream) {
   const int64_t tiles = (dv + kGdnCols - 1) / kGdnCols;
-  const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hv),
-                  static_cast<unsigned>(tiles));
+  const dim3 grid(static_cast<unsigned>(num_seqs * hv * tiles));
   if constexpr (kRaw) {
     if (raw.z != nullptr) {
       if (!gdn_norm_fusable(dv))
@@ -193,9 +201,9 @@ void launch_gdn(const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, in
             "capability 9.0 and a value head dim <= " +
             std::to_string(kGdnMaxCluster * kGdnCols) + ", got " + std::to_string(dv));
       launch_kernel_clusters(gdn_recurrent_kernel<T, R, true, true>, grid, kGdnWarps * 32, 0,
-                             dim3(1, 1, static_cast<unsigned>(tiles)), stream, q, ldq, k, ldk, v,
-                             ldv, g, beta, state_pool, slot, q_start, out, ldo,
-                             static_cast<int>(hk), static_cast<int>(hv), static_cast<int>(dv), raw);
+                             dim3(static_cast<unsigned>(tiles)), stream, q, ldq, k, ldk, v, ldv, g,
+                             beta, state_pool, slot, q_start, out, ldo, static_cast<int>(hk),
+                             static_cast<int>(hv), static_cast<int>(dv), raw);
       return;
     }
   }
