@@ -769,7 +769,13 @@ ResumeSource claim_outputs(const GenerateOptions& o, const ResultsPaths& paths, 
   check_outputs(o);
   // note: results on stdout have no file of their own: no lock, nothing to
   // resume or replace (a file named "-" is someone else's).
-  if (o.out == "-") return ResumeSource{};
+  if (o.out == "-") {
+    // (what a killed `--out - --meta M` run left of M's temporaries)
+    if (!o.meta.empty())
+      for (const std::string& line : remove_stale_meta_temporaries(o.meta))
+        std::fprintf(stderr, "generate: %s\n", line.c_str());
+    return ResumeSource{};
+  }
   lock.emplace(paths.lock, o.out);
   // note: with the lock held no other run writes these names: what a
   // killed run left of its temporary files can go.

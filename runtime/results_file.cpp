@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -527,17 +528,17 @@ bool running(long pid) { return pid == ::getpid() || process_running(pid); }
 
 }  // namespace
 
-std::vector<std::string> remove_stale_temporaries(const ResultsPaths& paths) {
-  struct Group {
-    const std::string* base;
-    const char* const* patterns;
-    size_t count;
-  };
-  const Group groups[] = {
-      {&paths.out, kOutTemporaries, std::size(kOutTemporaries)},
-      {&paths.meta, kMetaTemporaries, std::size(kMetaTemporaries)},
-      {&paths.partial_meta, kPartialMetaTemporaries, std::size(kPartialMetaTemporaries)},
-  };
+namespace {
+
+// The temporary names of one file: `base` + "." + one of the patterns.
+struct TemporaryGroup {
+  const std::string* base;
+  const char* const* patterns;
+  size_t count;
+};
+
+std::vector<std::string> remove_stale(std::span<const TemporaryGroup> groups) {
+  using Group = TemporaryGroup;
   std::vector<std::string> removed;
   std::vector<std::string> dirs;
   for (const Group& g : groups)
@@ -575,6 +576,22 @@ std::vector<std::string> remove_stale_temporaries(const ResultsPaths& paths) {
     ::closedir(d);
   }
   return removed;
+}
+
+}  // namespace
+
+std::vector<std::string> remove_stale_temporaries(const ResultsPaths& paths) {
+  const TemporaryGroup groups[] = {
+      {&paths.out, kOutTemporaries, std::size(kOutTemporaries)},
+      {&paths.meta, kMetaTemporaries, std::size(kMetaTemporaries)},
+      {&paths.partial_meta, kPartialMetaTemporaries, std::size(kPartialMetaTemporaries)},
+  };
+  return remove_stale(groups);
+}
+
+std::vector<std::string> remove_stale_meta_temporaries(const std::string& meta) {
+  const TemporaryGroup groups[] = {{&meta, kMetaTemporaries, std::size(kMetaTemporaries)}};
+  return remove_stale(groups);
 }
 
 FileAtStart FileAtStart::of(const std::string& path) {

@@ -129,6 +129,12 @@ class OutputLock {
 // other run writes these names then). Best effort: errors are ignored.
 std::vector<std::string> remove_stale_temporaries(const ResultsPaths& paths);
 
+// The same for the temporaries of a --meta header alone (META.tmp.PID,
+// META.prev.PID), for `--out - --meta META`, which takes no lock.
+// note: safe without the lock: a name is removed only when its pid is no
+// longer running, and a live run's pid is in its own names.
+std::vector<std::string> remove_stale_meta_temporaries(const std::string& meta);
+
 // Which file was at a path when the run claimed its outputs (by lstat):
 // without --force, the final move replaces only that same file.
 struct FileAtStart {

@@ -1396,6 +1396,37 @@ TEST(GenerateOutputs, StaleTemporariesOfKilledRunsAreRemoved) {
   expect_a_pair(out, out + ".meta.json");
 }
 
+// A `--out - --meta M` run takes no lock, but what a killed one left of M's
+// temporaries (M.tmp.PID, M.prev.PID of a pid no longer running) is removed
+// by the next such run, one line each; a live pid's is kept.
+TEST(GenerateOutputs, StdoutRunRemovesStaleHeaderTemporaries) {
+  const std::string pack = pack_of(kTiny);
+  ASSERT_FALSE(pack.empty());
+  const std::string in = batch_file("stale_stdout.jsonl", prompts(2));
+  const std::string dir = work_dir() + "/stale_stdout";
+  std::filesystem::create_directories(dir);
+  const std::string meta = dir + "/h.json";
+  const pid_t dead = dead_pid();
+  const std::vector<std::string> stale = {fmt::format("h.json.tmp.{}", dead),
+                                          fmt::format("h.json.prev.{}", dead)};
+  const std::string live = fmt::format("h.json.tmp.{}", ::getpid());
+  for (const std::string& name : stale) write_text(dir + "/" + name, "left\n");
+  write_text(dir + "/" + live, "kept\n");
+  const RunResult r = run(
+      fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack, in, meta));
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const std::string& name : stale) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
+    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}, "
+                                     "which is no longer running\n",
+                                     dir, name, dead)),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(read_text(dir + "/" + live), "kept\n");
+  EXPECT_EQ(load_json(meta)["status"], "complete");
+}
+
 // With --out - the run header (--meta M) is written once, atomically, when
 // the run completes: a run stopped by a signal or by its reader going away
 // leaves the previous M as it was (--force), or no M at all; a complete run
