@@ -654,13 +654,22 @@ std::string format_result(const GenerateOptions& o, const PromptLine& l, const S
   return line;
 }
 
+// What run_lines wrote: the lines that got an error line from the run
+// itself (a row of non-finite logits: SequenceResult::error), and the
+// prompt and output tokens of the result lines it wrote.
+struct LinesWritten {
+  int64_t lines = 0;  // every line appended, error lines included
+  int64_t failed = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
 // Runs every line from `skip` on through the scheduler and appends its
-// result line, in input order, as soon as it and all lines before it are done.
-// Returns how many of them got an error line from the run itself (a row of
-// non-finite logits: SequenceResult::error).
-int64_t run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
-                  Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
-                  int64_t max_context, Clock::time_point since, double* first_token_seconds) {
+// result line, in input order, as soon as it and all lines before it are
+// done; `written` counts what it appended (also when it throws).
+void run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines, size_t skip,
+               Scheduler& sched, const std::optional<Tokenizer>& tokenizer, ResultsWriter& out,
+               int64_t max_context, Clock::time_point since, double* first_token_seconds,
+               LinesWritten& written) {
   std::vector<int64_t> line_of;  // handle -> input line index
   int64_t work_tokens = 0;
   for (size_t i = skip; i < lines.size(); ++i) {
@@ -678,18 +687,19 @@ int64_t run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines
   Progress progress((o.progress || ::isatty(2)) && !o.no_progress,
                     static_cast<int64_t>(lines.size()), work_tokens);
   int64_t done = static_cast<int64_t>(skip);
-  int64_t failed = 0;
   auto flush = [&]() {
-    for (; next < lines.size(); ++next, ++done) {
+    for (; next < lines.size(); ++next, ++done, ++written.lines) {
       const PromptLine& l = lines[next];
       if (!l.error.empty()) {
         out.append(error_line(l.id, l.error));
       } else if (results[next] && !results[next]->error.empty()) {
         out.append(error_line(l.id, fmt::format("line {}: {}", l.line_no, results[next]->error)));
         results[next].reset();
-        ++failed;
+        ++written.failed;
       } else if (results[next]) {
         out.append(format_result(o, l, *results[next], tokenizer));
+        written.prompt_tokens += static_cast<int64_t>(l.request.prompt.size());
+        written.generated_tokens += static_cast<int64_t>(results[next]->output.size());
         results[next].reset();
       } else {
         break;
@@ -722,7 +732,6 @@ int64_t run_lines(const GenerateOptions& o, const std::vector<PromptLine>& lines
   }
   flush();
   progress.update(done, sched.stats(), true);
-  return failed;
 }
 
 nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, double sec,
@@ -987,29 +996,36 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     out.emplace(paths, at_start, meta);
   }
   const auto t0 = Clock::now();
-  int64_t run_failed = rp.run_error_lines;
+  LinesWritten written;
+  // note: the line and token counts cover the whole file as it stands (the
+  // kept lines' tokens from their records after --resume, the result lines
+  // of this invocation as written; an error line's tokens are not in the
+  // file and not counted), so they can be checked against it and a merge
+  // adds them up; steps, seconds and the other counts are this invocation's
+  // work (the earlier ones' in resumed_from).
+  auto stats_now = [&](int64_t lines_in_file) {
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    nlohmann::json stats = run_stats(sched.stats(), lines_in_file, rp.lines_done, sec, m);
+    stats["context_capped_lines"] = capped;
+    stats["prompt_tokens"] = rp.kept_prompt_tokens + written.prompt_tokens;
+    stats["generated_tokens"] = rp.kept_generated_tokens + written.generated_tokens;
+    return stats;
+  };
   try {
-    run_failed += run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out,
-                            cfg.max_position_embeddings, m.load_start, &m.first_token_seconds);
+    run_lines(o, lines, rp.lines_done, sched, m.tokenizer, *out, cfg.max_position_embeddings,
+              m.load_start, &m.first_token_seconds, written);
     // The device's header entries (cuda: the plan cache written, "gemm_plan"
     // and "startup"; none on the CPU).
     nlohmann::json entries = nlohmann::json::object();
     m.backend->finish(entries);
     for (const auto& [key, value] : entries.items()) out->set_header(key, value);
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    nlohmann::json stats = run_stats(sched.stats(), lines.size(), rp.lines_done, sec, m);
-    stats["context_capped_lines"] = capped;
-    // note: after --resume the line and token counts cover the whole file
-    // (the kept lines' tokens from their records), so they can be checked
-    // against it and a merge adds them up; steps, seconds and the other
-    // counts are this invocation's (the earlier ones' in resumed_from).
-    stats["prompt_tokens"] = sched.stats().prompt_tokens + rp.kept_prompt_tokens;
-    stats["generated_tokens"] = sched.stats().generated_tokens + rp.kept_generated_tokens;
-    out->complete(stats);
+    out->complete(stats_now(static_cast<int64_t>(lines.size())));
   } catch (const std::exception& e) {
-    out->set_failure(e.what());
+    // (the lines the partial file holds now, for the header resumed_from keeps)
+    out->set_failure(e.what(), stats_now(static_cast<int64_t>(rp.lines_done) + written.lines));
     throw;
   }
+  const int64_t run_failed = rp.run_error_lines + written.failed;
   GenerateSummary s = summary_of(lines, static_cast<int64_t>(rp.lines_done), run_failed);
   s.prompt_tokens = sched.stats().prompt_tokens;
   s.generated_tokens = sched.stats().generated_tokens;

@@ -1037,11 +1037,14 @@ void ResultsWriter::mark_failed() noexcept {
     // and --resume finishes it), not "failed".
     meta_["status"] = interrupt_signal() != 0 ? "interrupted" : "failed";
     if (!failure_.empty()) meta_["error"] = failure_;
+    if (!failure_stats_.is_null()) meta_["stats"] = failure_stats_;
     try {
       write_file_atomic(work_meta_, json_file_text(meta_, 2) + "\n");
     } catch (...) {
       // A full disk: rewrite the header in place, in the room it was
-      // written with, the error shortened if it must be.
+      // written with (without the statistics), the error shortened if it
+      // must be.
+      meta_.erase("stats");
       for (size_t keep = failure_.size();; keep = keep / 2) {
         if (failure_.empty() || keep < 16) {
           meta_.erase("error");

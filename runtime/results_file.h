@@ -222,8 +222,12 @@ class ResultsWriter {
   void complete(const nlohmann::json& stats);
   // Sets a top-level entry of the run header written by complete().
   void set_header(const std::string& key, nlohmann::json value) { meta_[key] = std::move(value); }
-  // Records the error that ends the run (kept in the "failed" header).
-  void set_failure(const std::string& message) { failure_ = message; }
+  // Records the error that ends the run and the run's statistics so far
+  // (both kept in the "failed" or "interrupted" header).
+  void set_failure(const std::string& message, nlohmann::json stats = nullptr) {
+    failure_ = message;
+    failure_stats_ = std::move(stats);
+  }
 
  private:
   void open_for_append(const std::string& path, uint64_t keep_bytes, bool create);
@@ -238,6 +242,7 @@ class ResultsWriter {
   bool done_ = false;
   bool stream_ = false;  // fd_ is not ours (stdout): no truncation, rename or close
   std::string failure_;
+  nlohmann::json failure_stats_;
 };
 
 // Replaces `path` atomically: a new temporary file beside it (PATH.tmp.PID,

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -347,9 +348,35 @@ MergeResult run_merge(const MergeOptions& o) {
     merged.append(line);
     merged.push_back('\n');
   }
-  nlohmann::json meta = first.meta;
+  // note: the header is made from the lowest shard's, not the first one
+  // named, so the merged header does not depend on the argument order.
+  nlohmann::json meta = by_index.begin()->second->meta;
   meta.erase("shard");
   meta.erase("resumed_from");  // (each shard's stays in its merged_from entry)
+  // note: a top-level entry some shard has another value of (or lacks:
+  // `devices` of a shard run with --devices, the CUDA start-up of each
+  // process) is kept per shard in its merged_from entry, not reported as
+  // one shard's for the whole job; so is a --devices shard's own
+  // merged_from (its workers).
+  std::vector<std::string> own_entries;
+  {
+    std::set<std::string> keys;
+    for (const auto& [k, s] : by_index)
+      for (const auto& [key, value] : s->meta.items()) keys.insert(key);
+    for (const std::string& key : keys) {
+      if (key == "settings" || key == "stats" || key == "status" || key == "results_xxh64" ||
+          key == "shard" || key == "resumed_from")
+        continue;
+      const bool merged_from = key == "merged_from";
+      bool same = !merged_from;
+      for (const auto& [k, s] : by_index)
+        same = same && s->meta.contains(key) && meta.contains(key) && s->meta[key] == meta[key];
+      if (!same) {
+        own_entries.push_back(key);
+        meta.erase(key);
+      }
+    }
+  }
   // note: the whole job's pack was checked only if every shard's was.
   if (meta.contains("settings") && meta["settings"].contains("verify_checksums"))
     meta["settings"]["verify_checksums"] = all_verified;
@@ -390,6 +417,8 @@ MergeResult run_merge(const MergeOptions& o) {
     const nlohmann::json stats = s->meta.value("stats", nlohmann::json());
     if (stats.is_object()) entry["stats"] = stats;
     if (const auto r = s->meta.find("resumed_from"); r != s->meta.end()) entry["resumed_from"] = *r;
+    for (const std::string& key : own_entries)
+      if (const auto e = s->meta.find(key); e != s->meta.end()) entry[key] = *e;
     if (stats.is_object() &&
         stats.value("context_capped_lines", nlohmann::json()).is_number_integer())
       capped_lines += stats["context_capped_lines"].get<int64_t>();

@@ -510,6 +510,16 @@ TEST(GenerateCli, NonFiniteLogitsGiveThatLineAnErrorLine) {
           << e;
     }
     EXPECT_NE(r.err.find("2 failed"), std::string::npos) << r.err;
+    // The header counts the tokens of the result lines (an error line's are
+    // not in the file), whether the run was resumed or not (below).
+    const auto expect_counts = [&](const std::string& meta) {
+      const nlohmann::json st = load_json(meta)["stats"];
+      EXPECT_EQ(st["prompt_tokens"], 3 + 4) << st;
+      EXPECT_EQ(st["generated_tokens"],
+                res[0]["output_token_ids"].size() + res[3]["output_token_ids"].size())
+          << st;
+    };
+    expect_counts(out + ".meta.json");
     // --resume of the complete file: left as it is, the same exit status.
     const std::string whole = read_text(out);
     EXPECT_EQ(generate(bad, in, out, "--threads 2 --no-verify --resume").status, 3);
@@ -522,6 +532,7 @@ TEST(GenerateCli, NonFiniteLogitsGiveThatLineAnErrorLine) {
         generate(bad, in, out, "--threads 2 --no-verify --max-batched-tokens 3 --resume");
     EXPECT_EQ(resumed.status, 3) << resumed.err;
     EXPECT_EQ(read_text(out), whole);
+    expect_counts(out + ".meta.json");
   }
 }
 

@@ -807,11 +807,27 @@ TEST(GenerateSafety, SignalledRunRemovesItsLockFile) {
               std::string::npos)
         << error;
     EXPECT_NE(error.find("--resume finishes the run"), std::string::npos) << error;
-    // A rerun takes over and finishes the results.
+    // Its statistics so far, counts as the partial file holds them.
+    const auto tokens_in = [](const std::string& path, const char* field) {
+      int64_t n = 0;
+      for (const auto& j : read_jsonl(path)) n += static_cast<int64_t>(j[field].size());
+      return n;
+    };
+    ASSERT_TRUE(meta.contains("stats")) << meta.dump(2);
+    EXPECT_EQ(meta["stats"]["lines"], complete_lines(out + ".partial"));
+    EXPECT_EQ(meta["stats"]["generated_tokens"], tokens_in(out + ".partial", "output_token_ids"));
+    // A rerun takes over and finishes the results; its header keeps the
+    // interrupted one's, and its counts are the whole file's.
     const RunResult again =
         generate(pack, in, out, "--ignore-eos --threads 1 --max-num-seqs 1 --resume");
     ASSERT_EQ(again.status, 0) << again.err;
     EXPECT_EQ(complete_lines(out), kLines);
+    const nlohmann::json done = load_json(out + ".meta.json");
+    ASSERT_EQ(done["resumed_from"].size(), 1u) << done.dump(2);
+    EXPECT_EQ(done["resumed_from"][0]["status"], "interrupted");
+    EXPECT_EQ(done["resumed_from"][0]["stats"], meta["stats"]);
+    EXPECT_EQ(done["stats"]["generated_tokens"], tokens_in(out, "output_token_ids"));
+    EXPECT_EQ(done["stats"]["prompt_tokens"], tokens_in(out, "prompt_token_ids"));
     EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
     EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
   }

@@ -94,6 +94,31 @@ TEST(Shard, MergedShardsAreTheSingleRunByteForByte) {
   }
 }
 
+// The merged header is made from the lowest shard's whatever the order the
+// shards are named in; what one shard has of its own (a --devices shard's
+// `devices` and its workers' `merged_from`) stays in that shard's entry.
+TEST(Shard, MergedHeaderDoesNotDependOnTheArgumentOrder) {
+  const std::string a = work_dir() + "/ord_0.jsonl", b = work_dir() + "/ord_1.jsonl";
+  const RunResult r0 =
+      generate(job().pack, job().prompts, a, "--margins --threads 1 --shard 0/2 --devices 0,1");
+  ASSERT_TRUE(r0.status == 0 || r0.status == 3) << r0.err;
+  const RunResult r1 = generate(job().pack, job().prompts, b, "--margins --threads 1 --shard 1/2");
+  ASSERT_TRUE(r1.status == 0 || r1.status == 3) << r1.err;
+  ASSERT_TRUE(load_json(a + ".meta.json").contains("devices"));
+  const std::string m1 = work_dir() + "/ord_ab.jsonl", m2 = work_dir() + "/ord_ba.jsonl";
+  ASSERT_EQ(run(merge_cmd(fmt::format("{} {} {}", m1, a, b))).status, 3);
+  ASSERT_EQ(run(merge_cmd(fmt::format("{} {} {}", m2, b, a))).status, 3);
+  EXPECT_EQ(read_text(m1), read_text(job().full));
+  EXPECT_EQ(read_text(m2), read_text(job().full));
+  const nlohmann::json h1 = load_json(m1 + ".meta.json"), h2 = load_json(m2 + ".meta.json");
+  EXPECT_EQ(h1, h2);
+  EXPECT_FALSE(h1.contains("devices")) << h1.dump(2);
+  ASSERT_EQ(h1["merged_from"].size(), 2u);
+  EXPECT_EQ(h1["merged_from"][0]["devices"], load_json(a + ".meta.json")["devices"]);
+  EXPECT_TRUE(h1["merged_from"][0]["merged_from"].is_array()) << h1.dump(2);
+  EXPECT_FALSE(h1["merged_from"][1].contains("devices"));
+}
+
 // Shards run with other scheduling settings (results do not depend on
 // them) merge into the single run's file; the merged header keeps such a
 // setting per shard, not shard 0's value for the whole job.
