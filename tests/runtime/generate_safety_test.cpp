@@ -1367,6 +1367,19 @@ TEST(GenerateOutputs, AnOutputThatAppearsDuringTheRunIsNotReplaced) {
   EXPECT_EQ(names_starting(dir, "b.jsonl"), std::vector<std::string>{});
 }
 
+// Each of `names` in `dir` is gone, and run `r` said so in one line.
+void expect_stale_removed(const RunResult& r, const std::string& dir,
+                          const std::vector<std::string>& names, pid_t dead) {
+  for (const std::string& name : names) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
+    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}, "
+                                     "which is no longer running\n",
+                                     dir, name, dead)),
+              std::string::npos)
+        << r.err;
+  }
+}
+
 // What a SIGKILL leaves of generate's and merge's pid-named temporary files
 // beside OUT is removed by the next run that takes OUT.lock, once that pid
 // is gone, one line on stderr each; those of a live pid, other names and
@@ -1400,14 +1413,7 @@ TEST(GenerateOutputs, StaleTemporariesOfKilledRunsAreRemoved) {
   for (const std::string& name : kept) write_text(dir + "/" + name, "kept\n");
   const RunResult r = generate(pack, in, out, "");
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const std::string& name : stale) {
-    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
-    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}, "
-                                     "which is no longer running\n",
-                                     dir, name, dead)),
-              std::string::npos)
-        << r.err;
-  }
+  expect_stale_removed(r, dir, stale, dead);
   for (const std::string& name : kept) EXPECT_EQ(read_text(dir + "/" + name), "kept\n") << name;
   expect_a_pair(out, out + ".meta.json");
 }
@@ -1431,14 +1437,7 @@ TEST(GenerateOutputs, StdoutRunRemovesStaleHeaderTemporaries) {
   const RunResult r = run(
       fmt::format("{} --model {} --batch {} --out - --meta {}", QTK_GENERATE_BIN, pack, in, meta));
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const std::string& name : stale) {
-    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
-    EXPECT_NE(r.err.find(fmt::format("generate: removed stale temporary file {}/{} left by pid {}, "
-                                     "which is no longer running\n",
-                                     dir, name, dead)),
-              std::string::npos)
-        << r.err;
-  }
+  expect_stale_removed(r, dir, stale, dead);
   EXPECT_EQ(read_text(dir + "/" + live), "kept\n");
   EXPECT_EQ(load_json(meta)["status"], "complete");
 }
