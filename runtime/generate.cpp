@@ -425,6 +425,12 @@ int64_t request_tokens(const SequenceRequest& r, int64_t max_context) {
   return p + std::min(r.max_tokens, std::max<int64_t>(0, max_context - p));
 }
 
+// Whether line `l`'s prompt plus max_tokens runs past the model's context.
+bool context_capped(const PromptLine& l, int64_t max_context) {
+  return l.error.empty() &&
+         l.request.max_tokens > max_context - static_cast<int64_t>(l.request.prompt.size());
+}
+
 // Lines whose prompt plus max_tokens runs past the model's context: they stop
 // at the context end (finish_reason "length"). Says so once on stderr, naming
 // the first, and returns how many there are (the meta file's stats record it).
@@ -435,11 +441,7 @@ int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_co
   int64_t capped = 0;
   const PromptLine* first = nullptr;
   for (const auto& l : lines) {
-    if (!l.error.empty()) continue;
-    const int64_t p = static_cast<int64_t>(l.request.prompt.size());
-    if (l.request.max_tokens > max_context - p) {
-      if (capped++ == 0) first = &l;
-    }
+    if (context_capped(l, max_context) && capped++ == 0) first = &l;
   }
   if (capped > 0) {
     const int64_t p = static_cast<int64_t>(first->request.prompt.size());
@@ -592,9 +594,9 @@ nlohmann::json run_header(const GenerateOptions& o, const DeviceChoice& dev, con
       {"input_lines", raw.size()},
       {"input_line_xxh64", input_line_digests(raw)}};
   if (o.allow_unknown_fields) meta["unknown_fields_ignored"] = ignored_fields(lines);
+  meta["settings"]["tensor_parallel"] = o.tensor_parallel;
   // note: written only for a split model, so that the headers of unsplit
   // runs (and of runs made before tensor parallelism) stay comparable.
-  meta["settings"]["tensor_parallel"] = o.tensor_parallel;
   if (o.tensor_parallel > 1) {
     meta["tensor_parallel"] = {
         {"ranks", o.tensor_parallel},
@@ -1006,7 +1008,12 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   auto stats_now = [&](int64_t lines_in_file) {
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     nlohmann::json stats = run_stats(sched.stats(), lines_in_file, rp.lines_done, sec, m);
-    stats["context_capped_lines"] = capped;
+    stats["context_capped_lines"] =
+        lines_in_file == static_cast<int64_t>(lines.size())
+            ? capped
+            : std::count_if(lines.begin(), lines.begin() + lines_in_file, [&](const PromptLine& l) {
+                return context_capped(l, cfg.max_position_embeddings);
+              });
     stats["prompt_tokens"] = rp.kept_prompt_tokens + written.prompt_tokens;
     stats["generated_tokens"] = rp.kept_generated_tokens + written.generated_tokens;
     return stats;
