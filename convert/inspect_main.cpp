@@ -66,7 +66,7 @@ void print_moe(const Checkpoint& ck, Line&& line) {
                    dense.empty() ? "none" : fmt::format("{}", fmt::join(dense, ", "))));
 }
 
-void print_checkpoint(const Checkpoint& ck) {
+void print_checkpoint(const Checkpoint& ck, bool tensors) {
   const ModelConfig& c = ck.config();
   std::string out;
   auto line = [&out](const std::string& s) { out += s + "\n"; };
@@ -145,6 +145,16 @@ void print_checkpoint(const Checkpoint& ck) {
       line(fmt::format("  {}: {} tensors, {}", g.prefix, g.count, human_bytes(g.bytes)));
   }
   line(fmt::format("tokenizer.json: {}", ck.has_file("tokenizer.json") ? "present" : "absent"));
+  if (tensors) {
+    line("tensor list: HF name, dtype, shape, bytes, file (FP8: its _scale_inv)");
+    for (const CheckpointTensor& t : ck.tensors()) {
+      std::string text = fmt::format("  {} {} {} {} {}", t.hf_name, dtype_name(t.view.dtype),
+                                     t.view.shape_string(), t.view.nbytes(), t.file);
+      if (t.scale.data != nullptr)
+        text += fmt::format("  scales {} {}", t.scale_hf_name, t.scale.shape_string());
+      line(text);
+    }
+  }
   write_stdout(out);
 }
 
@@ -160,8 +170,10 @@ int run(int argc, char** argv) {
   opts.add_options()("verify",
                      "for a .pack: recompute every checksum and run every check generate runs "
                      "at load (tokenizer, the model's tensor table), so a pack it passes loads")(
-      "h,help", "print this help")("path", "checkpoint directory or .pack file",
-                                   cxxopts::value<std::string>());
+      "tensors",
+      "also list every tensor: name, dtype, shape, bytes (and, for an FP8 weight, its block "
+      "scales)")("h,help", "print this help")("path", "checkpoint directory or .pack file",
+                                              cxxopts::value<std::string>());
   opts.parse_positional({"path"});
   const auto args = cli::parse_flags(opts, argc, argv);
   if (args.count("help")) {
@@ -173,14 +185,15 @@ int run(int argc, char** argv) {
   const std::string path = args["path"].as<std::string>();
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail_errno(path);
-  if (S_ISREG(st.st_mode)) return inspect_pack(path, args.count("verify") > 0);
+  const bool tensors = args.count("tensors") > 0;
+  if (S_ISREG(st.st_mode)) return inspect_pack(path, args.count("verify") > 0, tensors);
   // note: a FIFO, socket or device is neither; name what it is rather than
   // let the checkpoint loader call it "a file".
   if (!S_ISDIR(st.st_mode))
     fail("{}: expected a checkpoint directory or .pack file, found {}", path,
          describe_file_type(st.st_mode));
   if (args.count("verify")) fail("{}: --verify applies to .pack files, not directories", path);
-  print_checkpoint(*Checkpoint::open(path));
+  print_checkpoint(*Checkpoint::open(path), tensors);
   return 0;
 }
 

@@ -12,7 +12,7 @@
 
 namespace qtk {
 
-int inspect_pack(const std::string& path, bool verify) {
+int inspect_pack(const std::string& path, bool verify, bool tensors) {
   const auto pack = Pack::open(path);
   const auto& m = pack->manifest();
   const ModelConfig& c = pack->config();
@@ -93,6 +93,20 @@ int inspect_pack(const std::string& path, bool verify) {
   }
   line(fmt::format("tokenizer:     {}", pack->entry("tokenizer.json") ? "present" : "absent"));
   line(fmt::format("digest:        {}", pack->digest()));
+  if (tensors) {
+    std::map<std::string, const PackFp8Scales*> scales_of;
+    for (const PackFp8Scales& q : pack->fp8_tensors()) scales_of[q.tensor] = &q;
+    line("tensor list:   name, dtype, shape, bytes (FP8: its f32 block scales)");
+    for (const auto& t : pack->tensors()) {
+      std::string text = fmt::format("  {} {} {} {}", t.name, dtype_name(t.view.dtype),
+                                     t.view.shape_string(), t.view.nbytes());
+      if (const auto q = scales_of.find(t.name); q != scales_of.end())
+        text += fmt::format("  scales {} {} of {} x {} blocks", q->second->scale_name,
+                            q->second->scale.shape_string(), q->second->block_rows,
+                            q->second->block_cols);
+      line(text);
+    }
+  }
   write_stdout(out);
   if (verify) {
     // note: every check generate makes at load, not only the checksums: a

@@ -7,6 +7,7 @@
 // STORED, data 64-byte aligned) and `unzip -t`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -476,6 +477,40 @@ TEST(RoundTrip, InspectShowsExperts) {
     // Per-expert sources are stacked (stack_experts); fused 3-D ones are copied.
     EXPECT_EQ(r.out.find("stack_experts") != std::string::npos, !q35) << r.out;
   }
+}
+
+// `inspect --tensors` lists every tensor with its dtype, shape and bytes, an
+// FP8 weight with its block scales, for a pack (--dtype keep) and for the
+// checkpoint it came from.
+TEST(RoundTrip, InspectListsTensors) {
+  testing::TempDir tmp;
+  ConvertOptions opt;
+  opt.input = testing::source_path("tests/data/models/qwen3-fp8-tiny");
+  opt.output = tmp.file("fp8.pack");  // (FP8 kept: the default)
+  convert_checkpoint(opt);
+  const auto p =
+      testing::run_shell(std::string(QTK_INSPECT_BIN) + " --tensors " + testing::quote(opt.output));
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_NE(p.out.find("\n  layers.1.mlp.down_proj F8_E4M3 [256, 320] 81920  scales "
+                       "layers.1.mlp.down_proj.scale [2, 3] of 128 x 128 blocks\n"),
+            std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("\n  lm_head BF16 [512, 256] 262144\n"), std::string::npos) << p.out;
+  // The summary, a heading, then one line per tensor.
+  const auto plain =
+      testing::run_shell(std::string(QTK_INSPECT_BIN) + " " + testing::quote(opt.output));
+  const auto lines = [](const std::string& t) {
+    return static_cast<size_t>(std::count(t.begin(), t.end(), '\n'));
+  };
+  EXPECT_EQ(lines(p.out), lines(plain.out) + 1 + Pack::open(opt.output)->tensors().size());
+  const auto c =
+      testing::run_shell(std::string(QTK_INSPECT_BIN) + " --tensors " + testing::quote(opt.input));
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.out.find("\n  model.layers.1.mlp.down_proj.weight F8_E4M3 [256, 320] 81920 "
+                       "model.safetensors  scales model.layers.1.mlp.down_proj.weight_scale_inv "
+                       "[2, 3]\n"),
+            std::string::npos)
+      << c.out;
 }
 
 }  // namespace
