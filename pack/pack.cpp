@@ -556,7 +556,7 @@ void Pack::compute_digest() {
   nlohmann::json m = manifest_;
   m.erase("source");
   m.erase("tool_version");
-  const std::string text = m.dump();
+  const std::string text = json_file_text(m, -1);
   digest_ = checksum_hex(xxh64(text.data(), text.size()));
 }
 
