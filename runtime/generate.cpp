@@ -433,11 +433,11 @@ bool context_capped(const PromptLine& l, int64_t max_context) {
 
 // Lines whose prompt plus max_tokens runs past the model's context: they stop
 // at the context end (finish_reason "length"). Says so once on stderr, naming
-// the first, and returns how many there are (the meta file's stats record it).
+// the first (the meta file's stats count them: context_capped_lines).
 // note: capped rather than refused, so that one --max-tokens serves a batch of
 // mixed prompt lengths; a golden file's reader learns it from the note and
 // from context_capped_lines, not from the tokens alone.
-int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_context) {
+void note_context_capped(const std::vector<PromptLine>& lines, int64_t max_context) {
   int64_t capped = 0;
   const PromptLine* first = nullptr;
   for (const auto& l : lines) {
@@ -453,7 +453,6 @@ int64_t note_context_capped(const std::vector<PromptLine>& lines, int64_t max_co
                count_of(capped, "line"), s, max_context, s, first->line_no, first->id.dump(), p,
                first->request.max_tokens, max_context - p);
   }
-  return capped;
 }
 
 // Scheduler settings, with the cache sized for max_num_seqs of the longest
@@ -742,8 +741,6 @@ nlohmann::json run_stats(const SchedulerStats& st, size_t lines, size_t skip, do
           {"resumed_after_lines", skip},
           {"steps", st.steps},
           {"preemptions", st.preemptions},
-          {"prompt_tokens", st.prompt_tokens},
-          {"generated_tokens", st.generated_tokens},
           {"recomputed_tokens", st.recomputed_tokens},
           {"seconds", sec},
           {"prompt_tokens_computed", st.prompt_tokens_computed},
@@ -959,7 +956,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
       l.error = fmt::format("line {}: {}", l.line_no, why);
     }
   }
-  const int64_t capped = note_context_capped(lines, cfg.max_position_embeddings);
+  note_context_capped(lines, cfg.max_position_embeddings);
 
   nlohmann::json meta = run_header(o, dev, m, defaults, so, raw_lines, lines,
                                    any_chat ? chat.describe() : nlohmann::json());
@@ -1008,12 +1005,9 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   auto stats_now = [&](int64_t lines_in_file) {
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     nlohmann::json stats = run_stats(sched.stats(), lines_in_file, rp.lines_done, sec, m);
-    stats["context_capped_lines"] =
-        lines_in_file == static_cast<int64_t>(lines.size())
-            ? capped
-            : std::count_if(lines.begin(), lines.begin() + lines_in_file, [&](const PromptLine& l) {
-                return context_capped(l, cfg.max_position_embeddings);
-              });
+    stats["context_capped_lines"] = std::count_if(
+        lines.begin(), lines.begin() + lines_in_file,
+        [&](const PromptLine& l) { return context_capped(l, cfg.max_position_embeddings); });
     stats["prompt_tokens"] = rp.kept_prompt_tokens + written.prompt_tokens;
     stats["generated_tokens"] = rp.kept_generated_tokens + written.generated_tokens;
     return stats;

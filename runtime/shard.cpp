@@ -367,10 +367,10 @@ MergeResult run_merge(const MergeOptions& o) {
       if (key == "settings" || key == "stats" || key == "status" || key == "results_xxh64" ||
           key == "shard" || key == "resumed_from")
         continue;
-      const bool merged_from = key == "merged_from";
-      bool same = !merged_from;
+      // (a shard's merged_from, its workers, is always its own)
+      bool same = key != "merged_from" && meta.contains(key);
       for (const auto& [k, s] : by_index)
-        same = same && s->meta.contains(key) && meta.contains(key) && s->meta[key] == meta[key];
+        same = same && s->meta.value(key, nlohmann::json()) == meta[key];
       if (!same) {
         own_entries.push_back(key);
         meta.erase(key);
