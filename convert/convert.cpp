@@ -14,6 +14,7 @@
 #include "convert/atomic_output.h"
 #include "convert/manifest.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/interrupt.h"
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
@@ -36,14 +37,7 @@ namespace {
 constexpr const char* kCarriedFiles[] = {"tokenizer.json", "tokenizer_config.json",
                                          "generation_config.json", "chat_template.jinja"};
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno(fmt::format("{}: cannot open", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in.good() && !in.eof()) fail_errno(fmt::format("{}: read failed", path));
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_file_text(path, "it"); }
 
 // Parses a chat template with the runtime's Jinja parser; a syntax error
 // names `what` ("PATH: field 'chat_template'" or "PATH") and the position.

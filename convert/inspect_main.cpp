@@ -208,6 +208,7 @@ std::string one_line(std::string s) {
 }  // namespace qtk
 
 int main(int argc, char** argv) {
+  qtk::ignore_file_size_signal();
   try {
     const int status = qtk::run(argc, argv);
     // note: a report lost to a full disk or /dev/full is an error, not exit 0.

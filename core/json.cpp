@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/utf8.h"
 
 namespace qtk {
@@ -432,19 +433,8 @@ json parse_json_strict(std::string_view text, const std::string& source, WideInt
 json load_json_file(const std::string& path) {
   // note: JSON side files (config, index, generation config) are small; the
   // cap keeps a wrong path (a weights file) from being read into memory.
-  constexpr std::streamoff kMaxJsonBytes = 64ll << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) fail("{}: cannot read", path);
-  if (size > kMaxJsonBytes)
-    fail("{}: expected a JSON file of at most {} bytes, found {} bytes", path, kMaxJsonBytes, size);
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), size);
-  if (!in) fail("{}: cannot read {} bytes", path, size);
-  return parse_json_strict(text, path);
+  constexpr uint64_t kMaxJsonBytes = 64ull << 20;
+  return parse_json_strict(read_file_text(path, "a JSON file", kMaxJsonBytes), path);
 }
 
 }  // namespace qtk

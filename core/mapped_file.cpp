@@ -30,8 +30,11 @@ enum SlotState : int { kFree = 0, kBusy = 1, kLive = 2 };
 struct FaultSlot {
   std::atomic<int> state{kFree};
   uintptr_t begin = 0, end = 0;
-  char* message = nullptr;  // malloc'ed, with its newline
+  char* message = nullptr;  // malloc'ed, with its newline: the file is shorter now
   size_t message_size = 0;
+  char* io_message = nullptr;  // malloc'ed, with its newline: the file's size is unchanged
+  size_t io_message_size = 0;
+  char* path = nullptr;  // malloc'ed, NUL-terminated
 };
 
 FaultSlot g_fault_slots[kFaultSlots];
@@ -48,7 +51,7 @@ void write_all(int fd, const char* p, size_t n) {
   }
 }
 
-// note: async-signal-safe calls only (write, unlink, sigaction, raise, _exit).
+// note: async-signal-safe calls only (stat, write, unlink, sigaction, raise, _exit).
 extern "C" void on_bus_error(int sig, siginfo_t* info, void* /*context*/) {
   // note: BUS_ADRERR is an access past the end of a mapped file; a memory
   // error (BUS_MCEERR_*) or an alignment fault is no file's doing.
@@ -56,7 +59,13 @@ extern "C" void on_bus_error(int sig, siginfo_t* info, void* /*context*/) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(info->si_addr);
     for (FaultSlot& s : g_fault_slots) {
       if (s.state.load(std::memory_order_acquire) != kLive || a < s.begin || a >= s.end) continue;
-      write_all(STDERR_FILENO, s.message, s.message_size);
+      // note: a page past the file's end now means it was cut; a page
+      // within it is a read that failed (an I/O error: a failing disk or
+      // network file system) or a file replaced under the same name.
+      struct stat st {};
+      const bool cut = ::stat(s.path, &st) != 0 || static_cast<uintptr_t>(st.st_size) <= a - s.begin;
+      write_all(STDERR_FILENO, cut ? s.message : s.io_message,
+                cut ? s.message_size : s.io_message_size);
       // The same files a second SIGINT/SIGTERM removes (the lock file, a
       // temporary output); partial results stay for --resume.
       emergency_unlink_now();
@@ -88,17 +97,32 @@ int register_file_mapping(const void* begin, size_t bytes, const std::string& pa
                                     "truncated or replaced in place); nothing further was written",
                                     program_invocation_short_name, path)) +
       "\n";
+  const std::string io_text =
+      printable_message(fmt::format("{}: cannot read the file {}: reading a page of it failed with "
+                                    "its size unchanged (an I/O error, or the file was replaced "
+                                    "under its name); nothing further was written",
+                                    program_invocation_short_name, path)) +
+      "\n";
   for (int i = 0; i < kFaultSlots; ++i) {
     FaultSlot& s = g_fault_slots[i];
     int expected = kFree;
     if (!s.state.compare_exchange_strong(expected, kBusy, std::memory_order_acquire)) continue;
     s.message = static_cast<char*>(std::malloc(text.size()));
-    if (s.message == nullptr) {
+    s.io_message = static_cast<char*>(std::malloc(io_text.size()));
+    s.path = static_cast<char*>(std::malloc(path.size() + 1));
+    if (s.message == nullptr || s.io_message == nullptr || s.path == nullptr) {
+      std::free(s.message);
+      std::free(s.io_message);
+      std::free(s.path);
+      s.message = s.io_message = s.path = nullptr;
       s.state.store(kFree, std::memory_order_release);
       return -1;
     }
     std::memcpy(s.message, text.data(), text.size());
     s.message_size = text.size();
+    std::memcpy(s.io_message, io_text.data(), io_text.size());
+    s.io_message_size = io_text.size();
+    std::memcpy(s.path, path.c_str(), path.size() + 1);
     s.begin = reinterpret_cast<uintptr_t>(begin);
     s.end = s.begin + bytes;
     s.state.store(kLive, std::memory_order_release);
@@ -112,8 +136,10 @@ void unregister_file_mapping(int slot) {
   FaultSlot& s = g_fault_slots[slot];
   s.state.store(kBusy, std::memory_order_release);
   std::free(s.message);
-  s.message = nullptr;
-  s.message_size = 0;
+  std::free(s.io_message);
+  std::free(s.path);
+  s.message = s.io_message = s.path = nullptr;
+  s.message_size = s.io_message_size = 0;
   s.begin = s.end = 0;
   s.state.store(kFree, std::memory_order_release);
 }

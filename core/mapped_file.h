@@ -4,7 +4,9 @@
 // read of a page past its new end raise SIGBUS. Each mapping is registered
 // with its file name, and a SIGBUS handler (installed with the first mapping)
 // turns a fault inside a registered mapping into one line on stderr
-// ("PROGRAM: the file PATH changed while it was being read ..."), unlinks the
+// ("PROGRAM: the file PATH changed while it was being read ..."; where the
+// file still covers the page, "PROGRAM: cannot read the file PATH: ... (an
+// I/O error, or ...)"), unlinks the
 // files registered for emergencies (core/interrupt.h: generate's lock file,
 // convert's temporary pack) and ends the process with exit status 1. A fault
 // anywhere else keeps its previous disposition (the default: a core dump).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 
@@ -53,5 +54,7 @@ void open_closed_standard_fds(std::initializer_list<int> fds) {
     ::close(null_fd);
   }
 }
+
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
 
 }  // namespace qtk

@@ -27,6 +27,14 @@ void flush_stdout();
 // failed.
 void finish_stdout();
 
+// Makes SIGXFSZ non-fatal for the process: past a file-size limit
+// (`ulimit -f`) a write to stdout then fails with EFBIG, which
+// finish_stdout() reports ("cannot write to standard output: File too
+// large", exit 1), instead of the kernel killing the program mid-output
+// (exit 153 and no message of its own). Every program that prints its
+// results to stdout calls it first.
+void ignore_file_size_signal();
+
 // Opens /dev/null on each of `fds` (0, 1, 2) that is closed (`2>&-`).
 // note: otherwise the first file the program opens gets that number, and
 // what the program prints there lands in that file (convert's --progress

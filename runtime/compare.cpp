@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/json.h"
 
 namespace qtk {
@@ -123,14 +124,7 @@ void refuse_second_result(const CompareCase& c, const std::string& path, const s
 }  // namespace
 
 std::vector<CompareCase> read_compare_file(const std::string& path) {
-  // (an ifstream opens a directory and reads it as empty)
-  if (std::filesystem::is_directory(path))
-    fail("{}: is a directory; expected a results file or a golden.json", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open for reading", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_file_text(path, "a results file or a golden.json");
   std::vector<CompareCase> cases;
   // A fixtures golden.json is one object with "cases"; results are JSONL.
   const auto first = text.find_first_not_of(" \t\r\n");

@@ -15,6 +15,7 @@
 #include "runtime/compare.h"
 
 int main(int argc, char** argv) {
+  qtk::ignore_file_size_signal();
   try {
     cxxopts::Options opts("compare",
                           "Compare generate results against expected results (JSONL or a fixtures "

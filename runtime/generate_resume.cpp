@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/read_file.h"
 #include "kernels/cpu_features.h"
 #include "pack/pack_checksum.h"
 #include "runtime/results_file.h"
@@ -124,20 +125,7 @@ nlohmann::json tuning_header(const Tuning& t) {
 }
 
 std::string read_whole_file(const std::string& path, const char* what) {
-  if (path == "-") {  // stdin
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    if (std::cin.bad()) fail_errno(fmt::format("stdin: cannot read {}", what));
-    return ss.str();
-  }
-  // (an ifstream opens a directory and reads it as empty)
-  if (std::filesystem::is_directory(path)) fail("{}: is a directory; expected {}", path, what);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_errno(fmt::format("{}: cannot open {} for reading", path, what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail_errno(fmt::format("{}: cannot read {}", path, what));
-  return ss.str();
+  return read_file_text(path, what);
 }
 
 std::vector<std::string_view> split_lines(std::string_view text) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
 #include "core/stdout_check.h"
@@ -141,11 +142,7 @@ bool is_pack(const std::string& path) {
 std::optional<std::string> read_if_exists(const std::filesystem::path& p) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(p, ec)) return std::nullopt;
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot open", p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return qtk::read_file_text(p.string(), "it");
 }
 
 // The chat template and special tokens for --chat: --chat-template FILE, or
@@ -238,7 +235,7 @@ class LineReader {
       const size_t got = std::fread(buffer_.data(), 1, kBlock, in_);
       buffer_.resize(got);
       if (got == 0) {
-        if (std::ferror(in_)) fail("{}: cannot read", name_);
+        if (std::ferror(in_)) qtk::fail_errno(fmt::format("{}: cannot read", name_));
         return !line.empty();  // a last line without '\n'
       }
     }
@@ -520,6 +517,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  qtk::ignore_file_size_signal();
   try {
     const int status = run(argc, argv);
     // note: output lost to a full disk or /dev/full is an error, not exit 0.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/split_scanner.h"
 #include "tokenizer/tokenizer_model.h"
@@ -109,17 +110,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::strin
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open tokenizer file: {}", path, std::strerror(errno));
-  std::string text;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) fail("{}: cannot read tokenizer file (is it a directory?)", path);
-  text.resize(static_cast<size_t>(size));
-  in.seekg(0, std::ios::beg);
-  if (!in.read(text.data(), size))
-    fail("{}: cannot read tokenizer file: {}", path, std::strerror(errno));
-  return from_json_text(text, path);
+  return from_json_text(read_file_text(path, "a tokenizer file"), path);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {

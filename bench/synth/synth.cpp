@@ -731,6 +731,7 @@ int run(int argc, char** argv) {
 }  // namespace qtk
 
 int main(int argc, char** argv) {
+  qtk::ignore_file_size_signal();
   try {
     const int status = qtk::run(argc, argv);
     // note: --dry-run's JSON (or --help) lost to a full disk is an error.

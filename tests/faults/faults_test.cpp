@@ -179,6 +179,50 @@ TEST(Faults, ConvertOnAFullDiskFailsCleanly) {
   }
 }
 
+// Read errors are reported with their cause, never read as the end of a
+// file (a stream buffer's read stops at an I/O error as at the end: compare
+// then passed on the cases it had read, and a chat template read as empty).
+// note: /proc/self/mem is a regular file whose every read at offset 0 fails
+// with EIO (an unmapped address) on any Linux, so it stands in for a
+// failing disk.
+TEST(Faults, ReadErrorsAreReportedNotTakenForTheEndOfAFile) {
+  TempDir t;
+  write_file(t / "r.jsonl", "{\"id\": \"a\", \"output_token_ids\": [1]}\n");
+  const RunResult c = run_program({program("compare"), "/proc/self/mem", t / "r.jsonl"});
+  expect_clean_failure(c, "compare", {"/proc/self/mem", "input/output error"});
+  const RunResult d = run_program({program("compare"), t / "r.jsonl", "/proc/self/mem"});
+  expect_clean_failure(d, "compare", {"/proc/self/mem", "input/output error"});
+  write_file(t / "chat.jsonl", "{\"id\": \"c\", \"messages\": [{\"role\": \"user\", "
+                               "\"content\": \"Hi\"}]}\n");
+  const RunResult k = run_program({program("tokenize"), "--tokenizer",
+                                   source_path("samples/qwen3-sample"), "--chat",
+                                   "--chat-template", "/proc/self/mem", t / "chat.jsonl"});
+  expect_clean_failure(k, "tokenize", {"/proc/self/mem", "input/output error"});
+  EXPECT_TRUE(k.out.empty()) << k.out;
+}
+
+// Programs that print their results to stdout, over a file-size limit
+// (`ulimit -f 0`, stdout a file): the write fails with EFBIG and the program
+// says so and exits 1, instead of SIGXFSZ killing it (exit 153, no message).
+TEST(Faults, ReportsOnStdoutPastAFileSizeLimitFailCleanly) {
+  TempDir t;
+  write_file(t / "r.jsonl", "{\"id\": \"a\", \"output_token_ids\": [1]}\n");
+  write_file(t / "text.jsonl", "{\"text\": \"Hello world\"}\n");
+  const std::vector<std::vector<std::string>> runs = {
+      {program("inspect"), model_fixture("qwen3-tiny"), "--tensors"},
+      {program("compare"), t / "r.jsonl", t / "r.jsonl", "-v"},
+      {program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample"), t / "text.jsonl"},
+      {program("synth"), source_path("tests/data/configs/qwen3-0.6b.json"), t / "x", "--dry-run"},
+  };
+  for (const auto& argv : runs) {
+    const std::string name = fs::path(argv[0]).filename().string();
+    SCOPED_TRACE(name);
+    const RunResult r = run_program(argv, "", 120, "ulimit -f 0; exec >" + t / "stdout.txt" + ";");
+    expect_clean_failure(r, name, {"file too large"});
+    fs::remove(t / "stdout.txt");
+  }
+}
+
 // A pid that is no longer running: a child that has exited and been reaped.
 pid_t dead_pid() {
   const pid_t pid = ::fork();
