@@ -283,6 +283,18 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
       ++rp.run_error_lines;
       continue;
     }
+    // note: a line whose request could not fit an explicit --kv-cache-blocks
+    // is an error line of that cache size (scheduler.cpp): a resume with a
+    // cache that fits it would give a result, which a kept prefix cannot.
+    if (done_error && lines[i].error.empty() && j["error"].is_string() &&
+        j["error"].get_ref<const std::string&>().find("(raise --kv-cache-blocks)") !=
+            std::string::npos)
+      fail(
+          "{}: cannot resume: line {} is an error line because its request did not fit the KV "
+          "cache of the earlier run (--kv-cache-blocks {}), but it fits this run's; resume with "
+          "--kv-cache-blocks {}, or start over with --force to compute it",
+          source.path, i + 1, at(old, "/settings/kv_cache_blocks_flag").dump(),
+          at(old, "/settings/kv_cache_blocks_flag").dump());
     if (done_error != !lines[i].error.empty() || (done_error && j["error"] != lines[i].error)) {
       fail(
           "{}: cannot resume: line {} is {}, but this run gives {} line {} (id {}) {} (the "

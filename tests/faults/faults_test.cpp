@@ -527,6 +527,37 @@ TEST_F(GenerateFaults, TinyKvCacheGivesIdenticalTokensOrRefusesByName) {
   EXPECT_EQ(big["id"], "too_big");
   ASSERT_TRUE(big.contains("error")) << out[1];
   EXPECT_NE(lower(big["error"].get<std::string>()).find("cache"), std::string::npos) << out[1];
+
+  // Such an error line belongs to that --kv-cache-blocks: resuming a run
+  // that kept it, with a cache that fits the request, is refused naming the
+  // flag (not as an edited file). The partial: the first line with an
+  // interrupted header.
+  write_file(t / "first.jsonl",
+             "{\"id\": \"too_big\", \"prompt_token_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], "
+             "\"max_tokens\": 3}\n{\"id\": \"fits\", \"prompt_token_ids\": [5, 6], "
+             "\"max_tokens\": 3}\n");
+  const std::vector<std::string> base = {
+      program("generate"), "--model",   *dir_ / "sample.pack", "--batch", t / "first.jsonl",
+      "--out",             t / "k.jsonl", "--threads",         "1",       "--block-size",
+      "4",                 "--ignore-eos"};
+  std::vector<std::string> small = base;
+  small.insert(small.end(), {"--kv-cache-blocks", "2"});
+  ASSERT_EQ(run_program(small).exit_code, 3);
+  write_file(t / "k.jsonl.partial", split_lines(read_file(t / "k.jsonl")).at(0) + "\n");
+  auto header = nlohmann::json::parse(read_file(t / "k.jsonl.meta.json"));
+  header["status"] = "interrupted";
+  header.erase("results_xxh64");
+  write_file(t / "k.jsonl.partial.meta.json", header.dump());
+  fs::remove(t / "k.jsonl");
+  fs::remove(t / "k.jsonl.meta.json");
+  std::vector<std::string> resume = base;
+  resume.push_back("--resume");
+  const RunResult again = run_program(resume);
+  expect_clean_failure(again, "generate", {"--kv-cache-blocks 2", "k.jsonl.partial"});
+  small.push_back("--resume");
+  const RunResult same = run_program(small);
+  EXPECT_EQ(same.exit_code, 3) << same.err;
+  EXPECT_EQ(split_lines(read_file(t / "k.jsonl")).size(), 2u);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // generate's contract: per-line errors for bad prompt lines, one stderr line
 // and no output for fatal errors, the run header, stop tokens, --show, and
 // --resume giving a file byte-identical to an uninterrupted run.
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -175,6 +176,29 @@ TEST(GenerateCli, RunHeaderNamesPackAndSettings) {
   r = generate(pack, in, out, "--max-tokens 4 --force");
   ASSERT_EQ(r.status, 3) << r.err;
   EXPECT_TRUE(load_json(out + ".meta.json")["stats"]["first_token_seconds"].is_null());
+}
+
+// More threads than the CPUs the process may run on are capped to them, with
+// a note (spinning workers that wait on one another made --threads 1024 on
+// 2 CPUs take minutes): the header records the count used, and the tokens
+// are those of a 1-thread run.
+TEST(GenerateCli, ThreadsPastTheCpusAvailableAreCapped) {
+  const std::string pack = pack_of(kTiny);
+  const std::string in = work_dir() + "/threads.jsonl";
+  write_text(in, "{\"prompt_token_ids\": [1, 2, 3]}\n{\"prompt_token_ids\": [4]}\n");
+  const std::string one = work_dir() + "/threads.1.jsonl", many = work_dir() + "/threads.n.jsonl";
+  RunResult r = generate(pack, in, one, "--max-tokens 6 --threads 1 --force");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = generate(pack, in, many, "--max-tokens 6 --threads 1024 --force");
+  ASSERT_EQ(r.status, 0) << r.err;
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  EXPECT_NE(r.err.find(fmt::format("--threads 1024: this process may run on {} CPU", cpus)),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(load_json(many + ".meta.json")["settings"]["threads"], cpus);
+  EXPECT_EQ(read_text(many), read_text(one));
 }
 
 // Paths that are not valid UTF-8 (Linux allows any byte but '/' and NUL)
