@@ -364,8 +364,8 @@ MergeResult run_merge(const MergeOptions& o) {
     for (const auto& [k, s] : by_index)
       for (const auto& [key, value] : s->meta.items()) keys.insert(key);
     for (const std::string& key : keys) {
-      if (key == "settings" || key == "stats" || key == "status" || key == "results_xxh64" ||
-          key == "shard" || key == "resumed_from")
+      if (key == "settings" || key == "tuning" || key == "stats" || key == "status" ||
+          key == "results_xxh64" || key == "shard" || key == "resumed_from")
         continue;
       // (a shard's merged_from, its workers, is always its own)
       bool same = key != "merged_from" && meta.contains(key);
@@ -387,18 +387,24 @@ MergeResult run_merge(const MergeOptions& o) {
   // (threads, --max-num-seqs, the KV cache: results do not depend on them);
   // a setting some shard ran with another value of is kept per shard in
   // its merged_from entry, not reported as shard 0's for the whole job.
-  std::vector<std::string> differing;
-  if (const auto st = meta.find("settings"); st != meta.end() && st->is_object()) {
+  // So is a tuning switch (a speed-only one may differ): the header's
+  // "tuning" keeps the switches every shard ran with alike.
+  std::map<std::string, std::vector<std::string>> differing;  // "settings" / "tuning" -> keys
+  for (const char* section : {"settings", "tuning"}) {
+    const auto st = meta.find(section);
+    if (st == meta.end() || !st->is_object()) continue;
+    std::vector<std::string>& keys = differing[section];
     for (const auto& [key, value] : st->items()) {
-      if (key == "verify_checksums") continue;  // (all shards', above)
+      if (std::string_view(section) == "settings" && key == "verify_checksums")
+        continue;  // (all shards', above)
       for (const auto& [k, s] : by_index)
-        if (s->meta.value("settings", nlohmann::json::object()).value(key, nlohmann::json()) !=
+        if (s->meta.value(section, nlohmann::json::object()).value(key, nlohmann::json()) !=
             value) {
-          differing.push_back(key);
+          keys.push_back(key);
           break;
         }
     }
-    for (const std::string& key : differing) st->erase(key);
+    for (const std::string& key : keys) st->erase(key);
   }
   // note: each shard's own stats (timings, memory) stay with its entry;
   // the merged stats hold only what adds up: lines and token counts.
@@ -408,11 +414,12 @@ MergeResult run_merge(const MergeOptions& o) {
   bool counted = true, capped_counted = true;
   for (const auto& [k, s] : by_index) {
     nlohmann::json entry = {{"shard", k}, {"path", s->path}};
-    if (!differing.empty()) {
-      const nlohmann::json own = s->meta.value("settings", nlohmann::json::object());
-      entry["settings"] = nlohmann::json::object();
-      for (const std::string& key : differing)
-        if (own.contains(key)) entry["settings"][key] = own[key];
+    for (const auto& [section, keys] : differing) {
+      if (keys.empty()) continue;
+      const nlohmann::json own = s->meta.value(section, nlohmann::json::object());
+      entry[section] = nlohmann::json::object();
+      for (const std::string& key : keys)
+        if (own.contains(key)) entry[section][key] = own[key];
     }
     const nlohmann::json stats = s->meta.value("stats", nlohmann::json());
     if (stats.is_object()) entry["stats"] = stats;

@@ -126,9 +126,11 @@ TEST(Shard, SettingsThatDifferByShardAreKeptPerShard) {
   std::string files;
   for (int k = 0; k < 2; ++k) {
     const std::string out = fmt::format("{}/mixed_{}.jsonl", work_dir(), k);
-    const RunResult r = generate(
-        job().pack, job().prompts, out,
-        fmt::format("--margins --threads {} --max-num-seqs {} --shard {}/2", k + 1, 3 + k, k));
+    // (and a speed-only tuning switch, QTK_TILED, set differently)
+    const RunResult r = run(fmt::format(
+        "QTK_TILED={} {} --model {} --batch {} --out {} --margins --threads {} --max-num-seqs {} "
+        "--shard {}/2",
+        k, QTK_GENERATE_BIN, job().pack, job().prompts, out, k + 1, 3 + k, k));
     EXPECT_TRUE(r.status == 0 || r.status == 3) << r.err;
     files += " " + out;
   }
@@ -140,12 +142,20 @@ TEST(Shard, SettingsThatDifferByShardAreKeptPerShard) {
   EXPECT_FALSE(meta["settings"].contains("threads")) << meta["settings"].dump();
   EXPECT_FALSE(meta["settings"].contains("max_num_seqs")) << meta["settings"].dump();
   EXPECT_EQ(meta["settings"]["block_size"], 16);  // the same in both: kept
+  // The tuning switches both ran with alike stay in the header; QTK_TILED
+  // is each shard's.
+  ASSERT_TRUE(meta.contains("tuning")) << meta.dump();
+  EXPECT_TRUE(meta["tuning"].contains("QTK_CPU_PATH")) << meta["tuning"].dump();
+  EXPECT_FALSE(meta["tuning"].contains("QTK_TILED")) << meta["tuning"].dump();
   ASSERT_EQ(meta["merged_from"].size(), 2u);
   for (int k = 0; k < 2; ++k) {
     const auto& own = meta["merged_from"][k]["settings"];
     EXPECT_EQ(own["threads"], k + 1) << own.dump();
     EXPECT_EQ(own["max_num_seqs"], 3 + k) << own.dump();
     EXPECT_FALSE(own.contains("block_size")) << own.dump();
+    const auto& tuning = meta["merged_from"][k]["tuning"];
+    EXPECT_EQ(tuning["QTK_TILED"], k) << tuning.dump();
+    EXPECT_FALSE(tuning.contains("QTK_CPU_PATH")) << tuning.dump();
   }
 }
 
