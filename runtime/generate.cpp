@@ -524,12 +524,16 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
   const int64_t bytes = sat_mul(so.num_blocks, bb);
   const int64_t available = available_memory_bytes();
   if (available <= 0) return;
+  // (a QTK_MEM_AVAILABLE left in the environment is named where it decides)
+  const std::string memory =
+      fmt::format("the {} of memory available{}", size_of(available),
+                  tuning().mem_available > 0 ? " (QTK_MEM_AVAILABLE)" : "");
   if (o.kv_cache_blocks > 0) {
     if (bytes > available)
       fail(
-          "--kv-cache-blocks {}: {} blocks of {} tokens need {} of KV cache, more than the {} "
-          "of memory available; lower --kv-cache-blocks or --block-size",
-          o.kv_cache_blocks, so.num_blocks, o.block_size, size_of(bytes), size_of(available));
+          "--kv-cache-blocks {}: {} blocks of {} tokens need {} of KV cache, more than {}; lower "
+          "--kv-cache-blocks or --block-size",
+          o.kv_cache_blocks, so.num_blocks, o.block_size, size_of(bytes), memory);
     return;
   }
   if (bytes <= available / 2) return;
@@ -544,11 +548,11 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
   if (longest != nullptr && sat_mul(need, bb) > available)
     fail(
         "line {} (id {}): a {}-token prompt with max_tokens {} needs {} KV-cache blocks of {} "
-        "tokens ({} positions), {}, more than the {} of memory available; "
-        "shorten the prompt or lower its max_tokens (or --max-tokens)",
+        "tokens ({} positions), {}, more than {}; shorten the prompt or lower its max_tokens (or "
+        "--max-tokens)",
         longest->line_no, longest->id.dump(), longest->request.prompt.size(),
         longest->request.max_tokens, need, o.block_size, longest_tokens, size_of(sat_mul(need, bb)),
-        size_of(available));
+        memory);
   const int64_t was = so.num_blocks;
   so.num_blocks = std::max(need, available / 2 / bb);
   fmt::print(stderr,
@@ -557,7 +561,7 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
              so.num_blocks, size_of(sat_mul(so.num_blocks, bb)),
              so.num_blocks == need
                  ? "what the longest request needs"
-                 : fmt::format("half the {} of memory available", size_of(available)),
+                 : "half " + memory,
              was, size_of(bytes));
 }
 

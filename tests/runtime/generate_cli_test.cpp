@@ -452,7 +452,7 @@ TEST(GenerateCli, DefaultKvCacheFitsTheMemoryAvailable) {
   const RunResult h = gen("QTK_MEM_AVAILABLE=2000000", half, "");
   ASSERT_EQ(h.status, 0) << h.err;
   EXPECT_NE(h.err.find("the KV cache takes 40 blocks (960.0 KiB; half the 1.9 MiB of memory "
-                       "available)"),
+                       "available (QTK_MEM_AVAILABLE))"),
             std::string::npos)
       << h.err;
   EXPECT_EQ(read_text(half), read_text(plain));
@@ -464,7 +464,8 @@ TEST(GenerateCli, DefaultKvCacheFitsTheMemoryAvailable) {
   EXPECT_EQ(n.err,
             "generate: line 1 (id 0): a 300-token prompt with max_tokens 8 needs 20 KV-cache "
             "blocks of 16 tokens (308 positions), 480.0 KiB, more than the 293.0 KiB of memory "
-            "available; shorten the prompt or lower its max_tokens (or --max-tokens)\n");
+            "available (QTK_MEM_AVAILABLE); shorten the prompt or lower its max_tokens (or "
+            "--max-tokens)\n");
   EXPECT_FALSE(std::filesystem::exists(none));
   EXPECT_FALSE(std::filesystem::exists(none + ".meta.json"));
 
@@ -472,7 +473,7 @@ TEST(GenerateCli, DefaultKvCacheFitsTheMemoryAvailable) {
   const RunResult e = gen("QTK_MEM_AVAILABLE=2000000", none, "--kv-cache-blocks 100");
   EXPECT_EQ(e.status, 1);
   EXPECT_NE(e.err.find("--kv-cache-blocks 100: 100 blocks of 16 tokens need 2.3 MiB of KV cache, "
-                       "more than the 1.9 MiB of memory available"),
+                       "more than the 1.9 MiB of memory available (QTK_MEM_AVAILABLE)"),
             std::string::npos)
       << e.err;
   EXPECT_FALSE(std::filesystem::exists(none));
