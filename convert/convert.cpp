@@ -14,10 +14,10 @@
 #include "convert/atomic_output.h"
 #include "convert/manifest.h"
 #include "core/error.h"
-#include "core/read_file.h"
 #include "core/interrupt.h"
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
+#include "core/read_file.h"
 #include "loaders/checkpoint.h"
 #include "pack/pack.h"
 #include "pack/pack_checksum.h"

@@ -63,7 +63,8 @@ extern "C" void on_bus_error(int sig, siginfo_t* info, void* /*context*/) {
       // within it is a read that failed (an I/O error: a failing disk or
       // network file system) or a file replaced under the same name.
       struct stat st {};
-      const bool cut = ::stat(s.path, &st) != 0 || static_cast<uintptr_t>(st.st_size) <= a - s.begin;
+      const bool cut =
+          ::stat(s.path, &st) != 0 || static_cast<uintptr_t>(st.st_size) <= a - s.begin;
       write_all(STDERR_FILENO, cut ? s.message : s.io_message,
                 cut ? s.message_size : s.io_message_size);
       // The same files a second SIGINT/SIGTERM removes (the lock file, a

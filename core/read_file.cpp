@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+
 #include <fmt/format.h>
 
 #include "core/error.h"

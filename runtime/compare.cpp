@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/read_file.h"
 #include "core/json.h"
+#include "core/read_file.h"
 
 namespace qtk {
 

@@ -525,9 +525,8 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
   const int64_t available = available_memory_bytes();
   if (available <= 0) return;
   // (a QTK_MEM_AVAILABLE left in the environment is named where it decides)
-  const std::string memory =
-      fmt::format("the {} of memory available{}", size_of(available),
-                  tuning().mem_available > 0 ? " (QTK_MEM_AVAILABLE)" : "");
+  const std::string memory = fmt::format("the {} of memory available{}", size_of(available),
+                                         tuning().mem_available > 0 ? " (QTK_MEM_AVAILABLE)" : "");
   if (o.kv_cache_blocks > 0) {
     if (bytes > available)
       fail(
@@ -559,10 +558,8 @@ void fit_cpu_cache(const GenerateOptions& o, const CacheSpec& spec, const ModelC
              "generate: note: the KV cache takes {} blocks ({}; {}), instead of {} ({}); "
              "sequences may be preempted and recomputed more often (the results do not change)\n",
              so.num_blocks, size_of(sat_mul(so.num_blocks, bb)),
-             so.num_blocks == need
-                 ? "what the longest request needs"
-                 : "half " + memory,
-             was, size_of(bytes));
+             so.num_blocks == need ? "what the longest request needs" : "half " + memory, was,
+             size_of(bytes));
 }
 
 std::vector<std::string> ignored_fields(const std::vector<PromptLine>& lines) {

@@ -40,9 +40,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/read_file.h"
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
+#include "core/read_file.h"
 #include "core/stdout_check.h"
 #include "core/utf8.h"
 #include "loaders/cli_args.h"

@@ -192,11 +192,12 @@ TEST(Faults, ReadErrorsAreReportedNotTakenForTheEndOfAFile) {
   expect_clean_failure(c, "compare", {"/proc/self/mem", "input/output error"});
   const RunResult d = run_program({program("compare"), t / "r.jsonl", "/proc/self/mem"});
   expect_clean_failure(d, "compare", {"/proc/self/mem", "input/output error"});
-  write_file(t / "chat.jsonl", "{\"id\": \"c\", \"messages\": [{\"role\": \"user\", "
-                               "\"content\": \"Hi\"}]}\n");
-  const RunResult k = run_program({program("tokenize"), "--tokenizer",
-                                   source_path("samples/qwen3-sample"), "--chat",
-                                   "--chat-template", "/proc/self/mem", t / "chat.jsonl"});
+  write_file(t / "chat.jsonl",
+             "{\"id\": \"c\", \"messages\": [{\"role\": \"user\", "
+             "\"content\": \"Hi\"}]}\n");
+  const RunResult k =
+      run_program({program("tokenize"), "--tokenizer", source_path("samples/qwen3-sample"),
+                   "--chat", "--chat-template", "/proc/self/mem", t / "chat.jsonl"});
   expect_clean_failure(k, "tokenize", {"/proc/self/mem", "input/output error"});
   EXPECT_TRUE(k.out.empty()) << k.out;
 }
@@ -536,10 +537,18 @@ TEST_F(GenerateFaults, TinyKvCacheGivesIdenticalTokensOrRefusesByName) {
              "{\"id\": \"too_big\", \"prompt_token_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], "
              "\"max_tokens\": 3}\n{\"id\": \"fits\", \"prompt_token_ids\": [5, 6], "
              "\"max_tokens\": 3}\n");
-  const std::vector<std::string> base = {
-      program("generate"), "--model",   *dir_ / "sample.pack", "--batch", t / "first.jsonl",
-      "--out",             t / "k.jsonl", "--threads",         "1",       "--block-size",
-      "4",                 "--ignore-eos"};
+  const std::vector<std::string> base = {program("generate"),
+                                         "--model",
+                                         *dir_ / "sample.pack",
+                                         "--batch",
+                                         t / "first.jsonl",
+                                         "--out",
+                                         t / "k.jsonl",
+                                         "--threads",
+                                         "1",
+                                         "--block-size",
+                                         "4",
+                                         "--ignore-eos"};
   std::vector<std::string> small = base;
   small.insert(small.end(), {"--kv-cache-blocks", "2"});
   ASSERT_EQ(run_program(small).exit_code, 3);
