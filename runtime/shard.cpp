@@ -41,14 +41,18 @@ ShardSpec checked(const std::string& flag, int64_t k, int64_t n, const std::stri
   return ShardSpec{k, n};
 }
 
-// One environment variable as a whole number, or -1 when unset.
+// One environment variable as a whole number in 0..max, or -1 when unset.
+// note: task ids and an array's first id may be large (a Slurm array
+// --array=2000000-2000003); only the count is bounded by kMaxShards.
+constexpr int64_t kMaxTaskId = int64_t{1} << 40;
 int64_t env_number(const std::string& flag, const std::function<const char*(const char*)>& getenv,
-                   const char* name) {
+                   const char* name, int64_t max) {
   const char* v = getenv(name);
   if (v == nullptr) return -1;
-  const int64_t n = whole_number(v, kMaxShards);
+  const int64_t n = whole_number(v, max);
   if (n < 0)
-    fail("{} auto: environment variable {}: expected a whole number, found \"{}\"", flag, name, v);
+    fail("{} auto: environment variable {}: expected a whole number 0..{}, found \"{}\"", flag,
+         name, max, v);
   return n;
 }
 
@@ -57,10 +61,11 @@ int64_t env_number(const std::string& flag, const std::function<const char*(cons
 ShardSpec parse_shard(const std::string& flag, const std::string& text,
                       const std::function<const char*(const char*)>& getenv) {
   if (text == "auto") {
-    const int64_t id = env_number(flag, getenv, "SLURM_ARRAY_TASK_ID");
+    const int64_t id = env_number(flag, getenv, "SLURM_ARRAY_TASK_ID", kMaxTaskId);
     if (id >= 0) {
-      const int64_t count = env_number(flag, getenv, "SLURM_ARRAY_TASK_COUNT");
-      const int64_t min = std::max<int64_t>(0, env_number(flag, getenv, "SLURM_ARRAY_TASK_MIN"));
+      const int64_t count = env_number(flag, getenv, "SLURM_ARRAY_TASK_COUNT", kMaxShards);
+      const int64_t min =
+          std::max<int64_t>(0, env_number(flag, getenv, "SLURM_ARRAY_TASK_MIN", kMaxTaskId));
       if (count < 0)
         fail("{} auto: SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not", flag);
       // note: an array --array=1-4 numbers its tasks from 1; the shard index
@@ -68,17 +73,20 @@ ShardSpec parse_shard(const std::string& flag, const std::string& text,
       // (--array=0-7:2, 1,5,9) is not one shard per task: refused below
       // when the index falls outside 0..count-1.
       return checked(flag, id - min, count,
-                     fmt::format("task {} of a {}-task array starting at {}", id, count, min));
+                     fmt::format("SLURM_ARRAY_TASK_ID {} of a SLURM_ARRAY_TASK_COUNT {}-task array "
+                                 "starting at SLURM_ARRAY_TASK_MIN {}",
+                                 id, count, min));
     }
-    const int64_t index = env_number(flag, getenv, "JOB_COMPLETION_INDEX");
+    const int64_t index = env_number(flag, getenv, "JOB_COMPLETION_INDEX", kMaxShards);
     if (index >= 0) {
-      const int64_t count = env_number(flag, getenv, "QTK_SHARD_COUNT");
+      const int64_t count = env_number(flag, getenv, "QTK_SHARD_COUNT", kMaxShards);
       if (count < 0)
         fail(
             "{} auto: JOB_COMPLETION_INDEX is set but QTK_SHARD_COUNT is not (set it to the "
             "Indexed Job's completions)",
             flag);
-      return checked(flag, index, count, fmt::format("index {} of {}", index, count));
+      return checked(flag, index, count,
+                     fmt::format("JOB_COMPLETION_INDEX {} of QTK_SHARD_COUNT {}", index, count));
     }
     fail(
         "{} auto: found neither SLURM_ARRAY_TASK_ID (a Slurm job array) nor "

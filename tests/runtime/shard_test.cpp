@@ -480,8 +480,28 @@ TEST(Shard, FlagParsing) {
   const ShardSpec s = parse_shard("--shard", "auto", getenv);
   EXPECT_EQ(s.index, 3);
   EXPECT_EQ(s.count, 4);
+  // An array of large task ids: only the count is bounded.
+  env = {{"SLURM_ARRAY_TASK_ID", "2000001"},
+         {"SLURM_ARRAY_TASK_COUNT", "4"},
+         {"SLURM_ARRAY_TASK_MIN", "2000000"}};
+  EXPECT_EQ(parse_shard("--shard", "auto", getenv).index, 1);
   env = {{"JOB_COMPLETION_INDEX", "0"}, {"QTK_SHARD_COUNT", "8"}};
   EXPECT_EQ(parse_shard("--shard", "auto", getenv).count, 8);
+  // The messages name the variable that is out of range.
+  auto message = [&] {
+    try {
+      parse_shard("--shard", "auto", getenv);
+    } catch (const qtk::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  env = {{"JOB_COMPLETION_INDEX", "0"}, {"QTK_SHARD_COUNT", "0"}};
+  EXPECT_NE(message().find("QTK_SHARD_COUNT 0"), std::string::npos) << message();
+  env = {{"JOB_COMPLETION_INDEX", "0"}, {"QTK_SHARD_COUNT", "1000001"}};
+  EXPECT_NE(message().find("QTK_SHARD_COUNT: expected a whole number 0..1000000"),
+            std::string::npos)
+      << message();
   env = {{"JOB_COMPLETION_INDEX", "0"}};
   EXPECT_THROW(parse_shard("--shard", "auto", getenv), qtk::Error);
   env.clear();
