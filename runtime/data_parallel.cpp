@@ -501,9 +501,20 @@ int run_data_parallel(const DataParallelJob& job) {
         "--devices {}: interrupted by {} (forwarded to every worker); the parts ({}) stay: {} to "
         "finish",
         device_list(job.devices), signal_name(sig), kept, again);
-  if (const std::string f = failures(workers); !f.empty())
+  if (const std::string f = failures(workers); !f.empty()) {
+    // note: workers that all failed before writing (a cause each meets at
+    // its start) leave no part to resume from: say so, not that parts stay.
+    const bool any_part = std::any_of(parts.begin(), parts.end(), [](const std::string& p) {
+      return exists(p) || exists(p + ".partial");
+    });
+    if (!any_part)
+      fail(
+          "--devices {}: {}; no worker wrote results, nothing was written: fix the cause and run "
+          "the command again",
+          device_list(job.devices), f);
     fail("--devices {}: {}; no {} was written, the parts ({}) stay: fix the cause and {} to finish",
          device_list(job.devices), f, o.out, kept, again);
+  }
 
   MergeOptions mo;
   mo.out = o.out;

@@ -894,8 +894,11 @@ int default_thread_count() {
 }
 
 void check_generate_inputs(const GenerateOptions& o) {
-  resolve_device(o);
+  const DeviceChoice dev = resolve_device(o);
   check_flags(o);
+  // (a QTK_CPU_PATH this CPU cannot run, before --devices starts workers
+  // that would each meet it)
+  if (dev.device == "cpu") (void)active_cpu_path();
   if (!o.shard.empty()) parse_shard("--shard", o.shard, ::getenv);
   if (!o.tune_only) check_outputs(o);
   Pack::open(o.model);

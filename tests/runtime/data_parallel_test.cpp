@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "kernels/cpu_features.h"
 #include "runtime/data_parallel.h"
 #include "tests/runtime/output_faults.h"
 #include "tests/runtime/test_util.h"
@@ -129,6 +130,37 @@ TEST(DataParallel, CpuWorkersShareTheMemoryAvailable) {
   const auto meta = load_json(out + ".meta.json");
   EXPECT_EQ(meta["tuning"]["QTK_MEM_AVAILABLE"], 100000000);
   ASSERT_EQ(meta["merged_from"].size(), 3u);
+}
+
+// Workers that all fail at their start leave no part: the parent says
+// nothing was written (not that parts stay for --resume), and a cause the
+// parent can see (a QTK_CPU_PATH this CPU cannot run) is one line before any
+// worker starts.
+TEST(DataParallel, WorkersThatAllFailAtTheStartLeaveNothingAndSaySo) {
+  const Job& j = job_of("tests/data/models/qwen3-tiny");
+  const std::string out = work_dir() + "/dp_none.jsonl";
+  const RunResult r =
+      run(fmt::format("QTK_MEM_AVAILABLE=1 {} --model {} --batch {} --out {} --devices 0,1",
+                      QTK_GENERATE_BIN, j.pack, j.prompts, out));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("no worker wrote results, nothing was written"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--resume"), std::string::npos) << r.err;
+  EXPECT_TRUE(files_starting("dp_none").empty());
+  // A path name no CPU has, and (where this CPU lacks one) a real path it
+  // cannot run: each one line from the parent.
+  std::vector<std::string> paths = {"nonesuch"};
+  for (const CpuPath c : kAllCpuPaths)
+    if (!cpu_path_supported(c)) paths.emplace_back(cpu_path_name(c));
+  std::printf("[ paths ] QTK_CPU_PATH values refused up front here: %zu\n", paths.size());
+  for (const std::string& path : paths) {
+    const RunResult p =
+        run(fmt::format("QTK_CPU_PATH={} {} --model {} --batch {} --out {} --devices 0,1", path,
+                        QTK_GENERATE_BIN, j.pack, j.prompts, out));
+    EXPECT_EQ(p.status, 1) << p.err;
+    EXPECT_EQ(count_lines(p.err), 1u) << p.err;
+    EXPECT_NE(p.err.find("QTK_CPU_PATH"), std::string::npos) << p.err;
+    EXPECT_TRUE(files_starting("dp_none").empty());
+  }
 }
 
 TEST(DataParallel, OneDeviceIsAPlainRun) {
