@@ -66,6 +66,10 @@ inline int64_t parse_int_flag(std::string_view flag, std::string_view text, int6
                               int64_t max, std::string_view expected) {
   auto bad = [&] { fail("{}: expected {}, found {}", flag, expected, quote_text(text)); };
   auto too_large = [&] {
+    // (an `expected` that states its bound already, "from 1 to 64", is not repeated)
+    if (expected.find(fmt::format("to {}", max)) != std::string_view::npos ||
+        expected.find(fmt::format("..{}", max)) != std::string_view::npos)
+      fail("{}: expected {}, found {}", flag, expected, quote_text(text));
     fail("{}: expected {} no larger than {}, found {}", flag, expected, max, quote_text(text));
   };
   std::string_view digits = text;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/plural.h"
 #include "core/tuning.h"
 #include "kernels/argmax.h"
 #include "runtime/logprobs.h"
@@ -69,9 +70,10 @@ std::string Scheduler::check_fits(const SequenceRequest& r) const {
   const int64_t longest = p + std::min(r.max_tokens, opt_.max_context - p) - 1;
   if (blocks_for(longest) > opt_.num_blocks) {
     return fmt::format(
-        "prompt of {} tokens with max_tokens {} needs {} KV blocks of {} tokens; the "
-        "cache has only {} (raise --kv-cache-blocks)",
-        p, r.max_tokens, blocks_for(longest), opt_.block_size, opt_.num_blocks);
+        "prompt of {} with max_tokens {} needs {} of {}; the cache has only {} (raise "
+        "--kv-cache-blocks)",
+        count_of(p, "token"), r.max_tokens, count_of(blocks_for(longest), "KV block"),
+        count_of(opt_.block_size, "token"), opt_.num_blocks);
   }
   return {};
 }
