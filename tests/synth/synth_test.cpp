@@ -348,6 +348,15 @@ TEST(SynthOutput, AWriteErrorLeavesNothing) {
   }
 }
 
+// --dry-run's JSON on stdout past a file-size limit (stdout a file): the
+// write fails with EFBIG and synth says so, exit 1, not SIGXFSZ (rc 153).
+TEST(SynthOutput, DryRunPastAFileSizeLimitIsAnError) {
+  TempDir t;
+  const RunResult r =
+      synth({kTinyConfig, t / "x", "--dry-run"}, "ulimit -f 0; exec >" + t / "stdout.txt" + ";");
+  expect_clean_failure(r, "synth", {"standard output", "File too large"});
+}
+
 // Starts synth with SIGINT, SIGTERM and SIGHUP at their defaults (a test
 // runner may ignore them, and an ignored signal stays ignored).
 pid_t spawn_synth(const std::vector<std::string>& args) {
