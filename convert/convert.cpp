@@ -6,9 +6,7 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <future>
-#include <sstream>
 #include <string_view>
 
 #include "convert/atomic_output.h"
@@ -36,8 +34,6 @@ namespace {
 // "chat_template"); generate renders "messages" requests with it.
 constexpr const char* kCarriedFiles[] = {"tokenizer.json", "tokenizer_config.json",
                                          "generation_config.json", "chat_template.jinja"};
-
-std::string read_file(const std::string& path) { return read_file_text(path, "it"); }
 
 // Parses a chat template with the runtime's Jinja parser; a syntax error
 // names `what` ("PATH: field 'chat_template'" or "PATH") and the position.
@@ -96,7 +92,7 @@ void check_carried_files(const Checkpoint& ckpt) {
       fail("{}: expected a regular file to carry into the pack, found {}", path,
            describe_file_type(st.st_mode));
     }
-    std::string text = read_file(path);
+    std::string text = read_file_text(path, "it");
     if (std::string_view(f) == "tokenizer.json") {
       (void)Tokenizer::from_json_text(text, path);
     } else if (std::string_view(f) == "chat_template.jinja") {
@@ -257,7 +253,8 @@ ConvertResult convert_checkpoint_at(const ConvertOptions& opt, std::string* extr
     result.tensor_bytes += t.nbytes();
   }
   for (const char* f : kCarriedFiles)
-    if (ckpt->has_file(f)) writer.add(f, make_bytes_source(read_file(ckpt->file_path(f))));
+    if (ckpt->has_file(f))
+      writer.add(f, make_bytes_source(read_file_text(ckpt->file_path(f), "it")));
 
   const int64_t max_new_tokens = ckpt->generation() ? ckpt->generation()->max_new_tokens : -1;
   writer.set_last("manifest.json", [&](const std::vector<WrittenEntry>& written) {

@@ -1,8 +1,6 @@
 #include "runtime/compare.h"
 
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <unordered_map>
 

@@ -432,12 +432,15 @@ int run_data_parallel(const DataParallelJob& job) {
   const StartMode mode = o.force               ? StartMode::kForce
                          : o.resume || sharded ? StartMode::kResume
                                                : StartMode::kFresh;
-  bool parts_left = false;
-  for (const std::string& p : parts) {
+  // A part's results, complete or partial, on disk.
+  const auto part_left = [](const std::string& p) {
     const ResultsPaths pp = ResultsPaths::of(p, "");
-    parts_left = parts_left || exists(pp.out) || exists(pp.partial);
-    if (mode == StartMode::kFresh) choose_start(pp, mode);  // fails for a part left behind
-  }
+    return exists(pp.out) || exists(pp.partial);
+  };
+  const bool parts_left = std::any_of(parts.begin(), parts.end(), part_left);
+  if (mode == StartMode::kFresh)
+    for (const std::string& p : parts)
+      choose_start(ResultsPaths::of(p, ""), mode);           // fails for a part left behind
   if (mode == StartMode::kFresh) choose_start(paths, mode);  // fails for an existing OUT
   if (mode == StartMode::kResume && !parts_left && (exists(paths.out) || exists(paths.partial))) {
     // note: what is there is a one-device run's (OUT.partial, or OUT
@@ -504,10 +507,7 @@ int run_data_parallel(const DataParallelJob& job) {
   if (const std::string f = failures(workers); !f.empty()) {
     // note: workers that all failed before writing (a cause each meets at
     // its start) leave no part to resume from: say so, not that parts stay.
-    const bool any_part = std::any_of(parts.begin(), parts.end(), [](const std::string& p) {
-      return exists(p) || exists(p + ".partial");
-    });
-    if (!any_part)
+    if (!std::any_of(parts.begin(), parts.end(), part_left))
       fail(
           "--devices {}: {}; no worker wrote results, nothing was written: fix the cause and run "
           "the command again",

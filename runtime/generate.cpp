@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/plural.h"
+#include "core/read_file.h"
 #include "core/stdout_check.h"
 #include "core/tuning.h"
 #include "kernels/cpu_features.h"
@@ -841,7 +842,7 @@ void keep_shard_lines(std::vector<PromptLine>& lines, const ShardSpec& shard) {
 // names the real mismatch (another shard's file).
 void check_same_shard(const ResumeSource& source, const nlohmann::json& meta) {
   const nlohmann::json old =
-      nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
+      nlohmann::json::parse(read_file_text(source.meta, "the run header"), nullptr, false);
   // note: a header without the entries every run writes is no run's (an
   // empty object read as "a whole run, not a shard").
   if (!old.is_object() || !old.contains("pack") || !old.contains("settings"))

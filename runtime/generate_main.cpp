@@ -1,5 +1,4 @@
 // generate --model X.pack --batch prompts.jsonl --out results.jsonl [options]
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -282,7 +281,7 @@ int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would kill us with
   // SIGXFSZ mid-line; ignored, the write fails with EFBIG and is reported as
   // one error line, leaving only complete result lines for --resume.
-  std::signal(SIGXFSZ, SIG_IGN);
+  qtk::ignore_file_size_signal();
   const int status = run(argc, argv);
   // A --devices run stopped by a signal (forwarded to its workers) ends
   // with that signal, as a plain run killed by it does.

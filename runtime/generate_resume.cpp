@@ -2,10 +2,6 @@
 
 #include <algorithm>
 
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 #include <variant>
 
 #include <fmt/format.h>
@@ -124,10 +120,6 @@ nlohmann::json tuning_header(const Tuning& t) {
   return j;
 }
 
-std::string read_whole_file(const std::string& path, const char* what) {
-  return read_file_text(path, what);
-}
-
 std::vector<std::string_view> split_lines(std::string_view text) {
   std::vector<std::string_view> lines;
   size_t start = 0;
@@ -201,7 +193,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
                          const std::vector<PromptLine>& lines, const std::string& batch,
                          int64_t vocab_size) {
   nlohmann::json old =
-      nlohmann::json::parse(read_whole_file(source.meta, "the run header"), nullptr, false);
+      nlohmann::json::parse(read_file_text(source.meta, "the run header"), nullptr, false);
   if (old.is_discarded() || !old.is_object())
     fail("{}: cannot resume: the run header is missing or malformed", source.meta);
   if (at(old, "/pack/digest") != meta["pack"]["digest"]) {
@@ -235,7 +227,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     if (old.contains(key)) entry[key] = old[key];
   rp.earlier.push_back(std::move(entry));
 
-  const std::string existing = read_whole_file(source.path, "the results");
+  const std::string existing = read_file_text(source.path, "the results");
   // note: a complete run's header holds its results' XXH64 (headers made by
   // an older qtk do not); a results file changed since is not resumed over.
   if (const nlohmann::json digest = at(old, "/results_xxh64");
@@ -287,8 +279,7 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
     // is an error line of that cache size (scheduler.cpp): a resume with a
     // cache that fits it would give a result, which a kept prefix cannot.
     if (done_error && lines[i].error.empty() && j["error"].is_string() &&
-        j["error"].get_ref<const std::string&>().find("(raise --kv-cache-blocks)") !=
-            std::string::npos)
+        j["error"].get_ref<const std::string&>().ends_with(kKvCacheTooSmall))
       fail(
           "{}: cannot resume: line {} is an error line because its request did not fit the KV "
           "cache of the earlier run (--kv-cache-blocks {}), but it fits this run's; resume with "

@@ -54,9 +54,6 @@ ResumePoint check_resume(const ResumeSource& source, const nlohmann::json& meta,
                          const std::vector<PromptLine>& lines, const std::string& batch_path,
                          int64_t vocab_size);
 
-// Reads a whole file (for the batch file and the results being resumed).
-std::string read_whole_file(const std::string& path, const char* what);
-
 // Splits into lines; a final line without '\n' counts, a final empty one does not.
 std::vector<std::string_view> split_lines(std::string_view text);
 

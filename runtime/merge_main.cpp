@@ -1,6 +1,5 @@
 // merge OUT.jsonl SHARD.jsonl... : joins the results of `generate --shard K/N`
 // tasks into the file one `generate` run over the whole batch writes.
-#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -73,7 +72,7 @@ int main(int argc, char** argv) {
   // note: over a file-size limit (ulimit -f) the kernel would end merge with
   // SIGXFSZ half-way through a file; ignored, the write fails with EFBIG
   // and is reported like a full disk, and OUT is left as it was.
-  std::signal(SIGXFSZ, SIG_IGN);
+  qtk::ignore_file_size_signal();
   const int status = run(argc, argv);
   // A merge stopped by a signal ends with that signal, as generate does.
   qtk::reraise_interrupt();

@@ -23,6 +23,7 @@
 #include "core/json.h"
 #include "core/mapped_file.h"  // describe_file_type
 #include "core/output_files.h"
+#include "core/read_file.h"
 #include "pack/pack_checksum.h"
 #include "runtime/generate_resume.h"
 
@@ -722,7 +723,7 @@ class HeaderBackup {
       if (n > 0) symlink_ = target.substr(0, static_cast<size_t>(n));
     } else if (S_ISREG(st.st_mode)) {
       try {
-        bytes_ = read_whole_file(meta, "the run header");
+        bytes_ = read_file_text(meta, "the run header");
       } catch (const Error&) {
       }
     }
@@ -994,7 +995,7 @@ void ResultsWriter::complete(const nlohmann::json& stats) {
   if (::fsync(fd_) != 0) fail_errno(fmt::format("{}: fsync failed", paths_.out));
   // note: the digest of the whole results file lets merge and --resume tell
   // a results file that was edited, or a meta file that is another's.
-  const std::string results = read_whole_file(work_, "the results");
+  const std::string results = read_file_text(work_, "the results");
   meta_["results_xxh64"] = results_digest(results);
   move.out = paths_.out;
   move.header = json_file_text(meta_, 2) + "\n";

@@ -69,11 +69,10 @@ std::string Scheduler::check_fits(const SequenceRequest& r) const {
   // left in the context before the sum, which cannot then overflow.
   const int64_t longest = p + std::min(r.max_tokens, opt_.max_context - p) - 1;
   if (blocks_for(longest) > opt_.num_blocks) {
-    return fmt::format(
-        "prompt of {} with max_tokens {} needs {} of {}; the cache has only {} (raise "
-        "--kv-cache-blocks)",
-        count_of(p, "token"), r.max_tokens, count_of(blocks_for(longest), "KV block"),
-        count_of(opt_.block_size, "token"), opt_.num_blocks);
+    return fmt::format("prompt of {} with max_tokens {} needs {} of {}; the cache has only {} {}",
+                       count_of(p, "token"), r.max_tokens,
+                       count_of(blocks_for(longest), "KV block"),
+                       count_of(opt_.block_size, "token"), opt_.num_blocks, kKvCacheTooSmall);
   }
   return {};
 }

@@ -49,6 +49,9 @@ struct SequenceResult {
 // The start of SequenceResult::error for a row of logits holding a NaN or an
 // infinity (argmax_rows' NaN margin); --resume keeps such error lines.
 inline constexpr const char* kNonFiniteLogits = "the model computed a non-finite logit";
+// The end of the error of a request that alone needs more KV blocks than the
+// cache has (Scheduler::check_fits); --resume recognises such lines by it.
+inline constexpr const char* kKvCacheTooSmall = "(raise --kv-cache-blocks)";
 
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;

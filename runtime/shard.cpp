@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/json.h"
+#include "core/read_file.h"
 #include "runtime/generate_resume.h"
 #include "runtime/results_file.h"
 
@@ -138,7 +139,7 @@ ShardFile load_shard(const std::string& path) {
   if (S_ISDIR(st.st_mode))
     fail("{}: is a directory; expected the results of a `generate --shard K/N` run", path);
   f.meta =
-      nlohmann::json::parse(read_whole_file(meta_path, "the shard's meta file"), nullptr, false);
+      nlohmann::json::parse(read_file_text(meta_path, "the shard's meta file"), nullptr, false);
   if (f.meta.is_discarded() || !f.meta.is_object())
     fail("{}: expected the JSON meta file generate writes next to {}, found malformed JSON",
          meta_path, path);
@@ -154,7 +155,7 @@ ShardFile load_shard(const std::string& path) {
         "{}: field 'status': expected \"complete\", found \"{}\" (finish the shard with "
         "`generate --shard {}/{} --resume` first)",
         meta_path, status, f.spec.index, f.spec.count);
-  f.text = read_whole_file(path, "the shard's results");
+  f.text = read_file_text(path, "the shard's results");
   if (!f.text.empty() && f.text.back() != '\n')
     fail("{}: the last line is incomplete (the shard did not finish)", path);
   // note: the digest is what shows the lines are the shard's own: without
